@@ -1,0 +1,32 @@
+/* The batched forward pass: a micro-batch of tokens from many sequences at their positions. */
+#ifndef MD_FORWARD_H
+#define MD_FORWARD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/kv_cache.h"
+#include "engine/model.h"
+
+/* One micro-batch. Tokens of one sequence must appear in increasing, contiguous positions,
+ * starting at that sequence's current KV length. */
+struct md_batch {
+	int32_t n_tokens;
+	const int32_t *tokens;   /* (n_tokens) */
+	const int32_t *seq;      /* (n_tokens) KV sequence ids */
+	const int32_t *pos;      /* (n_tokens) positions */
+	const bool *want_logits; /* (n_tokens), NULL: only the last token */
+};
+
+struct md_forward_ctx; /* opaque: scratch buffers, thread pool */
+
+struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, int max_tokens);
+void md_forward_free(struct md_forward_ctx *f);
+
+/* Run the batch. Writes K/V into kv (positions must be reserved), and logits of each token
+ * with want_logits (in batch order, n_vocab floats each) into logits. Returns the number of
+ * logit rows written or a negative code (-EINVAL for a malformed batch, -ENOMEM). */
+int md_forward(struct md_forward_ctx *f, struct md_kv_cache *kv, const struct md_batch *b,
+	       float *logits);
+
+#endif

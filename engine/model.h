@@ -1,0 +1,93 @@
+/* Architecture binding: hyper-parameters and tensor views of a GGUF model. */
+#ifndef MD_MODEL_H
+#define MD_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/gguf.h"
+#include "engine/quant.h"
+
+enum md_arch {
+	MD_ARCH_QWEN3MOE,
+	MD_ARCH_QWEN2MOE,
+	MD_ARCH_LLAMA, /* dense Llama, or Mixtral when the file has experts */
+	MD_ARCH_OLMOE,
+	MD_ARCH_QWEN2,
+	MD_ARCH_QWEN3,
+};
+
+enum md_rope_type { MD_ROPE_NORM, MD_ROPE_NEOX };
+
+enum md_qk_norm {
+	MD_QK_NORM_NONE,
+	MD_QK_NORM_HEAD, /* RMSNorm per head over head_dim (Qwen3) */
+	MD_QK_NORM_FULL, /* RMSNorm over the whole projection before the head split (OLMoE) */
+};
+
+/* A weight matrix or vector borrowed from the map. Rows are ne[1] (times ne[2] for 3-D
+ * expert tensors, expert e's matrix starts at data + e * nb2). */
+struct md_tensor {
+	const char *name;   /* borrowed: the GGUF's tensor name (not NUL-terminated: use name_len) */
+	size_t name_len;
+	enum md_dtype type;
+	int64_t ne[4];
+	size_t nb1;         /* bytes per row of ne[0] elements */
+	size_t nb2;         /* bytes per matrix (ne[0] * ne[1] elements) */
+	const void *data;   /* borrowed: valid while the model is loaded */
+};
+
+struct md_layer {
+	struct md_tensor *attn_norm; /* (n_embd) */
+	struct md_tensor *wq, *wk, *wv; /* (n_embd -> n_head*head_dim / n_head_kv*head_dim) */
+	struct md_tensor *bq, *bk, *bv; /* optional biases */
+	struct md_tensor *wo;        /* (n_head*head_dim -> n_embd) */
+	struct md_tensor *q_norm, *k_norm; /* optional: (head_dim) or (full projection) */
+	struct md_tensor *ffn_norm;  /* (n_embd) */
+	/* dense FFN */
+	struct md_tensor *ffn_gate, *ffn_up, *ffn_down;
+	/* MoE */
+	struct md_tensor *gate_inp;  /* router: (n_embd -> n_expert) */
+	struct md_tensor *gate_exps, *up_exps; /* (n_embd -> n_ff_exp) x n_expert */
+	struct md_tensor *down_exps; /* (n_ff_exp -> n_embd) x n_expert */
+	/* shared expert (Qwen2-MoE) */
+	struct md_tensor *gate_inp_shexp; /* (n_embd) -> scalar gate, sigmoid */
+	struct md_tensor *gate_shexp, *up_shexp, *down_shexp;
+};
+
+struct md_hparams {
+	enum md_arch arch;
+	char arch_name[32];
+	uint32_t n_vocab, n_ctx_train, n_embd, n_layer;
+	uint32_t n_head, n_head_kv, head_dim; /* head_dim = key_length */
+	uint32_t n_ff;                        /* dense FFN width (0 for pure MoE) */
+	uint32_t n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
+	float rms_eps;
+	float rope_freq_base;
+	uint32_t n_rot;                       /* rotary dims (<= head_dim) */
+	enum md_rope_type rope_type;
+	enum md_qk_norm qk_norm;
+	bool norm_topk;                       /* renormalise top-k router weights */
+	bool tied_output;                     /* output.weight absent: token_embd reused */
+};
+
+struct md_model {
+	struct md_gguf gguf;       /* owned: the mapping every tensor borrows from */
+	struct md_hparams hp;
+	struct md_tensor *tensors; /* owned: one per bound GGUF tensor */
+	size_t n_tensors;
+	struct md_tensor *tok_embd, *output_norm, *output;
+	struct md_layer *layers;   /* owned (n_layer) */
+	char path[4096];
+};
+
+/* Map and bind a GGUF model. Returns 0, or a negative code with one line in err naming what
+ * is wrong (unsupported arch, missing tensor, wrong shape, unsupported type). */
+int md_model_load(struct md_model *m, const char *path, char *err, size_t errlen);
+void md_model_free(struct md_model *m);
+
+const char *md_arch_name(enum md_arch a);
+bool md_model_is_moe(const struct md_model *m);
+
+#endif
