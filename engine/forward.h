@@ -15,7 +15,7 @@ struct md_batch {
 	const int32_t *tokens;   /* (n_tokens) */
 	const int32_t *seq;      /* (n_tokens) KV sequence ids */
 	const int32_t *pos;      /* (n_tokens) positions */
-	const bool *want_logits; /* (n_tokens), NULL: only the last token */
+	const bool *want_logits; /* (n_tokens), NULL: the last token of each sequence */
 };
 
 struct md_forward_ctx; /* opaque: scratch buffers, thread pool */

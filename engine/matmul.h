@@ -1,0 +1,32 @@
+/* Matrix products of quantized weights with float activations, split over the thread pool. */
+#ifndef MD_MATMUL_H
+#define MD_MATMUL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/model.h"
+#include "engine/quant.h"
+#include "engine/threadpool.h"
+
+/* A 2-D weight view: n_out rows of n_in elements, row r at data + r * nb1. */
+struct md_mat {
+	enum md_dtype type;
+	int64_t n_in, n_out;
+	size_t nb1;
+	const void *data; /* borrowed */
+};
+
+/* View of a 2-D tensor, or of expert e's matrix in a 3-D expert tensor. */
+struct md_mat md_mat_of(const struct md_tensor *t, int64_t expert);
+
+/* y[t][r] = dot(row r of w, x[t]) for t < n_tok; x is (n_tok, n_in), y is (n_tok, n_out), both
+ * contiguous. Each weight row is read once for all n_tok tokens. scratch: per-thread buffers of
+ * at least n_in floats, one per pool thread (md_matmul_scratch_floats). */
+void md_matmul(struct md_pool *pool, const struct md_mat *w, const float *x, int n_tok, float *y,
+	       float *scratch);
+
+/* Floats of scratch md_matmul needs for rows of n_in elements with the given pool. */
+size_t md_matmul_scratch_floats(const struct md_pool *pool, int64_t n_in);
+
+#endif
