@@ -36,7 +36,8 @@ static void usage(FILE *o)
 		"  -n N            greedy tokens to generate per sequence (default 16)\n"
 		"  --chunk C       prefill micro-batches of at most C tokens, round-robin over sequences\n"
 		"  -t THREADS      compute threads (default 1)\n"
-		"  --dump-logits P write float32 logits of every prompt position and generation step\n");
+		"  --dump-logits P write float32 logits of every prompt position and generation step\n"
+		"  -v              print each decode step's tokens and time\n");
 }
 
 static int parse_prompts(const char *arg, struct seq *seqs, int *n_seqs)
@@ -85,6 +86,7 @@ int main(int argc, char **argv)
 {
 	const char *model_path = NULL, *prompts = NULL, *dump = NULL;
 	int n_gen = 16, chunk = 0, n_threads = 1;
+	bool verbose = false;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -101,6 +103,8 @@ int main(int argc, char **argv)
 			chunk = atoi(v), i++;
 		} else if (!strcmp(a, "-t") && v) {
 			n_threads = atoi(v), i++;
+		} else if (!strcmp(a, "-v")) {
+			verbose = true;
 		} else if (!strcmp(a, "--dump-logits") && v) {
 			dump = v, i++;
 		} else {
@@ -248,7 +252,10 @@ int main(int argc, char **argv)
 			n++;
 		}
 		struct md_batch b = { n, tok, sq, pos, want };
+		double ts = now_ms();
 		int got = md_forward(fw, &kv, &b, logits);
+		if (verbose)
+			fprintf(stderr, "# step %d: %.2f ms\n", step, now_ms() - ts);
 		if (got != n) {
 			fprintf(stderr, "moed-run: forward failed: %d\n", got);
 			return 1;
@@ -259,6 +266,8 @@ int main(int argc, char **argv)
 			if (dump)
 				memcpy(rows[owner[i]] + (size_t)pos[i] * V, lr, (size_t)V * sizeof(float));
 			q->gen[q->n_gen++] = argmax(lr, V);
+			if (verbose)
+				fprintf(stderr, "#   seq %d pos %d -> %d\n", owner[i], pos[i] + 1, q->gen[q->n_gen - 1]);
 		}
 		steps++;
 	}

@@ -1,0 +1,592 @@
+/* Unit tests for engine/quant.c: type table, F16/BF16 conversion, GGML block decoding, quantizer quality, reference dot. */
+#include "engine/quant.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures;
+
+#define CHECK(cond)                                                                   \
+	do {                                                                          \
+		if (!(cond)) {                                                        \
+			fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+			failures++;                                                   \
+		}                                                                     \
+	} while (0)
+
+#define CHECK_EQ_U(a, b)                                                              \
+	do {                                                                          \
+		unsigned long long va_ = (unsigned long long)(a), vb_ = (unsigned long long)(b); \
+		if (va_ != vb_) {                                                     \
+			fprintf(stderr, "%s:%d: %s == %s failed: 0x%llx != 0x%llx\n", __FILE__, \
+				__LINE__, #a, #b, va_, vb_);                          \
+			failures++;                                                   \
+		}                                                                     \
+	} while (0)
+
+/* Exact float equality (bitwise, so -0 != +0 is caught where it matters). */
+#define CHECK_EQ_F(a, b)                                                              \
+	do {                                                                          \
+		float fa_ = (a), fb_ = (b);                                           \
+		if (memcmp(&fa_, &fb_, sizeof(float)) != 0) {                         \
+			fprintf(stderr, "%s:%d: %s == %s failed: %.9g != %.9g\n", __FILE__, \
+				__LINE__, #a, #b, (double)fa_, (double)fb_);          \
+			failures++;                                                   \
+		}                                                                     \
+	} while (0)
+
+static float from_bits(uint32_t u)
+{
+	float f;
+
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+static void put16(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)(v & 0xff);
+	p[1] = (uint8_t)(v >> 8);
+}
+
+/* xorshift64* and Box-Muller: reproducible N(0, 1) without libc rand. */
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rng_next(void)
+{
+	rng_state ^= rng_state >> 12;
+	rng_state ^= rng_state << 25;
+	rng_state ^= rng_state >> 27;
+	return rng_state * 0x2545f4914f6cdd1dull;
+}
+
+static double rng_uniform(void)
+{
+	return ((double)(rng_next() >> 11) + 0.5) * 0x1p-53;
+}
+
+static float rng_normal(void)
+{
+	return (float)(sqrt(-2.0 * log(rng_uniform())) * cos(6.283185307179586 * rng_uniform()));
+}
+
+static void test_type_table(void)
+{
+	static const struct {
+		uint32_t id;
+		const char *name;
+		int64_t blck;
+		size_t size;
+		bool supported;
+	} want[] = {
+		{ 0, "f32", 1, 4, true },     { 1, "f16", 1, 2, true },
+		{ 2, "q4_0", 32, 18, true },  { 3, "q4_1", 32, 20, false },
+		{ 6, "q5_0", 32, 22, false }, { 7, "q5_1", 32, 24, false },
+		{ 8, "q8_0", 32, 34, true },  { 9, "q8_1", 32, 36, false },
+		{ 10, "q2_K", 256, 84, false }, { 11, "q3_K", 256, 110, false },
+		{ 12, "q4_K", 256, 144, true }, { 13, "q5_K", 256, 176, true },
+		{ 14, "q6_K", 256, 210, true }, { 15, "q8_K", 256, 292, false },
+		{ 24, "i8", 1, 1, false },    { 25, "i16", 1, 2, false },
+		{ 26, "i32", 1, 4, false },   { 27, "i64", 1, 8, false },
+		{ 28, "f64", 1, 8, false },   { 30, "bf16", 1, 2, true },
+	};
+
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+		const struct md_dtype_info *info = md_dtype_info(want[i].id);
+		if (info == NULL) {
+			fprintf(stderr, "type %u: no info\n", want[i].id);
+			failures++;
+			continue;
+		}
+		if (strcmp(info->name, want[i].name) != 0) {
+			fprintf(stderr, "type %u: name '%s' != '%s'\n", want[i].id, info->name, want[i].name);
+			failures++;
+		}
+		CHECK_EQ_U(info->blck, want[i].blck);
+		CHECK_EQ_U(info->type_size, want[i].size);
+		CHECK_EQ_U(info->supported, want[i].supported);
+	}
+	/* Removed ids (Q4_2, Q4_3), types we cannot size, and out of range. */
+	CHECK(md_dtype_info(4) == NULL);
+	CHECK(md_dtype_info(5) == NULL);
+	CHECK(md_dtype_info(31) == NULL);
+	CHECK(md_dtype_info(MD_DT_COUNT) == NULL);
+	CHECK(md_dtype_info(0xffffffffu) == NULL);
+
+	CHECK_EQ_U(md_dtype_row_size(MD_DT_Q4_K, 512), 288);
+	CHECK_EQ_U(md_dtype_row_size(MD_DT_Q8_0, 4096), 4352);
+	CHECK_EQ_U(md_dtype_row_size(MD_DT_F32, 7), 28);
+	CHECK_EQ_U(md_dtype_row_size(MD_DT_BF16, 3), 6);
+	CHECK_EQ_U(md_dtype_row_size(MD_DT_Q6_K, 100), 0);
+	CHECK_EQ_U(md_dtype_row_size(MD_DT_Q4_0, 33), 0);
+	CHECK_EQ_U(md_dtype_row_size((enum md_dtype)4, 32), 0);
+	CHECK_EQ_U(md_dtype_row_size(MD_DT_Q4_0, 0), 0);
+}
+
+static void test_f16(void)
+{
+	/* Decoding: zeros, subnormals, normals, extremes, specials. */
+	CHECK_EQ_F(md_f16_to_f32(0x0000), 0.0f);
+	CHECK_EQ_F(md_f16_to_f32(0x8000), -0.0f);
+	CHECK_EQ_F(md_f16_to_f32(0x0001), 0x1p-24f);
+	CHECK_EQ_F(md_f16_to_f32(0x8001), -0x1p-24f);
+	CHECK_EQ_F(md_f16_to_f32(0x03ff), 1023.0f * 0x1p-24f);
+	CHECK_EQ_F(md_f16_to_f32(0x0400), 0x1p-14f);
+	CHECK_EQ_F(md_f16_to_f32(0x3c00), 1.0f);
+	CHECK_EQ_F(md_f16_to_f32(0x3c01), 1.0f + 0x1p-10f);
+	CHECK_EQ_F(md_f16_to_f32(0xc000), -2.0f);
+	CHECK_EQ_F(md_f16_to_f32(0x3555), 0.333251953125f);
+	CHECK_EQ_F(md_f16_to_f32(0x7bff), 65504.0f);
+	CHECK_EQ_F(md_f16_to_f32(0x7c00), INFINITY);
+	CHECK_EQ_F(md_f16_to_f32(0xfc00), -INFINITY);
+	CHECK(isnan(md_f16_to_f32(0x7e00)));
+	CHECK(isnan(md_f16_to_f32(0x7c01))); /* signalling NaN must not turn into inf */
+	CHECK(isnan(md_f16_to_f32(0xfe00)));
+
+	/* Encoding, round to nearest even at every boundary. */
+	CHECK_EQ_U(md_f32_to_f16(0.0f), 0x0000);
+	CHECK_EQ_U(md_f32_to_f16(-0.0f), 0x8000);
+	CHECK_EQ_U(md_f32_to_f16(1.0f), 0x3c00);
+	CHECK_EQ_U(md_f32_to_f16(-2.0f), 0xc000);
+	CHECK_EQ_U(md_f32_to_f16(1.0f + 0x1p-11f), 0x3c00);       /* tie -> even */
+	CHECK_EQ_U(md_f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02);   /* tie -> even (up) */
+	CHECK_EQ_U(md_f32_to_f16(1.0f + 0x1p-11f + 0x1p-20f), 0x3c01);
+	CHECK_EQ_U(md_f32_to_f16(2.0f - 0x1p-12f), 0x4000);       /* carry into exponent */
+	CHECK_EQ_U(md_f32_to_f16(65504.0f), 0x7bff);
+	CHECK_EQ_U(md_f32_to_f16(65519.996f), 0x7bff);
+	CHECK_EQ_U(md_f32_to_f16(65520.0f), 0x7c00);              /* tie -> even = inf */
+	CHECK_EQ_U(md_f32_to_f16(1e10f), 0x7c00);
+	CHECK_EQ_U(md_f32_to_f16(-FLT_MAX), 0xfc00);
+	CHECK_EQ_U(md_f32_to_f16(INFINITY), 0x7c00);
+	CHECK_EQ_U(md_f32_to_f16(-INFINITY), 0xfc00);
+	uint16_t hn = md_f32_to_f16(NAN);
+	CHECK((hn & 0x7c00) == 0x7c00 && (hn & 0x3ff) != 0);
+	hn = md_f32_to_f16(from_bits(0x7f800001)); /* payload only in low bits */
+	CHECK((hn & 0x7c00) == 0x7c00 && (hn & 0x3ff) != 0);
+	hn = md_f32_to_f16(from_bits(0xffc00000));
+	CHECK(hn & 0x8000);
+	CHECK((hn & 0x7c00) == 0x7c00 && (hn & 0x3ff) != 0);
+	CHECK_EQ_U(md_f32_to_f16(0x1p-14f), 0x0400);
+	CHECK_EQ_U(md_f32_to_f16(0x1p-24f), 0x0001);
+	CHECK_EQ_U(md_f32_to_f16(-0x1p-24f), 0x8001);
+	CHECK_EQ_U(md_f32_to_f16(0x1p-25f), 0x0000);              /* tie -> even = 0 */
+	CHECK_EQ_U(md_f32_to_f16(-0x1p-25f), 0x8000);
+	CHECK_EQ_U(md_f32_to_f16(nextafterf(0x1p-25f, 1.0f)), 0x0001);
+	CHECK_EQ_U(md_f32_to_f16(3 * 0x1p-25f), 0x0002);          /* 1.5 units -> 2 */
+	CHECK_EQ_U(md_f32_to_f16(5 * 0x1p-25f), 0x0002);          /* 2.5 units -> 2 */
+	CHECK_EQ_U(md_f32_to_f16(1023.5f * 0x1p-24f), 0x0400);    /* largest subnormal + half */
+	CHECK_EQ_U(md_f32_to_f16(1022.5f * 0x1p-24f), 0x03fe);
+	CHECK_EQ_U(md_f32_to_f16(1e-30f), 0x0000);
+	CHECK_EQ_U(md_f32_to_f16(from_bits(0x00000001)), 0x0000); /* f32 subnormal */
+
+	/* Every non-NaN half survives f16 -> f32 -> f16; every NaN stays NaN. */
+	for (uint32_t h = 0; h < 0x10000; h++) {
+		float f = md_f16_to_f32((uint16_t)h);
+		uint16_t back = md_f32_to_f16(f);
+		bool is_nan = (h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0;
+
+		if (is_nan ? !isnan(f) || (back & 0x7c00) != 0x7c00 || (back & 0x3ff) == 0
+			   : back != h) {
+			fprintf(stderr, "f16 round trip: 0x%04x -> %g -> 0x%04x\n", h, (double)f, back);
+			failures++;
+			break;
+		}
+	}
+
+#ifdef __FLT16_MAX__
+	/* The compiler's _Float16 conversion is IEEE round-to-nearest-even: compare on random
+	 * f32 bit patterns concentrated in and around the half range. */
+	for (int i = 0; i < 1000000; i++) {
+		uint32_t u = (uint32_t)rng_next();
+		if (i & 1) /* exponents 2^-30 .. 2^17 */
+			u = (u & 0x807fffffu) | ((uint32_t)(97 + (u >> 23) % 48) << 23);
+		float f = from_bits(u);
+		if (isnan(f))
+			continue;
+		_Float16 r = (_Float16)f;
+		uint16_t want;
+		memcpy(&want, &r, sizeof(want));
+		uint16_t got = md_f32_to_f16(f);
+		if (got != want) {
+			fprintf(stderr, "f32_to_f16(0x%08x = %g): 0x%04x != _Float16 0x%04x\n", u,
+				(double)f, got, want);
+			failures++;
+			break;
+		}
+	}
+#endif
+}
+
+static void test_bf16(void)
+{
+	CHECK_EQ_F(md_bf16_to_f32(0x3f80), 1.0f);
+	CHECK_EQ_F(md_bf16_to_f32(0xc040), -3.0f);
+	CHECK_EQ_F(md_bf16_to_f32(0x8000), -0.0f);
+	CHECK_EQ_F(md_bf16_to_f32(0x0001), from_bits(0x00010000)); /* subnormal */
+	CHECK_EQ_F(md_bf16_to_f32(0x7f80), INFINITY);
+	CHECK_EQ_F(md_bf16_to_f32(0xff80), -INFINITY);
+	CHECK(isnan(md_bf16_to_f32(0x7fc0)));
+	CHECK(isnan(md_bf16_to_f32(0x7f81)));
+
+	CHECK_EQ_U(md_f32_to_bf16(1.0f), 0x3f80);
+	CHECK_EQ_U(md_f32_to_bf16(-0.0f), 0x8000);
+	CHECK_EQ_U(md_f32_to_bf16(from_bits(0x3f808000)), 0x3f80); /* tie -> even (down) */
+	CHECK_EQ_U(md_f32_to_bf16(from_bits(0x3f818000)), 0x3f82); /* tie -> even (up) */
+	CHECK_EQ_U(md_f32_to_bf16(from_bits(0x3f808001)), 0x3f81);
+	CHECK_EQ_U(md_f32_to_bf16(from_bits(0x3f807fff)), 0x3f80);
+	CHECK_EQ_U(md_f32_to_bf16(from_bits(0x00010000)), 0x0001);
+	CHECK_EQ_U(md_f32_to_bf16(from_bits(0x00018000)), 0x0002); /* subnormal tie -> even */
+	CHECK_EQ_U(md_f32_to_bf16(FLT_MAX), 0x7f80);               /* rounds to inf */
+	CHECK_EQ_U(md_f32_to_bf16(INFINITY), 0x7f80);
+	CHECK_EQ_U(md_f32_to_bf16(-INFINITY), 0xff80);
+	/* NaN stays NaN even when the payload lives only in the dropped low bits. */
+	uint16_t b = md_f32_to_bf16(from_bits(0x7f800001));
+	CHECK((b & 0x7f80) == 0x7f80 && (b & 0x7f) != 0);
+	b = md_f32_to_bf16(from_bits(0xffc00000));
+	CHECK_EQ_U(b, 0xffc0);
+	CHECK(isnan(md_bf16_to_f32(md_f32_to_bf16(NAN))));
+
+	for (uint32_t h = 0; h < 0x10000; h++) {
+		bool is_nan = (h & 0x7f80) == 0x7f80 && (h & 0x7f) != 0;
+		if (is_nan)
+			continue;
+		uint16_t back = md_f32_to_bf16(md_bf16_to_f32((uint16_t)h));
+		if (back != h) {
+			fprintf(stderr, "bf16 round trip: 0x%04x -> 0x%04x\n", h, back);
+			failures++;
+			break;
+		}
+	}
+}
+
+/* Row-level F16/BF16/F32 encode and decode through md_quantize_row / md_dequant_row. */
+static void test_float_rows(void)
+{
+	const float src[4] = { 1.0f, -2.5f, 0x1p-24f, 65504.0f };
+	uint8_t buf[16];
+	float out[4];
+
+	CHECK_EQ_U(md_quantize_row(MD_DT_F16, src, buf, 4), 8);
+	CHECK_EQ_U(buf[0], 0x00); /* 1.0 = 0x3c00, little-endian */
+	CHECK_EQ_U(buf[1], 0x3c);
+	CHECK_EQ_U(buf[2] | (buf[3] << 8), 0xc100);
+	md_dequant_row(MD_DT_F16, buf, out, 4);
+	for (int i = 0; i < 4; i++)
+		CHECK_EQ_F(out[i], src[i]);
+
+	CHECK_EQ_U(md_quantize_row(MD_DT_BF16, src, buf, 4), 8);
+	CHECK_EQ_U(buf[0] | (buf[1] << 8), 0x3f80);
+	CHECK_EQ_U(buf[2] | (buf[3] << 8), 0xc020);
+	md_dequant_row(MD_DT_BF16, buf, out, 4);
+	CHECK_EQ_F(out[0], 1.0f);
+	CHECK_EQ_F(out[1], -2.5f);
+	CHECK_EQ_F(out[3], 65536.0f); /* 65504 = 0x477fe000 rounds up in bf16 */
+
+	CHECK_EQ_U(md_quantize_row(MD_DT_F32, src, buf, 4), 16);
+	md_dequant_row(MD_DT_F32, buf, out, 4);
+	for (int i = 0; i < 4; i++)
+		CHECK_EQ_F(out[i], src[i]);
+}
+
+static void test_q8_0_layout(void)
+{
+	uint8_t b[2 * 34];
+	float y[64];
+
+	/* Block 0: d = 0.5 (f16 0x3800), qs[j] = j - 16.  Block 1: d = -0.25 (0xb400), qs = -128..127 ends. */
+	put16(b, 0x3800);
+	for (int j = 0; j < 32; j++)
+		b[2 + j] = (uint8_t)(int8_t)(j - 16);
+	put16(b + 34, 0xb400);
+	for (int j = 0; j < 32; j++)
+		b[36 + j] = 0;
+	b[36] = 0x80;  /* -128 */
+	b[37] = 0x7f;  /* 127 */
+	b[67] = 0xff;  /* -1 */
+	md_dequant_row(MD_DT_Q8_0, b, y, 64);
+	CHECK_EQ_F(y[0], -8.0f);
+	CHECK_EQ_F(y[16], 0.0f);
+	CHECK_EQ_F(y[31], 7.5f);
+	CHECK_EQ_F(y[32], 32.0f);
+	CHECK_EQ_F(y[33], -31.75f);
+	CHECK_EQ_F(y[34], -0.0f);
+	CHECK_EQ_F(y[63], 0.25f);
+}
+
+static void test_q4_0_layout(void)
+{
+	uint8_t b[18];
+	float y[32];
+
+	/* d = 2.0 (0x4000); byte j: low nibble j, high nibble 15 - j.
+	 * Element j (j < 16) = (j - 8) * 2, element 16 + j = (15 - j - 8) * 2. */
+	put16(b, 0x4000);
+	for (int j = 0; j < 16; j++)
+		b[2 + j] = (uint8_t)(j | ((15 - j) << 4));
+	md_dequant_row(MD_DT_Q4_0, b, y, 32);
+	CHECK_EQ_F(y[0], -16.0f);
+	CHECK_EQ_F(y[8], 0.0f);
+	CHECK_EQ_F(y[15], 14.0f);
+	CHECK_EQ_F(y[16], 14.0f);
+	CHECK_EQ_F(y[23], 0.0f);
+	CHECK_EQ_F(y[24], -2.0f);
+	CHECK_EQ_F(y[31], -16.0f);
+}
+
+/*
+ * Scale bytes shared by the q4_K and q5_K blocks below, decoded by hand:
+ *   bytes 0..3  = c1 42 03 84: sc0..3 = 1, 2, 3, 4 (low 6 bits); top bits 3, 1, 0, 2 go to sc4..7.
+ *   bytes 4..7  = 45 06 c7 08: m0..3 = 5, 6, 7, 8; top bits 1, 0, 3, 0 go to m4..7.
+ *   bytes 8..11 = 21 93 0f a0: low nibbles 1, 3, 15, 0 -> sc4..7 low; high 2, 9, 0, 10 -> m4..7 low.
+ *   sc4..7 = 1|3<<4 = 49, 3|1<<4 = 19, 15|0 = 15, 0|2<<4 = 32
+ *   m4..7  = 2|1<<4 = 18, 9|0 = 9, 0|3<<4 = 48, 10|0 = 10
+ * d = 0.5 (0x3800), dmin = 0.25 (0x3400); qs[k] = k for k = 0..127.
+ */
+static const uint8_t kq_scales[12] = { 0xc1, 0x42, 0x03, 0x84, 0x45, 0x06, 0xc7, 0x08,
+				       0x21, 0x93, 0x0f, 0xa0 };
+
+static void test_q4_K_layout(void)
+{
+	uint8_t b[144];
+	float y[256];
+
+	put16(b, 0x3800);
+	put16(b + 2, 0x3400);
+	memcpy(b + 4, kq_scales, 12);
+	for (int k = 0; k < 128; k++)
+		b[16 + k] = (uint8_t)k;
+	md_dequant_row(MD_DT_Q4_K, b, y, 256);
+	/* elem = 0.5 * sc[s] * q - 0.25 * m[s]; sub-block s = e / 32 reads qs[32 * (s / 2) + e % 32],
+	 * low nibble for even s, high nibble for odd s. */
+	CHECK_EQ_F(y[0], -1.25f);   /* s0, qs[0]=0x00 lo 0:   0 - 1.25 */
+	CHECK_EQ_F(y[31], 6.25f);   /* s0, qs[31]=0x1f lo 15: 7.5 - 1.25 */
+	CHECK_EQ_F(y[32], -1.5f);   /* s1, qs[0] hi 0:        0 - 1.5 */
+	CHECK_EQ_F(y[63], -0.5f);   /* s1, qs[31] hi 1:       1 - 1.5 */
+	CHECK_EQ_F(y[100], 2.0f);   /* s3, qs[36]=0x24 hi 2:  4 - 2 */
+	CHECK_EQ_F(y[130], 44.5f);  /* s4, qs[66]=0x42 lo 2:  49 - 4.5 */
+	CHECK_EQ_F(y[170], 35.75f); /* s5, qs[74]=0x4a hi 4:  38 - 2.25 */
+	CHECK_EQ_F(y[200], 48.0f);  /* s6, qs[104]=0x68 lo 8: 60 - 12 */
+	CHECK_EQ_F(y[224], 93.5f);  /* s7, qs[96]=0x60 hi 6:  96 - 2.5 */
+	CHECK_EQ_F(y[255], 109.5f); /* s7, qs[127]=0x7f hi 7: 112 - 2.5 */
+}
+
+static void test_q5_K_layout(void)
+{
+	uint8_t b[176];
+	float y[256];
+
+	put16(b, 0x3800);
+	put16(b + 2, 0x3400);
+	memcpy(b + 4, kq_scales, 12);
+	memset(b + 16, 0, 32); /* qh: bit s of qh[l] is the fifth bit of element l of sub-block s */
+	b[16 + 0] = 0x01;      /* s0 l0 */
+	b[16 + 2] = 0x10;      /* s4 l2 */
+	b[16 + 4] = 0x08;      /* s3 l4 */
+	b[16 + 8] = 0x40;      /* s6 l8 */
+	b[16 + 10] = 0x20;     /* s5 l10 */
+	b[16 + 31] = 0x80;     /* s7 l31 */
+	for (int k = 0; k < 128; k++)
+		b[48 + k] = (uint8_t)k;
+	md_dequant_row(MD_DT_Q5_K, b, y, 256);
+	CHECK_EQ_F(y[0], 6.75f);    /* q = 0 + 16:  8 - 1.25 */
+	CHECK_EQ_F(y[31], 6.25f);   /* q = 15 (qh[31] bit 0 clear) */
+	CHECK_EQ_F(y[32], -1.5f);   /* q = 0 (qh[0] bit 1 clear) */
+	CHECK_EQ_F(y[63], -0.5f);   /* q = 1 */
+	CHECK_EQ_F(y[100], 34.0f);  /* q = 2 + 16:  0.5*4*18 - 2 */
+	CHECK_EQ_F(y[130], 436.5f); /* q = 2 + 16:  0.5*49*18 - 4.5 */
+	CHECK_EQ_F(y[170], 187.75f);/* q = 4 + 16:  0.5*19*20 - 2.25 */
+	CHECK_EQ_F(y[200], 168.0f); /* q = 8 + 16:  0.5*15*24 - 12 */
+	CHECK_EQ_F(y[224], 93.5f);  /* q = 6 (qh[0] bit 7 clear) */
+	CHECK_EQ_F(y[255], 365.5f); /* q = 7 + 16:  0.5*32*23 - 2.5 */
+}
+
+static void test_q6_K_layout(void)
+{
+	uint8_t b[210];
+	float y[256];
+
+	/* ql[k] = k; qh all zero except qh[0] = 0xe4 (2-bit fields 0,1,2,3 from the bottom) and
+	 * qh[37] = 0x1b (fields 3,2,1,0); scales[s] = s - 7; d = 0.5.
+	 * elem e: h = e/128, r = e%128, k = r/32, l = r%32; low 4 bits from
+	 * ql[64h + l + 32(k&1)] (low nibble k<2, high nibble k>=2), high 2 bits = field k of
+	 * qh[32h + l]; value = 0.5 * scales[e/16] * (q - 32). */
+	for (int k = 0; k < 128; k++)
+		b[k] = (uint8_t)k;
+	memset(b + 128, 0, 64);
+	b[128 + 0] = 0xe4;
+	b[128 + 37] = 0x1b;
+	for (int s = 0; s < 16; s++)
+		b[192 + s] = (uint8_t)(int8_t)(s - 7);
+	put16(b + 208, 0x3800);
+	md_dequant_row(MD_DT_Q6_K, b, y, 256);
+	CHECK_EQ_F(y[0], 112.0f);   /* q = 0:          0.5 * -7 * -32 */
+	CHECK_EQ_F(y[15], 59.5f);   /* q = 15:         0.5 * -7 * -17 */
+	CHECK_EQ_F(y[32], 40.0f);   /* q = 0 | 1<<4:   0.5 * -5 * -16 */
+	CHECK_EQ_F(y[64], -0.0f);   /* q = 0 | 2<<4 = 32: 0.5 * -3 * 0 (negative zero, as GGML) */
+	CHECK_EQ_F(y[96], -9.0f);   /* q = 2 | 3<<4:   0.5 * -1 * 18 */
+	CHECK_EQ_F(y[133], 10.5f);  /* q = 5 | 3<<4:   0.5 * 1 * 21 */
+	CHECK_EQ_F(y[165], 7.5f);   /* q = 5 | 2<<4:   0.5 * 3 * 5 */
+	CHECK_EQ_F(y[197], -30.0f); /* q = 4 | 1<<4:   0.5 * 5 * -12 */
+	CHECK_EQ_F(y[229], -91.0f); /* q = 6:          0.5 * 7 * -26 */
+	CHECK_EQ_F(y[255], -100.0f);/* q = 7:          0.5 * 8 * -25 */
+}
+
+struct rt_case {
+	enum md_dtype t;
+	double max_rel_rmse;
+};
+
+/* Quantize -> dequantize on N(0,1) data; relative RMSE = rms(error) / rms(x). */
+static void test_round_trip(void)
+{
+	static const struct rt_case cases[] = {
+		{ MD_DT_F32, 0.0 },      { MD_DT_F16, 0.0005 },  { MD_DT_BF16, 0.003 },
+		{ MD_DT_Q8_0, 0.01 },    { MD_DT_Q6_K, 0.02 },   { MD_DT_Q5_K, 0.04 },
+		{ MD_DT_Q4_K, 0.08 },    { MD_DT_Q4_0, 0.12 },
+	};
+	enum { N = 256 * 64 };
+	float *x = malloc(N * sizeof(float));
+	float *y = malloc(N * sizeof(float));
+	uint8_t *q = malloc(N * sizeof(float));
+
+	if (x == NULL || y == NULL || q == NULL) {
+		fprintf(stderr, "out of memory\n");
+		exit(1);
+	}
+	for (int i = 0; i < N; i++)
+		x[i] = rng_normal();
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		enum md_dtype t = cases[c].t;
+		size_t bytes = md_quantize_row(t, x, q, N);
+		double se = 0, sx = 0;
+
+		CHECK_EQ_U(bytes, md_dtype_row_size(t, N));
+		md_dequant_row(t, q, y, N);
+		for (int i = 0; i < N; i++) {
+			se += ((double)y[i] - x[i]) * ((double)y[i] - x[i]);
+			sx += (double)x[i] * x[i];
+		}
+		double rel = sqrt(se / sx);
+		printf("round trip %-5s relative rmse %.5f (bound %.4f)\n", md_dtype_info(t)->name, rel,
+		       cases[c].max_rel_rmse);
+		if (!(rel <= cases[c].max_rel_rmse)) {
+			fprintf(stderr, "%s: relative rmse %.5f > %.4f\n", md_dtype_info(t)->name, rel,
+				cases[c].max_rel_rmse);
+			failures++;
+		}
+	}
+
+	/* Zero rows must decode to exact zeros; rows with wide dynamic range stay sane. */
+	static const enum md_dtype qtypes[] = { MD_DT_Q8_0, MD_DT_Q4_0, MD_DT_Q4_K, MD_DT_Q5_K,
+						MD_DT_Q6_K };
+	for (size_t c = 0; c < sizeof(qtypes) / sizeof(qtypes[0]); c++) {
+		enum md_dtype t = qtypes[c];
+		memset(x, 0, 512 * sizeof(float));
+		md_quantize_row(t, x, q, 512);
+		md_dequant_row(t, q, y, 512);
+		for (int i = 0; i < 512; i++) {
+			if (y[i] != 0.0f) {
+				fprintf(stderr, "%s: zero row decodes to y[%d] = %g\n",
+					md_dtype_info(t)->name, i, (double)y[i]);
+				failures++;
+				break;
+			}
+		}
+		/* All positive with an offset (exercises the min path of K-quants), scaled per block. */
+		for (int i = 0; i < 512; i++)
+			x[i] = (3.0f + rng_normal()) * ((i / 32) % 2 ? 100.0f : 0.01f);
+		md_quantize_row(t, x, q, 512);
+		md_dequant_row(t, q, y, 512);
+		double se = 0, sx = 0;
+		for (int i = 0; i < 512; i++) {
+			se += ((double)y[i] - x[i]) * ((double)y[i] - x[i]);
+			sx += (double)x[i] * x[i];
+			if (!isfinite(y[i])) {
+				fprintf(stderr, "%s: non-finite y[%d]\n", md_dtype_info(t)->name, i);
+				failures++;
+				break;
+			}
+		}
+		double rel = sqrt(se / sx);
+		if (!(rel < 0.1)) {
+			fprintf(stderr, "%s: offset row relative rmse %.5f >= 0.1\n",
+				md_dtype_info(t)->name, rel);
+			failures++;
+		}
+	}
+	free(x);
+	free(y);
+	free(q);
+}
+
+/* md_vec_dot_ref must equal the double dot of the dequantized row, within 1e-5 of sum |w x|. */
+static void test_vec_dot(void)
+{
+	static const enum md_dtype types[] = { MD_DT_F32, MD_DT_F16, MD_DT_BF16, MD_DT_Q8_0,
+					       MD_DT_Q4_0, MD_DT_Q4_K, MD_DT_Q5_K, MD_DT_Q6_K };
+	enum { N = 256 * 12 };
+	float *w = malloc(N * sizeof(float));
+	float *x = malloc(N * sizeof(float));
+	float *wd = malloc(N * sizeof(float));
+	uint8_t *q = malloc(N * sizeof(float));
+
+	if (w == NULL || x == NULL || wd == NULL || q == NULL) {
+		fprintf(stderr, "out of memory\n");
+		exit(1);
+	}
+	for (int i = 0; i < N; i++) {
+		w[i] = rng_normal();
+		x[i] = rng_normal();
+	}
+	for (size_t c = 0; c < sizeof(types) / sizeof(types[0]); c++) {
+		enum md_dtype t = types[c];
+		/* Also a length that is not a multiple of 32 for the float types. */
+		int64_t lens[2] = { N, (md_dtype_info(t)->blck == 1) ? N - 7 : N - 256 };
+
+		for (int k = 0; k < 2; k++) {
+			int64_t n = lens[k];
+			md_quantize_row(t, w, q, n);
+			md_dequant_row(t, q, wd, n);
+			double ref = 0, mag = 0;
+			for (int64_t i = 0; i < n; i++) {
+				ref += (double)wd[i] * x[i];
+				mag += fabs((double)wd[i] * x[i]);
+			}
+			float got = md_vec_dot_ref(t, q, x, n);
+			if (!(fabs(got - ref) <= 1e-5 * mag)) {
+				fprintf(stderr, "%s n=%lld: vec_dot_ref %.9g != %.9g (tol %.3g)\n",
+					md_dtype_info(t)->name, (long long)n, (double)got, ref,
+					1e-5 * mag);
+				failures++;
+			}
+		}
+	}
+	free(w);
+	free(x);
+	free(wd);
+	free(q);
+}
+
+int main(void)
+{
+	test_type_table();
+	test_f16();
+	test_bf16();
+	test_float_rows();
+	test_q8_0_layout();
+	test_q4_0_layout();
+	test_q4_K_layout();
+	test_q5_K_layout();
+	test_q6_K_layout();
+	test_round_trip();
+	test_vec_dot();
+	if (failures) {
+		fprintf(stderr, "test_quant: %d failure(s)\n", failures);
+		return 1;
+	}
+	printf("test_quant: ok\n");
+	return 0;
+}
