@@ -1,0 +1,940 @@
+/* Built-in chat formatters that reproduce, byte for byte, the Jinja chat templates of known models. */
+#include "engine/chat_template.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/*
+ * DESIGN: moed does not interpret Jinja. Each formatter below is a transcription of one real
+ * template (named in chat_template.h), checked by tests/tmpl against that template rendered by
+ * @huggingface/jinja. Detection is deliberately strict: a template is recognised only when the
+ * pieces that decide its output are all present, so a variant we do not reproduce (another
+ * default system prompt, a date header, thinking tags) fails at load instead of silently
+ * drifting from what the model was trained on. Tool calls, tool roles and multimodal content
+ * are outside the message model here (role + text).
+ */
+
+static const char *const family_names[MD_CHAT_FAMILY_COUNT] = {
+	[MD_CHAT_CHATML] = "chatml",
+	[MD_CHAT_QWEN3] = "qwen3",
+	[MD_CHAT_MISTRAL] = "mistral",
+	[MD_CHAT_TULU] = "tulu",
+	[MD_CHAT_LLAMA3] = "llama3",
+	[MD_CHAT_DEEPSEEK3] = "deepseek3",
+	[MD_CHAT_CHATML_BOS] = "chatml-bos",
+	[MD_CHAT_QWEN15] = "qwen1.5",
+	[MD_CHAT_QWEN2] = "qwen2",
+	[MD_CHAT_QWEN25] = "qwen2.5",
+	[MD_CHAT_MISTRAL_V1] = "mistral-v1",
+	[MD_CHAT_OLMO2] = "olmo2",
+};
+
+static const char all_names[] =
+	"chatml, chatml-bos, qwen1.5, qwen2, qwen2.5, qwen3, mistral (mixtral), mistral-v1, "
+	"tulu, olmo2, llama3, deepseek3";
+
+const char *md_chat_family_name(enum md_chat_family f)
+{
+	if ((unsigned)f >= MD_CHAT_FAMILY_COUNT)
+		return "?";
+	return family_names[f];
+}
+
+const char *md_chat_template_names(void)
+{
+	return all_names;
+}
+
+int md_chat_template_by_name(const char *name, enum md_chat_family *out)
+{
+	if (!name)
+		return -ENOENT;
+	if (strcmp(name, "mixtral") == 0) {
+		*out = MD_CHAT_MISTRAL;
+		return 0;
+	}
+	for (int i = 0; i < MD_CHAT_FAMILY_COUNT; i++) {
+		if (strcmp(name, family_names[i]) == 0) {
+			*out = (enum md_chat_family)i;
+			return 0;
+		}
+	}
+	return -ENOENT;
+}
+
+/* ---- detection ---- */
+
+/*
+ * Canonical form of a template for matching: outside string literals whitespace and the
+ * Jinja trim markers ("{%-", "-}}") go, `.name` becomes `['name']` and `"` becomes `'`;
+ * inside literals escapes are decoded (so '\n' and a real newline compare equal) and
+ * adjacent literals joined by `+` are merged ('<|im_end|>' + '\n' == '<|im_end|>\n').
+ * Returns a malloc'd string or NULL on allocation failure.
+ */
+static char *normalise(const char *s, size_t len)
+{
+	/* `.x` -> `['x']`: 5 output bytes for 2 input bytes at worst. */
+	char *o = len < SIZE_MAX / 3 ? malloc(len * 3 + 1) : NULL;
+	size_t n = 0;
+
+	if (!o)
+		return NULL;
+	for (size_t i = 0; i < len;) {
+		char c = s[i];
+
+		if (c == '\'' || c == '"') {
+			char q = c;
+
+			o[n++] = '\'';
+			i++;
+			for (;;) {
+				while (i < len && s[i] != q) {
+					if (s[i] == '\\' && i + 1 < len) {
+						char e = s[i + 1];
+
+						o[n++] = e == 'n' ? '\n' : e == 't' ? '\t' : e;
+						i += 2;
+						continue;
+					}
+					o[n++] = s[i++];
+				}
+				if (i < len)
+					i++; /* closing quote */
+				/* Merge `'a' + 'b'`. */
+				size_t j = i;
+
+				while (j < len && strchr(" \t\r\n", s[j]))
+					j++;
+				if (j < len && s[j] == '+') {
+					j++;
+					while (j < len && strchr(" \t\r\n", s[j]))
+						j++;
+					if (j < len && (s[j] == '\'' || s[j] == '"')) {
+						q = s[j];
+						i = j + 1;
+						continue;
+					}
+				}
+				break;
+			}
+			o[n++] = '\'';
+			continue;
+		}
+		if (c == ' ' || c == '\t' || c == '\r' || c == '\n') {
+			i++;
+			continue;
+		}
+		if ((c == '{') && i + 2 < len && (s[i + 1] == '%' || s[i + 1] == '{') &&
+		    s[i + 2] == '-') {
+			o[n++] = '{';
+			o[n++] = s[i + 1];
+			i += 3;
+			continue;
+		}
+		if (c == '-' && i + 2 < len && (s[i + 1] == '%' || s[i + 1] == '}') && s[i + 2] == '}') {
+			i++;
+			continue;
+		}
+		if (c == '.' && i + 1 < len &&
+		    ((s[i + 1] >= 'a' && s[i + 1] <= 'z') || s[i + 1] == '_') && n > 0 &&
+		    ((o[n - 1] >= 'a' && o[n - 1] <= 'z') || o[n - 1] == ']' || o[n - 1] == '_' ||
+		     (o[n - 1] >= '0' && o[n - 1] <= '9'))) {
+			size_t j = i + 1;
+
+			while (j < len && ((s[j] >= 'a' && s[j] <= 'z') || s[j] == '_' ||
+					   (s[j] >= '0' && s[j] <= '9')))
+				j++;
+			/* A method call (x.strip(...)) stays as written. */
+			if (j < len && s[j] == '(') {
+				o[n++] = c;
+				i++;
+				continue;
+			}
+			o[n++] = '[';
+			o[n++] = '\'';
+			memcpy(o + n, s + i + 1, j - i - 1);
+			n += j - i - 1;
+			o[n++] = '\'';
+			o[n++] = ']';
+			i = j;
+			continue;
+		}
+		o[n++] = c;
+		i++;
+	}
+	o[n] = '\0';
+	return o;
+}
+
+static bool has(const char *norm, const char *marker)
+{
+	return strstr(norm, marker) != NULL;
+}
+
+static bool has_all(const char *norm, const char *const *markers)
+{
+	for (; *markers; markers++)
+		if (!has(norm, *markers))
+			return false;
+	return true;
+}
+
+static const char *const sig_deepseek3[] = {
+	"'<｜User｜>'+message['content']",
+	"'<｜Assistant｜>'+message['content']+'<｜end▁of▁sentence｜>'",
+	"{{bos_token}}{{ns['system_prompt']}}",
+	"ns['system_prompt']+'\n\n'+message['content']",
+	"{%ifadd_generation_promptandnotns['is_tool']%}{{'<｜Assistant｜>'}}{%endif%}",
+	NULL,
+};
+
+static const char *const sig_llama3[] = {
+	"{%setcontent='<|start_header_id|>'+message['role']+'<|end_header_id|>\n\n'+"
+	"message['content']|trim+'<|eot_id|>'%}",
+	"{%ifloop['index0']==0%}{%setcontent=bos_token+content%}{%endif%}{{content}}{%endfor%}",
+	"{%ifadd_generation_prompt%}{{'<|start_header_id|>assistant<|end_header_id|>\n\n'}}"
+	"{%endif%}",
+	NULL,
+};
+
+static const char *const sig_mistral[] = {
+	"{%ifmessages[0]['role']=='system'%}{%setsystem_message=messages[0]['content']%}"
+	"{%setloop_messages=messages[1:]%}",
+	"{{bos_token}}{%formessageinloop_messages%}",
+	"{%if(message['role']=='user')!=(loop['index0']%2==0)%}",
+	"{%ifloop['first']andsystem_messageisdefined%}"
+	"{{' [INST] '+system_message+'\n\n'+message['content']+' [/INST]'}}"
+	"{%else%}{{' [INST] '+message['content']+' [/INST]'}}{%endif%}",
+	"{%elifmessage['role']=='assistant'%}{{' '+message['content']+eos_token}}{%else%}"
+	"{{raise_exception(",
+	NULL,
+};
+
+static const char *const sig_mistral_v1[] = {
+	"{{bos_token}}{%formessageinmessages%}"
+	"{%if(message['role']=='user')!=(loop['index0']%2==0)%}{{raise_exception(",
+	"{%ifmessage['role']=='user'%}{{'[INST] '+message['content']+' [/INST]'}}"
+	"{%elifmessage['role']=='assistant'%}{{message['content']+eos_token+' '}}{%else%}"
+	"{{raise_exception(",
+	NULL,
+};
+
+static const char *const sig_tulu[] = {
+	"{%formessageinmessages%}{%ifmessage['role']=='system'%}"
+	"{{'<|system|>\n'+message['content']+'\n'}}"
+	"{%elifmessage['role']=='user'%}{{'<|user|>\n'+message['content']+'\n'}}"
+	"{%elifmessage['role']=='assistant'%}{%ifnotloop['last']%}"
+	"{{'<|assistant|>\n'+message['content']+eos_token+'\n'}}"
+	"{%else%}{{'<|assistant|>\n'+message['content']+eos_token}}{%endif%}{%endif%}"
+	"{%ifloop['last']andadd_generation_prompt%}{{'<|assistant|>\n'}}{%endif%}{%endfor%}",
+	NULL,
+};
+
+static const char *const sig_qwen3[] = {
+	"{%ifmessages[0]['role']=='system'%}"
+	"{{'<|im_start|>system\n'+messages[0]['content']+'<|im_end|>\n'}}",
+	"{%setns=namespace(multi_step_tool=true,last_query_index=messages|length-1)%}",
+	"{%ifns['multi_step_tool']andmessage['role']=='user'andnot(message['content']"
+	".startswith('<tool_response>')andmessage['content'].endswith('</tool_response>'))%}",
+	"{%if(message['role']=='user')or(message['role']=='system'andnotloop['first'])%}"
+	"{{'<|im_start|>'+message['role']+'\n'+message['content']+'<|im_end|>\n'}}",
+	"{%setcontent=message['content'].split('</think>')[-1].lstrip('\n')%}",
+	"{%setreasoning_content=message['content'].split('</think>')[0].rstrip('\n')"
+	".split('<think>')[-1].lstrip('\n')%}",
+	"{%ifloop['index0']>ns['last_query_index']%}{%ifloop['last']or(notloop['last']and"
+	"reasoning_content)%}{{'<|im_start|>'+message['role']+'\n<think>\n'+"
+	"reasoning_content.strip('\n')+'\n</think>\n\n'+content.lstrip('\n')}}",
+	"{%else%}{{'<|im_start|>'+message['role']+'\n'+content}}{%endif%}",
+	"{{'<|im_end|>\n'}}{%elifmessage['role']=='tool'%}",
+	"{%ifadd_generation_prompt%}{{'<|im_start|>assistant\n'}}{%ifenable_thinkingisdefined"
+	"andenable_thinkingisfalse%}{{'<think>\n\n</think>\n\n'}}{%endif%}{%endif%}",
+	NULL,
+};
+
+static const char *const sig_qwen25[] = {
+	"{%ifmessages[0]['role']=='system'%}"
+	"{{'<|im_start|>system\n'+messages[0]['content']+'<|im_end|>\n'}}{%else%}"
+	"{{'<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+	"assistant.<|im_end|>\n'}}{%endif%}{%endif%}{%formessageinmessages%}",
+	"{%if(message['role']=='user')or(message['role']=='system'andnotloop['first'])or"
+	"(message['role']=='assistant'andnotmessage['tool_calls'])%}"
+	"{{'<|im_start|>'+message['role']+'\n'+message['content']+'<|im_end|>\n'}}",
+	"{%ifadd_generation_prompt%}{{'<|im_start|>assistant\n'}}{%endif%}",
+	NULL,
+};
+
+static const char *const sig_qwen2[] = {
+	"{%formessageinmessages%}{%ifloop['first']andmessages[0]['role']!='system'%}"
+	"{{'<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n'}}{%endif%}"
+	"{{'<|im_start|>'+message['role']+'\n'+message['content']+'<|im_end|>\n'}}{%endfor%}"
+	"{%ifadd_generation_prompt%}{{'<|im_start|>assistant\n'}}{%endif%}",
+	NULL,
+};
+
+static const char *const sig_qwen15[] = {
+	"{%formessageinmessages%}{%ifloop['first']andmessages[0]['role']!='system'%}"
+	"{{'<|im_start|>system\nYou are a helpful assistant<|im_end|>\n'}}{%endif%}"
+	"{{'<|im_start|>'+message['role']+'\n'+message['content']}}"
+	"{%if(loop['last']andadd_generation_prompt)ornotloop['last']%}{{'<|im_end|>\n'}}"
+	"{%endif%}{%endfor%}{%ifadd_generation_promptandmessages[-1]['role']!='assistant'%}"
+	"{{'<|im_start|>assistant\n'}}{%endif%}",
+	NULL,
+};
+
+static const char chatml_body[] =
+	"{%formessageinmessages%}"
+	"{{'<|im_start|>'+message['role']+'\n'+message['content']+'<|im_end|>\n'}}{%endfor%}"
+	"{%ifadd_generation_prompt%}{{'<|im_start|>assistant\n'}}{%endif%}";
+
+/* The optional prologue some ChatML templates carry: it changes nothing when the caller
+ * passes add_generation_prompt explicitly. */
+static const char chatml_prologue[] =
+	"{%ifnotadd_generation_promptisdefined%}{%setadd_generation_prompt=false%}{%endif%}";
+
+/* True when norm is exactly [prologue] [bos] chatml_body; *bos says whether bos is there. */
+static bool is_chatml(const char *norm, bool *bos)
+{
+	size_t pl = strlen(chatml_prologue);
+
+	if (strncmp(norm, chatml_prologue, pl) == 0)
+		norm += pl;
+	*bos = strncmp(norm, "{{bos_token}}", 13) == 0;
+	if (*bos)
+		norm += 13;
+	return strcmp(norm, chatml_body) == 0;
+}
+
+static enum md_chat_family classify(const char *norm, bool *found)
+{
+	bool bos;
+
+	*found = true;
+	if (has(norm, "<｜Assistant｜>")) {
+		if (!has(norm, "think") && has_all(norm, sig_deepseek3))
+			return MD_CHAT_DEEPSEEK3;
+	} else if (has(norm, "<|start_header_id|>")) {
+		if (!has(norm, "CuttingKnowledge") && !has(norm, "Cutting Knowledge") &&
+		    !has(norm, "tool") && has_all(norm, sig_llama3))
+			return MD_CHAT_LLAMA3;
+	} else if (has(norm, "[INST]")) {
+		if (has_all(norm, sig_mistral))
+			return MD_CHAT_MISTRAL;
+		if (!has(norm, "system") && has_all(norm, sig_mistral_v1))
+			return MD_CHAT_MISTRAL_V1;
+	} else if (has(norm, "<|assistant|>")) {
+		if (has_all(norm, sig_tulu)) {
+			if (!has(norm, "bos_token"))
+				return MD_CHAT_TULU;
+			if (strncmp(norm, "{{bos_token}}{%formessage", 25) == 0 &&
+			    !strstr(norm + 13, "bos_token"))
+				return MD_CHAT_OLMO2;
+		}
+	} else if (has(norm, "<|im_start|>")) {
+		if (has_all(norm, sig_qwen3))
+			return MD_CHAT_QWEN3;
+		if (!has(norm, "think")) {
+			if (has_all(norm, sig_qwen25))
+				return MD_CHAT_QWEN25;
+			if (!has(norm, "tool")) {
+				if (has_all(norm, sig_qwen2))
+					return MD_CHAT_QWEN2;
+				if (has_all(norm, sig_qwen15))
+					return MD_CHAT_QWEN15;
+				if (is_chatml(norm, &bos))
+					return bos ? MD_CHAT_CHATML_BOS : MD_CHAT_CHATML;
+			}
+		}
+	}
+	*found = false;
+	return MD_CHAT_CHATML;
+}
+
+__attribute__((format(printf, 3, 4)))
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!err || errlen == 0)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+}
+
+int md_chat_template_detect_err(const char *jinja, size_t len, enum md_chat_family *out,
+                                char *err, size_t errlen)
+{
+	char *norm;
+	bool found;
+	enum md_chat_family f;
+
+	if (!jinja || len == 0) {
+		set_err(err, errlen,
+			"model has no tokenizer.chat_template; pass --chat-template NAME (one of: %s)",
+			all_names);
+		return -ENOENT;
+	}
+	norm = normalise(jinja, len);
+	if (!norm) {
+		set_err(err, errlen, "cannot examine chat template: out of memory");
+		return -ENOMEM;
+	}
+	f = classify(norm, &found);
+	free(norm);
+	if (!found) {
+		/* Show where the template starts so the user can tell which one it is. */
+		char head[61];
+		size_t k = 0;
+
+		for (size_t i = 0; i < len && k < sizeof(head) - 1; i++)
+			head[k++] = (jinja[i] == '\n' || jinja[i] == '\r' || jinja[i] == '\t') ?
+					    ' ' : jinja[i];
+		/* Do not cut a UTF-8 sequence in half. */
+		while (k > 0 && ((unsigned char)head[k - 1] & 0xC0) == 0x80)
+			k--;
+		if (k > 0 && ((unsigned char)head[k - 1] & 0x80))
+			k--;
+		head[k] = '\0';
+		set_err(err, errlen,
+			"unrecognised tokenizer.chat_template (%zu bytes, starting '%s'); pass "
+			"--chat-template NAME (one of: %s)",
+			len, head, all_names);
+		return -ENOENT;
+	}
+	*out = f;
+	return 0;
+}
+
+int md_chat_template_detect(const char *jinja, size_t len, enum md_chat_family *out)
+{
+	return md_chat_template_detect_err(jinja, len, out, NULL, 0);
+}
+
+/* ---- rendering ---- */
+
+struct sbuf {
+	char *p; /* owned */
+	size_t n, cap;
+	bool oom;
+};
+
+static void sb_put(struct sbuf *b, const char *s, size_t len)
+{
+	if (b->oom || len == 0)
+		return;
+	if (b->n + len + 1 > b->cap) {
+		size_t cap = b->cap ? b->cap : 256;
+		char *p;
+
+		while (cap < b->n + len + 1) {
+			if (cap > SIZE_MAX / 2) {
+				b->oom = true;
+				return;
+			}
+			cap *= 2;
+		}
+		p = realloc(b->p, cap);
+		if (!p) {
+			b->oom = true;
+			return;
+		}
+		b->p = p;
+		b->cap = cap;
+	}
+	memcpy(b->p + b->n, s, len);
+	b->n += len;
+	b->p[b->n] = '\0';
+}
+
+static void sb_puts(struct sbuf *b, const char *s)
+{
+	sb_put(b, s, strlen(s));
+}
+
+enum role { R_SYSTEM, R_USER, R_ASSISTANT };
+
+/* A borrowed slice of a message string. */
+struct span {
+	const char *p;
+	size_t n;
+};
+
+static struct span span_of(const char *s)
+{
+	return (struct span){ s, strlen(s) };
+}
+
+static void sb_span(struct sbuf *b, struct span s)
+{
+	sb_put(b, s.p, s.n);
+}
+
+static bool starts_with(struct span s, const char *pre)
+{
+	size_t k = strlen(pre);
+
+	return s.n >= k && memcmp(s.p, pre, k) == 0;
+}
+
+static bool ends_with(struct span s, const char *suf)
+{
+	size_t k = strlen(suf);
+
+	return s.n >= k && memcmp(s.p + s.n - k, suf, k) == 0;
+}
+
+/* First (last = false) or last occurrence of needle in s, or NULL. */
+static const char *find(struct span s, const char *needle, bool last)
+{
+	size_t k = strlen(needle);
+	const char *hit = NULL;
+
+	if (k > s.n)
+		return NULL;
+	for (size_t i = 0; i + k <= s.n; i++) {
+		if (memcmp(s.p + i, needle, k) == 0) {
+			hit = s.p + i;
+			if (!last)
+				break;
+		}
+	}
+	return hit;
+}
+
+static struct span lstrip_nl(struct span s)
+{
+	while (s.n > 0 && s.p[0] == '\n') {
+		s.p++;
+		s.n--;
+	}
+	return s;
+}
+
+static struct span rstrip_nl(struct span s)
+{
+	while (s.n > 0 && s.p[s.n - 1] == '\n')
+		s.n--;
+	return s;
+}
+
+/* Length of the UTF-8 code point of Python's str.isspace() set at s, or 0. */
+static size_t py_space_at(const unsigned char *s, size_t n)
+{
+	uint32_t cp;
+	size_t k;
+
+	if (n == 0)
+		return 0;
+	if (s[0] < 0x80) /* \t \n \v \f \r, \x1c-\x1f, space */
+		return (s[0] >= 0x09 && s[0] <= 0x0d) || (s[0] >= 0x1c && s[0] <= 0x20) ? 1 : 0;
+	if ((s[0] & 0xE0) == 0xC0 && n >= 2) {
+		cp = ((uint32_t)(s[0] & 0x1F) << 6) | (s[1] & 0x3F);
+		k = 2;
+	} else if ((s[0] & 0xF0) == 0xE0 && n >= 3) {
+		cp = ((uint32_t)(s[0] & 0x0F) << 12) | ((uint32_t)(s[1] & 0x3F) << 6) | (s[2] & 0x3F);
+		k = 3;
+	} else {
+		return 0;
+	}
+	if (cp == 0x85 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) ||
+	    cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000)
+		return k;
+	return 0;
+}
+
+/* Python's str.strip() (Jinja's trim filter) on UTF-8 text. */
+static struct span py_strip(struct span s)
+{
+	size_t k;
+
+	while ((k = py_space_at((const unsigned char *)s.p, s.n)) > 0) {
+		s.p += k;
+		s.n -= k;
+	}
+	/* From the right: step back over one code point at a time. */
+	while (s.n > 0) {
+		size_t start = s.n - 1;
+
+		while (start > 0 && ((unsigned char)s.p[start] & 0xC0) == 0x80 && s.n - start < 4)
+			start--;
+		k = py_space_at((const unsigned char *)s.p + start, s.n - start);
+		if (k == 0 || start + k != s.n)
+			break;
+		s.n = start;
+	}
+	return s;
+}
+
+static void render_chatml(struct sbuf *b, const struct md_chat_msg *m, const enum role *r,
+                          size_t n, const struct md_chat_opts *o, bool bos,
+                          const char *default_system)
+{
+	if (bos)
+		sb_puts(b, o->bos_text);
+	for (size_t i = 0; i < n; i++) {
+		if (i == 0 && default_system && r[0] != R_SYSTEM) {
+			sb_puts(b, "<|im_start|>system\n");
+			sb_puts(b, default_system);
+			sb_puts(b, "<|im_end|>\n");
+		}
+		sb_puts(b, "<|im_start|>");
+		sb_puts(b, m[i].role);
+		sb_puts(b, "\n");
+		sb_puts(b, m[i].content);
+		sb_puts(b, "<|im_end|>\n");
+	}
+	if (o->add_generation_prompt)
+		sb_puts(b, "<|im_start|>assistant\n");
+}
+
+static void render_qwen15(struct sbuf *b, const struct md_chat_msg *m, const enum role *r,
+                          size_t n, const struct md_chat_opts *o)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (i == 0 && r[0] != R_SYSTEM)
+			sb_puts(b, "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n");
+		sb_puts(b, "<|im_start|>");
+		sb_puts(b, m[i].role);
+		sb_puts(b, "\n");
+		sb_puts(b, m[i].content);
+		if (i + 1 < n || o->add_generation_prompt)
+			sb_puts(b, "<|im_end|>\n");
+	}
+	if (o->add_generation_prompt && r[n - 1] != R_ASSISTANT)
+		sb_puts(b, "<|im_start|>assistant\n");
+}
+
+static void render_qwen25(struct sbuf *b, const struct md_chat_msg *m, const enum role *r,
+                          size_t n, const struct md_chat_opts *o)
+{
+	if (r[0] == R_SYSTEM) {
+		sb_puts(b, "<|im_start|>system\n");
+		sb_puts(b, m[0].content);
+		sb_puts(b, "<|im_end|>\n");
+	} else {
+		sb_puts(b, "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a "
+			   "helpful assistant.<|im_end|>\n");
+	}
+	for (size_t i = r[0] == R_SYSTEM ? 1 : 0; i < n; i++) {
+		sb_puts(b, "<|im_start|>");
+		sb_puts(b, m[i].role);
+		sb_puts(b, "\n");
+		sb_puts(b, m[i].content);
+		sb_puts(b, "<|im_end|>\n");
+	}
+	if (o->add_generation_prompt)
+		sb_puts(b, "<|im_start|>assistant\n");
+}
+
+/*
+ * Qwen3: assistant turns after the last real user query keep their reasoning as a
+ * <think> block (the final turn always gets one, possibly empty); earlier turns lose it.
+ * A "user" message wrapped in <tool_response>...</tool_response> does not count as a query.
+ */
+static void render_qwen3(struct sbuf *b, const struct md_chat_msg *m, const enum role *r,
+                         size_t n, const struct md_chat_opts *o)
+{
+	size_t last_query = n - 1;
+
+	if (r[0] == R_SYSTEM) {
+		sb_puts(b, "<|im_start|>system\n");
+		sb_puts(b, m[0].content);
+		sb_puts(b, "<|im_end|>\n");
+	}
+	for (size_t k = n; k-- > 0;) {
+		struct span c = span_of(m[k].content);
+
+		if (r[k] == R_USER &&
+		    !(starts_with(c, "<tool_response>") && ends_with(c, "</tool_response>"))) {
+			last_query = k;
+			break;
+		}
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (r[i] == R_USER || (r[i] == R_SYSTEM && i > 0)) {
+			sb_puts(b, "<|im_start|>");
+			sb_puts(b, m[i].role);
+			sb_puts(b, "\n");
+			sb_puts(b, m[i].content);
+			sb_puts(b, "<|im_end|>\n");
+		} else if (r[i] == R_ASSISTANT) {
+			struct span content = span_of(m[i].content);
+			struct span reasoning = { "", 0 };
+			const char *end = find(content, "</think>", false);
+
+			if (end) {
+				const char *last_end = find(content, "</think>", true);
+				struct span before = { content.p, (size_t)(end - content.p) };
+				const char *open;
+
+				before = rstrip_nl(before);
+				open = find(before, "<think>", true);
+				if (open) {
+					before.n -= (size_t)(open + 7 - before.p);
+					before.p = open + 7;
+				}
+				reasoning = lstrip_nl(before);
+				content.n -= (size_t)(last_end + 8 - content.p);
+				content.p = last_end + 8;
+				content = lstrip_nl(content);
+			}
+			sb_puts(b, "<|im_start|>assistant\n");
+			if (i > last_query && (i + 1 == n || reasoning.n > 0)) {
+				sb_puts(b, "<think>\n");
+				sb_span(b, lstrip_nl(rstrip_nl(reasoning)));
+				sb_puts(b, "\n</think>\n\n");
+				content = lstrip_nl(content);
+			}
+			sb_span(b, content);
+			sb_puts(b, "<|im_end|>\n");
+		}
+	}
+	if (o->add_generation_prompt) {
+		sb_puts(b, "<|im_start|>assistant\n");
+		if (o->enable_thinking == 0)
+			sb_puts(b, "<think>\n\n</think>\n\n");
+	}
+}
+
+/* Mixtral-8x7B-Instruct: an initial system message is prepended to the first user turn. */
+static int render_mistral(struct sbuf *b, const struct md_chat_msg *m, const enum role *r,
+                          size_t n, const struct md_chat_opts *o)
+{
+	const char *sys = NULL;
+	size_t first = 0;
+
+	if (r[0] == R_SYSTEM) {
+		sys = m[0].content;
+		first = 1;
+	}
+	sb_puts(b, o->bos_text);
+	for (size_t i = first; i < n; i++) {
+		bool even = (i - first) % 2 == 0;
+
+		if ((r[i] == R_USER) != even || r[i] == R_SYSTEM)
+			return -EINVAL;
+		if (r[i] == R_USER) {
+			sb_puts(b, " [INST] ");
+			if (i == first && sys) {
+				sb_puts(b, sys);
+				sb_puts(b, "\n\n");
+			}
+			sb_puts(b, m[i].content);
+			sb_puts(b, " [/INST]");
+		} else {
+			sb_puts(b, " ");
+			sb_puts(b, m[i].content);
+			sb_puts(b, o->eos_text);
+		}
+	}
+	return 0;
+}
+
+/* Mistral-7B-Instruct v0.1/v0.2: strictly user/assistant alternation, no system role. */
+static int render_mistral_v1(struct sbuf *b, const struct md_chat_msg *m, const enum role *r,
+                             size_t n, const struct md_chat_opts *o)
+{
+	sb_puts(b, o->bos_text);
+	for (size_t i = 0; i < n; i++) {
+		if ((r[i] == R_USER) != (i % 2 == 0) || r[i] == R_SYSTEM)
+			return -EINVAL;
+		if (r[i] == R_USER) {
+			sb_puts(b, "[INST] ");
+			sb_puts(b, m[i].content);
+			sb_puts(b, " [/INST]");
+		} else {
+			sb_puts(b, m[i].content);
+			sb_puts(b, o->eos_text);
+			sb_puts(b, " ");
+		}
+	}
+	return 0;
+}
+
+static void render_tulu(struct sbuf *b, const struct md_chat_msg *m, const enum role *r,
+                        size_t n, const struct md_chat_opts *o, bool bos)
+{
+	static const char *const tag[] = {
+		[R_SYSTEM] = "<|system|>\n", [R_USER] = "<|user|>\n", [R_ASSISTANT] = "<|assistant|>\n"
+	};
+
+	if (bos)
+		sb_puts(b, o->bos_text);
+	for (size_t i = 0; i < n; i++) {
+		bool last = i + 1 == n;
+
+		sb_puts(b, tag[r[i]]);
+		sb_puts(b, m[i].content);
+		if (r[i] == R_ASSISTANT) {
+			sb_puts(b, o->eos_text);
+			if (!last)
+				sb_puts(b, "\n");
+		} else {
+			sb_puts(b, "\n");
+		}
+		if (last && o->add_generation_prompt)
+			sb_puts(b, "<|assistant|>\n");
+	}
+}
+
+static void render_llama3(struct sbuf *b, const struct md_chat_msg *m, size_t n,
+                          const struct md_chat_opts *o)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (i == 0)
+			sb_puts(b, o->bos_text);
+		sb_puts(b, "<|start_header_id|>");
+		sb_puts(b, m[i].role);
+		sb_puts(b, "<|end_header_id|>\n\n");
+		sb_span(b, py_strip(span_of(m[i].content)));
+		sb_puts(b, "<|eot_id|>");
+	}
+	if (o->add_generation_prompt)
+		sb_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+/* DeepSeek-V3: every system message, joined by a blank line, goes first after BOS. */
+static void render_deepseek3(struct sbuf *b, const struct md_chat_msg *m, const enum role *r,
+                             size_t n, const struct md_chat_opts *o)
+{
+	bool first_sys = true;
+
+	sb_puts(b, o->bos_text);
+	for (size_t i = 0; i < n; i++) {
+		if (r[i] != R_SYSTEM)
+			continue;
+		if (!first_sys)
+			sb_puts(b, "\n\n");
+		sb_puts(b, m[i].content);
+		first_sys = false;
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (r[i] == R_USER) {
+			sb_puts(b, "<｜User｜>");
+			sb_puts(b, m[i].content);
+		} else if (r[i] == R_ASSISTANT) {
+			sb_puts(b, "<｜Assistant｜>");
+			sb_puts(b, m[i].content);
+			sb_puts(b, "<｜end▁of▁sentence｜>");
+		}
+	}
+	if (o->add_generation_prompt)
+		sb_puts(b, "<｜Assistant｜>");
+}
+
+int md_chat_render_opts(enum md_chat_family f, const struct md_chat_msg *msgs, size_t n,
+                        const struct md_chat_opts *opts, char **out, size_t *out_len)
+{
+	struct md_chat_opts o = *opts;
+	struct sbuf b = { 0 };
+	enum role *r;
+	int rc = 0;
+
+	*out = NULL;
+	if (out_len)
+		*out_len = 0;
+	if ((unsigned)f >= MD_CHAT_FAMILY_COUNT || n == 0 || !msgs)
+		return -EINVAL;
+	if (!o.bos_text)
+		o.bos_text = "";
+	if (!o.eos_text)
+		o.eos_text = "";
+	r = calloc(n, sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		if (!msgs[i].role || !msgs[i].content) {
+			rc = -EINVAL;
+			goto out_free_roles;
+		}
+		if (strcmp(msgs[i].role, "system") == 0) {
+			r[i] = R_SYSTEM;
+		} else if (strcmp(msgs[i].role, "user") == 0) {
+			r[i] = R_USER;
+		} else if (strcmp(msgs[i].role, "assistant") == 0) {
+			r[i] = R_ASSISTANT;
+		} else {
+			rc = -EINVAL;
+			goto out_free_roles;
+		}
+	}
+	switch (f) {
+	case MD_CHAT_CHATML:
+		render_chatml(&b, msgs, r, n, &o, false, NULL);
+		break;
+	case MD_CHAT_CHATML_BOS:
+		render_chatml(&b, msgs, r, n, &o, true, NULL);
+		break;
+	case MD_CHAT_QWEN15:
+		render_qwen15(&b, msgs, r, n, &o);
+		break;
+	case MD_CHAT_QWEN2:
+		render_chatml(&b, msgs, r, n, &o, false, "You are a helpful assistant.");
+		break;
+	case MD_CHAT_QWEN25:
+		render_qwen25(&b, msgs, r, n, &o);
+		break;
+	case MD_CHAT_QWEN3:
+		render_qwen3(&b, msgs, r, n, &o);
+		break;
+	case MD_CHAT_MISTRAL:
+		rc = render_mistral(&b, msgs, r, n, &o);
+		break;
+	case MD_CHAT_MISTRAL_V1:
+		rc = render_mistral_v1(&b, msgs, r, n, &o);
+		break;
+	case MD_CHAT_TULU:
+		render_tulu(&b, msgs, r, n, &o, false);
+		break;
+	case MD_CHAT_OLMO2:
+		render_tulu(&b, msgs, r, n, &o, true);
+		break;
+	case MD_CHAT_LLAMA3:
+		render_llama3(&b, msgs, n, &o);
+		break;
+	case MD_CHAT_DEEPSEEK3:
+		render_deepseek3(&b, msgs, r, n, &o);
+		break;
+	default:
+		rc = -EINVAL;
+		break;
+	}
+	if (rc == 0 && b.oom)
+		rc = -ENOMEM;
+	if (rc == 0 && !b.p) {
+		/* Empty rendering (e.g. Mixtral with only a system message and no BOS text). */
+		b.p = malloc(1);
+		if (!b.p)
+			rc = -ENOMEM;
+		else
+			b.p[0] = '\0';
+	}
+	if (rc != 0) {
+		free(b.p);
+		goto out_free_roles;
+	}
+	*out = b.p;
+	if (out_len)
+		*out_len = b.n;
+out_free_roles:
+	free(r);
+	return rc;
+}
+
+int md_chat_render(enum md_chat_family f, const struct md_chat_msg *msgs, size_t n,
+                   bool add_generation_prompt, const char *bos_text, const char *eos_text,
+                   char **out, size_t *out_len)
+{
+	struct md_chat_opts o = {
+		.add_generation_prompt = add_generation_prompt,
+		.enable_thinking = -1,
+		.bos_text = bos_text,
+		.eos_text = eos_text,
+	};
+
+	return md_chat_render_opts(f, msgs, n, &o, out, out_len);
+}

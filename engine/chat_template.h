@@ -1,0 +1,87 @@
+/* Built-in chat formatters that reproduce, byte for byte, the Jinja chat templates of known models. */
+#ifndef MD_CHAT_TEMPLATE_H
+#define MD_CHAT_TEMPLATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/*
+ * One value per exact template, not per loose family: two templates that differ in a single
+ * space or default system prompt get two values, because the model was trained on one of them.
+ * The comment names the template each formatter reproduces and its --chat-template name.
+ */
+enum md_chat_family {
+	MD_CHAT_CHATML,     /* "chatml": plain ChatML, no default system (Dolphin-Mixtral) */
+	MD_CHAT_QWEN3,      /* "qwen3": Qwen3 hybrid thinking (Qwen3-0.6B ... Qwen3-235B-A22B) */
+	MD_CHAT_MISTRAL,    /* "mistral": Mixtral-8x7B-Instruct-v0.1 (system folded into turn 1) */
+	MD_CHAT_TULU,       /* "tulu": Tulu 3 (<|user|>\n ... <|assistant|>\n), no BOS */
+	MD_CHAT_LLAMA3,     /* "llama3": Meta-Llama-3-8B/70B-Instruct (not 3.1+) */
+	MD_CHAT_DEEPSEEK3,  /* "deepseek3": DeepSeek-V3 (not R1 / V3.1 with <think>) */
+	MD_CHAT_CHATML_BOS, /* "chatml-bos": bos_token + ChatML (Nous-Hermes-2-Mixtral) */
+	MD_CHAT_QWEN15,     /* "qwen1.5": Qwen1.5 chat (Qwen1.5-MoE-A2.7B-Chat) */
+	MD_CHAT_QWEN2,      /* "qwen2": Qwen2-Instruct (Qwen2-57B-A14B-Instruct) */
+	MD_CHAT_QWEN25,     /* "qwen2.5": Qwen2.5-Instruct, default "You are Qwen..." system */
+	MD_CHAT_MISTRAL_V1, /* "mistral-v1": Mistral-7B-Instruct v0.1/v0.2, no system role */
+	MD_CHAT_OLMO2,      /* "olmo2": bos_token + Tulu 3 (OLMo-2-1124-Instruct) */
+	MD_CHAT_FAMILY_COUNT
+};
+
+/* One message. Both strings are borrowed for the duration of the call and must be non-NULL;
+ * role is "system", "user" or "assistant" (anything else is -EINVAL). */
+struct md_chat_msg {
+	const char *role;
+	const char *content;
+};
+
+/* Knobs a template reads beyond the messages (the Jinja context variables). */
+struct md_chat_opts {
+	bool add_generation_prompt;
+	/* Qwen3's enable_thinking: -1 leaves it undefined (the template's default: thinking on),
+	 * 0 renders it false (an empty <think></think> block after the generation prompt),
+	 * 1 renders it true (same as undefined). Ignored by other families. */
+	int enable_thinking;
+	const char *bos_text; /* borrowed: bos_token as text, NULL = "" (only where used) */
+	const char *eos_text; /* borrowed: eos_token as text, NULL = "" (only where used) */
+};
+
+/*
+ * Recognise the GGUF's tokenizer.chat_template. Matching is by distinctive pieces of the
+ * template after whitespace, quote style and `x.y` / `x['y']` spelling are normalised, and a
+ * template that carries features a formatter does not reproduce (Llama-3.1 date header,
+ * <think> in DeepSeek-R1, ...) is refused rather than approximated.
+ * Returns 0 and sets *out, or -ENOENT when no built-in formatter renders this template
+ * exactly (also for jinja == NULL or len == 0). When err is non-NULL, a one-line message
+ * fit for the load-time log is written there on failure (truncated to errlen).
+ */
+int md_chat_template_detect_err(const char *jinja, size_t len, enum md_chat_family *out,
+                                char *err, size_t errlen);
+int md_chat_template_detect(const char *jinja, size_t len, enum md_chat_family *out);
+
+/* --chat-template NAME: the names in the enum comments ("mixtral" is an alias of
+ * "mistral"). Returns 0, or -ENOENT for an unknown name. */
+int md_chat_template_by_name(const char *name, enum md_chat_family *out);
+
+/* The --chat-template name of a family (static string), "?" when out of range. */
+const char *md_chat_family_name(enum md_chat_family f);
+
+/* All accepted names, comma-separated (static string), for help and error messages. */
+const char *md_chat_template_names(void);
+
+/*
+ * Render messages as the model's template does. *out receives a malloc'd NUL-terminated
+ * string owned by the caller, *out_len (out_len may be NULL) its length. Pure function of its
+ * arguments; safe from any thread. bos/eos appear in the output only where the template writes
+ * bos_token / eos_token: when the text starts with bos_text the caller must not add BOS again.
+ * Returns 0, -EINVAL where the model's template raises an error (roles that do not alternate
+ * in the Mistral templates, a system message for mistral-v1) or for n == 0, a NULL string or
+ * an unknown role, -ENOMEM. On failure *out is NULL.
+ */
+int md_chat_render_opts(enum md_chat_family f, const struct md_chat_msg *msgs, size_t n,
+                        const struct md_chat_opts *opts, char **out, size_t *out_len);
+
+/* md_chat_render_opts with enable_thinking left undefined. */
+int md_chat_render(enum md_chat_family f, const struct md_chat_msg *msgs, size_t n,
+                   bool add_generation_prompt, const char *bos_text, const char *eos_text,
+                   char **out, size_t *out_len);
+
+#endif
