@@ -36,6 +36,9 @@ int md_gguf_w_tensor(struct md_gguf_writer *w, const char *name, uint32_t type,
 /* Copy every key of an opened GGUF (all value types, arrays included) into w. */
 struct md_gguf;
 void md_gguf_w_copy_kv(struct md_gguf_writer *w, const struct md_gguf *src);
+/* Same, only the keys that start with prefix (e.g. "tokenizer."). */
+void md_gguf_w_copy_kv_prefix(struct md_gguf_writer *w, const struct md_gguf *src,
+			      const char *prefix);
 
 /* Write the file (alignment 32, or general.alignment if set). Returns 0 or -errno; on
  * failure err holds one line. */
