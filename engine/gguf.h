@@ -58,11 +58,15 @@ struct md_gguf {
 	uint64_t n_tensors;
 	struct md_gguf_tensor *tensors; /* owned (n_tensors) */
 	uint64_t alignment;
-	uint64_t data_offset; /* file offset of the tensor data section */
+	uint64_t data_offset; /* file offset of the tensor data section (<= size) */
 	const uint8_t *base;  /* the mapping (or caller's buffer for md_gguf_open_mem) */
 	size_t size;
 	bool _mapped;
-	int _fd;
+	int _fd;                  /* owned when >= 0 (md_gguf_open); -1 otherwise */
+	uint32_t *_kv_index;      /* owned: open-addressing hash of keys, slot = kv index + 1 */
+	uint32_t *_tensor_index;  /* owned: same for tensor names */
+	uint64_t _kv_index_mask;  /* slots - 1 (a power of two minus one) */
+	uint64_t _tensor_index_mask;
 };
 
 /* Open and validate a GGUF file. On failure returns a negative MD_E* style code (-errno or
