@@ -1,0 +1,164 @@
+/* The engine thread: model ownership, request queue, continuous-batching scheduler, events. */
+#ifndef MD_ENGINE_H
+#define MD_ENGINE_H
+
+/*
+ * DESIGN
+ * The engine runs on one thread of its own that loads the model, then loops: take new
+ * requests and cancellations from the submit queue, pick a micro-batch (decode tokens of
+ * running sequences first, then prefill chunks) under a per-step token budget, run the
+ * forward pass, sample, and post token events to the event queue. The loop thread (libuv)
+ * is the only other party: it submits requests and cancellations (md_engine_submit,
+ * md_engine_cancel) and drains events (md_engine_poll) when the wake callback fires.
+ * Requests are referred to by id in both directions; ids the receiver no longer knows are
+ * dropped silently.
+ *
+ * The tokenizer and chat-template helpers below read immutable state published when the
+ * model finished loading (md_engine_state() == MD_ENGINE_READY); they may be called from any
+ * thread after that point.
+ */
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/sampler.h"
+
+struct md_engine; /* opaque */
+
+/* Called on the engine thread when the event queue goes from empty to non-empty, and on
+ * state changes. Must be cheap and thread-safe (uv_async_send). */
+typedef void (*md_engine_wake_cb)(void *arg);
+
+struct md_engine_config {
+	const char *model_path;     /* borrowed: read during md_engine_start's thread only */
+	const char *chat_template;  /* borrowed, may be NULL: built-in template name override */
+	int n_threads;              /* forward-pass threads; 0 = number of cores */
+	uint32_t n_ctx;             /* max tokens per sequence; 0 = model's training context */
+	uint32_t kv_blocks;         /* KV pool size in blocks; 0 = derive from kv_mem_mb */
+	uint32_t kv_mem_mb;         /* KV budget when kv_blocks == 0 */
+	uint32_t max_seqs;          /* sequences running at once */
+	uint32_t step_tokens;       /* token budget of one forward step */
+	uint32_t max_queue;         /* waiting requests before submit answers -EAGAIN */
+	bool progress;              /* print load progress on stderr */
+};
+
+enum md_engine_state {
+	MD_ENGINE_LOADING = 0,
+	MD_ENGINE_READY = 1,
+	MD_ENGINE_FAILED = 2,
+	MD_ENGINE_STOPPED = 3,
+};
+
+enum md_finish {
+	MD_FINISH_NONE = 0,
+	MD_FINISH_STOP,      /* end-of-generation token */
+	MD_FINISH_LENGTH,    /* max_tokens or the context limit */
+	MD_FINISH_CANCELLED, /* md_engine_cancel or shutdown */
+	MD_FINISH_ERROR,     /* engine error; see err */
+};
+
+/* One generation request. Ownership passes to the engine on a successful submit. */
+struct md_engine_req {
+	uint64_t id;                 /* caller-chosen, unique among live requests */
+	int32_t *prompt;             /* owned: (n_prompt) token ids, n_prompt >= 1 */
+	uint32_t n_prompt;
+	uint32_t max_tokens;         /* >= 1; the engine also stops at its context limit */
+	bool ignore_eos;
+	struct md_sampling sampling; /* owns its logit_bias array */
+	struct md_engine_req *_next; /* queue link */
+};
+
+#define MD_ENGINE_MAX_TOP 20
+
+enum md_event_kind {
+	MD_EV_TOKEN,  /* one generated token (with its logprobs when asked) */
+	MD_EV_DONE,   /* the request left the engine; finish and counts are set */
+	MD_EV_STATE,  /* the engine changed state (loaded, failed); req_id is 0 */
+};
+
+struct md_engine_event {
+	enum md_event_kind kind;
+	uint64_t req_id;
+	int32_t token;
+	float logprob;               /* log-probability of token under the model */
+	uint8_t n_top;               /* entries in top[] (0 unless top_logprobs asked) */
+	struct { int32_t id; float logprob; } top[MD_ENGINE_MAX_TOP];
+	enum md_finish finish;       /* MD_EV_DONE */
+	int err;                     /* MD_EV_DONE with MD_FINISH_ERROR: negative code */
+	uint32_t n_prompt, n_gen;    /* MD_EV_DONE: tokens processed / generated */
+	struct md_engine_event *next; /* owned: rest of a polled list */
+};
+
+struct md_engine_stats {
+	uint32_t waiting, running;
+	uint32_t kv_blocks_used, kv_blocks_total;
+	uint64_t steps, preemptions;
+	uint64_t prompt_tokens, gen_tokens; /* processed in forward passes */
+};
+
+/* Create an engine (does not start the thread). Returns 0 or -ENOMEM / -EINVAL. */
+int md_engine_new(struct md_engine **out, const struct md_engine_config *cfg,
+		  md_engine_wake_cb wake, void *wake_arg);
+/* Start the thread: it loads the model (state LOADING -> READY or FAILED) then serves.
+ * The config strings are copied. Returns 0 or a negative errno. */
+int md_engine_start(struct md_engine *e);
+/* Ask the thread to stop: every queued and running request ends with MD_FINISH_CANCELLED;
+ * then join it. Safe to call once, from the thread that created the engine. */
+void md_engine_stop(struct md_engine *e);
+void md_engine_free(struct md_engine *e);
+
+enum md_engine_state md_engine_state(const struct md_engine *e);
+/* One line describing why loading failed (empty otherwise). */
+const char *md_engine_error(const struct md_engine *e);
+
+/* Queue a request. On success the engine owns r (and its arrays). Returns 0, -EAGAIN when the
+ * queue is full, -ESHUTDOWN when the engine is not serving, -EINVAL for a malformed request
+ * (prompt empty or longer than the context); on failure r stays the caller's. */
+int md_engine_submit(struct md_engine *e, struct md_engine_req *r);
+/* Cancel by id (unknown ids are ignored); the engine frees its KV at the next step and posts
+ * MD_EV_DONE with MD_FINISH_CANCELLED. Returns 0 or -ENOMEM. */
+int md_engine_cancel(struct md_engine *e, uint64_t id);
+/* Detach all pending events (oldest first); the caller frees them with
+ * md_engine_events_free. */
+struct md_engine_event *md_engine_poll(struct md_engine *e);
+void md_engine_events_free(struct md_engine_event *ev);
+void md_engine_get_stats(struct md_engine *e, struct md_engine_stats *s);
+
+/* ---- Model facts and text helpers: valid once READY, callable from any thread. ---- */
+
+const char *md_engine_model_name(const struct md_engine *e); /* general.name or file stem */
+const char *md_engine_model_path(const struct md_engine *e);
+uint32_t md_engine_n_ctx(const struct md_engine *e);
+uint32_t md_engine_n_vocab(const struct md_engine *e);
+
+/* Encode text (add_bos: prepend BOS where the model wants it; parse_special: match special
+ * tokens). Returns the count (>= 0) with a malloc'd array in *ids, or a negative code. */
+int md_engine_tokenize(const struct md_engine *e, const char *text, size_t len, bool add_bos,
+		       bool parse_special, int32_t **ids);
+/* Raw bytes of one token (may be partial UTF-8). Returns bytes written or negative. */
+int md_engine_token_piece(const struct md_engine *e, int32_t id, char *buf, size_t cap);
+/* Token text as stored in the vocabulary, or NULL for an invalid id. */
+const char *md_engine_token_text(const struct md_engine *e, int32_t id, size_t *len);
+bool md_engine_token_is_eog(const struct md_engine *e, int32_t id);
+
+/* Render a chat with the model's template (generation prompt appended) and tokenize it,
+ * adding BOS only where the model wants one and the template did not write it. Returns the
+ * token count with a malloc'd array in *ids, -EINVAL when the template rejects the messages
+ * (roles that do not alternate, ...), or another negative code. */
+struct md_engine_msg { const char *role; const char *content; };
+int md_engine_chat_tokenize(const struct md_engine *e, const struct md_engine_msg *msgs,
+			    size_t n, int32_t **ids);
+
+/* Incremental detokenizer that yields only complete UTF-8 (one per choice). */
+struct md_engine_detok; /* opaque */
+/* continuation: the text continues earlier text (raw completions), so a SentencePiece
+ * leading space is kept; false for fresh text (chat replies, /detokenize). */
+struct md_engine_detok *md_engine_detok_new(const struct md_engine *e, bool continuation);
+void md_engine_detok_free(struct md_engine_detok *d);
+/* Append one token; writes newly completed text to out (cap >= 256). Returns bytes. */
+int md_engine_detok_push(struct md_engine_detok *d, int32_t id, char *out, size_t cap);
+/* Flush leftovers at the end (incomplete bytes become U+FFFD). Returns bytes. */
+int md_engine_detok_flush(struct md_engine_detok *d, char *out, size_t cap);
+
+#endif

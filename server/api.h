@@ -1,0 +1,35 @@
+/* OpenAI-compatible API: routing, request validation, generation, SSE, the small endpoints. */
+#ifndef MD_API_H
+#define MD_API_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <uv.h>
+
+#include "engine/engine.h"
+#include "server/config.h"
+#include "server/http.h"
+
+struct md_api; /* opaque; lives on the loop thread */
+
+typedef void (*md_api_state_cb)(void *arg, enum md_engine_state st);
+
+/* eng and cfg are borrowed for the api's lifetime. */
+int md_api_new(struct md_api **out, struct md_engine *eng, struct md_config *cfg);
+void md_api_free(struct md_api *a);
+void md_api_set_http(struct md_api *a, struct md_http_server *http);
+void md_api_set_state_cb(struct md_api *a, md_api_state_cb cb, void *arg);
+
+/* The md_http_request_cb to give the HTTP server (arg: the api). */
+void md_api_on_request(void *arg, struct md_http_conn *c, struct md_http_req *r);
+/* Drain engine events; call from the uv_async_t callback. */
+void md_api_on_engine_events(struct md_api *a);
+
+/* Draining: /health says 503, new generation requests get 503. */
+void md_api_set_draining(struct md_api *a);
+/* Generation requests still in flight. */
+size_t md_api_n_active(const struct md_api *a);
+/* Cancel every in-flight generation (end of the grace period). */
+void md_api_cancel_all(struct md_api *a);
+
+#endif

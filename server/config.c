@@ -1,0 +1,458 @@
+/* Configuration: one declarative option table, INI file (inih) and command-line flags. */
+#include "server/config.h"
+
+#include <errno.h>
+#include <ini.h>
+#include <limits.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/log.h"
+
+#ifndef MOED_VERSION
+#define MOED_VERSION "0.0.0"
+#endif
+
+enum opt_type { OPT_INT, OPT_DOUBLE, OPT_STRING };
+
+typedef int (*opt_validator)(const char *value, char *err, size_t errlen);
+
+/* One option: the INI key (in its section) is also the long flag --key. */
+struct opt {
+	const char *section;
+	const char *name;
+	char short_flag;       /* 0 = none */
+	enum opt_type type;
+	size_t offset;         /* of the field in struct md_config */
+	const char *def;       /* default as text */
+	double min, max;       /* for numbers */
+	opt_validator validate; /* may be NULL */
+	bool reloadable;       /* re-read on SIGHUP */
+	const char *help;
+};
+
+static int v_log_level(const char *v, char *err, size_t errlen)
+{
+	if (md_log_level_parse(v) >= 0)
+		return 0;
+	snprintf(err, errlen, "must be one of error, warn, info, debug");
+	return -EINVAL;
+}
+
+static int v_log_format(const char *v, char *err, size_t errlen)
+{
+	if (strcmp(v, "text") == 0 || strcmp(v, "json") == 0)
+		return 0;
+	snprintf(err, errlen, "must be text or json");
+	return -EINVAL;
+}
+
+static int v_nonempty(const char *v, char *err, size_t errlen)
+{
+	if (*v)
+		return 0;
+	snprintf(err, errlen, "must not be empty");
+	return -EINVAL;
+}
+
+#define OFF(f) offsetof(struct md_config, f)
+#define BIG 1e15
+
+static const struct opt options[] = {
+	{ "server", "host", 0, OPT_STRING, OFF(host), "127.0.0.1", 0, 0, v_nonempty, false,
+	  "address to listen on (IPv4 or IPv6 literal)" },
+	{ "server", "port", 'p', OPT_INT, OFF(port), "8080", 0, 65535, NULL, false,
+	  "TCP port (0 = any free port, printed at start)" },
+	{ "server", "served-model-name", 0, OPT_STRING, OFF(served_model_name), "", 0, 0, NULL, false,
+	  "model id in the API (empty: the model's general.name or file name)" },
+	{ "server", "max-connections", 0, OPT_INT, OFF(max_connections), "256", 1, 65536, NULL, false,
+	  "open client connections; further ones are closed at once" },
+	{ "server", "max-body-bytes", 0, OPT_INT, OFF(max_body_bytes), "4194304", 1024, 1 << 30, NULL,
+	  false, "largest request body (413 above)" },
+	{ "server", "max-header-bytes", 0, OPT_INT, OFF(max_header_bytes), "16384", 1024, 1 << 20,
+	  NULL, false, "largest request head, request line plus headers (431 above)" },
+	{ "server", "header-timeout", 0, OPT_DOUBLE, OFF(header_timeout), "10", 0.05, 3600, NULL,
+	  false, "seconds to receive a whole request head (and body) once it starts" },
+	{ "server", "idle-timeout", 0, OPT_DOUBLE, OFF(idle_timeout), "60", 0.05, 86400, NULL, false,
+	  "seconds a keep-alive connection may sit idle" },
+	{ "server", "drain-timeout", 0, OPT_DOUBLE, OFF(drain_timeout), "30", 0, 3600, NULL, false,
+	  "grace period on SIGTERM/SIGINT before in-flight requests are cancelled" },
+	{ "server", "heartbeat-interval", 0, OPT_DOUBLE, OFF(heartbeat_interval), "5", 0.05, 3600,
+	  NULL, false, "seconds of silence after which a stream gets an SSE comment" },
+	{ "server", "sse-backlog-bytes", 0, OPT_INT, OFF(sse_backlog_bytes), "4194304", 4096, 1 << 30,
+	  NULL, false, "unsent bytes allowed per client before a slow stream is cancelled" },
+	{ "server", "retry-after", 0, OPT_INT, OFF(retry_after), "1", 0, 3600, NULL, false,
+	  "Retry-After seconds sent with 429 and 503" },
+	{ "security", "api-key", 0, OPT_STRING, OFF(api_key), "", 0, 0, NULL, true,
+	  "required bearer token (empty: none; /health is always open)" },
+	{ "security", "api-key-file", 0, OPT_STRING, OFF(api_key_file), "", 0, 0, NULL, true,
+	  "file with one accepted key per line (# comments); re-read on SIGHUP" },
+	{ "engine", "model", 'm', OPT_STRING, OFF(model), "", 0, 0, NULL, false,
+	  "GGUF model file (empty: the default model shipped with moed)" },
+	{ "engine", "chat-template", 0, OPT_STRING, OFF(chat_template), "", 0, 0, NULL, false,
+	  "built-in chat template name overriding the model's (chatml, qwen3, mistral, ...)" },
+	{ "engine", "threads", 't', OPT_INT, OFF(threads), "0", 0, 1024, NULL, false,
+	  "compute threads (0 = one per core)" },
+	{ "engine", "ctx-size", 0, OPT_INT, OFF(ctx_size), "4096", 0, 1 << 24, NULL, false,
+	  "max tokens per sequence, prompt plus output (0 = the model's training context)" },
+	{ "engine", "kv-blocks", 0, OPT_INT, OFF(kv_blocks), "0", 0, 1 << 24, NULL, false,
+	  "KV cache blocks of 16 tokens (0 = derive from kv-memory-mb)" },
+	{ "engine", "kv-memory-mb", 0, OPT_INT, OFF(kv_memory_mb), "512", 1, 1 << 24, NULL, false,
+	  "KV cache budget in MiB when kv-blocks is 0" },
+	{ "engine", "max-seqs", 0, OPT_INT, OFF(max_seqs), "64", 1, 4096, NULL, false,
+	  "sequences decoding at once (continuous batching width)" },
+	{ "engine", "step-tokens", 0, OPT_INT, OFF(step_tokens), "512", 16, 1 << 16, NULL, false,
+	  "token budget of one engine step (decode tokens plus prefill chunks)" },
+	{ "engine", "max-queue", 0, OPT_INT, OFF(max_queue), "256", 1, 1 << 20, NULL, false,
+	  "requests waiting for admission before new ones get 429" },
+	{ "engine", "max-tokens-cap", 0, OPT_INT, OFF(max_tokens_cap), "4096", 1, 1 << 24, NULL,
+	  false, "largest max_tokens a request may ask for (400 above)" },
+	{ "log", "log-level", 0, OPT_STRING, OFF(log_level), "info", 0, 0, v_log_level, true,
+	  "error, warn, info or debug" },
+	{ "log", "log-format", 0, OPT_STRING, OFF(log_format), "text", 0, 0, v_log_format, false,
+	  "text, or json for one JSON object per line" },
+};
+
+#define N_OPTIONS (sizeof(options) / sizeof(options[0]))
+
+static const struct opt *find_opt(const char *name)
+{
+	for (size_t i = 0; i < N_OPTIONS; i++)
+		if (strcmp(options[i].name, name) == 0)
+			return &options[i];
+	return NULL;
+}
+
+static const struct opt *find_short(char c)
+{
+	for (size_t i = 0; i < N_OPTIONS; i++)
+		if (options[i].short_flag == c)
+			return &options[i];
+	return NULL;
+}
+
+/* Store value into the option's field after checking it. */
+static int set_opt(struct md_config *c, const struct opt *o, const char *value, char *err,
+		   size_t errlen)
+{
+	char *p = (char *)c + o->offset;
+	char *end;
+	switch (o->type) {
+	case OPT_INT: {
+		errno = 0;
+		long long v = strtoll(value, &end, 10);
+		if (errno || end == value || *end) {
+			snprintf(err, errlen, "'%s' needs an integer, got '%s'", o->name, value);
+			return -EINVAL;
+		}
+		if ((double)v < o->min || (double)v > o->max) {
+			snprintf(err, errlen, "'%s' must be in [%.0f, %.0f], got %lld", o->name, o->min,
+				 o->max, v);
+			return -ERANGE;
+		}
+		*(int64_t *)p = v;
+		break;
+	}
+	case OPT_DOUBLE: {
+		errno = 0;
+		double v = strtod(value, &end);
+		if (errno || end == value || *end || !isfinite(v)) {
+			snprintf(err, errlen, "'%s' needs a number, got '%s'", o->name, value);
+			return -EINVAL;
+		}
+		if (v < o->min || v > o->max) {
+			snprintf(err, errlen, "'%s' must be in [%g, %g], got %g", o->name, o->min, o->max, v);
+			return -ERANGE;
+		}
+		*(double *)p = v;
+		break;
+	}
+	case OPT_STRING: {
+		char verr[200];
+		if (o->validate && o->validate(value, verr, sizeof(verr))) {
+			snprintf(err, errlen, "'%s' %s, got '%s'", o->name, verr, value);
+			return -EINVAL;
+		}
+		char *dup = strdup(value);
+		if (!dup) {
+			snprintf(err, errlen, "out of memory");
+			return -ENOMEM;
+		}
+		free(*(char **)p);
+		*(char **)p = dup;
+		break;
+	}
+	}
+	return 0;
+}
+
+struct ini_ctx {
+	struct md_config *c;
+	char err[512];
+};
+
+static int on_ini_key(void *user, const char *section, const char *name, const char *value)
+{
+	struct ini_ctx *ctx = user;
+	const struct opt *o = find_opt(name);
+	if (!o) {
+		snprintf(ctx->err, sizeof(ctx->err), "unknown key '%s'", name);
+		return 0;
+	}
+	if (strcmp(section, o->section) != 0) {
+		snprintf(ctx->err, sizeof(ctx->err), "key '%s' belongs in section [%s], not [%s]", name,
+			 o->section, section);
+		return 0;
+	}
+	return set_opt(ctx->c, o, value, ctx->err, sizeof(ctx->err)) == 0;
+}
+
+void md_config_usage(const char *argv0)
+{
+	printf("usage: %s [-c FILE] [--check-config] [--KEY VALUE]...\n\n", argv0);
+	printf("  -c, --config FILE   read options from an INI file (flags win over it)\n");
+	printf("      --check-config  validate the configuration and exit\n");
+	printf("  -h, --help          this text\n      --version       print the version\n\n");
+	const char *sec = "";
+	for (size_t i = 0; i < N_OPTIONS; i++) {
+		const struct opt *o = &options[i];
+		if (strcmp(sec, o->section) != 0) {
+			sec = o->section;
+			printf("[%s]\n", sec);
+		}
+		char flag[64];
+		if (o->short_flag)
+			snprintf(flag, sizeof(flag), "-%c, --%s", o->short_flag, o->name);
+		else
+			snprintf(flag, sizeof(flag), "    --%s", o->name);
+		printf("  %-28s %s (default: \"%s\")\n", flag, o->help, o->def);
+	}
+}
+
+static int set_defaults(struct md_config *c)
+{
+	char err[256];
+	for (size_t i = 0; i < N_OPTIONS; i++)
+		if (set_opt(c, &options[i], options[i].def, err, sizeof(err))) {
+			fprintf(stderr, "moed: bad built-in default: %s\n", err);
+			return -EINVAL;
+		}
+	return 0;
+}
+
+int md_config_parse(struct md_config *c, int argc, char **argv)
+{
+	memset(c, 0, sizeof(*c));
+	if (set_defaults(c))
+		return -EINVAL;
+
+	/* First pass: --config, --help, --version, --check-config. */
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+			md_config_usage(argv[0]);
+			return 1;
+		}
+		if (strcmp(a, "--version") == 0) {
+			printf("moed %s\n", MOED_VERSION);
+			return 1;
+		}
+		if (strcmp(a, "--check-config") == 0) {
+			c->check_only = true;
+		} else if (strcmp(a, "-c") == 0 || strcmp(a, "--config") == 0) {
+			if (i + 1 >= argc) {
+				fprintf(stderr, "moed: %s needs a file name\n", a);
+				return -EINVAL;
+			}
+			free(c->config_path);
+			c->config_path = strdup(argv[++i]);
+		} else if (strncmp(a, "--config=", 9) == 0) {
+			free(c->config_path);
+			c->config_path = strdup(a + 9);
+		}
+	}
+	if (c->config_path) {
+		struct ini_ctx ctx = { .c = c };
+		int line = ini_parse(c->config_path, on_ini_key, &ctx);
+		if (line == -1) {
+			fprintf(stderr, "moed: cannot open config '%s': %s\n", c->config_path,
+				strerror(errno));
+			return -ENOENT;
+		}
+		if (line != 0) {
+			fprintf(stderr, "%s:%d: %s\n", c->config_path, line,
+				ctx.err[0] ? ctx.err : "syntax error");
+			return -EINVAL;
+		}
+	}
+
+	/* Second pass: every option flag, in order; the last one wins. */
+	int bad = 0;
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		if (strcmp(a, "--check-config") == 0)
+			continue;
+		if (strcmp(a, "-c") == 0 || strcmp(a, "--config") == 0) {
+			i++;
+			continue;
+		}
+		if (strncmp(a, "--config=", 9) == 0)
+			continue;
+		const struct opt *o = NULL;
+		const char *value = NULL;
+		char name[64];
+		if (a[0] == '-' && a[1] == '-') {
+			const char *eq = strchr(a + 2, '=');
+			size_t len = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+			if (len < sizeof(name)) {
+				memcpy(name, a + 2, len);
+				name[len] = 0;
+				o = find_opt(name);
+			}
+			if (eq)
+				value = eq + 1;
+		} else if (a[0] == '-' && a[1] && !a[2]) {
+			o = find_short(a[1]);
+		}
+		if (!o) {
+			fprintf(stderr, "moed: unknown option '%s' (see --help)\n", a);
+			bad = 1;
+			continue;
+		}
+		if (!value) {
+			if (i + 1 >= argc) {
+				fprintf(stderr, "moed: option '%s' needs a value\n", a);
+				bad = 1;
+				continue;
+			}
+			value = argv[++i];
+		}
+		char err[512];
+		if (set_opt(c, o, value, err, sizeof(err))) {
+			fprintf(stderr, "moed: %s\n", err);
+			bad = 1;
+		}
+	}
+	return bad ? -EINVAL : 0;
+}
+
+static void free_keys(char **keys, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		free(keys[i]);
+	free(keys);
+}
+
+static int push_key(char ***keys, size_t *n, const char *k, size_t len)
+{
+	char **nk = realloc(*keys, sizeof(char *) * (*n + 1));
+	if (!nk)
+		return -ENOMEM;
+	*keys = nk;
+	nk[*n] = strndup(k, len);
+	if (!nk[*n])
+		return -ENOMEM;
+	(*n)++;
+	return 0;
+}
+
+/* Collect keys from api-key and api-key-file into a fresh array. */
+static int load_keys(const struct md_config *c, char ***out, size_t *n_out)
+{
+	char **keys = NULL;
+	size_t n = 0;
+	int rc = 0;
+	if (c->api_key[0] && (rc = push_key(&keys, &n, c->api_key, strlen(c->api_key))))
+		goto fail;
+	if (c->api_key_file[0]) {
+		FILE *f = fopen(c->api_key_file, "r");
+		if (!f) {
+			rc = -errno;
+			fprintf(stderr, "moed: cannot open api-key-file '%s': %s\n", c->api_key_file,
+				strerror(errno));
+			goto fail;
+		}
+		char line[1024];
+		while (fgets(line, sizeof(line), f)) {
+			char *s = line;
+			while (*s == ' ' || *s == '\t')
+				s++;
+			size_t len = strcspn(s, "\r\n");
+			while (len && (s[len - 1] == ' ' || s[len - 1] == '\t'))
+				len--;
+			if (len == 0 || s[0] == '#')
+				continue;
+			if ((rc = push_key(&keys, &n, s, len))) {
+				fclose(f);
+				goto fail;
+			}
+		}
+		fclose(f);
+		if (n == 0 && !c->api_key[0]) {
+			fprintf(stderr, "moed: api-key-file '%s' holds no key\n", c->api_key_file);
+			rc = -EINVAL;
+			goto fail;
+		}
+	}
+	*out = keys;
+	*n_out = n;
+	return 0;
+fail:
+	free_keys(keys, n);
+	return rc;
+}
+
+int md_config_validate(struct md_config *c)
+{
+	int bad = 0;
+	if (c->model[0]) {
+		FILE *f = fopen(c->model, "rb");
+		if (!f) {
+			fprintf(stderr, "moed: cannot open model '%s': %s\n", c->model, strerror(errno));
+			bad = 1;
+		} else {
+			fclose(f);
+		}
+	}
+	char **keys = NULL;
+	size_t n = 0;
+	if (load_keys(c, &keys, &n))
+		bad = 1;
+	else {
+		free_keys(c->api_keys, c->n_api_keys);
+		c->api_keys = keys;
+		c->n_api_keys = n;
+	}
+	return bad ? -EINVAL : 0;
+}
+
+int md_config_reload_keys(struct md_config *c)
+{
+	char **keys = NULL;
+	size_t n = 0;
+	int rc = load_keys(c, &keys, &n);
+	if (rc)
+		return rc;
+	free_keys(c->api_keys, c->n_api_keys);
+	c->api_keys = keys;
+	c->n_api_keys = n;
+	return 0;
+}
+
+void md_config_release(struct md_config *c)
+{
+	for (size_t i = 0; i < N_OPTIONS; i++)
+		if (options[i].type == OPT_STRING) {
+			char **p = (char **)((char *)c + options[i].offset);
+			free(*p);
+			*p = NULL;
+		}
+	free(c->config_path);
+	free_keys(c->api_keys, c->n_api_keys);
+	c->api_keys = NULL;
+	c->n_api_keys = 0;
+	c->config_path = NULL;
+}

@@ -1,0 +1,60 @@
+/* Configuration: one declarative option table, INI file (inih) and command-line flags. */
+#ifndef MD_CONFIG_H
+#define MD_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct md_config {
+	/* [server] */
+	char *host;                 /* owned */
+	int64_t port;
+	char *served_model_name;    /* owned; "" = the model's name */
+	int64_t max_connections;
+	int64_t max_body_bytes;
+	int64_t max_header_bytes;
+	double header_timeout;      /* seconds */
+	double idle_timeout;
+	double drain_timeout;
+	double heartbeat_interval;
+	int64_t sse_backlog_bytes;
+	int64_t retry_after;        /* seconds, sent with 429/503 */
+	/* [security] */
+	char *api_key;              /* owned; "" = none */
+	char *api_key_file;         /* owned; "" = none */
+	/* [engine] */
+	char *model;                /* owned; "" = the default model */
+	char *chat_template;        /* owned; "" = from the model */
+	int64_t threads;
+	int64_t ctx_size;
+	int64_t kv_blocks;
+	int64_t kv_memory_mb;
+	int64_t max_seqs;
+	int64_t step_tokens;
+	int64_t max_queue;
+	int64_t max_tokens_cap;
+	/* [log] */
+	char *log_level;            /* owned */
+	char *log_format;           /* owned */
+
+	/* Not options: derived or command-only. */
+	char *config_path;          /* owned; NULL = none */
+	bool check_only;            /* --check-config */
+	char **api_keys;            /* owned (n_api_keys): from api_key and api_key_file */
+	size_t n_api_keys;
+};
+
+/* Fill defaults, read the INI file named by --config/-c (if any), then apply flags (flags
+ * win). Returns 0; 1 when the process should exit 0 at once (--help, --version); or a
+ * negative code after printing one line per error ("file:line: ..." for the file) to
+ * stderr. */
+int md_config_parse(struct md_config *c, int argc, char **argv);
+/* Cross-field checks and loading of the API keys. Returns 0 or negative after printing. */
+int md_config_validate(struct md_config *c);
+/* Re-read the API keys (SIGHUP). On failure the old keys stay. */
+int md_config_reload_keys(struct md_config *c);
+void md_config_release(struct md_config *c);
+void md_config_usage(const char *argv0);
+
+#endif

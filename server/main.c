@@ -1,0 +1,239 @@
+/* moed: parse the configuration, start the engine thread, serve HTTP on the libuv loop. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "engine/engine.h"
+#include "server/api.h"
+#include "server/config.h"
+#include "server/http.h"
+#include "server/log.h"
+#include "server/notify.h"
+
+struct app {
+	struct md_config cfg;
+	uv_loop_t *loop;               /* borrowed: the default loop */
+	uv_async_t wake;
+	uv_signal_t sigterm, sigint, sighup;
+	uv_timer_t drain_timer, watchdog;
+	struct md_engine *eng;         /* owned */
+	struct md_api *api;            /* owned */
+	struct md_http_server *http;   /* owned */
+	double drain_start;
+	bool draining, cancelled, closed;
+	int exit_code;
+	char model_path[4096];
+};
+
+static void on_wake(uv_async_t *h)
+{
+	struct app *a = h->data;
+	md_api_on_engine_events(a->api);
+}
+
+static void engine_wake(void *arg)
+{
+	uv_async_send(arg); /* the one libuv call allowed off the loop thread */
+}
+
+static void close_all(struct app *a)
+{
+	if (a->closed)
+		return;
+	a->closed = true;
+	md_http_server_close(a->http);
+	uv_close((uv_handle_t *)&a->wake, NULL);
+	uv_close((uv_handle_t *)&a->sigterm, NULL);
+	uv_close((uv_handle_t *)&a->sigint, NULL);
+	uv_close((uv_handle_t *)&a->sighup, NULL);
+	uv_close((uv_handle_t *)&a->drain_timer, NULL);
+	uv_close((uv_handle_t *)&a->watchdog, NULL);
+}
+
+static void on_drain_tick(uv_timer_t *t)
+{
+	struct app *a = t->data;
+	double waited = md_http_now() - a->drain_start;
+	if (md_api_n_active(a->api) == 0) {
+		md_log(MD_LOG_INFO, "drained after %.1fs, exiting", waited);
+		close_all(a);
+		return;
+	}
+	if (!a->cancelled && waited >= a->cfg.drain_timeout) {
+		md_log(MD_LOG_WARN, "grace period over: cancelling %zu request(s)",
+		       md_api_n_active(a->api));
+		md_api_cancel_all(a->api);
+		a->cancelled = true;
+	} else if (a->cancelled && waited >= a->cfg.drain_timeout + 5) {
+		md_log(MD_LOG_WARN, "requests did not end after cancellation; closing connections");
+		close_all(a);
+	}
+}
+
+static void start_drain(struct app *a, const char *why)
+{
+	if (a->draining) {
+		md_log(MD_LOG_WARN, "second %s: exiting now", why);
+		md_api_cancel_all(a->api);
+		close_all(a);
+		return;
+	}
+	a->draining = true;
+	a->drain_start = md_http_now();
+	md_log(MD_LOG_INFO, "%s: draining %zu request(s), grace %.0fs", why,
+	       md_api_n_active(a->api), a->cfg.drain_timeout);
+	md_notify("STOPPING=1");
+	md_api_set_draining(a->api);
+	md_http_stop_accepting(a->http);
+	uv_timer_start(&a->drain_timer, on_drain_tick, 0, 100);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+	struct app *a = h->data;
+	if (signum == SIGHUP) {
+		if (md_config_reload_keys(&a->cfg) == 0)
+			md_log(MD_LOG_INFO, "SIGHUP: reloaded %zu API key(s)", a->cfg.n_api_keys);
+		else
+			md_log(MD_LOG_ERROR, "SIGHUP: cannot reload API keys; keeping the old ones");
+		return;
+	}
+	start_drain(a, signum == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+static void on_watchdog(uv_timer_t *t)
+{
+	md_notify("WATCHDOG=1");
+}
+
+static void on_state(void *arg, enum md_engine_state st)
+{
+	struct app *a = arg;
+	if (st == MD_ENGINE_READY) {
+		md_log(MD_LOG_INFO, "model '%s' ready (context %u, vocab %u)",
+		       md_engine_model_name(a->eng), md_engine_n_ctx(a->eng), md_engine_n_vocab(a->eng));
+		md_notify("READY=1\nSTATUS=serving");
+	} else if (st == MD_ENGINE_FAILED) {
+		md_log(MD_LOG_ERROR, "%s", md_engine_error(a->eng));
+		a->exit_code = 1;
+		close_all(a);
+	}
+}
+
+/* The model to serve when none is configured: $MOED_DEFAULT_MODEL, the one the build made,
+ * or the installed one. */
+static const char *default_model(void)
+{
+	const char *env = getenv("MOED_DEFAULT_MODEL");
+	if (env && *env)
+		return env;
+#ifdef MOED_BUILD_MODEL
+	if (access(MOED_BUILD_MODEL, R_OK) == 0)
+		return MOED_BUILD_MODEL;
+#endif
+#ifdef MOED_INSTALLED_MODEL
+	return MOED_INSTALLED_MODEL;
+#else
+	return "models/default.gguf";
+#endif
+}
+
+int main(int argc, char **argv)
+{
+	static struct app app;
+	struct app *a = &app;
+	int rc = md_config_parse(&a->cfg, argc, argv);
+	if (rc == 1)
+		return 0;
+	if (rc < 0)
+		return 2;
+	if (!a->cfg.model[0]) {
+		free(a->cfg.model);
+		a->cfg.model = strdup(default_model());
+	}
+	if (md_config_validate(&a->cfg))
+		return 2;
+	if (a->cfg.check_only) {
+		printf("moed: configuration OK (model '%s', %s:%lld, %zu API key(s))\n", a->cfg.model,
+		       a->cfg.host, (long long)a->cfg.port, a->cfg.n_api_keys);
+		md_config_release(&a->cfg);
+		return 0;
+	}
+	md_log_setup((enum md_log_level)md_log_level_parse(a->cfg.log_level),
+		     strcmp(a->cfg.log_format, "json") == 0);
+	signal(SIGPIPE, SIG_IGN);
+
+	a->loop = uv_default_loop();
+	uv_async_init(a->loop, &a->wake, on_wake);
+	a->wake.data = a;
+	struct md_engine_config ec = {
+		.model_path = a->cfg.model,
+		.chat_template = a->cfg.chat_template[0] ? a->cfg.chat_template : NULL,
+		.n_threads = (int)a->cfg.threads,
+		.n_ctx = (uint32_t)a->cfg.ctx_size,
+		.kv_blocks = (uint32_t)a->cfg.kv_blocks,
+		.kv_mem_mb = (uint32_t)a->cfg.kv_memory_mb,
+		.max_seqs = (uint32_t)a->cfg.max_seqs,
+		.step_tokens = (uint32_t)a->cfg.step_tokens,
+		.max_queue = (uint32_t)a->cfg.max_queue,
+		.progress = true,
+	};
+	struct md_http_limits lim = {
+		.max_connections = (size_t)a->cfg.max_connections,
+		.max_body_bytes = (size_t)a->cfg.max_body_bytes,
+		.max_header_bytes = (size_t)a->cfg.max_header_bytes,
+		.header_timeout = a->cfg.header_timeout,
+		.idle_timeout = a->cfg.idle_timeout,
+		.max_backlog = (size_t)a->cfg.sse_backlog_bytes,
+	};
+	if ((rc = md_engine_new(&a->eng, &ec, engine_wake, &a->wake)) ||
+	    (rc = md_api_new(&a->api, a->eng, &a->cfg)) ||
+	    (rc = md_http_server_new(&a->http, a->loop, &lim, md_api_on_request, a->api))) {
+		fprintf(stderr, "moed: cannot initialise: %s\n", strerror(-rc));
+		return 1;
+	}
+	md_api_set_http(a->api, a->http);
+	md_api_set_state_cb(a->api, on_state, a);
+	int port = 0;
+	rc = md_http_listen(a->http, a->cfg.host, (int)a->cfg.port, &port);
+	if (rc) {
+		md_log(MD_LOG_ERROR, "cannot listen on %s:%lld: %s", a->cfg.host,
+		       (long long)a->cfg.port, uv_strerror(rc));
+		return 1;
+	}
+	md_log(MD_LOG_INFO, "listening on http://%s:%d (model loading)", a->cfg.host, port);
+
+	uv_signal_init(a->loop, &a->sigterm);
+	uv_signal_init(a->loop, &a->sigint);
+	uv_signal_init(a->loop, &a->sighup);
+	a->sigterm.data = a->sigint.data = a->sighup.data = a;
+	uv_signal_start(&a->sigterm, on_signal, SIGTERM);
+	uv_signal_start(&a->sigint, on_signal, SIGINT);
+	uv_signal_start(&a->sighup, on_signal, SIGHUP);
+	uv_timer_init(a->loop, &a->drain_timer);
+	uv_timer_init(a->loop, &a->watchdog);
+	a->drain_timer.data = a->watchdog.data = a;
+	uint64_t wd = md_notify_watchdog_usec();
+	if (wd)
+		uv_timer_start(&a->watchdog, on_watchdog, 0, wd / 2000 ? wd / 2000 : 1);
+
+	if ((rc = md_engine_start(a->eng))) {
+		md_log(MD_LOG_ERROR, "cannot start the engine thread: %s", strerror(-rc));
+		return 1;
+	}
+	uv_run(a->loop, UV_RUN_DEFAULT);
+
+	/* tear down in reverse */
+	md_engine_stop(a->eng);
+	md_engine_events_free(md_engine_poll(a->eng));
+	md_http_server_free(a->http);
+	md_api_free(a->api);
+	md_engine_free(a->eng);
+	uv_loop_close(a->loop);
+	md_config_release(&a->cfg);
+	return a->exit_code;
+}
