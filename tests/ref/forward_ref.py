@@ -1,0 +1,344 @@
+#!/usr/bin/python3
+"""Independent float64 reference forward pass (numpy) for every architecture moed supports.
+
+Implements the shared architecture notes (llama.cpp-compatible semantics): qwen3moe, qwen2moe, llama
+(with experts = Mixtral, or dense), olmoe, qwen2, qwen3. Each sequence has its own KV cache and
+is computed on its own: batching in the C engine must not change the mathematics, so this is
+the answer any micro-batch composition has to reproduce.
+
+CLI mirrors moed-run:
+    forward_ref.py -m MODEL -p "1,2;3,4,5" -n N [--chunk C] [-t T] [--dump-logits PATH]
+stdout: "seq K: ID ID ..." per sequence. The logits dump has the same layout as moed-run's:
+per sequence, rows for prompt positions 0..L-1, then rows for generated tokens 0..n_gen-2,
+each row n_vocab little-endian float32.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gguf_ref import GGUFFile, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0  # noqa: E402
+
+ROPE_NORM, ROPE_NEOX = "norm", "neox"
+
+# Per-architecture behaviour: rope style, QK-norm style, default top-k renormalisation.
+ARCH_TRAITS = {
+    "qwen3moe": dict(rope=ROPE_NEOX, qk_norm="head", norm_topk=True),
+    "qwen2moe": dict(rope=ROPE_NEOX, qk_norm=None, norm_topk=False),
+    "llama":    dict(rope=ROPE_NORM, qk_norm=None, norm_topk=True),
+    "olmoe":    dict(rope=ROPE_NEOX, qk_norm="full", norm_topk=False),
+    "qwen2":    dict(rope=ROPE_NEOX, qk_norm=None, norm_topk=False),
+    "qwen3":    dict(rope=ROPE_NEOX, qk_norm="head", norm_topk=False),
+}
+
+
+def rmsnorm(x, w, eps):
+    """x: (..., n); normalise over the last axis, times w (n,)."""
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def softmax(x, axis=-1):
+    m = np.max(x, axis=axis, keepdims=True)
+    e = np.exp(x - m)
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+class Layer:
+    pass
+
+
+# Activation block size of the 8-bit activation quantization that llama.cpp-style SIMD kernels
+# pair with each quantized weight type (Q8_0 blocks for Q8_0/Q4_0, Q8_K for K-quants).
+ACT_Q8_BLOCK = {Q8_0: 32, Q4_0: 32, Q4_K: 256, Q5_K: 256, Q6_K: 256}
+
+
+def act_q8(x, block):
+    """Round activations to 8 bits per block of `block` elements as such kernels do:
+    d = max|x| / 127, q = round-half-away(x / d), x' = q * d (float32 arithmetic)."""
+    shp = x.shape
+    xb = x.astype(np.float32).reshape(-1, shp[-1] // block, block)
+    amax = np.max(np.abs(xb), axis=-1, keepdims=True)
+    d = (amax / np.float32(127)).astype(np.float32)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+    v = xb * inv
+    q = np.sign(v) * np.floor(np.abs(v) + np.float32(0.5))
+    return (q * d).astype(np.float64).reshape(shp)
+
+
+class Model:
+    def __init__(self, path, act_quant=False):
+        """act_quant: emulate kernels that round activations to 8 bits before every matmul
+        with a quantized weight (a diagnostic: the default is the exact computation)."""
+        self.act_quant = act_quant
+        g = GGUFFile(path)
+        self.gguf = g
+        arch = g.arch
+        if arch not in ARCH_TRAITS:
+            raise ValueError("unsupported architecture '%s'" % arch)
+        self.arch = arch
+        tr = ARCH_TRAITS[arch]
+        kv = g.kv
+
+        def meta(key, default=None):
+            full = arch + "." + key
+            if full in kv:
+                return kv[full]
+            if default is None:
+                raise KeyError("missing metadata key '%s'" % full)
+            return default
+
+        self.n_layer = int(meta("block_count"))
+        self.n_embd = int(meta("embedding_length"))
+        self.n_head = int(meta("attention.head_count"))
+        self.n_head_kv = int(meta("attention.head_count_kv", self.n_head))
+        self.head_dim = int(meta("attention.key_length", self.n_embd // self.n_head))
+        vlen = int(meta("attention.value_length", self.head_dim))
+        if vlen != self.head_dim:
+            raise ValueError("value_length %d != key_length %d not supported" % (vlen, self.head_dim))
+        self.n_rot = int(meta("rope.dimension_count", self.head_dim))
+        self.rope_base = float(meta("rope.freq_base", 10000.0))
+        self.eps = float(np.float32(meta("attention.layer_norm_rms_epsilon", 1e-6)))
+        self.n_expert = int(meta("expert_count", 0)) if (arch + ".expert_count") in kv else 0
+        self.n_expert_used = int(meta("expert_used_count", 0)) if self.n_expert else 0
+        self.norm_topk = bool(kv.get(arch + ".expert_weights_norm", tr["norm_topk"]))
+        self.rope = tr["rope"]
+        self.qk_norm = tr["qk_norm"]
+
+        self.wtype = {}   # id(weight array) -> GGML type, for act_quant
+
+        def t(name, required=True):
+            if name not in g.tensors:
+                if required:
+                    raise KeyError("missing tensor '%s'" % name)
+                return None
+            a = g.dequant(name).astype(np.float64)
+            self.wtype[id(a)] = g.tensors[name].type
+            return a
+
+        N, H, K, D = self.n_embd, self.n_head, self.n_head_kv, self.head_dim
+        self.tok_embd = t("token_embd.weight")            # (V, N)
+        self.n_vocab = self.tok_embd.shape[0]
+        self.output_norm = t("output_norm.weight")
+        out = t("output.weight", required=False)
+        self.output = self.tok_embd if out is None else out  # (V, N)
+        self.layers = []
+        for i in range(self.n_layer):
+            p = "blk.%d." % i
+            L = Layer()
+            L.attn_norm = t(p + "attn_norm.weight")
+            L.wq = t(p + "attn_q.weight")                  # (H*D, N)
+            L.wk = t(p + "attn_k.weight")                  # (K*D, N)
+            L.wv = t(p + "attn_v.weight")
+            L.wo = t(p + "attn_output.weight")             # (N, H*D)
+            assert L.wq.shape == (H * D, N) and L.wk.shape == (K * D, N), "attention shapes"
+            L.bq = t(p + "attn_q.bias", False)
+            L.bk = t(p + "attn_k.bias", False)
+            L.bv = t(p + "attn_v.bias", False)
+            L.q_norm = t(p + "attn_q_norm.weight", self.qk_norm is not None)
+            L.k_norm = t(p + "attn_k_norm.weight", self.qk_norm is not None)
+            if self.qk_norm == "head":
+                assert L.q_norm.shape == (D,) and L.k_norm.shape == (D,), "per-head qk norm"
+            elif self.qk_norm == "full":
+                assert L.q_norm.shape == (H * D,) and L.k_norm.shape == (K * D,), "full qk norm"
+            L.ffn_norm = t(p + "ffn_norm.weight")
+            L.moe = (p + "ffn_gate_inp.weight") in g.tensors
+            if L.moe:
+                L.router = t(p + "ffn_gate_inp.weight")     # (E, N)
+                L.gate_exps = t(p + "ffn_gate_exps.weight")  # (E, F, N)
+                L.up_exps = t(p + "ffn_up_exps.weight")      # (E, F, N)
+                L.down_exps = t(p + "ffn_down_exps.weight")  # (E, N, F)
+                assert L.router.shape[0] == self.n_expert, "router rows != expert_count"
+                L.shexp_gate = t(p + "ffn_gate_inp_shexp.weight", False)  # (N,)
+                L.gate_sh = t(p + "ffn_gate_shexp.weight", False)         # (S, N)
+                L.up_sh = t(p + "ffn_up_shexp.weight", False)
+                L.down_sh = t(p + "ffn_down_shexp.weight", False)         # (N, S)
+            else:
+                L.gate = t(p + "ffn_gate.weight")             # (FF, N)
+                L.up = t(p + "ffn_up.weight")
+                L.down = t(p + "ffn_down.weight")             # (N, FF)
+            self.layers.append(L)
+        # RoPE inverse frequencies base^(-2i/n_rot), i in [0, n_rot/2).
+        self.inv_freq = self.rope_base ** (-2.0 * np.arange(self.n_rot // 2) / self.n_rot)
+
+    # -----------------------------------------------------------------------------------------
+    def mm(self, x, w, wt=None):
+        """x (..., n_in) times weight w (n_out, n_in) -> (..., n_out). wt: the weight's
+        GGML type where w is a slice of a 3-D expert tensor."""
+        if self.act_quant:
+            blk = ACT_Q8_BLOCK.get(self.wtype.get(id(w)) if wt is None else wt)
+            if blk:
+                x = act_q8(x, blk)
+        return x @ w.T
+
+    def rope_apply(self, x, pos):
+        """x: (T, n_heads, D); pos: (T,) int. Rotates the first n_rot dims of each head."""
+        half = self.n_rot // 2
+        ang = pos[:, None].astype(np.float64) * self.inv_freq[None, :]   # (T, half)
+        c = np.cos(ang)[:, None, :]
+        s = np.sin(ang)[:, None, :]
+        y = x.copy()
+        if self.rope == ROPE_NEOX:
+            a = x[:, :, 0:half]
+            b = x[:, :, half:2 * half]
+            y[:, :, 0:half] = a * c - b * s
+            y[:, :, half:2 * half] = a * s + b * c
+        else:
+            a = x[:, :, 0:2 * half:2]
+            b = x[:, :, 1:2 * half:2]
+            y[:, :, 0:2 * half:2] = a * c - b * s
+            y[:, :, 1:2 * half:2] = a * s + b * c
+        return y
+
+    def moe_ffn(self, L, h):
+        """h: (T, N) -> (T, N)."""
+        T = h.shape[0]
+        probs = softmax(h @ L.router.T)                     # (T, E)
+        out = np.zeros_like(h)
+        k = self.n_expert_used
+        for t in range(T):
+            # Top-k by probability, ties broken by the lower expert index (stable sort).
+            order = np.argsort(-probs[t], kind="stable")[:k]
+            w = probs[t, order]
+            if self.norm_topk:
+                w = w / np.sum(w)
+            tg, tu, td = (self.wtype[id(a)] for a in (L.gate_exps, L.up_exps, L.down_exps))
+            for e, we in zip(order, w):
+                g = self.mm(h[t], L.gate_exps[e], tg)
+                u = self.mm(h[t], L.up_exps[e], tu)
+                out[t] += we * self.mm(silu(g) * u, L.down_exps[e], td)
+        if L.gate_sh is not None:
+            g = self.mm(h, L.gate_sh)
+            u = self.mm(h, L.up_sh)
+            y = self.mm(silu(g) * u, L.down_sh)              # (T, N)
+            if L.shexp_gate is not None:
+                sg = 1.0 / (1.0 + np.exp(-(h @ L.shexp_gate)))  # (T,)
+                y = y * sg[:, None]
+            out += y
+        return out
+
+    def new_cache(self):
+        return [dict(k=np.zeros((0, self.n_head_kv, self.head_dim)),
+                     v=np.zeros((0, self.n_head_kv, self.head_dim))) for _ in range(self.n_layer)]
+
+    def forward(self, cache, tokens):
+        """Run tokens (list of ids) at the next positions of the sequence owning cache.
+
+        Appends to cache; returns logits (T, n_vocab) float64."""
+        H, K, D = self.n_head, self.n_head_kv, self.head_dim
+        T = len(tokens)
+        p0 = cache[0]["k"].shape[0]
+        pos = np.arange(p0, p0 + T)
+        x = self.tok_embd[np.asarray(tokens, dtype=np.int64)].copy()   # (T, N)
+        group = H // K
+        for li, L in enumerate(self.layers):
+            h = rmsnorm(x, L.attn_norm, self.eps)
+            q = self.mm(h, L.wq)
+            k = self.mm(h, L.wk)
+            v = self.mm(h, L.wv)
+            if L.bq is not None:
+                q = q + L.bq
+            if L.bk is not None:
+                k = k + L.bk
+            if L.bv is not None:
+                v = v + L.bv
+            if self.qk_norm == "full":
+                q = rmsnorm(q, L.q_norm, self.eps)
+                k = rmsnorm(k, L.k_norm, self.eps)
+            q = q.reshape(T, H, D)
+            k = k.reshape(T, K, D)
+            v = v.reshape(T, K, D)
+            if self.qk_norm == "head":
+                q = rmsnorm(q, L.q_norm, self.eps)
+                k = rmsnorm(k, L.k_norm, self.eps)
+            q = self.rope_apply(q, pos)
+            k = self.rope_apply(k, pos)
+            c = cache[li]
+            c["k"] = np.concatenate([c["k"], k], axis=0)
+            c["v"] = np.concatenate([c["v"], v], axis=0)
+            S = c["k"].shape[0]
+            kk = np.repeat(c["k"], group, axis=1)           # (S, H, D): head h -> kv h // group
+            vv = np.repeat(c["v"], group, axis=1)
+            scores = np.einsum("thd,shd->hts", q, kk) / np.sqrt(D)   # (H, T, S)
+            mask = np.arange(S)[None, :] > pos[:, None]     # (T, S) future positions
+            scores = np.where(mask[None, :, :], -np.inf, scores)
+            att = softmax(scores, axis=-1)
+            o = np.einsum("hts,shd->thd", att, vv).reshape(T, H * D)
+            x = x + self.mm(o, L.wo)
+            h = rmsnorm(x, L.ffn_norm, self.eps)
+            if L.moe:
+                x = x + self.moe_ffn(L, h)
+            else:
+                x = x + self.mm(silu(self.mm(h, L.gate)) * self.mm(h, L.up), L.down)
+        return self.mm(rmsnorm(x, self.output_norm, self.eps), self.output)
+
+    def generate(self, prompt, n_gen):
+        """Greedy generation for one sequence. Returns (generated ids, logit rows)."""
+        cache = self.new_cache()
+        rows = []
+        logits = self.forward(cache, prompt)
+        rows.extend(logits)
+        out = []
+        last = logits[-1]
+        for i in range(n_gen):
+            tok = int(np.argmax(last))       # ties: lowest id
+            out.append(tok)
+            if i == n_gen - 1:
+                break
+            last = self.forward(cache, [tok])[0]
+            rows.append(last)
+        return out, np.array(rows).reshape(-1, self.n_vocab)
+
+
+def parse_prompts(s):
+    seqs = []
+    for part in s.split(";"):
+        part = part.strip()
+        if not part:
+            raise ValueError("empty prompt in '%s'" % s)
+        seqs.append([int(x) for x in part.split(",")])
+    return seqs
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-m", "--model", required=True)
+    ap.add_argument("-p", "--prompt", required=True)
+    ap.add_argument("-n", "--n-gen", type=int, default=16)
+    ap.add_argument("--chunk", type=int, default=0, help="accepted for CLI parity; no effect")
+    ap.add_argument("-t", "--threads", type=int, default=1, help="accepted; no effect")
+    ap.add_argument("--dump-logits")
+    ap.add_argument("--act-q8", action="store_true",
+                    help="round activations to 8 bits before quantized matmuls (diagnostic)")
+    a = ap.parse_args(argv)
+    try:
+        m = Model(a.model, act_quant=a.act_q8)
+        seqs = parse_prompts(a.prompt)
+        for s in seqs:
+            for tok in s:
+                if not 0 <= tok < m.n_vocab:
+                    raise ValueError("token %d out of range (n_vocab %d)" % (tok, m.n_vocab))
+    except Exception as e:  # one error line, exit 1, like moed-run
+        print("forward_ref: %s" % e, file=sys.stderr)
+        return 1
+    t0 = time.time()
+    dump = []
+    for i, s in enumerate(seqs):
+        gen, rows = m.generate(s, a.n_gen)
+        print("seq %d: %s" % (i, " ".join(str(x) for x in gen)))
+        dump.append(rows)
+    print("# reference forward: %.2f s" % (time.time() - t0))
+    if a.dump_logits:
+        np.concatenate(dump, axis=0).astype("<f4").tofile(a.dump_logits)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
