@@ -313,7 +313,7 @@ int md__param_int(struct md_api *a, struct md_http_conn *c, struct md_http_req *
 	double v = it->valuedouble;
 	if (v < (double)lo || v > (double)hi) {
 		md__api_error(a, c, r, 400, "invalid_request_error", name, "invalid_value",
-			      "'%s' must be in [%lld, %lld], got %.0f", name, (long long)lo,
+			      "'%s' must be in [%lld, %lld], got %.15g", name, (long long)lo,
 			      (long long)hi, v);
 		return -1;
 	}

@@ -1,6 +1,7 @@
 /* Configuration: one declarative option table, INI file (inih) and command-line flags. */
 #include "server/config.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <ini.h>
 #include <limits.h>
@@ -50,11 +51,13 @@ static int v_log_format(const char *v, char *err, size_t errlen)
 	return -EINVAL;
 }
 
-static int v_nonempty(const char *v, char *err, size_t errlen)
+static int v_host(const char *v, char *err, size_t errlen)
 {
-	if (*v)
+	unsigned char addr[sizeof(struct in6_addr)];
+	if (inet_pton(AF_INET, v, addr) == 1 || inet_pton(AF_INET6, v, addr) == 1 ||
+	    strcmp(v, "localhost") == 0)
 		return 0;
-	snprintf(err, errlen, "must not be empty");
+	snprintf(err, errlen, "must be an IPv4 or IPv6 address (or localhost)");
 	return -EINVAL;
 }
 
@@ -62,8 +65,8 @@ static int v_nonempty(const char *v, char *err, size_t errlen)
 #define BIG 1e15
 
 static const struct opt options[] = {
-	{ "server", "host", 0, OPT_STRING, OFF(host), "127.0.0.1", 0, 0, v_nonempty, false,
-	  "address to listen on (IPv4 or IPv6 literal)" },
+	{ "server", "host", 0, OPT_STRING, OFF(host), "127.0.0.1", 0, 0, v_host, false,
+	  "address to listen on (IPv4 or IPv6 literal, or localhost)" },
 	{ "server", "port", 'p', OPT_INT, OFF(port), "8080", 0, 65535, NULL, false,
 	  "TCP port (0 = any free port, printed at start)" },
 	{ "server", "served-model-name", 0, OPT_STRING, OFF(served_model_name), "", 0, 0, NULL, false,
@@ -189,25 +192,60 @@ static int set_opt(struct md_config *c, const struct opt *o, const char *value, 
 	return 0;
 }
 
+/* inih keeps parsing after an error and reports the first bad line only, without telling
+ * the handler which line it is on: keep the first handler error and its key, and check on
+ * return that the reported line is that key's (else the first error was a syntax error). */
 struct ini_ctx {
 	struct md_config *c;
 	char err[512];
+	char key[64];
 };
 
 static int on_ini_key(void *user, const char *section, const char *name, const char *value)
 {
 	struct ini_ctx *ctx = user;
+	char err[512];
 	const struct opt *o = find_opt(name);
 	if (!o) {
-		snprintf(ctx->err, sizeof(ctx->err), "unknown key '%s'", name);
-		return 0;
-	}
-	if (strcmp(section, o->section) != 0) {
-		snprintf(ctx->err, sizeof(ctx->err), "key '%s' belongs in section [%s], not [%s]", name,
+		snprintf(err, sizeof(err), "unknown key '%s'", name);
+	} else if (strcmp(section, o->section) != 0) {
+		snprintf(err, sizeof(err), "key '%s' belongs in section [%s], not [%s]", name,
 			 o->section, section);
-		return 0;
+	} else if (set_opt(ctx->c, o, value, err, sizeof(err)) == 0) {
+		return 1;
 	}
-	return set_opt(ctx->c, o, value, ctx->err, sizeof(ctx->err)) == 0;
+	if (!ctx->key[0]) {
+		snprintf(ctx->err, sizeof(ctx->err), "%s", err);
+		snprintf(ctx->key, sizeof(ctx->key), "%s", name);
+	}
+	return 0;
+}
+
+/* Whether line `line` (1-based) of path holds the key `key` (as "key = ..." or "key: ..."). */
+static bool line_has_key(const char *path, int line, const char *key)
+{
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return false;
+	char buf[4096];
+	bool found = false;
+	for (int i = 1; fgets(buf, sizeof(buf), f); i++) {
+		if (i < line)
+			continue;
+		char *s = buf;
+		while (*s == ' ' || *s == '\t')
+			s++;
+		size_t kl = strlen(key);
+		if (strncmp(s, key, kl) == 0) {
+			s += kl;
+			while (*s == ' ' || *s == '\t')
+				s++;
+			found = *s == '=' || *s == ':';
+		}
+		break;
+	}
+	fclose(f);
+	return found;
 }
 
 void md_config_usage(const char *argv0)
@@ -283,8 +321,9 @@ int md_config_parse(struct md_config *c, int argc, char **argv)
 			return -ENOENT;
 		}
 		if (line != 0) {
+			bool ours = ctx.key[0] && line_has_key(c->config_path, line, ctx.key);
 			fprintf(stderr, "%s:%d: %s\n", c->config_path, line,
-				ctx.err[0] ? ctx.err : "syntax error");
+				ours ? ctx.err : "syntax error (expected [section] or key = value)");
 			return -EINVAL;
 		}
 	}

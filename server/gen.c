@@ -566,9 +566,12 @@ static void release(struct md_gen_choice *ch, size_t n, bool force)
 		}
 	}
 	ch->text_offset += n;
-	memmove(ch->pend, ch->pend + n, ch->pend_len - n);
+	/* pend and ents stay NULL until the first text or logprob entry arrives */
+	if (n)
+		memmove(ch->pend, ch->pend + n, ch->pend_len - n);
 	ch->pend_len -= n;
-	memmove(ch->ents, ch->ents + k, (ch->n_ents - k) * sizeof(*ch->ents));
+	if (k)
+		memmove(ch->ents, ch->ents + k, (ch->n_ents - k) * sizeof(*ch->ents));
 	ch->n_ents -= k;
 	for (size_t i = 0; i < ch->n_ents; i++)
 		ch->ents[i].off = ch->ents[i].off >= n ? ch->ents[i].off - n : 0;
@@ -620,7 +623,7 @@ static void check_stops(struct md_gen_choice *ch, bool final)
 {
 	struct md_gen *g = ch->g;
 	size_t best = (size_t)-1;
-	for (size_t i = 0; i < g->n_stops; i++) {
+	for (size_t i = 0; i < g->n_stops && ch->pend_len; i++) {
 		const char *p = memmem(ch->pend, ch->pend_len, g->stops[i], strlen(g->stops[i]));
 		if (p && (size_t)(p - ch->pend) < best)
 			best = (size_t)(p - ch->pend);

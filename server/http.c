@@ -747,6 +747,8 @@ int md_http_listen(struct md_http_server *s, const char *host, int port, int *po
 {
 	struct sockaddr_storage ss;
 	int rc;
+	if (strcmp(host, "localhost") == 0)
+		host = "127.0.0.1"; /* no resolver on the loop; loopback is what is meant */
 	if (strchr(host, ':'))
 		rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&ss);
 	else
@@ -813,4 +815,13 @@ size_t md_http_n_connections(const struct md_http_server *s)
 size_t md_http_n_busy(const struct md_http_server *s)
 {
 	return s->n_busy;
+}
+
+size_t md_http_n_unflushed(const struct md_http_server *s)
+{
+	size_t n = 0;
+	for (const struct md_http_conn *c = s->conns; c; c = c->next)
+		if (c->state == C_BUSY || c->state == C_SHUTDOWN)
+			n++;
+	return n;
 }

@@ -66,6 +66,9 @@ void md_http_server_close(struct md_http_server *s);
 void md_http_server_free(struct md_http_server *s);
 size_t md_http_n_connections(const struct md_http_server *s);
 size_t md_http_n_busy(const struct md_http_server *s);
+/* Connections with a request in flight or a response still being written and shut down
+ * (each of the latter closes within 5 s). */
+size_t md_http_n_unflushed(const struct md_http_server *s);
 
 void md_http_set_handler(struct md_http_conn *c, void *data, md_http_abort_cb abort_cb,
 			 md_http_tick_cb tick_cb, double tick_interval);

@@ -46,6 +46,10 @@ static void close_all(struct app *a)
 		return;
 	a->closed = true;
 	md_http_server_close(a->http);
+	/* Join the engine before closing the async handle: the engine thread calls
+	 * uv_async_send until it exits, and sending on a closing handle is a race. Its last
+	 * events stay queued; main frees them after the loop. */
+	md_engine_stop(a->eng);
 	uv_close((uv_handle_t *)&a->wake, NULL);
 	uv_close((uv_handle_t *)&a->sigterm, NULL);
 	uv_close((uv_handle_t *)&a->sigint, NULL);
@@ -58,7 +62,9 @@ static void on_drain_tick(uv_timer_t *t)
 {
 	struct app *a = t->data;
 	double waited = md_http_now() - a->drain_start;
-	if (md_api_n_active(a->api) == 0) {
+	/* Exit once no generation is left and every response has been written out (closing a
+	 * connection with a queued write would cut the end of its stream). */
+	if (md_api_n_active(a->api) == 0 && md_http_n_unflushed(a->http) == 0) {
 		md_log(MD_LOG_INFO, "drained after %.1fs, exiting", waited);
 		close_all(a);
 		return;

@@ -64,6 +64,8 @@ static void wb_put(struct wbuf *b, const void *src, size_t n)
 		b->p = p;
 		b->cap = cap;
 	}
+	if (n == 0)
+		return;
 	memcpy(b->p + b->len, src, n);
 	b->len += n;
 }
@@ -307,7 +309,7 @@ void md_gguf_w_copy_kv_prefix(struct md_gguf_writer *w, const struct md_gguf *sr
 	size_t plen = prefix ? strlen(prefix) : 0;
 	for (uint64_t i = 0; i < src->n_kv; i++) {
 		const struct md_gguf_kv *kv = &src->kv[i];
-		if (kv->key.len < plen || memcmp(kv->key.ptr, prefix, plen) != 0)
+		if (kv->key.len < plen || (plen && memcmp(kv->key.ptr, prefix, plen) != 0))
 			continue;
 		char *key = strndup(kv->key.ptr, kv->key.len);
 		if (!key) {

@@ -33,6 +33,45 @@ r = subprocess.run([moed, "-c", f.name, "--port", "4321", "-m", model, "--check-
                    capture_output=True, text=True)
 check(":4321" in r.stdout, "flag wins over file", r.stdout)
 
+
+def run(*args):
+    return subprocess.run([moed] + list(args), capture_output=True, text=True, timeout=30)
+
+
+# --help, --version, unknown flags, bad values: exit codes and one-line messages
+r = run("--help")
+check(r.returncode == 0 and r.stdout.startswith("usage:"), "--help exits 0 with usage", r.returncode)
+r = run("--version")
+check(r.returncode == 0 and re.match(r"moed \d+\.\d+", r.stdout), "--version", r.stdout)
+for bad, word in [(["--bogus"], "bogus"), (["--port"], "needs a value"), (["--port=abc"], "port"),
+                  (["stray.gguf"], "stray.gguf"), (["--threads", "-1"], "threads"),
+                  (["--drain-timeout", "nan"], "drain-timeout"), (["--log-level", "loud"], "log-level"),
+                  (["--host", '"127.0.0.1"'], "host"), (["--host", "example.com"], "host"),
+                  (["-c"], "-c"), (["-c", "/nonexistent/moed.conf"], "/nonexistent/moed.conf")]:
+    r = run(*(["-m", model, "--check-config"] + bad))
+    check(r.returncode == 2 and word in r.stderr and not r.stdout, "rejected: %s" % bad,
+          r.returncode, r.stdout, r.stderr)
+for host in ["::1", "localhost", "0.0.0.0"]:
+    r = run("--host", host, "-m", model, "--check-config")
+    check(r.returncode == 0, "host %s accepted" % host, r.stderr)
+
+# the line named with an INI error is the line of the message, even with later errors
+with tempfile.NamedTemporaryFile("w", suffix=".conf", delete=False) as f:
+    f.write("[server]\nport = abc\nbogus = 1\n")
+r = run("-c", f.name, "-m", model, "--check-config")
+check(r.returncode == 2 and "%s:2: 'port' needs an integer" % f.name in r.stderr,
+      "first INI error names its own line", r.stderr)
+with tempfile.NamedTemporaryFile("w", suffix=".conf", delete=False) as f:
+    f.write("[server]\nthis line is junk\nbogus = 1\n")
+r = run("-c", f.name, "-m", model, "--check-config")
+check(r.returncode == 2 and "%s:2: syntax error" % f.name in r.stderr,
+      "syntax error is not reported with a later key's message", r.stderr)
+with tempfile.NamedTemporaryFile("w", suffix=".conf", delete=False) as f:
+    f.write("port = 1\n")
+r = run("-c", f.name, "-m", model, "--check-config")
+check(r.returncode == 2 and "%s:1:" % f.name in r.stderr and "[server]" in r.stderr,
+      "key outside its section", r.stderr)
+
 unit = os.path.join(root, "systemd", "moed.service")
 sa = shutil.which("systemd-analyze")
 if sa:

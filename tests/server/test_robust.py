@@ -65,9 +65,13 @@ try:
     s = socket.create_connection(("127.0.0.1", srv.port))
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekret\r\n"
               b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    s.settimeout(30)
     got = b""
     while got.count(b"data: ") < 5:
-        got += s.recv(4096)
+        piece = s.recv(4096)
+        if not piece:
+            break
+        got += piece
     running = metric(srv, "moed:num_requests_running")
     used = metric(srv, "moed:kv_cache_blocks_used")
     check(running == 1 and used and used > 0, "one sequence running mid-stream", running, used)
@@ -126,7 +130,13 @@ try:
                                "-H", "Content-Type: application/json", "-d",
                                json.dumps(dict(LONG, max_tokens=3000)), srv.base + "/v1/completions"],
                               stdout=subprocess.PIPE, text=True) for _ in range(2)]
-    time.sleep(0.5)
+    # wait (bounded) until one runs and one waits: slow (sanitizer, loaded) machines need more
+    # than a fixed sleep
+    for _ in range(100):
+        if (metric(srv, "moed:num_requests_running") == 1 and
+                metric(srv, "moed:num_requests_waiting") == 1):
+            break
+        time.sleep(0.1)
     st, h, d = call(srv, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 2})
     check(st == 429 and h.get("retry-after") == "3", "queue full 429 + Retry-After", st, h)
     check(d["error"]["type"] == "rate_limit_error", "429 error object", d)
