@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/cpu.h"
 #include "engine/matmul.h"
 #include "engine/threadpool.h"
 
@@ -38,7 +39,7 @@ struct md_forward_ctx {
 	float *mm_scratch; /* per-thread dequantized rows */
 	float *att_scratch; /* per-thread attention scores (att_cap each) */
 	size_t att_cap;
-	float *rope_cs; /* (n_rot) cos/sin table for one position, per thread: (nth, n_rot) */
+	float *rope_cs; /* (n_rot) cos, sin pairs of the current token's position (rope_table) */
 };
 
 static void *xalloc(size_t n, int *fail)
@@ -121,7 +122,7 @@ struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, i
 	f->ge = xalloc(T * F * sizeof(float), &fail);
 	f->ue = xalloc(T * F * sizeof(float), &fail);
 	f->ye = xalloc(T * N * sizeof(float), &fail);
-	f->mm_scratch = xalloc(md_matmul_scratch_floats(f->pool, (int64_t)in_max) * sizeof(float), &fail);
+	f->mm_scratch = xalloc(md_matmul_scratch_floats(f->pool, (int64_t)in_max, max_tokens) * sizeof(float), &fail);
 	f->rope_cs = xalloc((size_t)hp->n_rot * sizeof(float), &fail);
 	if (fail) {
 		md_forward_free(f);
@@ -132,6 +133,12 @@ struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, i
 
 static void rmsnorm(float *out, const float *in, const float *w, int64_t n, float eps)
 {
+	const struct md_kern *kn = md_kern_active();
+	if (kn) {
+		float s = (float)(1.0 / sqrt((double)kn->sumsq_f32(in, n) / (double)n + eps));
+		kn->scale_mul_f32(out, in, s, w, n);
+		return;
+	}
 	double ss = 0;
 	for (int64_t i = 0; i < n; i++)
 		ss += (double)in[i] * in[i];
@@ -145,24 +152,36 @@ static inline float silu(float x)
 	return x / (1.0f + expf(-x));
 }
 
-/* Rotate the pairs of one head in place for position pos. */
-static void rope_head(float *h, const struct md_hparams *hp, int32_t pos)
+/* cos/sin of every rotary pair for position pos: cs[2i] = cos, cs[2i+1] = sin. Computed once
+ * per token and shared by all its heads (the angles depend only on the position). */
+static void rope_table(float *cs, const struct md_hparams *hp, int32_t pos)
 {
 	const int half = (int)hp->n_rot / 2;
 	for (int i = 0; i < half; i++) {
 		double theta = (double)pos * pow((double)hp->rope_freq_base, -2.0 * i / (double)hp->n_rot);
-		float c = (float)cos(theta), s = (float)sin(theta);
-		int a, b;
-		if (hp->rope_type == MD_ROPE_NEOX) {
-			a = i;
-			b = i + half;
-		} else {
-			a = 2 * i;
-			b = 2 * i + 1;
+		cs[2 * i] = (float)cos(theta);
+		cs[2 * i + 1] = (float)sin(theta);
+	}
+}
+
+/* Rotate the pairs of one head in place with the table of its position. */
+static void rope_head(float *h, const struct md_hparams *hp, const float *cs)
+{
+	const int half = (int)hp->n_rot / 2;
+	if (hp->rope_type == MD_ROPE_NEOX) {
+		for (int i = 0; i < half; i++) {
+			float c = cs[2 * i], s = cs[2 * i + 1];
+			float x0 = h[i], x1 = h[i + half];
+			h[i] = x0 * c - x1 * s;
+			h[i + half] = x0 * s + x1 * c;
 		}
-		float x0 = h[a], x1 = h[b];
-		h[a] = x0 * c - x1 * s;
-		h[b] = x0 * s + x1 * c;
+	} else {
+		for (int i = 0; i < half; i++) {
+			float c = cs[2 * i], s = cs[2 * i + 1];
+			float x0 = h[2 * i], x1 = h[2 * i + 1];
+			h[2 * i] = x0 * c - x1 * s;
+			h[2 * i + 1] = x0 * s + x1 * c;
+		}
 	}
 }
 
@@ -181,6 +200,7 @@ static void att_worker(void *ctx, int ith, int nth)
 	const int H = (int)hp->n_head, D = (int)hp->head_dim;
 	const int group = (int)(hp->n_head / hp->n_head_kv);
 	const float scale = 1.0f / sqrtf((float)D);
+	const struct md_kern *kn = md_kern_active(); /* NULL: portable loops */
 	float *sc = f->att_scratch + f->att_cap * (size_t)ith;
 	int total = j->b->n_tokens * H;
 	int per = (total + nth - 1) / nth;
@@ -192,9 +212,14 @@ static void att_worker(void *ctx, int ith, int nth)
 		float mx = -INFINITY;
 		for (int p = 0; p <= pos; p++) {
 			const float *kr = md_kv_k(j->kv, j->layer, seq, (uint32_t)p) + (size_t)kvh * D;
-			float s = 0;
-			for (int d = 0; d < D; d++)
-				s += q[d] * kr[d];
+			float s;
+			if (kn) {
+				s = kn->dot_f32(q, kr, D);
+			} else {
+				s = 0;
+				for (int d = 0; d < D; d++)
+					s += q[d] * kr[d];
+			}
 			s *= scale;
 			sc[p] = s;
 			if (s > mx)
@@ -211,6 +236,10 @@ static void att_worker(void *ctx, int ith, int nth)
 		for (int p = 0; p <= pos; p++) {
 			const float *vr = md_kv_v(j->kv, j->layer, seq, (uint32_t)p) + (size_t)kvh * D;
 			float w = sc[p] * inv;
+			if (kn) {
+				kn->axpy_f32(o, w, vr, D);
+				continue;
+			}
 			for (int d = 0; d < D; d++)
 				o[d] += w * vr[d];
 		}
@@ -240,9 +269,9 @@ static void attention(struct md_forward_ctx *f, struct md_kv_cache *kv, const st
 		rmsnorm(f->xn + (size_t)t * N, f->x + (size_t)t * N, L->attn_norm->data, N, eps);
 
 	struct md_mat wq = md_mat_of(L->wq, 0), wk = md_mat_of(L->wk, 0), wv = md_mat_of(L->wv, 0);
-	md_matmul(f->pool, &wq, f->xn, n, f->q, f->mm_scratch);
-	md_matmul(f->pool, &wk, f->xn, n, f->k, f->mm_scratch);
-	md_matmul(f->pool, &wv, f->xn, n, f->v, f->mm_scratch);
+	const struct md_mat wqkv[3] = { wq, wk, wv };
+	float *const yqkv[3] = { f->q, f->k, f->v };
+	md_matmul_multi(f->pool, wqkv, 3, f->xn, n, yqkv, f->mm_scratch);
 	add_bias(f->q, L->bq, n, H * D);
 	add_bias(f->k, L->bk, n, K * D);
 	add_bias(f->v, L->bv, n, K * D);
@@ -258,10 +287,12 @@ static void attention(struct md_forward_ctx *f, struct md_kv_cache *kv, const st
 			for (int64_t h = 0; h < K; h++)
 				rmsnorm(k + h * D, k + h * D, L->k_norm->data, D, eps);
 		}
+		if (t == 0 || b->pos[t] != b->pos[t - 1])
+			rope_table(f->rope_cs, hp, b->pos[t]);
 		for (int64_t h = 0; h < H; h++)
-			rope_head(q + h * D, hp, b->pos[t]);
+			rope_head(q + h * D, hp, f->rope_cs);
 		for (int64_t h = 0; h < K; h++)
-			rope_head(k + h * D, hp, b->pos[t]);
+			rope_head(k + h * D, hp, f->rope_cs);
 		memcpy(md_kv_k(kv, il, b->seq[t], (uint32_t)b->pos[t]), k, (size_t)(K * D) * sizeof(float));
 		memcpy(md_kv_v(kv, il, b->seq[t], (uint32_t)b->pos[t]), f->v + (size_t)t * K * D,
 		       (size_t)(K * D) * sizeof(float));
@@ -280,8 +311,9 @@ static void attention(struct md_forward_ctx *f, struct md_kv_cache *kv, const st
 static void swiglu(struct md_forward_ctx *f, const struct md_mat *gate, const struct md_mat *up,
 		   const struct md_mat *down, const float *x, int n, float *out)
 {
-	md_matmul(f->pool, gate, x, n, f->ge, f->mm_scratch);
-	md_matmul(f->pool, up, x, n, f->ue, f->mm_scratch);
+	const struct md_mat wgu[2] = { *gate, *up };
+	float *const ygu[2] = { f->ge, f->ue };
+	md_matmul_multi(f->pool, wgu, 2, x, n, ygu, f->mm_scratch);
 	size_t m = (size_t)n * gate->n_out;
 	for (size_t i = 0; i < m; i++)
 		f->ge[i] = silu(f->ge[i]) * f->ue[i];

@@ -1,11 +1,24 @@
 /* Matrix products of quantized weights with float activations, split over the thread pool.
  *
- * This is the portable path: each thread dequantizes one weight row into its scratch buffer and
- * dots it with every token of the micro-batch, so a weight row is read from memory once per
- * step however many tokens use it. SIMD kernels over quantized activations plug in here. */
+ * Kernel path (kern.h): the input rows are quantized once per call into the weight type's
+ * activation format (8-bit blocks of 32 or 256), then each thread takes a contiguous range of
+ * output rows (multiples of 16, so threads never write the same cache line of y) and, for
+ * every group of up to MD_KERN_NT tokens, runs the type's tile kernel over its rows: a weight
+ * block is decoded once into registers and dotted with every token of the group. Rows are
+ * walked in chunks small enough to stay in L1/L2 while the token groups pass over them, so
+ * each weight row comes from memory once per call however many tokens there are.
+ *
+ * Reference path (MOED_KERNELS=ref): each thread dequantizes one weight row into its scratch
+ * buffer and dots it in float with every token. */
 #include "engine/matmul.h"
 
 #include <string.h>
+
+#include "engine/cpu.h"
+#include "engine/kern.h"
+
+#define ROW_ALIGN 16  /* rows per thread range are a multiple of this */
+#define ROW_CHUNK 32  /* rows walked per pass of the token groups */
 
 struct md_mat md_mat_of(const struct md_tensor *t, int64_t expert)
 {
@@ -32,23 +45,56 @@ static inline float dot_f32(const float *a, const float *b, int64_t n)
 	return s + ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
+static inline size_t pad64(size_t n)
+{
+	return (n + 63) & ~(size_t)63;
+}
+
 struct mm_job {
-	const struct md_mat *w;
+	const struct md_mat *w; /* (nw) */
+	int nw;
+	float *const *y;        /* (nw) outputs */
+	int64_t rows;           /* sum of w[i].n_out */
 	const float *x;
 	int n_tok;
-	float *y;
+	/* kernel path */
+	const struct md_kern *k;
+	const uint8_t *act;     /* (n_tok) rows of act_stride bytes */
+	size_t act_stride;
+	/* reference path */
 	float *scratch;
 	size_t scratch_stride;
 };
 
-static void mm_worker(void *ctx, int ith, int nth)
+/* Maps a global row index to (weight, local row). */
+static inline int which(const struct mm_job *j, int64_t *r)
+{
+	int i = 0;
+	while (i + 1 < j->nw && *r >= j->w[i].n_out) {
+		*r -= j->w[i].n_out;
+		i++;
+	}
+	return i;
+}
+
+static void thread_range(const struct mm_job *j, int ith, int nth, int64_t *r0, int64_t *r1)
+{
+	int64_t per = (j->rows + nth - 1) / nth;
+	per = (per + ROW_ALIGN - 1) / ROW_ALIGN * ROW_ALIGN;
+	*r0 = per * ith < j->rows ? per * ith : j->rows;
+	*r1 = *r0 + per < j->rows ? *r0 + per : j->rows;
+}
+
+static void ref_worker(void *ctx, int ith, int nth)
 {
 	struct mm_job *j = ctx;
-	const struct md_mat *w = j->w;
-	int64_t per = (w->n_out + nth - 1) / nth;
-	int64_t r0 = per * ith, r1 = r0 + per < w->n_out ? r0 + per : w->n_out;
+	int64_t g0, g1;
+	thread_range(j, ith, nth, &g0, &g1);
 	float *row = j->scratch + j->scratch_stride * (size_t)ith;
-	for (int64_t r = r0; r < r1; r++) {
+	for (int64_t g = g0; g < g1; g++) {
+		int64_t r = g;
+		const struct md_mat *w = &j->w[which(j, &r)];
+		float *y = j->y[w - j->w];
 		const void *src = (const uint8_t *)w->data + (size_t)r * w->nb1;
 		const float *wr;
 		if (w->type == MD_DT_F32) {
@@ -58,29 +104,157 @@ static void mm_worker(void *ctx, int ith, int nth)
 			wr = row;
 		}
 		for (int t = 0; t < j->n_tok; t++)
-			j->y[(size_t)t * w->n_out + r] = dot_f32(wr, j->x + (size_t)t * w->n_in, w->n_in);
+			y[(size_t)t * w->n_out + r] = dot_f32(wr, j->x + (size_t)t * w->n_in, w->n_in);
 	}
 }
 
-size_t md_matmul_scratch_floats(const struct md_pool *pool, int64_t n_in)
+static void kern_worker(void *ctx, int ith, int nth)
 {
-	/* Pad each thread's buffer to 64 bytes so threads never share a cache line. */
-	size_t stride = ((size_t)n_in + 15) & ~(size_t)15;
-	return stride * (size_t)md_pool_size(pool);
+	struct mm_job *j = ctx;
+	int64_t g0, g1;
+	thread_range(j, ith, nth, &g0, &g1);
+	while (g0 < g1) {
+		int64_t r0 = g0;
+		const struct md_mat *w = &j->w[which(j, &r0)];
+		float *y = j->y[w - j->w];
+		/* This chunk: rows of one weight only. */
+		int64_t n = g1 - g0;
+		if (n > ROW_CHUNK)
+			n = ROW_CHUNK;
+		if (n > w->n_out - r0)
+			n = w->n_out - r0;
+		const md_dot_fn dot = j->k->dot[w->type];
+		const uint8_t *wd = (const uint8_t *)w->data;
+		for (int t0 = 0; t0 < j->n_tok; t0 += MD_KERN_NT) {
+			int nt = j->n_tok - t0 < MD_KERN_NT ? j->n_tok - t0 : MD_KERN_NT;
+			const uint8_t *a = j->act + (size_t)t0 * j->act_stride;
+			float *yt = y + (size_t)t0 * w->n_out;
+			for (int64_t r = r0; r < r0 + n; r++)
+				dot(w->n_in, wd + (size_t)r * w->nb1, a, j->act_stride, nt, yt + r,
+				    (size_t)w->n_out);
+		}
+		g0 += n;
+	}
+}
+
+struct q_job {
+	const struct md_kern *k;
+	enum md_act_fmt fmt;
+	const float *x;
+	int64_t n_in;
+	int n_tok;
+	uint8_t *act;
+	size_t act_stride;
+};
+
+static void quant_rows(const struct q_job *q, int t0, int t1)
+{
+	for (int t = t0; t < t1; t++) {
+		const float *xr = q->x + (size_t)t * q->n_in;
+		void *dst = q->act + (size_t)t * q->act_stride;
+		if (q->fmt == MD_ACT_Q8B)
+			q->k->quant_q8b(xr, dst, q->n_in);
+		else
+			q->k->quant_q8k(xr, dst, q->n_in);
+	}
+}
+
+static void quant_worker(void *ctx, int ith, int nth)
+{
+	struct q_job *q = ctx;
+	int per = (q->n_tok + nth - 1) / nth;
+	int t0 = per * ith < q->n_tok ? per * ith : q->n_tok;
+	int t1 = t0 + per < q->n_tok ? t0 + per : q->n_tok;
+	quant_rows(q, t0, t1);
+}
+
+size_t md_matmul_scratch_floats(const struct md_pool *pool, int64_t n_in, int max_tok)
+{
+	/* Reference path: one dequantized row per thread, padded to 64 bytes so threads never
+	 * share a cache line. Kernel path: max_tok quantized rows (at most 40 bytes per 32). */
+	size_t ref = (((size_t)n_in + 15) & ~(size_t)15) * (size_t)md_pool_size(pool);
+	size_t row = pad64(md_kern_act_row_size(MD_ACT_Q8B, (n_in + 31) / 32 * 32));
+	size_t rowk = pad64(md_kern_act_row_size(MD_ACT_Q8K, (n_in + 255) / 256 * 256));
+	if (rowk > row)
+		row = rowk;
+	size_t kern = (row * (size_t)(max_tok > 0 ? max_tok : 1) + 63) / sizeof(float);
+	return ref > kern ? ref : kern;
+}
+
+/* Kernel-path block constraints: n_in a multiple of the activation block. */
+static bool kern_ok(const struct md_kern *k, const struct md_mat *w, int nw, enum md_act_fmt *fmt)
+{
+	if (!k)
+		return false;
+	*fmt = md_kern_act_fmt(w[0].type);
+	for (int i = 0; i < nw; i++) {
+		if (md_kern_act_fmt(w[i].type) != *fmt || !k->dot[w[i].type] || w[i].n_in != w[0].n_in)
+			return false;
+	}
+	if (*fmt == MD_ACT_NONE)
+		return false;
+	if (*fmt == MD_ACT_Q8B && w[0].n_in % 32)
+		return false;
+	if (*fmt == MD_ACT_Q8K && w[0].n_in % 256)
+		return false;
+	return true;
+}
+
+void md_matmul_multi(struct md_pool *pool, const struct md_mat *w, int nw, const float *x,
+		     int n_tok, float *const *ys, float *scratch)
+{
+	if (n_tok <= 0 || nw <= 0)
+		return;
+	struct mm_job j = {
+		.w = w,
+		.nw = nw,
+		.y = ys,
+		.x = x,
+		.n_tok = n_tok,
+	};
+	for (int i = 0; i < nw; i++)
+		j.rows += w[i].n_out;
+	const struct md_kern *k = md_kern_active();
+	enum md_act_fmt fmt;
+	if (!kern_ok(k, w, nw, &fmt)) {
+		if (nw > 1 && k) {
+			/* Mixed formats: one call per weight. */
+			for (int i = 0; i < nw; i++)
+				md_matmul_multi(pool, &w[i], 1, x, n_tok, &ys[i], scratch);
+			return;
+		}
+		j.scratch = scratch;
+		j.scratch_stride = ((size_t)w[0].n_in + 15) & ~(size_t)15;
+		md_pool_run(pool, ref_worker, &j);
+		return;
+	}
+	j.k = k;
+	if (fmt == MD_ACT_F32) {
+		j.act = (const uint8_t *)x;
+		j.act_stride = (size_t)w[0].n_in * sizeof(float);
+	} else {
+		struct q_job q = {
+			.k = k,
+			.fmt = fmt,
+			.x = x,
+			.n_in = w[0].n_in,
+			.n_tok = n_tok,
+			.act = (uint8_t *)scratch,
+			.act_stride = pad64(md_kern_act_row_size(fmt, w[0].n_in)),
+		};
+		/* Quantizing is cheap next to the matmul: split it only for big batches. */
+		if (n_tok >= 8)
+			md_pool_run(pool, quant_worker, &q);
+		else
+			quant_rows(&q, 0, n_tok);
+		j.act = q.act;
+		j.act_stride = q.act_stride;
+	}
+	md_pool_run(pool, kern_worker, &j);
 }
 
 void md_matmul(struct md_pool *pool, const struct md_mat *w, const float *x, int n_tok, float *y,
 	       float *scratch)
 {
-	struct mm_job j = {
-		.w = w,
-		.x = x,
-		.n_tok = n_tok,
-		.y = y,
-		.scratch = scratch,
-		.scratch_stride = ((size_t)w->n_in + 15) & ~(size_t)15,
-	};
-	if (n_tok <= 0)
-		return;
-	md_pool_run(pool, mm_worker, &j);
+	md_matmul_multi(pool, w, 1, x, n_tok, &y, scratch);
 }

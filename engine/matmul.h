@@ -20,13 +20,24 @@ struct md_mat {
 /* View of a 2-D tensor, or of expert e's matrix in a 3-D expert tensor. */
 struct md_mat md_mat_of(const struct md_tensor *t, int64_t expert);
 
-/* y[t][r] = dot(row r of w, x[t]) for t < n_tok; x is (n_tok, n_in), y is (n_tok, n_out), both
- * contiguous. Each weight row is read once for all n_tok tokens. scratch: per-thread buffers of
- * at least n_in floats, one per pool thread (md_matmul_scratch_floats). */
+/*
+ * y[t][r] = dot(row r of w, x[t]) for t < n_tok; x is (n_tok, n_in), y is (n_tok, n_out), both
+ * contiguous. Each weight row is read once for all n_tok tokens. Rows are split over the pool's
+ * threads. With SIMD kernels (md_kern_active() != NULL) x is quantized once per call into
+ * 8-bit blocks shared by all threads; with MOED_KERNELS=ref each thread dequantizes a row and
+ * dots it in float. scratch: at least md_matmul_scratch_floats(pool, n_in, n_tok) floats.
+ */
 void md_matmul(struct md_pool *pool, const struct md_mat *w, const float *x, int n_tok, float *y,
 	       float *scratch);
 
-/* Floats of scratch md_matmul needs for rows of n_in elements with the given pool. */
-size_t md_matmul_scratch_floats(const struct md_pool *pool, int64_t n_in);
+/* Several weights over the same input (Q/K/V, expert gate/up): ys[i] gets w[i] x, all in one
+ * pass over the pool, the input quantized once when the weights pair with one activation
+ * format. All w[i].n_in must be equal; nw <= MD_MATMUL_MAX_MULTI. */
+#define MD_MATMUL_MAX_MULTI 4
+void md_matmul_multi(struct md_pool *pool, const struct md_mat *w, int nw, const float *x,
+		     int n_tok, float *const *ys, float *scratch);
+
+/* Floats of scratch md_matmul needs for rows of n_in elements and up to max_tok tokens. */
+size_t md_matmul_scratch_floats(const struct md_pool *pool, int64_t n_in, int max_tok);
 
 #endif

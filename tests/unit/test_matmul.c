@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "engine/cpu.h"
 #include "engine/matmul.h"
 #include "engine/quant.h"
 #include "engine/threadpool.h"
@@ -22,6 +23,8 @@ int main(void)
 					MD_DT_Q4_0, MD_DT_Q4_K, MD_DT_Q5_K, MD_DT_Q6_K };
 	const int n_in = 512, n_out = 37, n_tok = 5;
 	int fails = 0;
+	/* The dequantizing reference path; test_kernels covers the SIMD path. */
+	md_kern_set_active(NULL);
 	for (int threads = 1; threads <= 3; threads++) {
 		struct md_pool *pool = md_pool_new(threads);
 		for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
@@ -38,7 +41,7 @@ int main(void)
 			for (int i = 0; i < n_in * n_tok; i++)
 				x[i] = frand();
 			float *y = malloc(sizeof(float) * n_out * n_tok);
-			float *scratch = malloc(sizeof(float) * md_matmul_scratch_floats(pool, n_in));
+			float *scratch = malloc(sizeof(float) * md_matmul_scratch_floats(pool, n_in, n_tok));
 			struct md_mat m = { t, n_in, n_out, rb, w };
 			md_matmul(pool, &m, x, n_tok, y, scratch);
 			for (int tok = 0; tok < n_tok; tok++)

@@ -1,0 +1,209 @@
+/* moed-bench: prefill (pp) and decode (tg) tokens/s of the engine on a GGUF, llama-bench style.
+ *
+ * pp N: one micro-batch of N prompt tokens at positions 0..N-1 of a fresh sequence, logits for
+ * the last token only. tg N: N single-token steps at positions 0..N-1 (so like llama-bench the
+ * context grows from empty). With -b B, B sequences decode together (B tokens per step) and
+ * the aggregate rate is reported. Each test runs once to warm up, then -r times; the table
+ * shows the median and the spread (min..max) of the repetitions. Token ids are pseudo-random
+ * with a fixed seed. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "engine/cpu.h"
+#include "engine/forward.h"
+#include "engine/kv_cache.h"
+#include "engine/model.h"
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void usage(void)
+{
+	fprintf(stderr,
+		"usage: moed-bench -m MODEL.gguf [-t THREADS] [-p N_PROMPT] [-n N_GEN] [-r REPS] [-b SEQS]\n"
+		"  -p  prompt tokens per pp test (default 128; 0 skips)\n"
+		"  -n  generated tokens per tg test (default 64; 0 skips)\n"
+		"  -r  repetitions after one warm-up run (default 5)\n"
+		"  -b  sequences decoding together in tg (default 1)\n"
+		"  env MOED_KERNELS=ref|scalar|avx2|avx512 selects the kernels\n");
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+struct bench {
+	struct md_model *m;
+	struct md_kv_cache kv;
+	struct md_forward_ctx *fw;
+	float *logits;
+	int32_t *tok, *seq, *pos;
+	uint64_t rng;
+};
+
+static int32_t rand_tok(struct bench *b)
+{
+	b->rng = b->rng * 6364136223846793005ull + 1442695040888963407ull;
+	return (int32_t)((b->rng >> 33) % b->m->hp.n_vocab);
+}
+
+/* One pp run: seconds, or a negative value on error. */
+static double run_pp(struct bench *b, int n)
+{
+	int s = md_kv_seq_new(&b->kv);
+	if (s < 0 || md_kv_reserve(&b->kv, s, (uint32_t)n))
+		return -1;
+	for (int i = 0; i < n; i++) {
+		b->tok[i] = rand_tok(b);
+		b->seq[i] = s;
+		b->pos[i] = i;
+	}
+	struct md_batch batch = { n, b->tok, b->seq, b->pos, NULL };
+	double t0 = now_s();
+	int rc = md_forward(b->fw, &b->kv, &batch, b->logits);
+	double t = now_s() - t0;
+	md_kv_seq_free(&b->kv, s);
+	return rc < 0 ? -1 : t;
+}
+
+/* One tg run over n_seq sequences: seconds for n steps. */
+static double run_tg(struct bench *b, int n, int n_seq)
+{
+	int ids[256];
+	for (int s = 0; s < n_seq; s++) {
+		ids[s] = md_kv_seq_new(&b->kv);
+		if (ids[s] < 0 || md_kv_reserve(&b->kv, ids[s], (uint32_t)n))
+			return -1;
+	}
+	double t0 = now_s();
+	int rc = 0;
+	for (int step = 0; step < n && rc >= 0; step++) {
+		for (int s = 0; s < n_seq; s++) {
+			b->tok[s] = rand_tok(b);
+			b->seq[s] = ids[s];
+			b->pos[s] = step;
+		}
+		struct md_batch batch = { n_seq, b->tok, b->seq, b->pos, NULL };
+		rc = md_forward(b->fw, &b->kv, &batch, b->logits);
+	}
+	double t = now_s() - t0;
+	for (int s = 0; s < n_seq; s++)
+		md_kv_seq_free(&b->kv, ids[s]);
+	return rc < 0 ? -1 : t;
+}
+
+int main(int argc, char **argv)
+{
+	const char *path = NULL;
+	int n_threads = 2, n_prompt = 128, n_gen = 64, reps = 5, n_seq = 1;
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		if (i + 1 >= argc) {
+			usage();
+			return 2;
+		}
+		const char *v = argv[++i];
+		if (strcmp(a, "-m") == 0)
+			path = v;
+		else if (strcmp(a, "-t") == 0)
+			n_threads = atoi(v);
+		else if (strcmp(a, "-p") == 0)
+			n_prompt = atoi(v);
+		else if (strcmp(a, "-n") == 0)
+			n_gen = atoi(v);
+		else if (strcmp(a, "-r") == 0)
+			reps = atoi(v);
+		else if (strcmp(a, "-b") == 0)
+			n_seq = atoi(v);
+		else {
+			usage();
+			return 2;
+		}
+	}
+	if (!path || n_threads < 1 || n_prompt < 0 || n_gen < 0 || reps < 1 || n_seq < 1 ||
+	    n_seq > 256) {
+		usage();
+		return 2;
+	}
+
+	char err[512];
+	struct md_model model;
+	if (md_model_load(&model, path, err, sizeof(err))) {
+		fprintf(stderr, "moed-bench: %s: %s\n", path, err);
+		return 1;
+	}
+	struct bench b = { .m = &model, .rng = 42 };
+	int max_tok = n_prompt > n_seq ? n_prompt : n_seq;
+	int max_len = n_prompt > n_gen ? n_prompt : n_gen;
+	uint32_t per_seq = (uint32_t)(max_len + MD_KV_BLOCK_TOKENS) / MD_KV_BLOCK_TOKENS;
+	if (md_kv_init(&b.kv, model.hp.n_layer, model.hp.n_head_kv * model.hp.head_dim,
+		       per_seq * (uint32_t)n_seq, (uint32_t)n_seq)) {
+		fprintf(stderr, "moed-bench: cannot allocate the KV cache\n");
+		return 1;
+	}
+	b.fw = md_forward_new(&model, n_threads, max_tok);
+	b.logits = malloc((size_t)n_seq * model.hp.n_vocab * sizeof(float));
+	b.tok = malloc((size_t)max_tok * sizeof(int32_t));
+	b.seq = malloc((size_t)max_tok * sizeof(int32_t));
+	b.pos = malloc((size_t)max_tok * sizeof(int32_t));
+	if (!b.fw || !b.logits || !b.tok || !b.seq || !b.pos) {
+		fprintf(stderr, "moed-bench: out of memory\n");
+		return 1;
+	}
+
+	struct stat st;
+	double gib = stat(path, &st) == 0 ? (double)st.st_size / (1024.0 * 1024 * 1024) : 0;
+	const char *name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+	const struct md_kern *k = md_kern_active();
+	const char *wt = model.layers[0].gate_exps ? md_dtype_info(model.layers[0].gate_exps->type)->name :
+			 md_dtype_info(model.layers[0].wq->type)->name;
+	printf("| model | experts | size | threads | kernels | test | t/s (median) | spread (min..max) |\n");
+	printf("| --- | --- | ---: | ---: | --- | --- | ---: | ---: |\n");
+
+	double *rate = malloc(sizeof(double) * (size_t)reps);
+	for (int test = 0; test < 2; test++) {
+		int n = test == 0 ? n_prompt : n_gen;
+		if (n == 0 || (test == 0 && n_prompt == 0))
+			continue;
+		for (int r = -1; r < reps; r++) {
+			double t = test == 0 ? run_pp(&b, n) : run_tg(&b, n, n_seq);
+			if (t < 0) {
+				fprintf(stderr, "moed-bench: forward failed\n");
+				return 1;
+			}
+			if (r >= 0)
+				rate[r] = (double)n * (test == 0 ? 1 : n_seq) / t;
+		}
+		qsort(rate, (size_t)reps, sizeof(double), cmp_d);
+		double med = reps % 2 ? rate[reps / 2] : 0.5 * (rate[reps / 2 - 1] + rate[reps / 2]);
+		char tname[32];
+		if (test == 0)
+			snprintf(tname, sizeof(tname), "pp%d", n);
+		else if (n_seq > 1)
+			snprintf(tname, sizeof(tname), "tg%d x%d", n, n_seq);
+		else
+			snprintf(tname, sizeof(tname), "tg%d", n);
+		printf("| %s | %s | %.2f GiB | %d | %s | %s | %.2f | %.2f..%.2f |\n", name, wt, gib, n_threads,
+		       k ? k->name : "ref", tname, med, rate[0], rate[reps - 1]);
+		fflush(stdout);
+	}
+	free(rate);
+	free(b.logits);
+	free(b.tok);
+	free(b.seq);
+	free(b.pos);
+	md_forward_free(b.fw);
+	md_kv_release(&b.kv);
+	md_model_free(&model);
+	return 0;
+}

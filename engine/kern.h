@@ -1,0 +1,74 @@
+/* CPU compute kernels behind one table, chosen at runtime by CPU features (see cpu.h). */
+#ifndef MD_KERN_H
+#define MD_KERN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/quant.h"
+
+/*
+ * Activations are quantized on the fly, once per matmul input, into one of two block formats
+ * (moed-internal layouts, never stored in files):
+ *   md_q8b: 32 elements, x ~= d * qs, s = sum(qs)    (paired with q8_0 and q4_0 weights)
+ *   md_q8k: 256 elements, bsums[g] = sum of qs[16g .. 16g+15]   (paired with K-quant weights)
+ * qs are in [-127, 127] so u8 x s8 pair sums never saturate 16 bits.
+ */
+struct md_q8b {
+	float d;
+	int32_t s;
+	int8_t qs[32];
+};
+
+struct md_q8k {
+	float d;
+	int16_t bsums[16];
+	int8_t qs[256];
+};
+
+/* Largest number of activation rows one dot call handles (the register tile width). */
+#define MD_KERN_NT 8
+
+/* Which activation format a weight type pairs with. */
+enum md_act_fmt {
+	MD_ACT_F32 = 0, /* float activations (f32, f16, bf16 weights) */
+	MD_ACT_Q8B = 1,
+	MD_ACT_Q8K = 2,
+	MD_ACT_NONE = -1, /* no kernel: use the dequantizing reference path */
+};
+
+/*
+ * Dot one weight row (n elements of the weight type) with nt <= MD_KERN_NT activation rows:
+ * a points at row 0, row t at a + t * a_stride bytes (in the pairing format); writes
+ * y[t * y_stride] for t < nt. n is a multiple of the weight block size.
+ */
+typedef void (*md_dot_fn)(int64_t n, const void *w, const void *a, size_t a_stride, int nt,
+			  float *y, size_t y_stride);
+
+struct md_kern {
+	const char *name; /* "scalar", "avx2", "avx512" */
+	md_dot_fn dot[MD_DT_COUNT]; /* NULL where the type has no kernel */
+	/* Quantize n floats (n multiple of 32 / 256) into blocks. */
+	void (*quant_q8b)(const float *x, struct md_q8b *y, int64_t n);
+	void (*quant_q8k)(const float *x, struct md_q8k *y, int64_t n);
+	/* Float vector helpers for attention and norms. */
+	float (*dot_f32)(const float *a, const float *b, int64_t n);
+	void (*axpy_f32)(float *y, float a, const float *x, int64_t n); /* y += a * x */
+	float (*sumsq_f32)(const float *x, int64_t n);                  /* in double-ish order */
+	void (*scale_mul_f32)(float *y, const float *x, float s, const float *w, int64_t n); /* y = x*s*w */
+};
+
+/* Unpacks the 8 six-bit scales and mins of a q4_K / q5_K super-block (12 bytes at s). */
+void md_kern__k_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8]);
+
+/* Activation format paired with weight type t, or MD_ACT_NONE. */
+enum md_act_fmt md_kern_act_fmt(enum md_dtype t);
+/* Bytes of one activation row of n elements in format f. */
+size_t md_kern_act_row_size(enum md_act_fmt f, int64_t n);
+
+/* The kernel tables; avx2/avx512 are NULL when not compiled in (non-x86 builds). */
+extern const struct md_kern md_kern_scalar;
+const struct md_kern *md_kern_avx2_table(void);
+const struct md_kern *md_kern_avx512_table(void);
+
+#endif

@@ -1,0 +1,535 @@
+/* x86 SIMD kernels: AVX2+FMA+F16C here; kern_avx512.c compiles this file again for AVX-512.
+ *
+ * Integer dot products: weights stay in their blocks, activations come quantized (kern.h).
+ * Unsigned weight nibbles meet signed activation bytes in maddubs (u8 x s8 -> s16 pairs), then
+ * madd with the sub-block scale folds the scale in for free; q8_0 uses the sign trick
+ * (|w| x sign(a, w)) and, with VNNI, vpdpbusd. Each call decodes a weight block once and uses
+ * it for up to MD_KERN_NT activation rows held in registers. */
+#include "engine/kern.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#ifdef KERN_AVX512
+#define KTABLE md_kern_avx512_table
+#define KNAME "avx512"
+#else
+#define KTABLE md_kern_avx2_table
+#define KNAME "avx2"
+#endif
+
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE float ld_f16(const uint8_t *p)
+{
+	uint16_t h;
+	memcpy(&h, p, 2);
+	return _cvtsh_ss(h);
+}
+
+INLINE __m256i ld256(const void *p)
+{
+	return _mm256_loadu_si256((const __m256i *)p);
+}
+
+INLINE float hsum8(__m256 v)
+{
+	__m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+	x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+	x = _mm_add_ss(x, _mm_movehdup_ps(x));
+	return _mm_cvtss_f32(x);
+}
+
+/* Sum of u8 x s8 products in 8 int32 lanes (lane i covers bytes 4i .. 4i+3). */
+INLINE __m256i dot_us8(__m256i u, __m256i s)
+{
+#ifdef KERN_AVX512
+	return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+	return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+/* Same, each int32 lane multiplied by the int16 scale of its half (sc16 lanes). */
+INLINE __m256i dot_us8_scaled(__m256i u, __m256i s, __m256i sc16)
+{
+	return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), sc16);
+}
+
+/* ---- q8_0 / q4_0 against md_q8b ---- */
+
+INLINE void tile_q8_0(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y, size_t ys,
+		      const int nt)
+{
+	__m256 acc[2][MD_KERN_NT];
+	for (int t = 0; t < nt; t++)
+		acc[0][t] = acc[1][t] = _mm256_setzero_ps();
+	const int64_t nb = n / 32;
+	for (int64_t b = 0; b < nb; b++, w += 34) {
+		const __m256i q = ld256(w + 2);
+		const __m256i u = _mm256_sign_epi8(q, q);
+		const float dw = ld_f16(w);
+		for (int t = 0; t < nt; t++) {
+			const struct md_q8b *ab = (const struct md_q8b *)(a + (size_t)t * as) + b;
+			__m256i p = dot_us8(u, _mm256_sign_epi8(ld256(ab->qs), q));
+			acc[b & 1][t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab->d), _mm256_cvtepi32_ps(p),
+						       acc[b & 1][t]);
+		}
+	}
+	for (int t = 0; t < nt; t++)
+		y[(size_t)t * ys] = hsum8(_mm256_add_ps(acc[0][t], acc[1][t]));
+}
+
+INLINE void tile_q4_0(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y, size_t ys,
+		      const int nt)
+{
+	__m256 acc[2][MD_KERN_NT];
+	for (int t = 0; t < nt; t++)
+		acc[0][t] = acc[1][t] = _mm256_setzero_ps();
+	const __m256i m4 = _mm256_set1_epi8(15);
+	const int64_t nb = n / 32;
+	for (int64_t b = 0; b < nb; b++, w += 18) {
+		const __m128i x = _mm_loadu_si128((const __m128i *)(w + 2));
+		const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), m4);
+		const float dw = ld_f16(w);
+		for (int t = 0; t < nt; t++) {
+			const struct md_q8b *ab = (const struct md_q8b *)(a + (size_t)t * as) + b;
+			__m256i p = dot_us8(q, ld256(ab->qs));
+			p = _mm256_sub_epi32(p, _mm256_zextsi128_si256(_mm_cvtsi32_si128(8 * ab->s)));
+			acc[b & 1][t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab->d), _mm256_cvtepi32_ps(p),
+						       acc[b & 1][t]);
+		}
+	}
+	for (int t = 0; t < nt; t++)
+		y[(size_t)t * ys] = hsum8(_mm256_add_ps(acc[0][t], acc[1][t]));
+}
+
+/* ---- K-quants against md_q8k ---- */
+
+/* The 6-bit scales and mins of a q4_K / q5_K block (same as md_kern__k_scales, inlined). */
+INLINE void k_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8])
+{
+	for (int j = 0; j < 4; j++) {
+		sc[j] = s[j] & 63;
+		m[j] = s[j + 4] & 63;
+		sc[j + 4] = (uint8_t)((s[j + 8] & 15) | ((s[j] >> 6) << 4));
+		m[j + 4] = (uint8_t)((s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4));
+	}
+}
+
+/* int16 vector: lanes 2s, 2s+1 hold m[s] (pairs with the 16 bsums). */
+INLINE __m256i mins_pairs(const uint8_t m[8])
+{
+	uint64_t mm;
+	memcpy(&mm, m, 8);
+	const __m128i dup = _mm_shuffle_epi8(_mm_cvtsi64_si128((long long)mm),
+					     _mm_set_epi8(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0));
+	return _mm256_cvtepu8_epi16(dup);
+}
+
+/* q4_K (five == 0) and q5_K (five == 1). */
+INLINE void tile_qk45(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y, size_t ys,
+		      const int nt, const int five)
+{
+	__m256 acc[MD_KERN_NT];
+	for (int t = 0; t < nt; t++)
+		acc[t] = _mm256_setzero_ps();
+	const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+	const size_t bs = five ? 176 : 144;
+	const int64_t nb = n / 256;
+	for (int64_t b = 0; b < nb; b++, w += bs) {
+		uint8_t sc[8], m[8];
+		k_scales(w + 4, sc, m);
+		const float dw = ld_f16(w), dmin = ld_f16(w + 2);
+		const uint8_t *qs = w + (five ? 48 : 16);
+		__m256i q[8];
+		__m256i hb = five ? ld256(w + 16) : _mm256_setzero_si256();
+		for (int p = 0; p < 4; p++) {
+			const __m256i x = ld256(qs + 32 * p);
+			q[2 * p] = _mm256_and_si256(x, m4);
+			q[2 * p + 1] = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+			if (five) {
+				q[2 * p] = _mm256_or_si256(q[2 * p],
+					_mm256_slli_epi16(_mm256_and_si256(hb, one), 4));
+				hb = _mm256_srli_epi16(hb, 1);
+				q[2 * p + 1] = _mm256_or_si256(q[2 * p + 1],
+					_mm256_slli_epi16(_mm256_and_si256(hb, one), 4));
+				hb = _mm256_srli_epi16(hb, 1);
+			}
+		}
+		const __m256i mp = mins_pairs(m);
+#ifdef KERN_AVX512
+		/* Two sub-blocks per 512-bit op: weights [s | s+1], scales [sc[s] x16 | sc[s+1] x16]. */
+		__m512i qz[4], sz[4];
+		for (int p = 0; p < 4; p++) {
+			qz[p] = _mm512_inserti64x4(_mm512_castsi256_si512(q[2 * p]), q[2 * p + 1], 1);
+			sz[p] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(sc[2 * p])),
+						   _mm256_set1_epi16(sc[2 * p + 1]), 1);
+		}
+		for (int t = 0; t < nt; t++) {
+			const struct md_q8k *ab = (const struct md_q8k *)(a + (size_t)t * as) + b;
+			__m512i iz = _mm512_setzero_si512();
+			for (int p = 0; p < 4; p++)
+				iz = _mm512_add_epi32(iz, _mm512_madd_epi16(_mm512_maddubs_epi16(qz[p],
+					_mm512_loadu_si512(ab->qs + 64 * p)), sz[p]));
+			const __m256i is = _mm256_add_epi32(_mm512_castsi512_si256(iz),
+							    _mm512_extracti64x4_epi64(iz, 1));
+			const __m256i mv = _mm256_madd_epi16(ld256(ab->bsums), mp);
+			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab->d), _mm256_cvtepi32_ps(is), acc[t]);
+			acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * ab->d), _mm256_cvtepi32_ps(mv), acc[t]);
+		}
+#else
+		for (int t = 0; t < nt; t++) {
+			const struct md_q8k *ab = (const struct md_q8k *)(a + (size_t)t * as) + b;
+			__m256i is0 = _mm256_setzero_si256(), is1 = _mm256_setzero_si256();
+			for (int s = 0; s < 8; s += 2) {
+				is0 = _mm256_add_epi32(is0, dot_us8_scaled(q[s], ld256(ab->qs + 32 * s),
+									   _mm256_set1_epi16(sc[s])));
+				is1 = _mm256_add_epi32(is1, dot_us8_scaled(q[s + 1], ld256(ab->qs + 32 * s + 32),
+									   _mm256_set1_epi16(sc[s + 1])));
+			}
+			const __m256i mv = _mm256_madd_epi16(ld256(ab->bsums), mp);
+			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab->d),
+						 _mm256_cvtepi32_ps(_mm256_add_epi32(is0, is1)), acc[t]);
+			acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * ab->d), _mm256_cvtepi32_ps(mv), acc[t]);
+		}
+#endif
+	}
+	for (int t = 0; t < nt; t++)
+		y[(size_t)t * ys] = hsum8(acc[t]);
+}
+
+INLINE void tile_q6_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y, size_t ys,
+		      const int nt)
+{
+	__m256 acc[MD_KERN_NT];
+	for (int t = 0; t < nt; t++)
+		acc[t] = _mm256_setzero_ps();
+	const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3);
+	const int64_t nb = n / 256;
+	for (int64_t b = 0; b < nb; b++, w += 210) {
+		const uint8_t *ql = w, *qh = w + 128;
+		const int8_t *scp = (const int8_t *)(w + 192);
+		const float dw = ld_f16(w + 208);
+		__m256i q[8], s16[8];
+		for (int h = 0; h < 2; h++) {
+			const __m256i l0 = ld256(ql + 64 * h), l1 = ld256(ql + 64 * h + 32);
+			const __m256i hh = ld256(qh + 32 * h);
+			q[4 * h + 0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+				_mm256_slli_epi16(_mm256_and_si256(hh, m3), 4));
+			q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+				_mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 2), m3), 4));
+			q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+				_mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 4), m3), 4));
+			q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+				_mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 6), m3), 4));
+		}
+		for (int k = 0; k < 8; k++)
+			s16[k] = _mm256_set_m128i(_mm_set1_epi16(scp[2 * k + 1]), _mm_set1_epi16(scp[2 * k]));
+		const __m256i sc_all = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scp));
+#ifdef KERN_AVX512
+		__m512i qz[4], sz[4];
+		for (int p = 0; p < 4; p++) {
+			qz[p] = _mm512_inserti64x4(_mm512_castsi256_si512(q[2 * p]), q[2 * p + 1], 1);
+			sz[p] = _mm512_inserti64x4(_mm512_castsi256_si512(s16[2 * p]), s16[2 * p + 1], 1);
+		}
+		for (int t = 0; t < nt; t++) {
+			const struct md_q8k *ab = (const struct md_q8k *)(a + (size_t)t * as) + b;
+			__m512i iz = _mm512_setzero_si512();
+			for (int p = 0; p < 4; p++)
+				iz = _mm512_add_epi32(iz, _mm512_madd_epi16(_mm512_maddubs_epi16(qz[p],
+					_mm512_loadu_si512(ab->qs + 64 * p)), sz[p]));
+			const __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(ld256(ab->bsums), sc_all), 5);
+			const __m256i is = _mm256_sub_epi32(_mm256_add_epi32(_mm512_castsi512_si256(iz),
+						_mm512_extracti64x4_epi64(iz, 1)), corr);
+			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab->d), _mm256_cvtepi32_ps(is), acc[t]);
+		}
+#else
+		for (int t = 0; t < nt; t++) {
+			const struct md_q8k *ab = (const struct md_q8k *)(a + (size_t)t * as) + b;
+			__m256i is0 = _mm256_setzero_si256(), is1 = _mm256_setzero_si256();
+			for (int k = 0; k < 8; k += 2) {
+				is0 = _mm256_add_epi32(is0, dot_us8_scaled(q[k], ld256(ab->qs + 32 * k), s16[k]));
+				is1 = _mm256_add_epi32(is1, dot_us8_scaled(q[k + 1], ld256(ab->qs + 32 * k + 32),
+									   s16[k + 1]));
+			}
+			/* q was stored without its -32 offset: subtract 32 * sum(scale * bsum). */
+			const __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(ld256(ab->bsums), sc_all), 5);
+			const __m256i is = _mm256_sub_epi32(_mm256_add_epi32(is0, is1), corr);
+			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab->d), _mm256_cvtepi32_ps(is), acc[t]);
+		}
+#endif
+	}
+	for (int t = 0; t < nt; t++)
+		y[(size_t)t * ys] = hsum8(acc[t]);
+}
+
+/* ---- float weights (f32, f16, bf16) against float activations ---- */
+
+#ifdef KERN_AVX512
+#define VF __m512
+#define VW 16
+#define vzero() _mm512_setzero_ps()
+#define vld(p) _mm512_loadu_ps(p)
+#define vfma(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define vadd(a, b) _mm512_add_ps(a, b)
+#define vhsum(v) _mm512_reduce_add_ps(v)
+#define vld_f16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define vld_bf16(p) _mm512_castsi512_ps(_mm512_slli_epi32( \
+	_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
+#else
+#define VF __m256
+#define VW 8
+#define vzero() _mm256_setzero_ps()
+#define vld(p) _mm256_loadu_ps(p)
+#define vfma(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define vadd(a, b) _mm256_add_ps(a, b)
+#define vhsum(v) hsum8(v)
+#define vld_f16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define vld_bf16(p) _mm256_castsi256_ps(_mm256_slli_epi32( \
+	_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
+#endif
+
+INLINE VF ld_w(const uint8_t *w, int64_t i, const int type)
+{
+	if (type == MD_DT_F32)
+		return vld((const float *)w + i);
+	if (type == MD_DT_F16)
+		return vld_f16(w + 2 * i);
+	return vld_bf16(w + 2 * i);
+}
+
+INLINE float ld_w1(const uint8_t *w, int64_t i, const int type)
+{
+	if (type == MD_DT_F32) {
+		float v;
+		memcpy(&v, w + 4 * i, 4);
+		return v;
+	}
+	if (type == MD_DT_F16)
+		return ld_f16(w + 2 * i);
+	uint16_t h;
+	memcpy(&h, w + 2 * i, 2);
+	return md_bf16_to_f32(h);
+}
+
+INLINE void tile_float(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y, size_t ys,
+		       const int nt, const int type)
+{
+	VF acc[2][MD_KERN_NT];
+	for (int t = 0; t < nt; t++)
+		acc[0][t] = acc[1][t] = vzero();
+	int64_t i = 0;
+	for (; i + 2 * VW <= n; i += 2 * VW) {
+		const VF w0 = ld_w(w, i, type), w1 = ld_w(w, i + VW, type);
+		for (int t = 0; t < nt; t++) {
+			const float *x = (const float *)(a + (size_t)t * as);
+			acc[0][t] = vfma(w0, vld(x + i), acc[0][t]);
+			acc[1][t] = vfma(w1, vld(x + i + VW), acc[1][t]);
+		}
+	}
+	for (int t = 0; t < nt; t++) {
+		const float *x = (const float *)(a + (size_t)t * as);
+		float s = vhsum(vadd(acc[0][t], acc[1][t]));
+		for (int64_t j = i; j < n; j++)
+			s += ld_w1(w, j, type) * x[j];
+		y[(size_t)t * ys] = s;
+	}
+}
+
+/* Entry points: dispatch on nt so each tile width compiles with constant bounds. AVX2 has 16
+ * vector registers: its widest tile is 4 tokens, wider requests run as two tiles. */
+#ifdef KERN_AVX512
+#define ENTRY(name, call)                                                                        \
+	static void name(int64_t n, const void *wv, const void *av, size_t as, int nt, float *y,   \
+			 size_t ys)                                                                 \
+	{                                                                                          \
+		const uint8_t *w = wv, *a = av;                                                    \
+		switch (nt) {                                                                      \
+		case 1: call(1); break;                                                            \
+		case 2: call(2); break;                                                            \
+		case 3: call(3); break;                                                            \
+		case 4: call(4); break;                                                            \
+		case 5: call(5); break;                                                            \
+		case 6: call(6); break;                                                            \
+		case 7: call(7); break;                                                            \
+		default: call(8); break;                                                           \
+		}                                                                                  \
+	}
+#else
+#define ENTRY(name, call)                                                                        \
+	static void name(int64_t n, const void *wv, const void *av, size_t as, int nt, float *y,   \
+			 size_t ys)                                                                 \
+	{                                                                                          \
+		const uint8_t *w = wv, *a = av;                                                    \
+		if (nt > 4) {                                                                      \
+			call(4);                                                                   \
+			a += 4 * as;                                                               \
+			y += 4 * ys;                                                               \
+			nt -= 4;                                                                   \
+		}                                                                                  \
+		switch (nt) {                                                                      \
+		case 1: call(1); break;                                                            \
+		case 2: call(2); break;                                                            \
+		case 3: call(3); break;                                                            \
+		default: call(4); break;                                                           \
+		}                                                                                  \
+	}
+#endif
+
+#define C_Q8_0(k) tile_q8_0(n, w, a, as, y, ys, k)
+#define C_Q4_0(k) tile_q4_0(n, w, a, as, y, ys, k)
+#define C_Q4_K(k) tile_qk45(n, w, a, as, y, ys, k, 0)
+#define C_Q5_K(k) tile_qk45(n, w, a, as, y, ys, k, 1)
+#define C_Q6_K(k) tile_q6_K(n, w, a, as, y, ys, k)
+#define C_F32(k) tile_float(n, w, a, as, y, ys, k, MD_DT_F32)
+#define C_F16(k) tile_float(n, w, a, as, y, ys, k, MD_DT_F16)
+#define C_BF16(k) tile_float(n, w, a, as, y, ys, k, MD_DT_BF16)
+
+ENTRY(dot_q8_0, C_Q8_0)
+ENTRY(dot_q4_0, C_Q4_0)
+ENTRY(dot_q4_K, C_Q4_K)
+ENTRY(dot_q5_K, C_Q5_K)
+ENTRY(dot_q6_K, C_Q6_K)
+ENTRY(dot_f32, C_F32)
+ENTRY(dot_f16, C_F16)
+ENTRY(dot_bf16, C_BF16)
+
+/* ---- activation quantizers (same rounding as the scalar ones: bit-identical output) ---- */
+
+INLINE __m256 vabs8(__m256 v)
+{
+	return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v);
+}
+
+/* Quantize 32 floats with multiplier id into 32 int8 (round to nearest even, clamp 127). */
+INLINE __m256i q32(const float *x, float id)
+{
+	const __m256 m = _mm256_set1_ps(id);
+	__m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), m));
+	__m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), m));
+	__m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16), m));
+	__m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 24), m));
+	__m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+	p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+	return _mm256_max_epi8(p, _mm256_set1_epi8(-127));
+}
+
+INLINE float amax_n(const float *x, int n)
+{
+	__m256 mx = _mm256_setzero_ps();
+	for (int i = 0; i < n; i += 8)
+		mx = _mm256_max_ps(mx, vabs8(_mm256_loadu_ps(x + i)));
+	__m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+	h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+	h = _mm_max_ss(h, _mm_movehdup_ps(h));
+	return _mm_cvtss_f32(h);
+}
+
+INLINE int hsum_i8(__m256i q)
+{
+	__m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
+	__m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+	h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+	h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+	return _mm_cvtsi128_si32(h);
+}
+
+static void quant_q8b(const float *x, struct md_q8b *y, int64_t n)
+{
+	for (int64_t b = 0; b < n / 32; b++, x += 32) {
+		const float amax = amax_n(x, 32);
+		const float id = amax > 0 ? 127.0f / amax : 0.0f;
+		const __m256i q = q32(x, id);
+		_mm256_storeu_si256((__m256i *)y[b].qs, q);
+		y[b].d = amax / 127.0f;
+		y[b].s = hsum_i8(q);
+	}
+}
+
+static void quant_q8k(const float *x, struct md_q8k *y, int64_t n)
+{
+	for (int64_t b = 0; b < n / 256; b++, x += 256) {
+		const float amax = amax_n(x, 256);
+		const float id = amax > 0 ? 127.0f / amax : 0.0f;
+		y[b].d = amax / 127.0f;
+		for (int j = 0; j < 8; j++) {
+			const __m256i q = q32(x + 32 * j, id);
+			_mm256_storeu_si256((__m256i *)(y[b].qs + 32 * j), q);
+			/* Sums of 16-byte groups: 8-byte sums from maddubs + madd, then pairs. */
+			__m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q),
+						      _mm256_set1_epi16(1));
+			s = _mm256_hadd_epi32(s, s); /* per 128-bit lane: [s01 s23 s01 s23] */
+			s = _mm256_hadd_epi32(s, s);
+			y[b].bsums[2 * j] = (int16_t)_mm256_extract_epi32(s, 0);
+			y[b].bsums[2 * j + 1] = (int16_t)_mm256_extract_epi32(s, 4);
+		}
+	}
+}
+
+/* ---- float helpers ---- */
+
+static float vdot(const float *a, const float *b, int64_t n)
+{
+	VF acc0 = vzero(), acc1 = vzero();
+	int64_t i = 0;
+	for (; i + 2 * VW <= n; i += 2 * VW) {
+		acc0 = vfma(vld(a + i), vld(b + i), acc0);
+		acc1 = vfma(vld(a + i + VW), vld(b + i + VW), acc1);
+	}
+	float s = vhsum(vadd(acc0, acc1));
+	for (; i < n; i++)
+		s += a[i] * b[i];
+	return s;
+}
+
+static void vaxpy(float *y, float a, const float *x, int64_t n)
+{
+	int64_t i = 0;
+	const __m256 va = _mm256_set1_ps(a);
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+	for (; i < n; i++)
+		y[i] += a * x[i];
+}
+
+static float vsumsq(const float *x, int64_t n)
+{
+	return vdot(x, x, n);
+}
+
+static void vscale_mul(float *y, const float *x, float s, const float *w, int64_t n)
+{
+	int64_t i = 0;
+	const __m256 vs = _mm256_set1_ps(s);
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs),
+						      _mm256_loadu_ps(w + i)));
+	for (; i < n; i++)
+		y[i] = x[i] * s * w[i];
+}
+
+static const struct md_kern table = {
+	.name = KNAME,
+	.dot = {
+		[MD_DT_F32] = dot_f32,
+		[MD_DT_F16] = dot_f16,
+		[MD_DT_BF16] = dot_bf16,
+		[MD_DT_Q8_0] = dot_q8_0,
+		[MD_DT_Q4_0] = dot_q4_0,
+		[MD_DT_Q4_K] = dot_q4_K,
+		[MD_DT_Q5_K] = dot_q5_K,
+		[MD_DT_Q6_K] = dot_q6_K,
+	},
+	.quant_q8b = quant_q8b,
+	.quant_q8k = quant_q8k,
+	.dot_f32 = vdot,
+	.axpy_f32 = vaxpy,
+	.sumsq_f32 = vsumsq,
+	.scale_mul_f32 = vscale_mul,
+};
+
+const struct md_kern *KTABLE(void)
+{
+	return &table;
+}

@@ -1,0 +1,254 @@
+/* Unit tests for the CPU kernels: every SIMD table against the scalar kernels, the scalar
+ * kernels against the reference dot in quant.c (within the activation-quantization bound),
+ * and the threaded kernel matmul against single-row kernel calls. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/cpu.h"
+#include "engine/kern.h"
+#include "engine/matmul.h"
+#include "engine/quant.h"
+#include "engine/threadpool.h"
+
+static int fails;
+
+#define CHECK(cond, ...)                                                                         \
+	do {                                                                                     \
+		if (!(cond)) {                                                                   \
+			fprintf(stderr, __VA_ARGS__);                                            \
+			fputc('\n', stderr);                                                     \
+			fails++;                                                                 \
+		}                                                                                \
+	} while (0)
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static float frand(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+static const enum md_dtype types[] = { MD_DT_F32, MD_DT_F16, MD_DT_BF16, MD_DT_Q8_0,
+				       MD_DT_Q4_0, MD_DT_Q4_K, MD_DT_Q5_K, MD_DT_Q6_K };
+#define N_TYPES (sizeof(types) / sizeof(types[0]))
+
+/* Activation rows for weight type t: quantized with kernel table k into buf. */
+static void make_act(const struct md_kern *k, enum md_dtype t, const float *x, int64_t n, int nt,
+		     uint8_t *buf, size_t *stride)
+{
+	enum md_act_fmt f = md_kern_act_fmt(t);
+	*stride = md_kern_act_row_size(f, n);
+	for (int i = 0; i < nt; i++) {
+		if (f == MD_ACT_F32)
+			memcpy(buf + i * *stride, x + i * n, (size_t)n * sizeof(float));
+		else if (f == MD_ACT_Q8B)
+			k->quant_q8b(x + i * n, (struct md_q8b *)(buf + i * *stride), n);
+		else
+			k->quant_q8k(x + i * n, (struct md_q8k *)(buf + i * *stride), n);
+	}
+}
+
+/* Bound on |dot(w, x) - dot(w, xq)| from rounding x to blocks of size bl: sum |w_i| * d_b / 2. */
+static double quant_bound(enum md_dtype t, const void *w, const float *x, int64_t n)
+{
+	enum md_act_fmt f = md_kern_act_fmt(t);
+	if (f == MD_ACT_F32)
+		return 0;
+	int bl = f == MD_ACT_Q8B ? 32 : 256;
+	float *wd = malloc(sizeof(float) * n);
+	md_dequant_row(t, w, wd, n);
+	double b = 0;
+	for (int64_t i0 = 0; i0 < n; i0 += bl) {
+		float amax = 0;
+		for (int i = 0; i < bl; i++)
+			amax = fmaxf(amax, fabsf(x[i0 + i]));
+		for (int i = 0; i < bl; i++)
+			b += fabs(wd[i0 + i]) * amax / 127.0 * 0.5;
+	}
+	free(wd);
+	return b;
+}
+
+static void test_type(const struct md_kern *k, enum md_dtype t, int64_t n, float xscale)
+{
+	const char *tn = md_dtype_info(t)->name;
+	const int nrow = 3, nt = MD_KERN_NT;
+	size_t rb = md_dtype_row_size(t, n);
+	uint8_t *w = malloc(rb * nrow);
+	float *src = malloc(sizeof(float) * n), *x = malloc(sizeof(float) * n * nt);
+	for (int r = 0; r < nrow; r++) {
+		for (int64_t i = 0; i < n; i++)
+			src[i] = frand() * (r == 2 ? 100.0f : 1.0f);
+		md_quantize_row(t, src, w + rb * r, n);
+	}
+	if (t == MD_DT_Q8_0) /* quantize_row never writes -128; kernels must still take it */
+		for (int i = 0; i < 32; i++)
+			((int8_t *)(w + 2))[i] = i % 3 ? -128 : 127;
+	for (int64_t i = 0; i < n * nt; i++)
+		x[i] = frand() * xscale;
+	for (int64_t i = 0; i < n; i++) /* token 3: all zero (block scale 0) */
+		x[3 * n + i] = 0;
+	uint8_t *aq = malloc(n * nt * 4 + 64), *as = malloc(n * nt * 4 + 64);
+	size_t stride;
+	make_act(k, t, x, n, nt, aq, &stride);
+	make_act(&md_kern_scalar, t, x, n, nt, as, &stride);
+	CHECK(memcmp(aq, as, stride * nt) == 0, "%s %s: quantized activations differ from scalar",
+	      k->name, tn);
+	for (int r = 0; r < nrow; r++) {
+		const uint8_t *wr = w + rb * r;
+		for (int cnt = 1; cnt <= nt; cnt++) {
+			float y[MD_KERN_NT * 2], ys[MD_KERN_NT];
+			for (int i = 0; i < 2 * MD_KERN_NT; i++)
+				y[i] = NAN;
+			k->dot[t](n, wr, aq, stride, cnt, y, 2);
+			md_kern_scalar.dot[t](n, wr, as, stride, cnt, ys, 1);
+			for (int i = 0; i < cnt; i++) {
+				double ref = md_vec_dot_ref(t, wr, x + i * n, n);
+				double bound = quant_bound(t, wr, x + i * n, n);
+				double mag = fabs(ref) + bound + 1e-6;
+				CHECK(fabs(y[2 * i] - ys[i]) <= 2e-5 * mag,
+				      "%s %s row %d nt %d tok %d: simd %.9g scalar %.9g", k->name, tn, r, cnt,
+				      i, y[2 * i], ys[i]);
+				CHECK(fabs(ys[i] - ref) <= bound * 1.001 + 1e-5 * (fabs(ref) + 1),
+				      "%s row %d tok %d: scalar kernel %.9g ref %.9g bound %.3g", tn, r, i,
+				      ys[i], ref, bound);
+				CHECK(isnan(y[2 * i + 1]), "%s %s: wrote outside its y stride", k->name, tn);
+				if (i == 3)
+					CHECK(y[2 * i] == 0, "%s %s: zero activations give %g", k->name, tn,
+					      y[2 * i]);
+			}
+			/* A tile equals its single-token calls exactly. */
+			for (int i = 0; i < cnt; i++) {
+				float one;
+				k->dot[t](n, wr, aq + i * stride, stride, 1, &one, 1);
+				CHECK(one == y[2 * i], "%s %s: tile %g != single %g", k->name, tn, y[2 * i], one);
+			}
+		}
+	}
+	free(w);
+	free(src);
+	free(x);
+	free(aq);
+	free(as);
+}
+
+static void test_helpers(const struct md_kern *k)
+{
+	const int n = 77;
+	float a[77], b[77], y1[77], y2[77], w[77];
+	for (int i = 0; i < n; i++) {
+		a[i] = frand();
+		b[i] = frand();
+		w[i] = frand();
+		y1[i] = y2[i] = frand();
+	}
+	float d1 = k->dot_f32(a, b, n), d2 = md_kern_scalar.dot_f32(a, b, n);
+	CHECK(fabsf(d1 - d2) <= 1e-5f * (1 + fabsf(d2)), "%s dot_f32 %g vs %g", k->name, d1, d2);
+	d1 = k->sumsq_f32(a, n);
+	d2 = md_kern_scalar.sumsq_f32(a, n);
+	CHECK(fabsf(d1 - d2) <= 1e-5f * (1 + fabsf(d2)), "%s sumsq %g vs %g", k->name, d1, d2);
+	k->axpy_f32(y1, 0.37f, a, n);
+	md_kern_scalar.axpy_f32(y2, 0.37f, a, n);
+	for (int i = 0; i < n; i++)
+		CHECK(fabsf(y1[i] - y2[i]) <= 1e-6f, "%s axpy[%d] %g vs %g", k->name, i, y1[i], y2[i]);
+	k->scale_mul_f32(y1, a, 1.7f, w, n);
+	md_kern_scalar.scale_mul_f32(y2, a, 1.7f, w, n);
+	for (int i = 0; i < n; i++)
+		CHECK(y1[i] == y2[i], "%s scale_mul[%d] %g vs %g", k->name, i, y1[i], y2[i]);
+}
+
+/* Threaded kernel matmul (single and multi) against direct kernel calls, many token counts. */
+static void test_matmul(const struct md_kern *k)
+{
+	md_kern_set_active(k);
+	const int64_t n_in = 512;
+	const int n_out[2] = { 45, 70 };
+	const int max_tok = 11;
+	for (size_t ti = 0; ti < N_TYPES; ti++) {
+		enum md_dtype t = types[ti];
+		size_t rb = md_dtype_row_size(t, n_in);
+		uint8_t *w[2];
+		float *src = malloc(sizeof(float) * n_in);
+		for (int m = 0; m < 2; m++) {
+			w[m] = malloc(rb * n_out[m]);
+			for (int r = 0; r < n_out[m]; r++) {
+				for (int i = 0; i < n_in; i++)
+					src[i] = frand();
+				md_quantize_row(t, src, w[m] + rb * r, n_in);
+			}
+		}
+		float *x = malloc(sizeof(float) * n_in * max_tok);
+		for (int i = 0; i < n_in * max_tok; i++)
+			x[i] = frand();
+		uint8_t *act = malloc(n_in * max_tok * 4 + 64);
+		size_t stride;
+		make_act(k, t, x, n_in, max_tok, act, &stride);
+		for (int threads = 1; threads <= 3; threads++) {
+			struct md_pool *pool = md_pool_new(threads);
+			float *scratch = malloc(sizeof(float) * md_matmul_scratch_floats(pool, n_in, max_tok));
+			for (int n_tok = 1; n_tok <= max_tok; n_tok += 3) {
+				struct md_mat mm[2] = { { t, n_in, n_out[0], rb, w[0] },
+							{ t, n_in, n_out[1], rb, w[1] } };
+				float *y0 = malloc(sizeof(float) * n_out[1] * n_tok); /* reused for w[1] below */
+				float *y1 = malloc(sizeof(float) * n_out[1] * n_tok);
+				float *const ys[2] = { y0, y1 };
+				md_matmul_multi(pool, mm, 2, x, n_tok, ys, scratch);
+				for (int m = 0; m < 2; m++)
+					for (int tok = 0; tok < n_tok; tok++)
+						for (int r = 0; r < n_out[m]; r++) {
+							float want;
+							k->dot[t](n_in, w[m] + rb * r, act + tok * stride, stride, 1,
+								  &want, 1);
+							float got = ys[m][tok * n_out[m] + r];
+							CHECK(got == want,
+							      "%s matmul %s threads %d n_tok %d w %d tok %d row %d: %g want %g",
+							      k->name, md_dtype_info(t)->name, threads, n_tok, m, tok,
+							      r, got, want);
+						}
+				md_matmul(pool, &mm[1], x, n_tok, y0, scratch);
+				CHECK(memcmp(y0, y1, sizeof(float) * n_out[1] * n_tok) == 0,
+				      "%s matmul %s: single and multi differ", k->name, md_dtype_info(t)->name);
+				free(y0);
+				free(y1);
+			}
+			free(scratch);
+			md_pool_free(pool);
+		}
+		free(src);
+		free(w[0]);
+		free(w[1]);
+		free(x);
+		free(act);
+	}
+}
+
+int main(void)
+{
+	const char *levels[] = { "scalar", "avx2", "avx512" };
+	int tested = 0;
+	for (int l = 0; l < 3; l++) {
+		const struct md_kern *k = md_kern_by_name(levels[l]);
+		if (!k) {
+			printf("kernels: %s not available on this CPU/build, skipped\n", levels[l]);
+			continue;
+		}
+		tested++;
+		for (size_t ti = 0; ti < N_TYPES; ti++) {
+			test_type(k, types[ti], 768, 1.0f);
+			test_type(k, types[ti], 256, 1e-3f);
+		}
+		test_helpers(k);
+		test_matmul(k);
+		printf("kernels: %s checked\n", k->name);
+	}
+	if (fails) {
+		fprintf(stderr, "kernels: %d failures\n", fails);
+		return 1;
+	}
+	printf("kernels: ok (%d tables)\n", tested);
+	return 0;
+}
