@@ -167,9 +167,12 @@ def main(argv=None):
     ap.add_argument("--std", type=float, default=0.08)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--keep", help="keep the model and dumps in this directory")
+    ap.add_argument("--exact", action="store_true",
+                    help="judge against the exact reference only, with the float tolerance "
+                         "(for the dequantize-and-dot kernels, MOED_KERNELS=ref)")
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args(argv)
-    tol_rel, cos_min = TOL[a.type]
+    tol_rel, cos_min = TOL["f32" if a.exact else a.type]
     tmp = a.keep or tempfile.mkdtemp(prefix="moed-parity-")
     os.makedirs(tmp, exist_ok=True)
     try:
@@ -181,7 +184,7 @@ def main(argv=None):
         else:
             raise ValueError("give --moed-gguf or --py-gen")
         variants = [("exact", forward_ref.Model(model_path))]
-        if a.type in QUANT_TYPES:
+        if a.type in QUANT_TYPES and not a.exact:
             variants.append(("act-q8", forward_ref.Model(model_path, act_quant=True)))
         rng = np.random.default_rng(a.seed + 1000)
         V = variants[0][1].n_vocab
