@@ -672,9 +672,15 @@ static int load(struct md_engine *e)
 			 hp->n_vocab);
 		return -EINVAL;
 	}
+	/* Like llama.cpp, a context longer than the training context is allowed (RoPE works at any
+	 * position) but warned about: quality past the training length is the model's business. */
 	e->n_ctx = c->n_ctx ? c->n_ctx : hp->n_ctx_train;
+	if (e->n_ctx == 0)
+		e->n_ctx = 4096;
 	if (hp->n_ctx_train && e->n_ctx > hp->n_ctx_train)
-		e->n_ctx = hp->n_ctx_train;
+		md_log_engine("moed: warning: context %u exceeds the model's training context %u; "
+			      "output past %u tokens may degrade", e->n_ctx, hp->n_ctx_train,
+			      hp->n_ctx_train);
 
 	uint32_t kv_dim = hp->n_head_kv * hp->head_dim;
 	uint64_t block_bytes = (uint64_t)hp->n_layer * MD_KV_BLOCK_TOKENS * kv_dim * sizeof(float) * 2;

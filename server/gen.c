@@ -693,8 +693,14 @@ static void on_token(struct md_gen_choice *ch, const struct md_engine_event *ev)
 			}
 		}
 	}
-	if (n > 0)
-		buf_append(&ch->pend, &ch->pend_len, &ch->pend_cap, buf, (size_t)n);
+	/* A NUL byte (a model may emit the byte token 0x00) would cut the C strings that cJSON
+	 * serialises, so streamed and whole responses would disagree: it becomes U+FFFD. */
+	for (int i = 0; i < n; i++) {
+		if (buf[i] == 0)
+			buf_append(&ch->pend, &ch->pend_len, &ch->pend_cap, "\xEF\xBF\xBD", 3);
+		else
+			buf_append(&ch->pend, &ch->pend_len, &ch->pend_cap, buf + i, 1);
+	}
 	check_stops(ch, false);
 }
 

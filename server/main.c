@@ -160,6 +160,15 @@ int main(int argc, char **argv)
 	if (!a->cfg.model[0]) {
 		free(a->cfg.model);
 		a->cfg.model = strdup(default_model());
+		/* The default model ships with a dense draft beside it (default-draft.gguf), kept
+		 * for speculative decoding; say where it is. */
+		char draft[4096];
+		const char *dot = strrchr(a->cfg.model, '.');
+		int stem = dot ? (int)(dot - a->cfg.model) : (int)strlen(a->cfg.model);
+		snprintf(draft, sizeof(draft), "%.*s-draft.gguf", stem, a->cfg.model);
+		if (access(draft, R_OK) == 0)
+			md_log(MD_LOG_INFO, "default model '%s', draft model beside it: '%s'",
+			       a->cfg.model, draft);
 	}
 	if (md_config_validate(&a->cfg))
 		return 2;

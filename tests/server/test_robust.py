@@ -88,7 +88,12 @@ try:
     check(st == 200, "still serving after a disconnect", st, d)
 
     # heartbeats during a long prefill (16-token steps over a long prompt)
-    st, h, b = curl(srv, "POST", "/v1/completions", {"prompt": "lorem ipsum " * 1500,
+    # Size the prompt in tokens (whatever the model's vocabulary): about 3000, under the
+    # default 4096-token context.
+    st, h, d = call(srv, "POST", "/tokenize", {"content": "lorem ipsum " * 100}, headers=AUTH)
+    per100 = max(1, len(d["tokens"]))
+    long_prompt = "lorem ipsum " * (100 * 3000 // per100)
+    st, h, b = curl(srv, "POST", "/v1/completions", {"prompt": long_prompt,
                                                      "max_tokens": 2, "stream": True}, headers=AUTH)
     datas, comments = sse_events(b)
     check(st == 200 and datas[-1] == "[DONE]", "long-prefill stream ends", st, datas[-1:])

@@ -18,9 +18,22 @@ except FileNotFoundError:
 if not ver or int(ver.lstrip("v").split(".")[0]) < 20:
     print("SKIP: the openai SDK needs Node 20+, found %r" % ver)
     sys.exit(77)
-if not os.path.exists(os.path.join(npm, "node_modules", "openai", "package.json")):
-    print("SKIP: npm package 'openai' missing: npm install --prefix %s openai" % npm)
-    sys.exit(77)
+SDK = "openai@6.49.0"
+pkg = os.path.join(npm, "node_modules", "openai", "package.json")
+if not os.path.exists(pkg):
+    # Install the official SDK into the shared, git-ignored npm cache, under the lock the
+    # tokenizer and template suites use, so concurrent installs do not collide.
+    import fcntl
+    os.makedirs(npm, exist_ok=True)
+    with open(os.path.join(npm, ".install.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(pkg):
+            r = subprocess.run(["npm", "install", "--prefix", npm, "--no-audit", "--no-fund",
+                                "--loglevel=error", SDK], capture_output=True, text=True)
+            print(r.stdout, r.stderr)
+if not os.path.exists(pkg):
+    print("FAIL: could not install the npm package %s into %s" % (SDK, npm))
+    sys.exit(1)
 # the SDK sends a bearer key: exercise auth on the way
 srv = Server(moed, model, args=["--api-key", "test-key"])
 try:
