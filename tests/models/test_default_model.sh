@@ -6,7 +6,7 @@ set -eu
 tok=$1 run=$2 model=$3
 ids=$("$tok" -m "$model" "And the LORD said unto Moses," | tr -s ' \n' ',' | sed 's/^,//; s/,$//')
 [ "$ids" = "1483,258,344,393,323,721,44" ] || { echo "FAIL: prompt ids $ids"; exit 1; }
-gen=$("$run" -m "$model" -p "$ids" -n 28 | sed -n 's/^seq 0: //p' | tr ' ' ',')
+gen=$("$run" -m "$model" -p "$ids" -n 34 | sed -n 's/^seq 0: //p' | tr ' ' ',')
 text=$("$tok" -m "$model" --decode "$gen")
 want=" Go, I will give thee to the LORD, and I will bring thee to the LORD, and will bring them out of the land of Israel."
 case "$text" in
