@@ -1,0 +1,295 @@
+/* The CUDA backend's host side: device detection, buffers, copies and matmul dispatch. */
+#include "engine/backend.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/matmul_cuda.h"
+
+/*
+ * One backend object per process, bound to device 0 and created on first use. All work goes
+ * to one non-blocking stream owned by the backend; every call that the ops table documents
+ * as complete on return synchronizes that stream. The input and output of matmul pass through
+ * two device scratch buffers that grow to the largest call seen (rounded up to a power of
+ * two) and are kept: the engine's batch sizes are bounded, so they reach a ceiling quickly.
+ *
+ * Rejected: one stream per call (creation cost on the hot path) and pinned host staging
+ * buffers (the engine's activations live in its own memory; a pinned copy would add a host
+ * memcpy to save little at decode batch sizes). Both may come back with device-resident
+ * activations.
+ */
+struct cuda_ctx {
+	int dev;              /* the device every call runs on */
+	int n_dev;            /* devices visible at init */
+	cudaStream_t stream;  /* owned */
+	float *x_dev;         /* owned: device scratch for matmul inputs, x_cap bytes */
+	size_t x_cap;
+	float *y_dev;         /* owned: device scratch for matmul outputs, y_cap bytes */
+	size_t y_cap;
+};
+
+static struct cuda_ctx cuda_state;
+static struct md_backend cuda_backend;
+static struct md_backend *cuda_ready; /* &cuda_backend once init succeeded */
+static char cuda_why[192] = "cuda backend not initialised";
+static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
+
+/* Maps a CUDA runtime error to the ops table's codes. */
+static int cuda_errno(cudaError_t e)
+{
+	switch (e) {
+	case cudaSuccess: return 0;
+	case cudaErrorMemoryAllocation: return -ENOMEM;
+	case cudaErrorInvalidValue:
+	case cudaErrorInvalidDevicePointer:
+	case cudaErrorInvalidMemcpyDirection: return -EINVAL;
+	case cudaErrorInvalidDevice: return -ENODEV;
+	default: return -EIO;
+	}
+}
+
+static int cuda_device_count(const struct md_backend *b)
+{
+	const struct cuda_ctx *c = b->_ctx;
+
+	return c->n_dev;
+}
+
+static int cuda_device_info(const struct md_backend *b, int dev, struct md_backend_device *out)
+{
+	const struct cuda_ctx *c = b->_ctx;
+	struct cudaDeviceProp prop;
+	size_t mem_free = 0, mem_total = 0;
+	cudaError_t e;
+
+	if (dev < 0 || dev >= c->n_dev)
+		return -ENODEV;
+	e = cudaGetDeviceProperties(&prop, dev);
+	if (e != cudaSuccess)
+		return cuda_errno(e);
+	memset(out, 0, sizeof(*out));
+	snprintf(out->name, sizeof(out->name), "%s", prop.name);
+	out->cc_major = prop.major;
+	out->cc_minor = prop.minor;
+	out->n_sm = prop.multiProcessorCount;
+	out->mem_total = prop.totalGlobalMem;
+	/* cudaMemGetInfo reports the current device only: switch there and back. */
+	if (dev != c->dev && cudaSetDevice(dev) != cudaSuccess)
+		return 0;
+	if (cudaMemGetInfo(&mem_free, &mem_total) == cudaSuccess)
+		out->mem_free = mem_free;
+	if (dev != c->dev)
+		cudaSetDevice(c->dev);
+	return 0;
+}
+
+static int cuda_alloc(struct md_backend *b, size_t size, void **dptr)
+{
+	cudaError_t e;
+
+	*dptr = NULL;
+	if (size == 0)
+		return -EINVAL;
+	e = cudaMalloc(dptr, size);
+	if (e != cudaSuccess) {
+		*dptr = NULL;
+		cudaGetLastError(); /* an allocation failure is not sticky: clear it */
+		return cuda_errno(e);
+	}
+	return 0;
+}
+
+static void cuda_free(struct md_backend *b, void *dptr)
+{
+	if (dptr != NULL)
+		cudaFree(dptr);
+}
+
+static int cuda_copy(struct cuda_ctx *c, void *dst, const void *src, size_t size,
+		     enum cudaMemcpyKind kind)
+{
+	cudaError_t e;
+
+	if (size == 0)
+		return 0;
+	e = cudaMemcpyAsync(dst, src, size, kind, c->stream);
+	if (e == cudaSuccess)
+		e = cudaStreamSynchronize(c->stream);
+	return cuda_errno(e);
+}
+
+static int cuda_upload(struct md_backend *b, void *dst_dev, const void *src_host, size_t size)
+{
+	return cuda_copy(b->_ctx, dst_dev, src_host, size, cudaMemcpyHostToDevice);
+}
+
+static int cuda_download(struct md_backend *b, void *dst_host, const void *src_dev, size_t size)
+{
+	return cuda_copy(b->_ctx, dst_host, src_dev, size, cudaMemcpyDeviceToHost);
+}
+
+/* Block size in elements and the alignment (bytes) the kernels need of rows, per type;
+ * blck 0 for types the kernels do not handle. */
+static void cuda_type_layout(enum md_dtype t, int64_t *blck, size_t *bytes, size_t *align)
+{
+	*blck = 0;
+	*bytes = 0;
+	*align = 1;
+	switch (t) {
+	case MD_DT_F32: *blck = 1; *bytes = 4; *align = 4; break;
+	case MD_DT_F16:
+	case MD_DT_BF16: *blck = 1; *bytes = 2; *align = 2; break;
+	case MD_DT_Q8_0: *blck = 32; *bytes = 34; *align = 2; break;
+	case MD_DT_Q4_0: *blck = 32; *bytes = 18; *align = 2; break;
+	case MD_DT_Q4_K: *blck = 256; *bytes = 144; *align = 4; break;
+	case MD_DT_Q5_K: *blck = 256; *bytes = 176; *align = 4; break;
+	case MD_DT_Q6_K: *blck = 256; *bytes = 210; *align = 2; break;
+	default: break;
+	}
+}
+
+static bool cuda_supports(const struct md_backend *b, enum md_dtype t)
+{
+	int64_t blck;
+	size_t bytes, align;
+
+	cuda_type_layout(t, &blck, &bytes, &align);
+	return blck != 0;
+}
+
+/* Makes *buf hold at least need bytes (contents not kept). */
+static int cuda_reserve(float **buf, size_t *cap, size_t need)
+{
+	size_t n = 4096;
+	cudaError_t e;
+
+	if (*cap >= need)
+		return 0;
+	while (n < need && n <= SIZE_MAX / 2)
+		n *= 2;
+	if (n < need)
+		n = need;
+	cudaFree(*buf);
+	*buf = NULL;
+	*cap = 0;
+	e = cudaMalloc((void **)buf, n);
+	if (e != cudaSuccess) {
+		*buf = NULL;
+		cudaGetLastError();
+		return cuda_errno(e);
+	}
+	*cap = n;
+	return 0;
+}
+
+static int cuda_matmul(struct md_backend *b, const struct md_mat *w, const float *x, int n_tok,
+		       float *y)
+{
+	struct cuda_ctx *c = b->_ctx;
+	int64_t blck;
+	size_t bytes, align, xb, yb;
+	int rc;
+	cudaError_t e, s;
+
+	cuda_type_layout(w->type, &blck, &bytes, &align);
+	if (blck == 0 || w->data == NULL || n_tok <= 0 || w->n_in <= 0 || w->n_out <= 0 ||
+	    w->n_in % blck != 0 || w->nb1 < (size_t)(w->n_in / blck) * bytes ||
+	    (uintptr_t)w->data % align != 0 || w->nb1 % align != 0)
+		return -EINVAL;
+	if ((size_t)w->n_in > SIZE_MAX / sizeof(float) / (size_t)n_tok ||
+	    (size_t)w->n_out > SIZE_MAX / sizeof(float) / (size_t)n_tok)
+		return -EINVAL;
+	xb = (size_t)n_tok * (size_t)w->n_in * sizeof(float);
+	yb = (size_t)n_tok * (size_t)w->n_out * sizeof(float);
+	rc = cuda_reserve(&c->x_dev, &c->x_cap, xb);
+	if (rc == 0)
+		rc = cuda_reserve(&c->y_dev, &c->y_cap, yb);
+	if (rc != 0)
+		return rc;
+	e = cudaMemcpyAsync(c->x_dev, x, xb, cudaMemcpyHostToDevice, c->stream);
+	if (e == cudaSuccess)
+		e = md_cuda__matmul((int)w->type, w->data, w->n_in, w->n_out, w->nb1, c->x_dev,
+				    n_tok, c->y_dev, c->stream);
+	if (e == cudaSuccess)
+		e = cudaMemcpyAsync(y, c->y_dev, yb, cudaMemcpyDeviceToHost, c->stream);
+	/* Synchronize even after a failed step so no copy is still reading x or writing y. */
+	s = cudaStreamSynchronize(c->stream);
+	if (e == cudaSuccess)
+		e = s;
+	return cuda_errno(e);
+}
+
+static void cuda_fail(const char *what, cudaError_t e)
+{
+	snprintf(cuda_why, sizeof(cuda_why), "%s: %s (cuda error %d)", what,
+		 cudaGetErrorString(e), (int)e);
+	cudaGetLastError();
+}
+
+/* Runs once: finds device 0 and prepares the backend, or records why not in cuda_why. Error
+ * 35 (cudaErrorInsufficientDriver) is what a machine without an NVIDIA driver reports: it
+ * counts as zero GPUs like the others. */
+static void cuda_init(void)
+{
+	struct cuda_ctx *c = &cuda_state;
+	int n = 0;
+	cudaError_t e;
+
+	e = cudaGetDeviceCount(&n);
+	if (e != cudaSuccess) {
+		cuda_fail("no usable cuda device", e);
+		return;
+	}
+	if (n <= 0) {
+		snprintf(cuda_why, sizeof(cuda_why), "no cuda device");
+		return;
+	}
+	c->dev = 0;
+	c->n_dev = n;
+	e = cudaSetDevice(c->dev);
+	if (e != cudaSuccess) {
+		cuda_fail("cannot select cuda device 0", e);
+		return;
+	}
+	e = md_cuda__kernels_loadable();
+	if (e != cudaSuccess) {
+		cuda_fail("cuda device 0 cannot run moed's kernels", e);
+		return;
+	}
+	e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+	if (e != cudaSuccess) {
+		cuda_fail("cannot create a cuda stream", e);
+		return;
+	}
+	cuda_backend = (struct md_backend){
+		.name = "cuda",
+		.device_count = cuda_device_count,
+		.device_info = cuda_device_info,
+		.alloc = cuda_alloc,
+		.free = cuda_free,
+		.upload = cuda_upload,
+		.download = cuda_download,
+		.supports = cuda_supports,
+		.matmul = cuda_matmul,
+		._ctx = c,
+	};
+	cuda_ready = &cuda_backend;
+	cuda_why[0] = '\0';
+}
+
+struct md_backend *md_backend_cuda(void)
+{
+	pthread_once(&cuda_once, cuda_init);
+	return cuda_ready;
+}
+
+const char *md_backend_cuda_error(void)
+{
+	pthread_once(&cuda_once, cuda_init);
+	return cuda_ready != NULL ? "" : cuda_why;
+}

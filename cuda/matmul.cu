@@ -1,0 +1,347 @@
+/* CUDA matmul kernels that dequantize GGML weight blocks on the fly, one warp per output row. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "cuda/matmul_cuda.h"
+
+extern "C" {
+#include "engine/quant.h" /* only for the md_dtype ids */
+}
+
+/*
+ * Work split: a thread block is MM_WARPS warps, each warp owns one output row and MM_NT
+ * tokens (blockIdx.y picks the token tile). The 32 lanes of a warp walk the row together so
+ * each load instruction reads a contiguous run of the row (coalesced), each lane
+ * dequantizes its few elements into registers, multiplies them with the matching activations
+ * of every token of the tile, and the per-lane partial sums meet in a shuffle reduction.
+ * Weights are read once per token tile: for decode (n_tok <= MM_NT) exactly once, which is
+ * what matters for a bandwidth-bound GEMV. Large prefill batches re-read each row
+ * n_tok / MM_NT times; a tiled GEMM (dequantize to shared memory, tensor cores) is the next
+ * step there, and this kernel stays the reference it is checked against.
+ *
+ * Element values are computed in the same float expressions as engine/quant.c's dequantizer
+ * (d * q, d*sc * q - dmin*m, d * sc * (q - 32)), so only the summation order differs from the
+ * CPU reference (the compiler may also contract a multiply-add into one FMA).
+ */
+
+#define MM_WARPS 4 /* warps (= output rows) per thread block */
+#define MM_NT 8    /* tokens per warp */
+
+__device__ __forceinline__ float ld_f16(const uint8_t *p) /* p 2-byte aligned */
+{
+	return __half2float(__ushort_as_half(*(const uint16_t *)p));
+}
+
+__device__ __forceinline__ float ld_bf16(const uint8_t *p) /* p 2-byte aligned */
+{
+	return __uint_as_float((uint32_t)(*(const uint16_t *)p) << 16);
+}
+
+/* Activation tile: token t's row starts at x + t * n_in; rows beyond nt are never read. */
+struct act {
+	const float *x;
+	int64_t n_in;
+	int nt;
+};
+
+/* acc[t] += sum_i w[i] * x_t[idx + i] for i < 4, idx a multiple of 4 (16-byte aligned). */
+__device__ __forceinline__ void fma4(float acc[MM_NT], const act &a, int64_t idx, float w0,
+				     float w1, float w2, float w3)
+{
+#pragma unroll
+	for (int t = 0; t < MM_NT; t++) {
+		if (t < a.nt) {
+			float4 v = *(const float4 *)(a.x + t * a.n_in + idx);
+			acc[t] += w0 * v.x + w1 * v.y + w2 * v.z + w3 * v.w;
+		}
+	}
+}
+
+/* acc[t] += w0 * x_t[idx] + w1 * x_t[idx + 1], idx even (8-byte aligned). */
+__device__ __forceinline__ void fma2(float acc[MM_NT], const act &a, int64_t idx, float w0,
+				     float w1)
+{
+#pragma unroll
+	for (int t = 0; t < MM_NT; t++) {
+		if (t < a.nt) {
+			float2 v = *(const float2 *)(a.x + t * a.n_in + idx);
+			acc[t] += w0 * v.x + w1 * v.y;
+		}
+	}
+}
+
+__device__ __forceinline__ void fma1(float acc[MM_NT], const act &a, int64_t idx, float w0)
+{
+#pragma unroll
+	for (int t = 0; t < MM_NT; t++) {
+		if (t < a.nt)
+			acc[t] += w0 * a.x[t * a.n_in + idx];
+	}
+}
+
+/*
+ * Per-type row walkers: add lane's share of dot(row, x_t) to acc[t]. row is the row's first
+ * byte, n the row length in elements.
+ */
+template <int TYPE> struct row_dot;
+
+/* Float types: lane takes elements lane, lane + 32, ... (consecutive lanes, consecutive
+ * elements). */
+template <> struct row_dot<MD_DT_F32> {
+	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
+	{
+		const float *w = (const float *)row;
+
+		for (int64_t i = lane; i < a.n_in; i += 32)
+			fma1(acc, a, i, w[i]);
+	}
+};
+
+template <> struct row_dot<MD_DT_F16> {
+	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
+	{
+		for (int64_t i = lane; i < a.n_in; i += 32)
+			fma1(acc, a, i, ld_f16(row + 2 * i));
+	}
+};
+
+template <> struct row_dot<MD_DT_BF16> {
+	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
+	{
+		for (int64_t i = lane; i < a.n_in; i += 32)
+			fma1(acc, a, i, ld_bf16(row + 2 * i));
+	}
+};
+
+/* q8_0 (34-byte blocks of 32): 8 lanes per block, 4 blocks per step; lane k of a block takes
+ * elements 4k .. 4k+3 (two 16-bit loads; blocks are only 2-byte aligned). */
+template <> struct row_dot<MD_DT_Q8_0> {
+	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
+	{
+		const int64_t nb = a.n_in / 32;
+		const int k = lane & 7;
+
+		for (int64_t ib = lane >> 3; ib < nb; ib += 4) {
+			const uint8_t *b = row + ib * 34;
+			const float d = ld_f16(b);
+			const uint16_t *q = (const uint16_t *)(b + 2 + 4 * k);
+			const uint32_t lo = q[0], hi = q[1];
+
+			fma4(acc, a, ib * 32 + 4 * k, (float)(int8_t)(lo & 0xff) * d,
+			     (float)(int8_t)(lo >> 8) * d, (float)(int8_t)(hi & 0xff) * d,
+			     (float)(int8_t)(hi >> 8) * d);
+		}
+	}
+};
+
+/* q4_0 (18-byte blocks of 32): 8 lanes per block, 4 blocks per step; lane k reads qs[2k],
+ * qs[2k+1]: elements 2k, 2k+1 (low nibbles) and 2k+16, 2k+17 (high nibbles). */
+template <> struct row_dot<MD_DT_Q4_0> {
+	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
+	{
+		const int64_t nb = a.n_in / 32;
+		const int k = lane & 7;
+
+		for (int64_t ib = lane >> 3; ib < nb; ib += 4) {
+			const uint8_t *b = row + ib * 18;
+			const float d = ld_f16(b);
+			const uint32_t q = *(const uint16_t *)(b + 2 + 2 * k);
+			const int64_t e = ib * 32 + 2 * k;
+
+			fma2(acc, a, e, (float)((int)(q & 0xf) - 8) * d,
+			     (float)((int)((q >> 8) & 0xf) - 8) * d);
+			fma2(acc, a, e + 16, (float)((int)((q >> 4) & 0xf) - 8) * d,
+			     (float)((int)(q >> 12) - 8) * d);
+		}
+	}
+};
+
+/* The 6-bit scale and min of sub-block j of a q4_K / q5_K super-block (scales at s). */
+__device__ __forceinline__ void k_scale_min(const uint8_t *s, int j, int *sc, int *m)
+{
+	if (j < 4) {
+		*sc = s[j] & 63;
+		*m = s[j + 4] & 63;
+	} else {
+		*sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4);
+		*m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+	}
+}
+
+/*
+ * q4_K (144 B) and q5_K (176 B) super-blocks of 256: one super-block per step. Lane l reads
+ * the 4 bytes qs[4l .. 4l+3]; they hold pair p = l / 8 at offsets j = 4 (l % 8) .. +3: low
+ * nibbles are sub-block 2p, high nibbles 2p+1. For q5_K the fifth bit of element j of
+ * sub-block s is bit s of qh[j]. Blocks are 4-byte aligned when the row is (checked by the
+ * host).
+ */
+template <bool Q5> __device__ __forceinline__ void q45_k_run(const uint8_t *row, const act &a,
+							     int lane, float acc[MM_NT])
+{
+	const int64_t nb = a.n_in / 256;
+	const int p = lane >> 3;
+	const int j = 4 * (lane & 7);
+
+	for (int64_t ib = 0; ib < nb; ib++) {
+		const uint8_t *b = row + ib * (Q5 ? 176 : 144);
+		const float d = ld_f16(b);
+		const float dmin = ld_f16(b + 2);
+		const uint32_t q = *(const uint32_t *)(b + (Q5 ? 48 : 16) + 4 * lane);
+		const uint32_t h = Q5 ? *(const uint32_t *)(b + 16 + j) : 0;
+		int sc0, m0, sc1, m1;
+
+		k_scale_min(b + 4, 2 * p, &sc0, &m0);
+		k_scale_min(b + 4, 2 * p + 1, &sc1, &m1);
+		const float ds0 = d * (float)sc0, ms0 = dmin * (float)m0;
+		const float ds1 = d * (float)sc1, ms1 = dmin * (float)m1;
+		float w0[4], w1[4];
+
+#pragma unroll
+		for (int i = 0; i < 4; i++) {
+			int v0 = (q >> (8 * i)) & 0xf;
+			int v1 = (q >> (8 * i + 4)) & 0xf;
+
+			if (Q5) {
+				const uint32_t hb = h >> (8 * i);
+
+				v0 |= (int)((hb >> (2 * p)) & 1) << 4;
+				v1 |= (int)((hb >> (2 * p + 1)) & 1) << 4;
+			}
+			w0[i] = ds0 * (float)v0 - ms0;
+			w1[i] = ds1 * (float)v1 - ms1;
+		}
+		const int64_t e = ib * 256 + 64 * p + j;
+
+		fma4(acc, a, e, w0[0], w0[1], w0[2], w0[3]);
+		fma4(acc, a, e + 32, w1[0], w1[1], w1[2], w1[3]);
+	}
+}
+
+template <> struct row_dot<MD_DT_Q4_K> {
+	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
+	{
+		q45_k_run<false>(row, a, lane, acc);
+	}
+};
+
+template <> struct row_dot<MD_DT_Q5_K> {
+	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
+	{
+		q45_k_run<true>(row, a, lane, acc);
+	}
+};
+
+/*
+ * q6_K (210 B: ql[128] | qh[64] | i8 scales[16] | f16 d) super-blocks of 256, one per step.
+ * Element e = 128h + 32k + l (h < 2, k < 4, l < 32) has low bits in ql[64h + l + 32(k & 1)]
+ * (low nibble for k < 2, high for k >= 2) and high bits (qh[32h + l] >> 2k) & 3. Lane takes
+ * h = lane / 16 and l = 2 (lane % 16) + {0, 1}, all four k: three 16-bit loads (blocks are
+ * only 2-byte aligned) give its 8 elements.
+ */
+template <> struct row_dot<MD_DT_Q6_K> {
+	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
+	{
+		const int64_t nb = a.n_in / 256;
+		const int h = lane >> 4;
+		const int l = 2 * (lane & 15);
+
+		for (int64_t ib = 0; ib < nb; ib++) {
+			const uint8_t *b = row + ib * 210;
+			const float d = ld_f16(b + 208);
+			const int8_t *sc = (const int8_t *)(b + 192);
+			const uint32_t qa = *(const uint16_t *)(b + 64 * h + l);
+			const uint32_t qb = *(const uint16_t *)(b + 64 * h + 32 + l);
+			const uint32_t qh = *(const uint16_t *)(b + 128 + 32 * h + l);
+
+#pragma unroll
+			for (int k = 0; k < 4; k++) {
+				const uint32_t lo = (k & 1) ? qb : qa;
+				const int shift = (k < 2) ? 0 : 4;
+				const float ds = d * (float)sc[8 * h + 2 * k + (l >> 4)];
+				const int q0 = (int)(((lo >> shift) & 0xf) | (((qh >> (2 * k)) & 3) << 4));
+				const int q1 = (int)(((lo >> (8 + shift)) & 0xf) |
+						     (((qh >> (8 + 2 * k)) & 3) << 4));
+
+				fma2(acc, a, ib * 256 + 128 * h + 32 * k + l, ds * (float)(q0 - 32),
+				     ds * (float)(q1 - 32));
+			}
+		}
+	}
+};
+
+/* One warp per output row (blockIdx.x * MM_WARPS + warp), one tile of MM_NT tokens per
+ * blockIdx.y. The whole warp leaves together when its row is past the end, so the full-mask
+ * shuffles below always see 32 lanes. */
+template <int TYPE>
+__global__ void __launch_bounds__(MM_WARPS * 32)
+mm_kernel(const uint8_t *__restrict__ w, int64_t n_in, int64_t n_out, size_t nb1,
+	  const float *__restrict__ x, int n_tok, float *__restrict__ y)
+{
+	const int lane = (int)(threadIdx.x & 31);
+	const int64_t r = (int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
+	const int t0 = (int)blockIdx.y * MM_NT;
+	float acc[MM_NT];
+
+	if (r >= n_out)
+		return;
+	act a;
+	a.x = x + (int64_t)t0 * n_in;
+	a.n_in = n_in;
+	a.nt = min(MM_NT, n_tok - t0);
+#pragma unroll
+	for (int t = 0; t < MM_NT; t++)
+		acc[t] = 0.0f;
+	row_dot<TYPE>::run(w + r * (int64_t)nb1, a, lane, acc);
+#pragma unroll
+	for (int t = 0; t < MM_NT; t++) {
+		float v = acc[t];
+
+#pragma unroll
+		for (int off = 16; off > 0; off >>= 1)
+			v += __shfl_xor_sync(0xffffffffu, v, off);
+		if (lane == 0 && t < a.nt)
+			y[(int64_t)(t0 + t) * n_out + r] = v;
+	}
+}
+
+template <int TYPE>
+static cudaError_t launch(const void *w, int64_t n_in, int64_t n_out, size_t nb1,
+			  const float *x, int n_tok, float *y, cudaStream_t stream)
+{
+	const dim3 grid((unsigned)((n_out + MM_WARPS - 1) / MM_WARPS),
+			(unsigned)((n_tok + MM_NT - 1) / MM_NT));
+
+	mm_kernel<TYPE><<<grid, MM_WARPS * 32, 0, stream>>>((const uint8_t *)w, n_in, n_out, nb1,
+							    x, n_tok, y);
+	return cudaGetLastError();
+}
+
+extern "C" cudaError_t md_cuda__matmul(int type, const void *w, int64_t n_in, int64_t n_out,
+				       size_t nb1, const float *x, int n_tok, float *y,
+				       cudaStream_t stream)
+{
+	/* Grid limits: x up to 2^31 - 1 blocks, y up to 65535. */
+	if (n_out <= 0 || n_tok <= 0 || (n_out + MM_WARPS - 1) / MM_WARPS > 0x7fffffff ||
+	    (n_tok + MM_NT - 1) / MM_NT > 65535)
+		return cudaErrorInvalidValue;
+	switch (type) {
+	case MD_DT_F32: return launch<MD_DT_F32>(w, n_in, n_out, nb1, x, n_tok, y, stream);
+	case MD_DT_F16: return launch<MD_DT_F16>(w, n_in, n_out, nb1, x, n_tok, y, stream);
+	case MD_DT_BF16: return launch<MD_DT_BF16>(w, n_in, n_out, nb1, x, n_tok, y, stream);
+	case MD_DT_Q8_0: return launch<MD_DT_Q8_0>(w, n_in, n_out, nb1, x, n_tok, y, stream);
+	case MD_DT_Q4_0: return launch<MD_DT_Q4_0>(w, n_in, n_out, nb1, x, n_tok, y, stream);
+	case MD_DT_Q4_K: return launch<MD_DT_Q4_K>(w, n_in, n_out, nb1, x, n_tok, y, stream);
+	case MD_DT_Q5_K: return launch<MD_DT_Q5_K>(w, n_in, n_out, nb1, x, n_tok, y, stream);
+	case MD_DT_Q6_K: return launch<MD_DT_Q6_K>(w, n_in, n_out, nb1, x, n_tok, y, stream);
+	default: return cudaErrorInvalidValue;
+	}
+}
+
+extern "C" cudaError_t md_cuda__kernels_loadable(void)
+{
+	cudaFuncAttributes attr;
+
+	return cudaFuncGetAttributes(&attr, mm_kernel<MD_DT_F32>);
+}

@@ -1,0 +1,32 @@
+/* Interface between the CUDA backend's host code (C) and its kernels (CUDA C++); private to cuda/. */
+#ifndef MD_CUDA_MATMUL_CUDA_H
+#define MD_CUDA_MATMUL_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * Launches y[t * n_out + r] = dot(row r of w, x + t * n_in) for t < n_tok on stream, without
+ * waiting. type is a GGML type id (md_dtype); w, x and y are device pointers; rows of w are nb1
+ * bytes apart. The caller has checked everything md_backend.matmul documents (supported type,
+ * n_in a multiple of the block size, alignment of w and nb1, n_tok >= 1); x must be 16-byte
+ * aligned (cudaMalloc's 256 is). Returns the launch status (cudaSuccess or the error).
+ */
+cudaError_t md_cuda__matmul(int type, const void *w, int64_t n_in, int64_t n_out, size_t nb1,
+			    const float *x, int n_tok, float *y, cudaStream_t stream);
+
+/* cudaSuccess when this binary carries code the current device can run (checked once at
+ * backend init, so an old GPU is refused early instead of failing every launch). */
+cudaError_t md_cuda__kernels_loadable(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,243 @@
+/* Unit tests for the CUDA backend: every weight type's matmul against the scalar CPU reference. */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend.h"
+#include "engine/quant.h"
+
+/*
+ * Tolerance: normalised mean squared error sum (y - ref)^2 / sum ref^2 over all outputs of one
+ * call must stay below NMSE_TOL. The GPU computes the same dequantized values as the reference
+ * and differs only in summation order (float lanes and a shuffle tree against float blocks
+ * summed in double), which for these sizes gives an NMSE near 1e-12. One element decoded wrong
+ * in a 4096-long row already costs about 1e-6, so 1e-7 catches layout bugs with margin.
+ */
+#define NMSE_TOL 1e-7
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static float frand(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+static int fails;
+
+#define CHECK(cond, ...)                                                              \
+	do {                                                                          \
+		if (!(cond)) {                                                        \
+			fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, \
+				#cond);                                               \
+			fprintf(stderr, __VA_ARGS__);                                 \
+			fputc('\n', stderr);                                          \
+			fails++;                                                      \
+		}                                                                     \
+	} while (0)
+
+static void *xmalloc(size_t n)
+{
+	void *p = malloc(n);
+
+	if (p == NULL) {
+		fprintf(stderr, "out of memory (%zu bytes)\n", n);
+		exit(1);
+	}
+	return p;
+}
+
+/* Runs one matmul of type t on the device and checks it against md_vec_dot_ref. pad adds
+ * bytes between rows (nb1 > row size). Returns the NMSE, or -1 when a call failed. */
+static double check_case(struct md_backend *b, enum md_dtype t, int64_t n_in, int64_t n_out,
+			 int n_tok, size_t pad)
+{
+	size_t rb = md_dtype_row_size(t, n_in);
+	size_t nb1 = rb + pad;
+	unsigned char *w = xmalloc(nb1 * (size_t)n_out);
+	float *src = xmalloc(sizeof(float) * (size_t)n_in);
+	float *x = xmalloc(sizeof(float) * (size_t)(n_in * n_tok));
+	float *y = xmalloc(sizeof(float) * (size_t)(n_out * n_tok));
+	void *dw = NULL;
+	struct md_mat m;
+	double err = 0.0, ref2 = 0.0, nmse = -1.0;
+	int rc;
+
+	memset(w, 0xa5, nb1 * (size_t)n_out); /* padding bytes must never be read as weights */
+	for (int64_t r = 0; r < n_out; r++) {
+		/* Vary the magnitude per row so K-quant scales and mins cover a range. */
+		float scale = 0.25f + 2.0f * (float)(r % 7) / 7.0f;
+
+		for (int64_t i = 0; i < n_in; i++)
+			src[i] = frand() * scale + (r % 3 == 0 ? 0.3f * scale : 0.0f);
+		md_quantize_row(t, src, w + nb1 * (size_t)r, n_in);
+	}
+	for (int64_t i = 0; i < n_in * n_tok; i++)
+		x[i] = frand();
+	for (int64_t i = 0; i < n_out * n_tok; i++)
+		y[i] = NAN;
+
+	rc = b->alloc(b, nb1 * (size_t)n_out, &dw);
+	CHECK(rc == 0, "alloc %zu bytes: %d", nb1 * (size_t)n_out, rc);
+	if (rc != 0)
+		goto out;
+	rc = b->upload(b, dw, w, nb1 * (size_t)n_out);
+	CHECK(rc == 0, "upload: %d", rc);
+	if (rc != 0)
+		goto out_dev;
+	m = (struct md_mat){ .type = t, .n_in = n_in, .n_out = n_out, .nb1 = nb1, .data = dw };
+	rc = b->matmul(b, &m, x, n_tok, y);
+	CHECK(rc == 0, "matmul %s %lldx%lld n_tok %d: %d", md_dtype_info(t)->name,
+	      (long long)n_in, (long long)n_out, n_tok, rc);
+	if (rc != 0)
+		goto out_dev;
+	for (int tok = 0; tok < n_tok; tok++)
+		for (int64_t r = 0; r < n_out; r++) {
+			double ref = md_vec_dot_ref(t, w + nb1 * (size_t)r, x + n_in * tok, n_in);
+			double got = y[tok * n_out + r];
+
+			if (isnan(got)) /* never written: counts as a total miss */
+				got = ref + 1.0 + fabs(ref);
+			err += (got - ref) * (got - ref);
+			ref2 += ref * ref;
+		}
+	nmse = ref2 > 0.0 ? err / ref2 : err;
+	CHECK(nmse <= NMSE_TOL, "%s n_in %lld n_out %lld n_tok %d pad %zu: nmse %.3g > %.3g (y[0] %g ref %g)",
+	      md_dtype_info(t)->name, (long long)n_in, (long long)n_out, n_tok, pad, nmse, NMSE_TOL,
+	      (double)y[0], (double)md_vec_dot_ref(t, w, x, n_in));
+out_dev:
+	b->free(b, dw);
+out:
+	free(w);
+	free(src);
+	free(x);
+	free(y);
+	return nmse;
+}
+
+/* Buffers, copies and the argument checks the ops table documents. */
+static void check_api(struct md_backend *b)
+{
+	struct md_backend_device info;
+	unsigned char host[1000], back[1000];
+	void *d = NULL;
+	float x[32] = { 0 }, y[4];
+	int n = b->device_count(b);
+	int rc;
+
+	CHECK(n >= 1, "device_count %d", n);
+	rc = b->device_info(b, 0, &info);
+	CHECK(rc == 0, "device_info(0): %d", rc);
+	if (rc == 0)
+		printf("cuda: device 0: %s, cc %d.%d, %d SMs, %.1f GiB (%.1f free), %d device(s)\n",
+		       info.name, info.cc_major, info.cc_minor, info.n_sm,
+		       (double)info.mem_total / (1 << 30), (double)info.mem_free / (1 << 30), n);
+	rc = b->device_info(b, n, &info);
+	CHECK(rc == -ENODEV, "device_info(%d): got %d want %d", n, rc, -ENODEV);
+
+	for (size_t i = 0; i < sizeof(host); i++)
+		host[i] = (unsigned char)(i * 7 + 3);
+	memset(back, 0, sizeof(back));
+	rc = b->alloc(b, sizeof(host), &d);
+	CHECK(rc == 0 && d != NULL, "alloc: %d", rc);
+	if (rc != 0)
+		return;
+	CHECK((uintptr_t)d % 256 == 0, "alloc alignment: %p", d);
+	rc = b->upload(b, d, host, sizeof(host));
+	CHECK(rc == 0, "upload: %d", rc);
+	rc = b->download(b, back, (char *)d + 100, sizeof(host) - 100);
+	CHECK(rc == 0, "download: %d", rc);
+	CHECK(memcmp(back, host + 100, sizeof(host) - 100) == 0, "round trip differs at offset 100");
+
+	const enum md_dtype yes[] = { MD_DT_F32, MD_DT_F16, MD_DT_BF16, MD_DT_Q8_0,
+				      MD_DT_Q4_0, MD_DT_Q4_K, MD_DT_Q5_K, MD_DT_Q6_K };
+	for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++)
+		CHECK(b->supports(b, yes[i]), "supports(%s) false", md_dtype_info(yes[i])->name);
+	CHECK(!b->supports(b, MD_DT_Q2_K), "supports(q2_K) true");
+
+	/* Invalid calls fail with -EINVAL and leave the backend usable. */
+	struct md_mat m = { .type = MD_DT_Q2_K, .n_in = 256, .n_out = 1, .nb1 = 84, .data = d };
+	rc = b->matmul(b, &m, x, 1, y);
+	CHECK(rc == -EINVAL, "unsupported type: got %d want %d", rc, -EINVAL);
+	m = (struct md_mat){ .type = MD_DT_Q8_0, .n_in = 48, .n_out = 1, .nb1 = 68, .data = d };
+	rc = b->matmul(b, &m, x, 1, y);
+	CHECK(rc == -EINVAL, "n_in not a block multiple: got %d want %d", rc, -EINVAL);
+	m = (struct md_mat){ .type = MD_DT_Q4_K, .n_in = 256, .n_out = 1, .nb1 = 144,
+			     .data = (char *)d + 2 };
+	rc = b->matmul(b, &m, x, 1, y);
+	CHECK(rc == -EINVAL, "misaligned q4_K rows: got %d want %d", rc, -EINVAL);
+	m = (struct md_mat){ .type = MD_DT_F32, .n_in = 32, .n_out = 1, .nb1 = 128, .data = d };
+	rc = b->matmul(b, &m, x, 0, y);
+	CHECK(rc == -EINVAL, "n_tok 0: got %d want %d", rc, -EINVAL);
+	m.nb1 = 100; /* shorter than a row */
+	rc = b->matmul(b, &m, x, 1, y);
+	CHECK(rc == -EINVAL, "nb1 < row size: got %d want %d", rc, -EINVAL);
+	m.nb1 = 128;
+	rc = b->matmul(b, &m, x, 1, y);
+	CHECK(rc == 0, "valid call after invalid ones: %d", rc);
+	b->free(b, d);
+}
+
+int main(void)
+{
+	struct md_backend *b = md_backend_cuda();
+
+	if (b == NULL) {
+		printf("cuda: SKIP: %s; the CUDA backend was compiled but not run\n",
+		       md_backend_cuda_error());
+		return 77; /* meson: skipped */
+	}
+	printf("cuda: backend '%s'\n", b->name);
+	check_api(b);
+
+	const enum md_dtype types[] = { MD_DT_F32, MD_DT_F16, MD_DT_BF16, MD_DT_Q8_0,
+					MD_DT_Q4_0, MD_DT_Q4_K, MD_DT_Q5_K, MD_DT_Q6_K };
+	/* Shapes: two rows, row counts that leave a partial thread block, wide rows; token
+	 * counts below, at and above the kernel's 8-token tile. Float types also get a row
+	 * length that is no multiple of 32. */
+	const struct { int64_t n_in, n_out; } shapes[] = {
+		{ 256, 2 }, { 512, 37 }, { 768, 130 }, { 4096, 64 }, { 2816, 9 },
+	};
+	const int toks[] = { 1, 3, 8, 9, 17 };
+
+	for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
+		enum md_dtype t = types[ti];
+		const struct md_dtype_info *info = md_dtype_info(t);
+		double worst = 0.0;
+		int cases = 0;
+
+		for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+			if (shapes[si].n_in % info->blck != 0)
+				continue;
+			for (size_t k = 0; k < sizeof(toks) / sizeof(toks[0]); k++) {
+				double e = check_case(b, t, shapes[si].n_in, shapes[si].n_out, toks[k], 0);
+
+				worst = e > worst ? e : worst;
+				cases++;
+			}
+		}
+		/* Padded rows (nb1 a multiple of 256 bytes, as an aligned upload would lay them out). */
+		size_t rb = md_dtype_row_size(t, 512);
+		double e = check_case(b, t, 512, 21, 5, (rb + 255) / 256 * 256 - rb + 256);
+		worst = e > worst ? e : worst;
+		cases++;
+		if (info->blck == 1) {
+			e = check_case(b, t, 100, 33, 4, 0);
+			worst = e > worst ? e : worst;
+			cases++;
+		}
+		printf("cuda: %-5s %2d cases, worst nmse %.3g (tolerance %.0e)\n", info->name, cases,
+		       worst, NMSE_TOL);
+	}
+	if (fails) {
+		fprintf(stderr, "cuda: %d check(s) failed\n", fails);
+		return 1;
+	}
+	printf("cuda: ok\n");
+	return 0;
+}
