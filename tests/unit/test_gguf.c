@@ -12,35 +12,7 @@
 
 #include "engine/quant.h"
 
-static int failures;
-
-#define CHECK(cond)                                                                          \
-	do {                                                                                 \
-		if (!(cond)) {                                                               \
-			fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-			failures++;                                                          \
-		}                                                                            \
-	} while (0)
-
-#define CHECK_EQ_U(a, b)                                                                     \
-	do {                                                                                 \
-		uint64_t a_ = (uint64_t)(a), b_ = (uint64_t)(b);                             \
-		if (a_ != b_) {                                                              \
-			fprintf(stderr, "%s:%d: %s == %s failed: %" PRIu64 " != %" PRIu64 "\n", \
-				__FILE__, __LINE__, #a, #b, a_, b_);                         \
-			failures++;                                                          \
-		}                                                                            \
-	} while (0)
-
-#define CHECK_EQ_I(a, b)                                                                     \
-	do {                                                                                 \
-		int64_t a_ = (int64_t)(a), b_ = (int64_t)(b);                                \
-		if (a_ != b_) {                                                              \
-			fprintf(stderr, "%s:%d: %s == %s failed: %" PRId64 " != %" PRId64 "\n", \
-				__FILE__, __LINE__, #a, #b, a_, b_);                         \
-			failures++;                                                          \
-		}                                                                            \
-	} while (0)
+#include "tests/unit/check.h"
 
 /* ---- a tiny GGUF emitter (independent of tools/gguf_writer.c) ---- */
 

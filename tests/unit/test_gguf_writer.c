@@ -4,26 +4,7 @@
 #include <inttypes.h>
 #include <sys/stat.h>
 
-static int failures;
-
-#define CHECK(cond)                                                                   \
-	do {                                                                          \
-		if (!(cond)) {                                                        \
-			fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-			failures++;                                                   \
-		}                                                                     \
-	} while (0)
-
-#define CHECK_EQ_U(a, b)                                                              \
-	do {                                                                          \
-		unsigned long long a_ = (unsigned long long)(a);                      \
-		unsigned long long b_ = (unsigned long long)(b);                      \
-		if (a_ != b_) {                                                       \
-			fprintf(stderr, "%s:%d: %s == %s: got %llu, want %llu\n", __FILE__, \
-				__LINE__, #a, #b, a_, b_);                            \
-			failures++;                                                   \
-		}                                                                     \
-	} while (0)
+#include "tests/unit/check.h"
 
 /* The expected content: one entry per key, its type and serialized value bytes. */
 struct expect_kv {

@@ -7,36 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int failures;
-
-#define CHECK(cond)                                                                   \
-	do {                                                                          \
-		if (!(cond)) {                                                        \
-			fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-			failures++;                                                   \
-		}                                                                     \
-	} while (0)
-
-#define CHECK_EQ_U(a, b)                                                              \
-	do {                                                                          \
-		unsigned long long va_ = (unsigned long long)(a), vb_ = (unsigned long long)(b); \
-		if (va_ != vb_) {                                                     \
-			fprintf(stderr, "%s:%d: %s == %s failed: 0x%llx != 0x%llx\n", __FILE__, \
-				__LINE__, #a, #b, va_, vb_);                          \
-			failures++;                                                   \
-		}                                                                     \
-	} while (0)
-
-/* Exact float equality (bitwise, so -0 != +0 is caught where it matters). */
-#define CHECK_EQ_F(a, b)                                                              \
-	do {                                                                          \
-		float fa_ = (a), fb_ = (b);                                           \
-		if (memcmp(&fa_, &fb_, sizeof(float)) != 0) {                         \
-			fprintf(stderr, "%s:%d: %s == %s failed: %.9g != %.9g\n", __FILE__, \
-				__LINE__, #a, #b, (double)fa_, (double)fb_);          \
-			failures++;                                                   \
-		}                                                                     \
-	} while (0)
+#include "tests/unit/check.h"
 
 static float from_bits(uint32_t u)
 {
