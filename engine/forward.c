@@ -37,6 +37,9 @@ struct md_forward_ctx {
 	float *ue;    /* (T, Fmax) up activations */
 	float *ye;    /* (T, N) expert outputs */
 	float *mm_scratch; /* per-thread dequantized rows */
+	void *ex_scratch;  /* quantized expert inputs (md_matmul_experts) */
+	struct md_mat *ex_w; /* (3 * E) gate, up of the active experts, then their down */
+	int32_t *ex_off;     /* (E + 1) slot offsets of the active experts */
 	float *att_scratch; /* per-thread attention scores (att_cap each) */
 	size_t att_cap;
 	float *rope_cs; /* (n_rot) cos, sin pairs of the current token's position (rope_table) */
@@ -73,6 +76,9 @@ void md_forward_free(struct md_forward_ctx *f)
 	free(f->ue);
 	free(f->ye);
 	free(f->mm_scratch);
+	free(f->ex_scratch);
+	free(f->ex_w);
+	free(f->ex_off);
 	free(f->att_scratch);
 	free(f->rope_cs);
 	free(f);
@@ -119,9 +125,16 @@ struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, i
 	f->lst = xalloc(T * K * sizeof(int32_t), &fail);
 	f->lstw = xalloc(T * K * sizeof(float), &fail);
 	f->xe = xalloc(T * N * sizeof(float), &fail);
-	f->ge = xalloc(T * F * sizeof(float), &fail);
-	f->ue = xalloc(T * F * sizeof(float), &fail);
-	f->ye = xalloc(T * N * sizeof(float), &fail);
+	/* Expert buffers hold one row per routing (T * K), the shared expert's one per token. */
+	f->ge = xalloc(T * K * F * sizeof(float), &fail);
+	f->ue = xalloc(T * K * F * sizeof(float), &fail);
+	f->ye = xalloc(T * K * N * sizeof(float), &fail);
+	if (hp->n_expert) {
+		size_t in_ex = N > F ? N : F;
+		f->ex_scratch = xalloc(md_matmul_experts_scratch_bytes((int64_t)in_ex, (int)T, (int)(T * K)), &fail);
+		f->ex_w = xalloc(3 * E * sizeof(struct md_mat), &fail);
+		f->ex_off = xalloc((E + 1) * sizeof(int32_t), &fail);
+	}
 	f->mm_scratch = xalloc(md_matmul_scratch_floats(f->pool, (int64_t)in_max, max_tokens) * sizeof(float), &fail);
 	f->rope_cs = xalloc((size_t)hp->n_rot * sizeof(float), &fail);
 	if (fail) {
@@ -320,6 +333,62 @@ static void swiglu(struct md_forward_ctx *f, const struct md_mat *gate, const st
 	md_matmul(f->pool, down, f->ge, n, out, f->mm_scratch);
 }
 
+struct glu_job {
+	float *g;        /* (rows, F) gate in, silu(gate) * up out */
+	const float *u;  /* (rows, F) */
+	size_t rows, F;
+};
+
+static void glu_worker(void *ctx, int ith, int nth)
+{
+	struct glu_job *j = ctx;
+	size_t per = (j->rows + (size_t)nth - 1) / (size_t)nth;
+	size_t a = per * (size_t)ith < j->rows ? per * (size_t)ith : j->rows;
+	size_t z = a + per < j->rows ? a + per : j->rows;
+	for (size_t i = a * j->F; i < z * j->F; i++)
+		j->g[i] = silu(j->g[i]) * j->u[i];
+}
+
+/* Step 3 of moe() for every active expert at once: one pool pass for all gate/up rows (the
+ * normed input quantized once for the layer), one for silu * up, one for all down rows. Fills
+ * f->ye in slot order. Returns false (nothing done) where the kernels can't take the
+ * weights; the per-expert loop runs then. */
+static bool moe_grouped(struct md_forward_ctx *f, int n, uint32_t il)
+{
+	const struct md_hparams *hp = &f->m->hp;
+	const struct md_layer *L = &f->m->layers[il];
+	const int E = (int)hp->n_expert;
+	if (!f->ex_w)
+		return false;
+	struct md_mat gu[2] = { md_mat_of(L->gate_exps, 0), md_mat_of(L->up_exps, 0) };
+	struct md_mat d = md_mat_of(L->down_exps, 0);
+	if (!md_matmul_experts_ok(gu, 2) || !md_matmul_experts_ok(&d, 1))
+		return false;
+	int na = 0;
+	struct md_mat *wgu = f->ex_w, *wd = f->ex_w + 2 * E;
+	for (int e = 0; e < E; e++) {
+		if (f->cnt[e] == f->cnt[e + 1])
+			continue;
+		wgu[2 * na] = md_mat_of(L->gate_exps, e);
+		wgu[2 * na + 1] = md_mat_of(L->up_exps, e);
+		wd[na] = md_mat_of(L->down_exps, e);
+		f->ex_off[na] = f->cnt[e];
+		na++;
+	}
+	f->ex_off[na] = f->cnt[E];
+	const int rows = f->cnt[E];
+	float *const ygu[2] = { f->ge, f->ue };
+	md_matmul_experts(f->pool, wgu, 2, na, f->ex_off, f->xn, n, f->lst, ygu, f->ex_scratch);
+	struct glu_job gj = { f->ge, f->ue, (size_t)rows, (size_t)gu[0].n_out };
+	if (rows >= 16)
+		md_pool_run(f->pool, glu_worker, &gj);
+	else
+		glu_worker(&gj, 0, 1);
+	float *const yd[1] = { f->ye };
+	md_matmul_experts(f->pool, wd, 1, na, f->ex_off, f->ge, rows, NULL, yd, f->ex_scratch);
+	return true;
+}
+
 static void moe(struct md_forward_ctx *f, int n, uint32_t il)
 {
 	const struct md_hparams *hp = &f->m->hp;
@@ -383,25 +452,29 @@ static void moe(struct md_forward_ctx *f, int n, uint32_t il)
 		f->cnt[e] = f->cnt[e - 1];
 	f->cnt[0] = 0;
 
-	/* 3. Run each active expert once over all its tokens; 4. scatter-add. */
+	/* 3. Run each active expert once over all its tokens; 4. scatter-add (in expert order,
+	 * the same sums whichever path computed the experts). */
 	memset(f->tmp, 0, (size_t)n * N * sizeof(float));
-	for (int e = 0; e < E; e++) {
-		int32_t a = f->cnt[e], z = f->cnt[e + 1];
-		if (a == z)
-			continue;
-		int m = z - a;
-		for (int i = 0; i < m; i++)
-			memcpy(f->xe + (size_t)i * N, f->xn + (size_t)f->lst[a + i] * N, (size_t)N * sizeof(float));
-		struct md_mat g = md_mat_of(L->gate_exps, e), u = md_mat_of(L->up_exps, e);
-		struct md_mat d = md_mat_of(L->down_exps, e);
-		swiglu(f, &g, &u, &d, f->xe, m, f->ye);
-		for (int i = 0; i < m; i++) {
-			float w = f->lstw[a + i];
-			float *dst = f->tmp + (size_t)f->lst[a + i] * N;
-			const float *src = f->ye + (size_t)i * N;
-			for (int64_t j = 0; j < N; j++)
-				dst[j] += w * src[j];
+	if (!moe_grouped(f, n, il)) {
+		for (int e = 0; e < E; e++) {
+			int32_t a = f->cnt[e], z = f->cnt[e + 1];
+			if (a == z)
+				continue;
+			int m = z - a;
+			for (int i = 0; i < m; i++)
+				memcpy(f->xe + (size_t)i * N, f->xn + (size_t)f->lst[a + i] * N,
+				       (size_t)N * sizeof(float));
+			struct md_mat g = md_mat_of(L->gate_exps, e), u = md_mat_of(L->up_exps, e);
+			struct md_mat d = md_mat_of(L->down_exps, e);
+			swiglu(f, &g, &u, &d, f->xe, m, f->ye + (size_t)a * N);
 		}
+	}
+	for (int s = 0; s < f->cnt[E]; s++) {
+		float w = f->lstw[s];
+		float *dst = f->tmp + (size_t)f->lst[s] * N;
+		const float *src = f->ye + (size_t)s * N;
+		for (int64_t j = 0; j < N; j++)
+			dst[j] += w * src[j];
 	}
 
 	/* Qwen2-MoE shared expert with its sigmoid gate. */

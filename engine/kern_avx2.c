@@ -228,6 +228,9 @@ INLINE void tile_q6_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 			s16[k] = _mm256_set_m128i(_mm_set1_epi16(scp[2 * k + 1]), _mm_set1_epi16(scp[2 * k]));
 		const __m256i sc_all = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scp));
 #ifdef KERN_AVX512
+		/* One token: the 256-bit loop below issues on more ports than packing 512-bit
+		 * operands would save. */
+		if (nt > 1) {
 		__m512i qz[4], sz[4];
 		for (int p = 0; p < 4; p++) {
 			qz[p] = _mm512_inserti64x4(_mm512_castsi256_si512(q[2 * p]), q[2 * p + 1], 1);
@@ -244,7 +247,9 @@ INLINE void tile_q6_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 						_mm512_extracti64x4_epi64(iz, 1)), corr);
 			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab->d), _mm256_cvtepi32_ps(is), acc[t]);
 		}
-#else
+		} else
+#endif
+		{
 		for (int t = 0; t < nt; t++) {
 			const struct md_q8k *ab = (const struct md_q8k *)(a + (size_t)t * as) + b;
 			__m256i is0 = _mm256_setzero_si256(), is1 = _mm256_setzero_si256();
@@ -258,7 +263,7 @@ INLINE void tile_q6_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 			const __m256i is = _mm256_sub_epi32(_mm256_add_epi32(is0, is1), corr);
 			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab->d), _mm256_cvtepi32_ps(is), acc[t]);
 		}
-#endif
+		}
 	}
 	for (int t = 0; t < nt; t++)
 		y[(size_t)t * ys] = hsum8(acc[t]);

@@ -12,6 +12,7 @@
  * buffer and dots it in float with every token. */
 #include "engine/matmul.h"
 
+#include <stdatomic.h>
 #include <string.h>
 
 #include "engine/cpu.h"
@@ -19,6 +20,9 @@
 
 #define ROW_ALIGN 16  /* rows per thread range are a multiple of this */
 #define ROW_CHUNK 32  /* rows walked per pass of the token groups */
+#ifndef PF_BYTES
+#define PF_BYTES 8192 /* software prefetch distance for single-pass rows */
+#endif
 
 struct md_mat md_mat_of(const struct md_tensor *t, int64_t expert)
 {
@@ -61,6 +65,9 @@ struct mm_job {
 	const struct md_kern *k;
 	const uint8_t *act;     /* (n_tok) rows of act_stride bytes */
 	size_t act_stride;
+	int64_t items[MD_MATMUL_MAX_MULTI]; /* work items (row chunks) per weight */
+	int64_t n_items;
+	atomic_llong next;      /* next work item */
 	/* reference path */
 	float *scratch;
 	size_t scratch_stride;
@@ -108,32 +115,61 @@ static void ref_worker(void *ctx, int ith, int nth)
 	}
 }
 
+/* Rows per work item: small enough that a chunk's weights stay in L1/L2 while several token
+ * groups pass over it; one token group (decode) needs no reuse, so items grow to cut the
+ * number of atomic grabs. Both are multiples of ROW_ALIGN. */
+static int64_t item_rows(int max_tok)
+{
+	return max_tok <= MD_KERN_NT ? 4 * ROW_CHUNK : ROW_CHUNK;
+}
+
+/* Rows r0 .. r0+nr-1 of w for n_tok activation rows at act (stride as), into y (n_tok rows of
+ * w->n_out floats). */
+static void kern_rows(const struct md_kern *k, const struct md_mat *w, int64_t r0, int64_t nr,
+		      const uint8_t *act, size_t as, int n_tok, float *y)
+{
+	const md_dot_fn dot = k->dot[w->type];
+	const uint8_t *wd = (const uint8_t *)w->data;
+	const int64_t pf = (int64_t)((PF_BYTES + w->nb1 - 1) / w->nb1);
+	for (int t0 = 0; t0 < n_tok; t0 += MD_KERN_NT) {
+		int nt = n_tok - t0 < MD_KERN_NT ? n_tok - t0 : MD_KERN_NT;
+		const uint8_t *a = act + (size_t)t0 * as;
+		float *yt = y + (size_t)t0 * w->n_out;
+		for (int64_t r = r0; r < r0 + nr; r++) {
+			if (nt == n_tok && r + pf < w->n_out) {
+				/* One pass over the rows (decode): fetch a row PF_BYTES ahead now so
+				 * its DRAM latency overlaps this row's math (the hardware prefetchers
+				 * stop at 4 KiB pages, a row or two here). */
+				const uint8_t *p = wd + (size_t)(r + pf) * w->nb1;
+				for (size_t o = 0; o < w->nb1; o += 64)
+					__builtin_prefetch(p + o, 0, 1);
+			}
+			dot(w->n_in, wd + (size_t)r * w->nb1, a, as, nt, yt + r, (size_t)w->n_out);
+		}
+	}
+}
+
+/* Threads grab row chunks from a shared counter, so a thread that the OS preempts (the
+ * machine is shared) delays only its current chunk, not a fixed share of the matrix. */
 static void kern_worker(void *ctx, int ith, int nth)
 {
 	struct mm_job *j = ctx;
-	int64_t g0, g1;
-	thread_range(j, ith, nth, &g0, &g1);
-	while (g0 < g1) {
-		int64_t r0 = g0;
-		const struct md_mat *w = &j->w[which(j, &r0)];
-		float *y = j->y[w - j->w];
-		/* This chunk: rows of one weight only. */
-		int64_t n = g1 - g0;
-		if (n > ROW_CHUNK)
-			n = ROW_CHUNK;
-		if (n > w->n_out - r0)
-			n = w->n_out - r0;
-		const md_dot_fn dot = j->k->dot[w->type];
-		const uint8_t *wd = (const uint8_t *)w->data;
-		for (int t0 = 0; t0 < j->n_tok; t0 += MD_KERN_NT) {
-			int nt = j->n_tok - t0 < MD_KERN_NT ? j->n_tok - t0 : MD_KERN_NT;
-			const uint8_t *a = j->act + (size_t)t0 * j->act_stride;
-			float *yt = y + (size_t)t0 * w->n_out;
-			for (int64_t r = r0; r < r0 + n; r++)
-				dot(w->n_in, wd + (size_t)r * w->nb1, a, j->act_stride, nt, yt + r,
-				    (size_t)w->n_out);
+	(void)ith;
+	(void)nth;
+	const int64_t ir = item_rows(j->n_tok);
+	for (;;) {
+		int64_t it = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+		if (it >= j->n_items)
+			break;
+		int i = 0;
+		while (it >= j->items[i]) {
+			it -= j->items[i];
+			i++;
 		}
-		g0 += n;
+		const struct md_mat *w = &j->w[i];
+		int64_t r0 = it * ir;
+		int64_t n = w->n_out - r0 < ir ? w->n_out - r0 : ir;
+		kern_rows(j->k, w, r0, n, j->act, j->act_stride, j->n_tok, j->y[i]);
 	}
 }
 
@@ -205,6 +241,12 @@ void md_matmul_multi(struct md_pool *pool, const struct md_mat *w, int nw, const
 {
 	if (n_tok <= 0 || nw <= 0)
 		return;
+	if (nw > MD_MATMUL_MAX_MULTI) {
+		md_matmul_multi(pool, w, MD_MATMUL_MAX_MULTI, x, n_tok, ys, scratch);
+		md_matmul_multi(pool, w + MD_MATMUL_MAX_MULTI, nw - MD_MATMUL_MAX_MULTI, x, n_tok,
+				ys + MD_MATMUL_MAX_MULTI, scratch);
+		return;
+	}
 	struct mm_job j = {
 		.w = w,
 		.nw = nw,
@@ -229,6 +271,12 @@ void md_matmul_multi(struct md_pool *pool, const struct md_mat *w, int nw, const
 		return;
 	}
 	j.k = k;
+	const int64_t ir = item_rows(n_tok);
+	for (int i = 0; i < nw; i++) {
+		j.items[i] = (w[i].n_out + ir - 1) / ir;
+		j.n_items += j.items[i];
+	}
+	atomic_init(&j.next, 0);
 	if (fmt == MD_ACT_F32) {
 		j.act = (const uint8_t *)x;
 		j.act_stride = (size_t)w[0].n_in * sizeof(float);
@@ -257,4 +305,150 @@ void md_matmul(struct md_pool *pool, const struct md_mat *w, const float *x, int
 	       float *scratch)
 {
 	md_matmul_multi(pool, w, 1, x, n_tok, &y, scratch);
+}
+
+/* ---- expert-grouped products ---- */
+
+struct ex_job {
+	const struct md_kern *k;
+	const struct md_mat *w; /* (ng * nw) */
+	int nw, ng;
+	const int32_t *off;     /* (ng + 1) */
+	float *const *y;        /* (nw) */
+	const uint8_t *act;     /* one row per slot */
+	size_t act_stride;
+	int64_t ir;             /* rows per work item */
+	int64_t items[MD_MATMUL_MAX_MULTI];
+	int64_t per_group;
+	int64_t n_items;
+	atomic_llong next;
+};
+
+static void ex_worker(void *ctx, int ith, int nth)
+{
+	struct ex_job *j = ctx;
+	(void)ith;
+	(void)nth;
+	for (;;) {
+		int64_t it = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+		if (it >= j->n_items)
+			break;
+		const int g = (int)(it / j->per_group);
+		it %= j->per_group;
+		int i = 0;
+		while (it >= j->items[i]) {
+			it -= j->items[i];
+			i++;
+		}
+		const struct md_mat *w = &j->w[(size_t)g * j->nw + i];
+		const int32_t s0 = j->off[g], m = j->off[g + 1] - s0;
+		int64_t r0 = it * j->ir;
+		int64_t n = w->n_out - r0 < j->ir ? w->n_out - r0 : j->ir;
+		kern_rows(j->k, w, r0, n, j->act + (size_t)s0 * j->act_stride, j->act_stride, m,
+			  j->y[i] + (size_t)s0 * w->n_out);
+	}
+}
+
+bool md_matmul_experts_ok(const struct md_mat *w, int nw)
+{
+	enum md_act_fmt fmt;
+	return nw <= MD_MATMUL_MAX_MULTI && kern_ok(md_kern_active(), w, nw, &fmt);
+}
+
+size_t md_matmul_experts_scratch_bytes(int64_t n_in, int n_x, int n_slots)
+{
+	size_t row = pad64(md_kern_act_row_size(MD_ACT_Q8B, (n_in + 31) / 32 * 32));
+	size_t rowk = pad64(md_kern_act_row_size(MD_ACT_Q8K, (n_in + 255) / 256 * 256));
+	size_t rowf = pad64((size_t)n_in * sizeof(float));
+	if (rowk > row)
+		row = rowk;
+	if (rowf > row)
+		row = rowf;
+	return row * ((size_t)n_x + (size_t)n_slots) + 64;
+}
+
+struct gather_job {
+	const uint8_t *src;
+	uint8_t *dst;
+	size_t stride, bytes;
+	const int32_t *idx;
+	int n;
+};
+
+static void gather_worker(void *ctx, int ith, int nth)
+{
+	struct gather_job *g = ctx;
+	int per = (g->n + nth - 1) / nth;
+	int a = per * ith < g->n ? per * ith : g->n, z = a + per < g->n ? a + per : g->n;
+	for (int s = a; s < z; s++)
+		memcpy(g->dst + (size_t)s * g->stride, g->src + (size_t)g->idx[s] * g->stride, g->bytes);
+}
+
+void md_matmul_experts(struct md_pool *pool, const struct md_mat *w, int nw, int ng,
+		       const int32_t *off, const float *x, int n_x, const int32_t *src,
+		       float *const *ys, void *scratch)
+{
+	const int n_slots = ng > 0 ? off[ng] - off[0] : 0;
+	if (n_slots <= 0 || nw <= 0)
+		return;
+	const struct md_kern *k = md_kern_active();
+	enum md_act_fmt fmt;
+	kern_ok(k, w, nw, &fmt);
+	const int64_t n_in = w[0].n_in;
+	struct ex_job j = {
+		.k = k,
+		.w = w,
+		.nw = nw,
+		.ng = ng,
+		.off = off,
+		.y = ys,
+	};
+	uint8_t *buf = (uint8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+	const int rows_in = src ? n_x : n_slots;
+	size_t stride;
+	const uint8_t *act;
+	if (fmt == MD_ACT_F32) {
+		stride = (size_t)n_in * sizeof(float);
+		act = (const uint8_t *)x;
+	} else {
+		stride = pad64(md_kern_act_row_size(fmt, n_in));
+		struct q_job q = {
+			.k = k,
+			.fmt = fmt,
+			.x = x,
+			.n_in = n_in,
+			.n_tok = rows_in,
+			.act = buf,
+			.act_stride = stride,
+		};
+		if (rows_in >= 8)
+			md_pool_run(pool, quant_worker, &q);
+		else
+			quant_rows(&q, 0, rows_in);
+		act = buf;
+		buf += stride * (size_t)rows_in;
+	}
+	if (src) {
+		/* Every slot gets its own copy of its token's row, so each group's rows are
+		 * contiguous for the tile kernels (slot order is expert-major). */
+		struct gather_job g = { act, buf, stride, stride, src, n_slots };
+		if (n_slots >= 64)
+			md_pool_run(pool, gather_worker, &g);
+		else
+			gather_worker(&g, 0, 1);
+		act = buf;
+	}
+	j.act = act - (size_t)off[0] * stride;
+	j.act_stride = stride;
+	int max_m = 0;
+	for (int g = 0; g < ng; g++)
+		max_m = off[g + 1] - off[g] > max_m ? off[g + 1] - off[g] : max_m;
+	j.ir = item_rows(max_m);
+	for (int i = 0; i < nw; i++) {
+		j.items[i] = (w[i].n_out + j.ir - 1) / j.ir;
+		j.per_group += j.items[i];
+	}
+	j.n_items = j.per_group * ng;
+	atomic_init(&j.next, 0);
+	md_pool_run(pool, ex_worker, &j);
 }

@@ -2,6 +2,7 @@
 #ifndef MD_MATMUL_H
 #define MD_MATMUL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -36,6 +37,22 @@ void md_matmul(struct md_pool *pool, const struct md_mat *w, const float *x, int
 #define MD_MATMUL_MAX_MULTI 4
 void md_matmul_multi(struct md_pool *pool, const struct md_mat *w, int nw, const float *x,
 		     int n_tok, float *const *ys, float *scratch);
+
+/*
+ * Expert-grouped products of a MoE layer in one pass over the pool (kernel path only: check
+ * md_matmul_experts_ok first). Group g < ng owns slots off[g] .. off[g+1]-1 (off[0] is
+ * normally 0); w holds nw weights per group, w[g * nw + i]. Slot s reads input row src[s - off[0]] of
+ * x (x has n_x rows of w[0].n_in floats), or row s - off[0] of x when src is NULL, and gets
+ * ys[i][s * w[i].n_out + r] = dot(row r of w[g * nw + i], input). The input rows are
+ * quantized once, however many groups use them. Work items are row chunks of one group's
+ * weight, taken dynamically by the threads. All weights share type and n_in, and w[g*nw+i]
+ * the n_out of w[i]. scratch: md_matmul_experts_scratch_bytes(n_in, n_x, n_slots) bytes.
+ */
+bool md_matmul_experts_ok(const struct md_mat *w, int nw);
+void md_matmul_experts(struct md_pool *pool, const struct md_mat *w, int nw, int ng,
+		       const int32_t *off, const float *x, int n_x, const int32_t *src,
+		       float *const *ys, void *scratch);
+size_t md_matmul_experts_scratch_bytes(int64_t n_in, int n_x, int n_slots);
 
 /* Floats of scratch md_matmul needs for rows of n_in elements and up to max_tok tokens. */
 size_t md_matmul_scratch_floats(const struct md_pool *pool, int64_t n_in, int max_tok);
