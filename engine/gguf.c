@@ -689,6 +689,9 @@ int md_gguf_open(struct md_gguf *g, const char *path, char *err, size_t errlen)
 		close(fd);
 		return r;
 	}
+	/* The weights are read front to back at load and then at random per expert: ask for
+	 * read-ahead now (a hint; failure is harmless). */
+	(void)madvise(map, (size_t)st.st_size, MADV_WILLNEED);
 	g->base = map;
 	g->size = (size_t)st.st_size;
 	g->_mapped = true;
