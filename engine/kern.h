@@ -45,9 +45,23 @@ enum md_act_fmt {
 typedef void (*md_dot_fn)(int64_t n, const void *w, const void *a, size_t a_stride, int nt,
 			  float *y, size_t y_stride);
 
+/*
+ * Dot nr weight rows (row r at w + r * w_stride bytes) with nt activation rows (any counts,
+ * laid out as for md_dot_fn): writes y[t * y_stride + r] for r < nr, t < nt. Register-tiled:
+ * each weight chunk is converted once for several tokens and each activation chunk is loaded
+ * once for several rows. For nt >= 2 an output has the same bits however rows and tokens are
+ * grouped (the table's dot with any nt >= 2 included). nt == 1 (decode) sums in an order of
+ * its own, tuned for one streaming row, so it may differ from the batched result in the last
+ * bits (float32 summation order only).
+ */
+typedef void (*md_gemm_fn)(int64_t n, const void *w, size_t w_stride, int nr, const void *a,
+			   size_t a_stride, int nt, float *y, size_t y_stride);
+
 struct md_kern {
 	const char *name; /* "scalar", "avx2", "avx512" */
 	md_dot_fn dot[MD_DT_COUNT]; /* NULL where the type has no kernel */
+	md_gemm_fn gemm[MD_DT_COUNT]; /* NULL where the type has none: callers use dot */
+	int gemm_nt; /* tokens per gemm register tile: up to this many, weights pass once */
 	/* Quantize n floats (n multiple of 32 / 256) into blocks. */
 	void (*quant_q8b)(const float *x, struct md_q8b *y, int64_t n);
 	void (*quant_q8k)(const float *x, struct md_q8k *y, int64_t n);
