@@ -38,19 +38,6 @@ struct md_mat md_mat_of(const struct md_tensor *t, int64_t expert)
 	return m;
 }
 
-static inline float dot_f32(const float *a, const float *b, int64_t n)
-{
-	float acc[8] = { 0 };
-	int64_t i = 0;
-	for (; i + 8 <= n; i += 8)
-		for (int j = 0; j < 8; j++)
-			acc[j] += a[i + j] * b[i + j];
-	float s = 0;
-	for (; i < n; i++)
-		s += a[i] * b[i];
-	return s + ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-}
-
 static inline size_t pad64(size_t n)
 {
 	return (n + 63) & ~(size_t)63;
@@ -113,7 +100,7 @@ static void ref_worker(void *ctx, int ith, int nth)
 			wr = row;
 		}
 		for (int t = 0; t < j->n_tok; t++)
-			y[(size_t)t * w->n_out + r] = dot_f32(wr, j->x + (size_t)t * w->n_in, w->n_in);
+			y[(size_t)t * w->n_out + r] = md_kern_scalar.dot_f32(wr, j->x + (size_t)t * w->n_in, w->n_in);
 	}
 }
 
