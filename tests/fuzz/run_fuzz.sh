@@ -25,11 +25,14 @@ cd "$work"
 status=0
 "$build/tests/fuzz/fuzz_gguf" -max_total_time="$secs" -max_len=4096 -timeout=10 \
 	-rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$work/" \
-	"$work/corpus" "$src/tests/fuzz/corpus/gguf" || status=$?
+	"$work/corpus" "$src/tests/fuzz/corpus/gguf" 2>"$work/fuzz.log" || status=$?
+# libFuzzer's progress lines and dictionary stay in fuzz.log; its final stats are shown.
+grep -E '^(Done|stat::)' "$work/fuzz.log" || true
 if [ "$status" -eq 0 ]; then
 	rm -rf "$work"
 	echo "fuzz_gguf: no findings in ${secs}s"
 else
-	echo "fuzz_gguf: FAILED (status $status), inputs in $work" >&2
+	tail -n 60 "$work/fuzz.log" >&2
+	echo "fuzz_gguf: FAILED (status $status), inputs and fuzz.log in $work" >&2
 fi
 exit "$status"
