@@ -417,12 +417,36 @@ INLINE void gemm_pass(int64_t n, const uint8_t *w, size_t wst, int nr, const uin
 #define PC_FLOATS 16384 /* stack buffer of converted weights (64 KiB) */
 #endif
 
+/* One token (decode): every weight row streams from memory once, and one fma chain per row
+ * would leave the loop waiting on FMA latency. Four chains take the vector chunks round-robin
+ * and are summed (c0 + c1) + (c2 + c3), then the tail element by element. This order is
+ * decode's own (kern.h: nt == 1), as the integer kernels' is. */
+INLINE float dot1_float(int64_t n, const uint8_t *w, const float *x, const int type)
+{
+	VF c0 = vzero(), c1 = vzero(), c2 = vzero(), c3 = vzero();
+	int64_t i = 0;
+	for (; i + 4 * VW <= n; i += 4 * VW) {
+		c0 = vfma(ld_w(w, i, type), vld(x + i), c0);
+		c1 = vfma(ld_w(w, i + VW, type), vld(x + i + VW), c1);
+		c2 = vfma(ld_w(w, i + 2 * VW, type), vld(x + i + 2 * VW), c2);
+		c3 = vfma(ld_w(w, i + 3 * VW, type), vld(x + i + 3 * VW), c3);
+	}
+	for (; i + VW <= n; i += VW)
+		c0 = vfma(ld_w(w, i, type), vld(x + i), c0);
+	float s = vhsum(vadd(vadd(c0, c1), vadd(c2, c3)));
+	for (; i < n; i++)
+		s = fmaf(ld_w1(w, i, type), x[i], s);
+	return s;
+}
+
 INLINE void gemm_float(int64_t n, const uint8_t *w, size_t wst, int nr, const uint8_t *a,
 		       size_t as, int nt, float *y, size_t ys, const int type)
 {
-	/* A single token takes the same tiles as a batch (four independent fma chains per row measured 10%
-	 * faster on decode, but would change the bits): a sequence's greedy output must not depend on how many others share
-	 * its step, so one token's bits equal the batched bits. */
+	if (nt == 1) {
+		for (int r = 0; r < nr; r++)
+			y[r] = dot1_float(n, w + (size_t)r * wst, (const float *)a, type);
+		return;
+	}
 #if PC_FLOATS > 0
 	/* 16-bit weights under several token tiles: convert a band of rows to float once, so
 	 * the tiles run pure FMAs instead of converting every chunk once per tile (measured

@@ -37,6 +37,7 @@ bool md_model_is_moe(const struct md_model *m)
 	return m->hp.n_expert > 0;
 }
 
+__attribute__((format(printf, 3, 4)))
 static void seterr(char *err, size_t errlen, const char *fmt, ...)
 {
 	if (!err || !errlen)
@@ -56,6 +57,7 @@ struct binder {
 
 /* Bind tensor `name` with the expected shape (ne[i] == 0 means "any"; n_dims expected dims).
  * Missing + optional gives NULL; missing + required fails naming the tensor. */
+__attribute__((format(printf, 7, 8)))
 static struct md_tensor *bind(struct binder *b, bool required, int n_dims, int64_t ne0,
 			      int64_t ne1, int64_t ne2, const char *fmt, ...)
 {

@@ -9,7 +9,7 @@ set -u
 PKGS="build-essential pkgconf meson ninja-build git
 libuv1-dev node-llhttp libcjson-dev libjemalloc-dev libinih-dev libsystemd-dev
 libpcre2-dev libutf8proc-dev
-clang libclang-rt-14-dev valgrind curl jq python3-numpy nginx wrk nodejs npm"
+clang libclang-rt-14-dev valgrind curl jq python3-numpy python3-yaml nginx wrk nodejs npm"
 missing=""
 for p in $PKGS; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
