@@ -690,7 +690,12 @@ int md_gguf_open(struct md_gguf *g, const char *path, char *err, size_t errlen)
 		return r;
 	}
 	/* The weights are read front to back at load and then at random per expert: ask for
-	 * read-ahead now (a hint; failure is harmless). */
+	 * read-ahead now, and for 2 MiB page-cache folios mapped with 2 MiB entries where the
+	 * kernel can (fewer TLB misses while decode streams the weights; llama.cpp gets the same
+	 * once the cache holds such folios). Hints; failure is harmless. */
+#ifdef MADV_HUGEPAGE
+	(void)madvise(map, (size_t)st.st_size, MADV_HUGEPAGE);
+#endif
 	(void)madvise(map, (size_t)st.st_size, MADV_WILLNEED);
 	g->base = map;
 	g->size = (size_t)st.st_size;
