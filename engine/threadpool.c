@@ -63,23 +63,33 @@ static int64_t now_ns(void)
 	return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* A time-bounded spin: call spin_expired() once per turn of a wait loop; it pauses the CPU
+ * and, every 256 turns, says whether SPIN_NS have passed since the first turn. */
+struct spin {
+	unsigned i;
+	int64_t t0;
+};
+
+static bool spin_expired(struct spin *s)
+{
+	cpu_relax();
+	if ((s->i++ & 255) != 0)
+		return false;
+	int64_t t = now_ns();
+	if (!s->t0)
+		s->t0 = t;
+	return t - s->t0 > SPIN_NS;
+}
+
 /* Spin until gen differs from seen or stop is set, for at most SPIN_NS. True when it did. */
 static bool spin_for_job(struct md_pool *p, unsigned seen)
 {
-	int64_t t0 = 0;
-	for (unsigned i = 0;; i++) {
-		if (atomic_load_explicit(&p->gen, memory_order_acquire) != seen ||
-		    atomic_load_explicit(&p->stop, memory_order_relaxed))
-			return true;
-		cpu_relax();
-		if ((i & 255) == 0) {
-			int64_t t = now_ns();
-			if (!t0)
-				t0 = t;
-			else if (t - t0 > SPIN_NS)
-				return false;
-		}
-	}
+	struct spin s = { 0, 0 };
+	while (atomic_load_explicit(&p->gen, memory_order_acquire) == seen &&
+	       !atomic_load_explicit(&p->stop, memory_order_relaxed))
+		if (spin_expired(&s))
+			return false;
+	return true;
 }
 
 static void *worker_main(void *arg)
@@ -196,22 +206,16 @@ void md_pool_run(struct md_pool *p, md_pool_fn fn, void *ctx)
 
 	fn(ctx, 0, p->n);
 
-	int64_t t0 = 0;
-	for (unsigned i = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0; i++) {
-		cpu_relax();
-		if ((i & 255) == 0) {
-			int64_t t = now_ns();
-			if (!t0) {
-				t0 = t;
-			} else if (t - t0 > SPIN_NS) {
-				pthread_mutex_lock(&p->mu);
-				atomic_store(&p->caller_waiting, true);
-				while (atomic_load(&p->pending) > 0)
-					pthread_cond_wait(&p->cv_done, &p->mu);
-				atomic_store(&p->caller_waiting, false);
-				pthread_mutex_unlock(&p->mu);
-				break;
-			}
-		}
+	struct spin s = { 0, 0 };
+	while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) {
+		if (!spin_expired(&s))
+			continue;
+		pthread_mutex_lock(&p->mu);
+		atomic_store(&p->caller_waiting, true);
+		while (atomic_load(&p->pending) > 0)
+			pthread_cond_wait(&p->cv_done, &p->mu);
+		atomic_store(&p->caller_waiting, false);
+		pthread_mutex_unlock(&p->mu);
+		break;
 	}
 }
