@@ -9,6 +9,8 @@
 #include "engine/backend.h"
 #include "engine/quant.h"
 
+#include "frand.h"
+
 /*
  * Tolerance: normalised mean squared error sum (y - ref)^2 / sum ref^2 over all outputs of one
  * call must stay below NMSE_TOL. The GPU computes the same dequantized values as the reference
@@ -17,16 +19,6 @@
  * in a 4096-long row already costs about 1e-6, so 1e-7 catches layout bugs with margin.
  */
 #define NMSE_TOL 1e-7
-
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-
-static float frand(void)
-{
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
 
 static int fails;
 
@@ -185,6 +177,7 @@ static void check_api(struct md_backend *b)
 
 int main(void)
 {
+	frand_seed(0x9e3779b97f4a7c15ull);
 	struct md_backend *b = md_backend_cuda();
 
 	if (b == NULL) {

@@ -12,6 +12,8 @@
 #include "engine/quant.h"
 #include "engine/threadpool.h"
 
+#include "frand.h"
+
 static int fails;
 
 #define CHECK(cond, ...)                                                                         \
@@ -23,14 +25,6 @@ static int fails;
 		}                                                                                \
 	} while (0)
 
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static float frand(void)
-{
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
 
 static const enum md_dtype types[] = { MD_DT_F32, MD_DT_F16, MD_DT_BF16, MD_DT_Q8_0,
 				       MD_DT_Q4_0, MD_DT_Q4_K, MD_DT_Q5_K, MD_DT_Q6_K };
@@ -323,6 +317,7 @@ static void test_matmul(const struct md_kern *k)
 
 int main(void)
 {
+	frand_seed(0x9e3779b97f4a7c15ull);
 	const char *levels[] = { "scalar", "avx2", "avx512" };
 	int tested = 0;
 	for (int l = 0; l < 3; l++) {

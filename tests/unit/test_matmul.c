@@ -8,17 +8,12 @@
 #include "engine/quant.h"
 #include "engine/threadpool.h"
 
-static uint64_t rng = 88172645463325252ull;
-static float frand(void)
-{
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
+#include "frand.h"
+
 
 int main(void)
 {
+	frand_seed(88172645463325252ull);
 	const enum md_dtype types[] = { MD_DT_F32, MD_DT_F16, MD_DT_BF16, MD_DT_Q8_0,
 					MD_DT_Q4_0, MD_DT_Q4_K, MD_DT_Q5_K, MD_DT_Q6_K };
 	const int n_in = 512, n_out = 37, n_tok = 5;

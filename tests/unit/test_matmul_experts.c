@@ -10,17 +10,12 @@
 #include "engine/quant.h"
 #include "engine/threadpool.h"
 
-static uint64_t rng = 0x2545f4914f6cdd1dull;
-static float frand(void)
-{
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return (float)((rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
+#include "frand.h"
+
 
 int main(void)
 {
+	frand_seed(0x2545f4914f6cdd1dull);
 	const enum md_dtype types[] = { MD_DT_F32, MD_DT_F16, MD_DT_BF16, MD_DT_Q8_0, MD_DT_Q4_0,
 					MD_DT_Q4_K, MD_DT_Q5_K, MD_DT_Q6_K };
 	/* 4 groups; group 1 gets 11 slots (two token tiles), group 2 one slot. */
