@@ -28,9 +28,16 @@ if not os.path.exists(pkg):
     with open(os.path.join(npm, ".install.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not os.path.exists(pkg):
-            r = subprocess.run(["npm", "install", "--prefix", npm, "--no-audit", "--no-fund",
-                                "--loglevel=error", SDK], capture_output=True, text=True)
-            print(r.stdout, r.stderr)
+            # Bounded: an unreachable registry fails the test in minutes, not at the
+            # harness's timeout.
+            try:
+                r = subprocess.run(["npm", "install", "--prefix", npm, "--no-audit",
+                                    "--no-fund", "--loglevel=error", "--fetch-retries=1",
+                                    "--fetch-timeout=30000", SDK],
+                                   capture_output=True, text=True, timeout=240)
+                print(r.stdout, r.stderr)
+            except subprocess.TimeoutExpired:
+                print("npm install did not finish in 240 s (registry unreachable?)")
 if not os.path.exists(pkg):
     print("FAIL: could not install the npm package %s into %s" % (SDK, npm))
     sys.exit(1)

@@ -40,7 +40,10 @@ if [ -n "$(missing)" ]; then
 		if [ -n "$need" ]; then
 			echo "installing into $dir:$need"
 			# shellcheck disable=SC2086
-			npm install --prefix "$dir" --no-audit --no-fund --loglevel=error $need >&2
+			# Bounded, so an unreachable registry fails in minutes rather than at
+			# meson's timeout. The || keeps set -e from skipping the check below.
+			timeout 240 npm install --prefix "$dir" --no-audit --no-fund --loglevel=error \
+				--fetch-retries=1 --fetch-timeout=30000 $need >&2 || true
 		fi
 	) 9>"$lock"
 	need=$(missing)

@@ -38,7 +38,8 @@ if need_install; then
 			echo '{"name":"moed-tok-cache","private":true}' >"$cache/npm/package.json"
 		echo "installing into $cache/npm: $pkgs"
 		# shellcheck disable=SC2086
-		(cd "$cache/npm" && npm install --no-audit --no-fund --loglevel=error $pkgs) || {
+		(cd "$cache/npm" && timeout 240 npm install --no-audit --no-fund --loglevel=error \
+			--fetch-retries=1 --fetch-timeout=30000 $pkgs) || {
 			echo "FAIL: npm install failed (offline? the npm cache may be primed with the" \
 			     "packages above)"
 			exit 1
