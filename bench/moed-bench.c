@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "engine/cpu.h"
+#include "engine/kern/cpu.h"
 #include "engine/forward.h"
 #include "engine/kv_cache.h"
 #include "engine/model.h"

@@ -5,7 +5,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "engine/matmul.h"
+#include "engine/kern/matmul.h"
 #include "engine/quant.h"
 
 /* What a backend reports about one of its devices. */

@@ -11,9 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/cpu.h"
-#include "engine/matmul.h"
-#include "engine/threadpool.h"
+#include "engine/kern/cpu.h"
+#include "engine/kern/matmul.h"
+#include "engine/kern/threadpool.h"
 
 struct md_forward_ctx {
 	const struct md_model *m; /* borrowed: outlives the context */

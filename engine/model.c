@@ -341,3 +341,16 @@ void md_model_free(struct md_model *m)
 	md_gguf_close(&m->gguf);
 	memset(m, 0, sizeof(*m));
 }
+
+struct md_mat md_mat_of(const struct md_tensor *t, int64_t expert)
+{
+	struct md_mat m = {
+		.type = t->type,
+		.n_in = t->ne[0],
+		.n_out = t->ne[1],
+		.nb1 = t->nb1,
+		.data = (const uint8_t *)t->data + (size_t)expert * t->nb2,
+	};
+	return m;
+}
+

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "engine/gguf.h"
+#include "engine/kern/matmul.h"
 #include "engine/quant.h"
 
 enum md_arch {
@@ -86,6 +87,9 @@ struct md_model {
  * is wrong (unsupported arch, missing tensor, wrong shape, unsupported type). */
 int md_model_load(struct md_model *m, const char *path, char *err, size_t errlen);
 void md_model_free(struct md_model *m);
+
+/* View of a 2-D tensor, or of expert e's matrix in a 3-D expert tensor (borrows t's data). */
+struct md_mat md_mat_of(const struct md_tensor *t, int64_t expert);
 
 const char *md_arch_name(enum md_arch a);
 bool md_model_is_moe(const struct md_model *m);

@@ -10,7 +10,7 @@
 #include <strings.h>
 
 #include "server/api_priv.h"
-#include "server/log.h"
+#include "common/log.h"
 
 int md_api_new(struct md_api **out, struct md_engine *eng, struct md_config *cfg)
 {

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/log.h"
+#include "common/log.h"
 
 #ifndef MOED_VERSION
 #define MOED_VERSION "0.0.0"

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "server/api_priv.h"
-#include "server/log.h"
+#include "common/log.h"
 
 #define MAX_N 64          /* choices per prompt */
 #define MAX_CHOICES 256   /* choices per request (prompts x n) */

@@ -9,7 +9,7 @@
 #include <strings.h>
 #include <time.h>
 
-#include "server/log.h"
+#include "common/log.h"
 
 enum conn_state {
 	C_IDLE,     /* between requests */

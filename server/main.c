@@ -11,7 +11,7 @@
 #include "server/api.h"
 #include "server/config.h"
 #include "server/http.h"
-#include "server/log.h"
+#include "common/log.h"
 #include "server/notify.h"
 
 struct app {

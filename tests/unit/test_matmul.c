@@ -3,10 +3,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "engine/cpu.h"
-#include "engine/matmul.h"
+#include "engine/kern/cpu.h"
+#include "engine/kern/matmul.h"
 #include "engine/quant.h"
-#include "engine/threadpool.h"
+#include "engine/kern/threadpool.h"
 
 #include "frand.h"
 

@@ -5,10 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/cpu.h"
-#include "engine/matmul.h"
+#include "engine/kern/cpu.h"
+#include "engine/kern/matmul.h"
 #include "engine/quant.h"
-#include "engine/threadpool.h"
+#include "engine/kern/threadpool.h"
 
 #include "frand.h"
 

@@ -6,9 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/model.h"
 #include "engine/quant.h"
-#include "engine/threadpool.h"
+#include "engine/kern/threadpool.h"
 
 /* A 2-D weight view: n_out rows of n_in elements, row r at data + r * nb1. */
 struct md_mat {
@@ -17,9 +16,6 @@ struct md_mat {
 	size_t nb1;
 	const void *data; /* borrowed */
 };
-
-/* View of a 2-D tensor, or of expert e's matrix in a 3-D expert tensor. */
-struct md_mat md_mat_of(const struct md_tensor *t, int64_t expert);
 
 /*
  * y[t][r] = dot(row r of w, x[t]) for t < n_tok; x is (n_tok, n_in), y is (n_tok, n_out), both

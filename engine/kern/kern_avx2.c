@@ -7,7 +7,7 @@
  * it for up to MD_KERN_NT activation rows held in registers. Float weights have a gemm that
  * tiles GR rows x GT tokens of accumulators and, under many tokens, converts 16-bit weights
  * to float once per band of rows. */
-#include "engine/kern.h"
+#include "engine/kern/kern.h"
 
 #include <immintrin.h>
 #include <math.h>

@@ -12,31 +12,19 @@
  *
  * Reference path (MOED_KERNELS=ref): each thread dequantizes one weight row into its scratch
  * buffer and dots it in float with every token. */
-#include "engine/matmul.h"
+#include "engine/kern/matmul.h"
 
 #include <stdatomic.h>
 #include <string.h>
 
-#include "engine/cpu.h"
-#include "engine/kern.h"
+#include "engine/kern/cpu.h"
+#include "engine/kern/kern.h"
 
 #define ROW_ALIGN 16  /* rows per thread range are a multiple of this */
 #define ROW_CHUNK 32  /* rows walked per pass of the token groups */
 #ifndef PF_BYTES
 #define PF_BYTES 8192 /* software prefetch distance for single-pass rows */
 #endif
-
-struct md_mat md_mat_of(const struct md_tensor *t, int64_t expert)
-{
-	struct md_mat m = {
-		.type = t->type,
-		.n_in = t->ne[0],
-		.n_out = t->ne[1],
-		.nb1 = t->nb1,
-		.data = (const uint8_t *)t->data + (size_t)expert * t->nb2,
-	};
-	return m;
-}
 
 static inline size_t pad64(size_t n)
 {

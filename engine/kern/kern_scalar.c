@@ -1,5 +1,5 @@
 /* Portable kernels over on-the-fly quantized activations: the scalar table and shared helpers. */
-#include "engine/kern.h"
+#include "engine/kern/kern.h"
 
 #include <math.h>
 #include <string.h>

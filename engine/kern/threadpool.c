@@ -12,7 +12,7 @@
  * the generation under the mutex; the caller bumps the generation (seq_cst) and then reads
  * sleepers. One of the two sees the other's write. The done side pairs pending and
  * caller_waiting the same way. */
-#include "engine/threadpool.h"
+#include "engine/kern/threadpool.h"
 
 #include <pthread.h>
 #include <signal.h>

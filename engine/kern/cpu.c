@@ -1,5 +1,5 @@
 /* Runtime CPU feature detection and the choice of compute kernels (env MOED_KERNELS). */
-#include "engine/cpu.h"
+#include "engine/kern/cpu.h"
 
 #include <pthread.h>
 #include <stdio.h>

@@ -1,5 +1,5 @@
 /* Process logging: one line per call on stderr, text or JSON, safe from any thread. */
-#include "server/log.h"
+#include "common/log.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -4,7 +4,7 @@
 
 #include <stdbool.h>
 
-#include "engine/kern.h"
+#include "engine/kern/kern.h"
 
 struct md_cpu_features {
 	bool avx2, fma, f16c;
