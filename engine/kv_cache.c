@@ -108,6 +108,16 @@ uint32_t md_kv_blocks_used(const struct md_kv_cache *kv)
 	return kv->n_blocks - kv->n_free;
 }
 
+uint32_t md_kv_blocks_free(const struct md_kv_cache *kv)
+{
+	return kv->n_free;
+}
+
+uint32_t md_kv_blocks_total(const struct md_kv_cache *kv)
+{
+	return kv->n_blocks;
+}
+
 static inline size_t kv_offset(const struct md_kv_cache *kv, uint32_t l, int seq, uint32_t pos)
 {
 	const struct md_kv_seq *s = &kv->seqs[seq];

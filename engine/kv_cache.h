@@ -39,6 +39,9 @@ int md_kv_reserve(struct md_kv_cache *kv, int seq, uint32_t n_pos);
 /* Forget positions >= n_pos (rollback); frees blocks no longer needed. */
 void md_kv_truncate(struct md_kv_cache *kv, int seq, uint32_t n_pos);
 uint32_t md_kv_blocks_used(const struct md_kv_cache *kv);
+/* Blocks free in the pool, and the pool size. */
+uint32_t md_kv_blocks_free(const struct md_kv_cache *kv);
+uint32_t md_kv_blocks_total(const struct md_kv_cache *kv);
 
 /* Row of K (or V) for layer l, sequence seq, position pos; the position must be reserved. */
 float *md_kv_k(struct md_kv_cache *kv, uint32_t l, int seq, uint32_t pos);
