@@ -67,7 +67,12 @@ struct md_engine_req {
 	bool ignore_eos;
 	struct md_sampling sampling; /* owns its logit_bias array */
 	struct md_engine_req *_next; /* queue link */
+	struct md_engine_event *_done; /* owned: the DONE event, allocated by md_engine_submit so
+					  that a request always gets one */
 };
+
+/* Free a request the engine handed back or never took (its prompt, sampling and event). */
+void md_engine_req_free(struct md_engine_req *r);
 
 #define MD_ENGINE_MAX_TOP 20
 
@@ -94,7 +99,8 @@ struct md_engine_stats {
 	uint32_t waiting, running;
 	uint32_t kv_blocks_used, kv_blocks_total;
 	uint64_t steps, preemptions;
-	uint64_t prompt_tokens, gen_tokens; /* processed in forward passes */
+	uint64_t prompt_tokens, gen_tokens; /* processed in forward passes, each once */
+	uint64_t recomputed_tokens;         /* computed again after a preemption */
 };
 
 /* Create an engine (does not start the thread). Returns 0 or -ENOMEM / -EINVAL. */
@@ -112,9 +118,11 @@ enum md_engine_state md_engine_state(const struct md_engine *e);
 /* One line describing why loading failed (empty otherwise). */
 const char *md_engine_error(const struct md_engine *e);
 
-/* Queue a request. On success the engine owns r (and its arrays). Returns 0, -EAGAIN when the
- * queue is full, -ESHUTDOWN when the engine is not serving, -EINVAL for a malformed request
- * (prompt empty or longer than the context); on failure r stays the caller's. */
+/* Queue a request. On success the engine owns r (and its arrays). max_tokens beyond what the
+ * context leaves is clamped to it. Returns 0, -EAGAIN when the queue is full, -ESHUTDOWN when
+ * the engine is not serving, -EINVAL for a malformed request (prompt empty or longer than the
+ * context), -ENOMEM; on failure r stays the caller's, unchanged. Every accepted request ends
+ * with exactly one MD_EV_DONE. */
 int md_engine_submit(struct md_engine *e, struct md_engine_req *r);
 /* Cancel by id (unknown ids are ignored); the engine frees its KV at the next step and posts
  * MD_EV_DONE with MD_FINISH_CANCELLED. Returns 0 or -ENOMEM. */

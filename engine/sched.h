@@ -1,0 +1,158 @@
+/* The scheduler: sequences, the waiting and running lists, admission, preemption, step plans. */
+#ifndef MD_SCHED_H
+#define MD_SCHED_H
+
+/*
+ * DESIGN
+ * The scheduler decides, once per engine step, which tokens of which sequences go into the
+ * next forward pass; it never runs the model. A step is a plan/commit pair:
+ *
+ *   md_sched_plan    admits waiting sequences (FIFO, while a slot and KV blocks for the whole
+ *                    pending prompt are free), reserves KV positions for what it schedules
+ *                    (preempting the youngest sequence when a running one cannot grow), and
+ *                    writes the batch: tokens, KV slots, positions, which rows want logits,
+ *                    and one md_plan_item per participating sequence (its token count and how
+ *                    many logits rows it gets: one today, 1 + drafted tokens for speculation);
+ *   md_sched_commit  after the forward pass: the scheduled tokens are now in the KV cache;
+ *                    per item, how many drafted tokens were accepted (the rest roll back).
+ *
+ * The caller then samples each item's logits rows and appends tokens (md_sched_append) or
+ * removes finished sequences (md_sched_remove), which hands them back to the caller.
+ *
+ * Fairness: every sequence carries the step it was last served in. A step walks the running
+ * sequences least recently served first (admission order on ties): a decoding sequence takes
+ * one token (plus its drafts), a prefilling one a chunk of what is left of the budget. When
+ * the budget covers everyone (the usual case) every decoder gets its token each step and
+ * prefill takes the rest, oldest admission first; when it does not (more decoders than
+ * budget), whoever was skipped goes first next step, so no stream waits on the others'
+ * completion. The rejected alternative, decoders always first in admission order, starved
+ * every sequence past the budget until the ones in front had finished.
+ *
+ * Preemption by recompute: a preempted sequence frees its KV and returns to the front of the
+ * queue; its generated tokens become part of what it prefills when readmitted, its sampler
+ * state stays. Tokens computed again are counted as recomputed, not as prompt tokens.
+ *
+ * Ownership: the scheduler owns every sequence on its lists; md_sched_remove and
+ * md_sched_cancel hand one back. It borrows the KV cache. Engine thread only.
+ */
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/assert.h"
+#include "engine/engine.h"
+#include "engine/kv_cache.h"
+#include "engine/sampler.h"
+
+/* One request in the engine: its tokens and where it stands. */
+struct md_seq {
+	struct md_engine_req *req;  /* owned: prompt, sampling, limits, preallocated DONE event */
+	int32_t *toks;              /* owned: prompt then generated tokens, (cap) */
+	uint32_t n_toks, cap;       /* cap = min(n_prompt + max_tokens, n_ctx) + 1 */
+	uint32_t n_prompt;
+	uint32_t n_kv;              /* tokens whose K/V are in the cache */
+	uint32_t n_kv_max;          /* most tokens ever in the cache (recompute accounting) */
+	uint32_t n_gen;
+	const int32_t *draft;       /* borrowed until commit: tokens proposed after toks, or NULL */
+	uint32_t n_draft;
+	int kv_seq;                 /* KV sequence slot, -1 while waiting */
+	uint64_t admit_no;          /* order of (re)admission */
+	uint64_t last_served;       /* step number this sequence last had tokens in */
+	struct md_sampler sm;
+	struct md_seq *next;        /* waiting list link */
+};
+
+/* Create a sequence for r (taking ownership of r only on success). n_ctx bounds its length,
+ * n_vocab sizes its sampler. Returns NULL when out of memory. */
+struct md_seq *md_seq_new(struct md_engine_req *r, uint32_t n_ctx, uint32_t n_vocab,
+			  uint64_t seed);
+/* Free a sequence that is on no list (its KV must already be released) and its request. */
+void md_seq_free(struct md_seq *s);
+
+struct md_sched_config {
+	uint32_t max_seqs;     /* sequences running at once */
+	uint32_t step_tokens;  /* tokens in one forward pass */
+	uint32_t n_ctx;        /* longest sequence */
+	uint32_t max_logits;   /* logits rows in one step; 0 = max_seqs (drafts are trimmed to
+				  fit: the caller's logits buffer has this many rows) */
+};
+
+/* What one sequence contributes to a step: n_tok tokens at batch rows [row, row + n_tok),
+ * and its last n_logits rows want logits (0 while a prompt chunk is not the last). */
+struct md_plan_item {
+	struct md_seq *seq;    /* borrowed: valid until it is removed */
+	uint32_t row, n_tok, n_logits;
+	uint32_t n_draft;      /* drafted tokens among the n_tok (the last ones) */
+};
+
+/* A step's batch, in the arrays md_forward takes. Buffers are owned by the scheduler and
+ * valid until the next plan. */
+struct md_plan {
+	uint32_t n_tokens;
+	int32_t *tokens, *seq, *pos;   /* (step_tokens) */
+	bool *want_logits;             /* (step_tokens) */
+	struct md_plan_item *items;    /* (max_seqs) in batch order */
+	uint32_t n_items;
+	uint32_t n_logits;             /* logits rows, in item order */
+	uint32_t n_prompt, n_recompute, n_decode; /* tokens by kind, for statistics */
+	struct md_seq *failed;         /* owned by the caller after plan: sequences that can
+					  never fit (prompt beyond the KV pool), list via next */
+};
+
+struct md_sched_stats {
+	uint64_t steps, preemptions;
+	uint64_t prompt_tokens;       /* prompt tokens computed the first time */
+	uint64_t recomputed_tokens;   /* tokens computed again after a preemption */
+	uint64_t gen_tokens;          /* decode tokens (one per generated token fed back) */
+};
+
+struct md_sched {
+	struct md_sched_config cfg;
+	struct md_kv_cache *kv;        /* borrowed */
+	struct md_seq *waiting;        /* owned: FIFO */
+	struct md_seq **running;       /* owned (max_seqs), admission order */
+	uint32_t n_running, n_waiting;
+	uint64_t admit_counter, step_no;
+	struct md_plan plan;
+	struct md_seq **order;         /* owned (max_seqs): scratch for the service order */
+	struct md_sched_stats stats;
+	struct md_thread_owner owner;  /* the engine thread, once it claims it */
+};
+
+/* Returns 0, -EINVAL (zero limits) or -ENOMEM. */
+int md_sched_init(struct md_sched *s, const struct md_sched_config *cfg, struct md_kv_cache *kv);
+/* Frees every sequence still on the lists. */
+void md_sched_release(struct md_sched *s);
+
+/* Queue a new sequence at the back. */
+void md_sched_enqueue(struct md_sched *s, struct md_seq *q);
+/* Take the sequence of request id off whichever list holds it (its KV freed) and hand it
+ * back; NULL when unknown. */
+struct md_seq *md_sched_cancel(struct md_sched *s, uint64_t id);
+/* Take the next sequence off the lists (waiting first, then running, KV freed); NULL when
+ * both are empty. For shutdown and engine errors. */
+struct md_seq *md_sched_pop_any(struct md_sched *s);
+
+/* Plan the next step into s->plan (see DESIGN). Returns the number of tokens (0: nothing to
+ * run). Sequences that can never be admitted are moved to plan->failed. */
+uint32_t md_sched_plan(struct md_sched *s);
+/* The forward pass of the plan succeeded: advance each item's KV length by its tokens, less
+ * the drafted tokens it did not accept (accepted: per item, NULL = all). */
+void md_sched_commit(struct md_sched *s, const uint32_t *accepted);
+
+/* Append a sampled token to a running sequence (room is guaranteed while n_toks < cap). */
+void md_sched_append(struct md_sched *s, struct md_seq *q, int32_t token);
+/* Take a running sequence off the running list (its KV freed) and hand it back. */
+void md_sched_remove(struct md_sched *s, struct md_seq *q);
+
+static inline uint32_t md_sched_n_waiting(const struct md_sched *s)
+{
+	return s->n_waiting;
+}
+
+static inline uint32_t md_sched_n_running(const struct md_sched *s)
+{
+	return s->n_running;
+}
+
+#endif
