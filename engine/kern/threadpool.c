@@ -27,6 +27,9 @@
  * (~30 us) let workers fall asleep between jobs and cost ~10% of tokens/s. */
 #define SPIN_NS 2000000LL
 
+/* MOED_POOL_SPIN_US overrides SPIN_NS for measurements (read once per pool). */
+static int64_t spin_ns = SPIN_NS;
+
 struct md_pool {
 	int n;
 	pthread_t *threads; /* owned (n - 1) */
@@ -78,7 +81,7 @@ static bool spin_expired(struct spin *s)
 	int64_t t = now_ns();
 	if (!s->t0)
 		s->t0 = t;
-	return t - s->t0 > SPIN_NS;
+	return t - s->t0 > spin_ns;
 }
 
 /* Spin until gen differs from seen or stop is set, for at most SPIN_NS. True when it did. */
@@ -122,6 +125,9 @@ static void *worker_main(void *arg)
 
 struct md_pool *md_pool_new(int n_threads)
 {
+	const char *env = getenv("MOED_POOL_SPIN_US");
+	if (env && *env)
+		spin_ns = strtoll(env, NULL, 10) * 1000;
 	if (n_threads < 1)
 		n_threads = 1;
 	struct md_pool *p = calloc(1, sizeof(*p));
