@@ -12,6 +12,7 @@
 #include "engine/gguf.h"
 #include "engine/quant.h"
 #include "tools/gguf_writer.h"
+#include "tools/inflate.h"
 
 /* llama.cpp's general.file_type values (enum llama_ftype). */
 enum {
@@ -55,7 +56,9 @@ static void usage(FILE *f)
 "          ffn_down* in the first and last n_layer/8 layers and every third between\n"
 "          (llama.cpp's use_more_bits); q4_0: q6_K for output.weight.\n"
 "          Fallbacks: a tensor whose ne[0] is not a multiple of 256 gets q8_0 in K mixes\n"
-"          (f16 if not even a multiple of 32, also for q8_0/q4_0 targets).\n");
+"          (f16 if not even a multiple of 32, also for q8_0/q4_0 targets).\n"
+"\n"
+MD_INFLATE_USAGE);
 }
 
 /* ---------------------------------------------------------------- small helpers */
@@ -1075,6 +1078,8 @@ int main(int argc, char **argv)
 		}
 		return cmd_quantize(argv[2], argv[3], argv[4]);
 	}
-	fprintf(stderr, "moed-gguf: unknown command '%s' (info, gen, quantize)\n", argv[1]);
+	if (strcmp(argv[1], "inflate") == 0)
+		return md_inflate_main(argc - 1, argv + 1);
+	fprintf(stderr, "moed-gguf: unknown command '%s' (info, gen, quantize, inflate)\n", argv[1]);
 	return 2;
 }
