@@ -16,6 +16,17 @@
  * The tokenizer and chat-template helpers below read immutable state published when the
  * model finished loading (md_engine_state() == MD_ENGINE_READY); they may be called from any
  * thread after that point.
+ *
+ * Layers, lowest first; each calls only the ones before it:
+ *   common/          log, assert (thread owners)
+ *   engine/kern/     cpu dispatch, kernels, matmul, thread pool (knows weight types only)
+ *   engine/quant, gguf, model     weight types, the file, the architecture binding
+ *   engine/kv_cache, router, expert source, forward     one batched forward pass
+ *   engine/tokenizer, chat_template, text               the text side of a model
+ *   engine/sampler, sched         per-sequence sampling; which tokens run in a step
+ *   engine/engine    (this file)  the thread, the queues, loading, the step loop
+ *   server/          HTTP, OpenAI API; it sees only this header
+ * cuda/ implements engine/backend.h and is linked in, never called by name.
  */
 
 #include <stdbool.h>
