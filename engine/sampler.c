@@ -80,11 +80,16 @@ static int cmp_i32(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-/* Copy tokens into the sorted scratch so runs of equal ids can be counted. */
+/* Copy tokens into the sorted scratch so runs of equal ids can be counted. With no tokens at
+ * all (a penalty on the first generated token) it touches nothing: sm->hist may still be NULL,
+ * and qsort/memcpy on a NULL pointer are undefined even for zero elements. */
 static int sorted_hist(struct md_sampler *sm, const int32_t *a, uint32_t na, const int32_t *b,
 		       uint32_t nb, uint32_t *n)
 {
 	uint32_t total = na + nb;
+	*n = 0;
+	if (total == 0)
+		return 0;
 	if (total > sm->hist_cap) {
 		int32_t *h = realloc(sm->hist, sizeof(int32_t) * total);
 		if (!h)

@@ -95,6 +95,18 @@ int main(void)
 		printf("FAIL penalties did not move greedy off %d\n", best);
 		fails++;
 	}
+	/* penalties before any token was generated: no history at all. The sampler used to sort
+	 * a NULL history (qsort(NULL, 0, ...)), which stops a UBSan build. */
+	{
+		struct md_sampler fresh;
+		md_sampler_init(&fresh, V, 7);
+		md_sampling_default(&p);
+		p.temperature = 0;
+		p.presence_penalty = 1;
+		p.frequency_penalty = 1;
+		CHECK_EQ(sample(&fresh, &p, logits, NULL, 0, &o), best, "penalties, empty history");
+		md_sampler_release(&fresh);
+	}
 	/* seeds: same seed same sequence, different seed different sequence */
 	md_sampling_default(&p);
 	p.temperature = 1.5f;
