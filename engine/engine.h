@@ -85,7 +85,7 @@ struct md_engine_req {
 /* Free a request the engine handed back or never took (its prompt, sampling and event). */
 void md_engine_req_free(struct md_engine_req *r);
 
-#define MD_ENGINE_MAX_TOP 20
+#define MD_ENGINE_MAX_TOP MD_SAMPLER_MAX_TOP
 
 enum md_event_kind {
 	MD_EV_TOKEN,  /* one generated token (with its logprobs when asked) */
