@@ -55,8 +55,9 @@ struct md_model_buf {
 	void *data; /* owned: 64-byte aligned */
 };
 
-/* A zeroed buffer of n bytes owned by m (freed by md_model_free), or NULL. */
-static void *model_alloc(struct md_model *m, size_t n)
+/* A zeroed buffer of n bytes owned by m (freed by md_model_free), or NULL. Tensor data
+ * (data true) counts in m->owned_bytes, names do not. */
+static void *model_alloc(struct md_model *m, size_t n, bool data)
 {
 	struct md_model_buf *b = malloc(sizeof(*b));
 	size_t sz = (n + 63) & ~(size_t)63;
@@ -67,7 +68,7 @@ static void *model_alloc(struct md_model *m, size_t n)
 	memset(b->data, 0, sz ? sz : 64);
 	b->next = m->_bufs;
 	m->_bufs = b;
-	m->owned_bytes += n;
+	m->owned_bytes += data ? n : 0;
 	return b->data;
 }
 
@@ -189,7 +190,7 @@ static struct md_tensor *bind(struct binder *b, bool required, int n_dims, int64
 		t->ne[i] = gt->ne[i];
 	t->data = gt->data;
 	if (n_dims == 1 && t->type != MD_DT_F32) {
-		float *f = model_alloc(m, (size_t)ne0 * sizeof(float));
+		float *f = model_alloc(m, (size_t)ne0 * sizeof(float), true);
 		if (!f) {
 			seterr(b->err, b->errlen, "model: out of memory converting '%s' to f32", name);
 			b->rc = -ENOMEM;
@@ -273,11 +274,11 @@ static struct md_tensor *bind_experts(struct binder *b, uint32_t il, const char 
 
 	/* The merged name, kept by the model (md_tensor names are not NUL-terminated). */
 	size_t name_len = strlen(merged);
-	char *tname = model_alloc(m, name_len + 1);
+	char *tname = model_alloc(m, name_len + 1, false);
 	const uint8_t *data = parts[0]->data;
 	size_t nb2 = E > 1 && uniform ? (size_t)stride : mat;
 	if (tname && !uniform) {
-		uint8_t *buf = model_alloc(m, mat * (size_t)E);
+		uint8_t *buf = model_alloc(m, mat * (size_t)E, true);
 		if (buf)
 			for (int64_t e = 0; e < E; e++)
 				memcpy(buf + (size_t)e * mat, parts[e]->data, mat);
@@ -574,7 +575,7 @@ static int check_all_used(struct binder *b)
 			continue;
 		const struct md_gguf_tensor *gt = &g->tensors[i];
 		seterr(b->err, b->errlen,
-		       "model: tensor '%.*s' is not part of arch %s as moed implements it (a file with it would compute something else); not supported",
+		       "model: tensor '%.*s' is not supported for arch %s (moed would ignore it and compute a different result)",
 		       (int)(gt->name.len > 96 ? 96 : gt->name.len), gt->name.ptr, b->m->hp.arch_name);
 		return -ENOTSUP;
 	}
