@@ -48,15 +48,114 @@ static void seterr(char *err, size_t errlen, const char *fmt, ...)
 	va_end(ap);
 }
 
+/* ---------------------------------------------------------------- model-owned buffers */
+
+struct md_model_buf {
+	struct md_model_buf *next;
+	void *data; /* owned: 64-byte aligned */
+};
+
+/* A zeroed buffer of n bytes owned by m (freed by md_model_free), or NULL. Tensor data
+ * (data true) counts in m->owned_bytes, names do not. */
+static void *model_alloc(struct md_model *m, size_t n, bool data)
+{
+	struct md_model_buf *b = malloc(sizeof(*b));
+	size_t sz = (n + 63) & ~(size_t)63;
+	if (!b || !(b->data = aligned_alloc(64, sz ? sz : 64))) {
+		free(b);
+		return NULL;
+	}
+	memset(b->data, 0, sz ? sz : 64);
+	b->next = m->_bufs;
+	m->_bufs = b;
+	m->owned_bytes += data ? n : 0;
+	return b->data;
+}
+
+static void free_bufs(struct md_model *m)
+{
+	while (m->_bufs) {
+		struct md_model_buf *b = m->_bufs;
+		m->_bufs = b->next;
+		free(b->data);
+		free(b);
+	}
+	m->owned_bytes = 0;
+}
+
+/* ---------------------------------------------------------------- binding */
+
 struct binder {
 	struct md_model *m;
 	char *err;
 	size_t errlen;
 	int rc;
+	uint8_t *used; /* owned (gguf.n_tensors): 1 once a binding consumed that tensor */
 };
 
-/* Bind tensor `name` with the expected shape (ne[i] == 0 means "any"; n_dims expected dims).
- * Missing + optional gives NULL; missing + required fails naming the tensor. */
+static void fmt_shape(char *buf, size_t len, const int64_t *ne, int n)
+{
+	size_t o = (size_t)snprintf(buf, len, "[");
+	for (int i = 0; i < n && o < len; i++)
+		o += (size_t)snprintf(buf + o, len - o, "%s%lld", i ? ", " : "", (long long)ne[i]);
+	if (o < len)
+		snprintf(buf + o, len - o, "]");
+}
+
+/* llama.cpp's rule (llama_model_loader::check_tensor_dims): the first n dims must equal
+ * want[], every dim past them must be 1. So [n, 1] matches [n], and [a, b, 1, 1] [a, b]. */
+static bool shape_matches(const struct md_gguf_tensor *gt, int n, const int64_t *want)
+{
+	for (int i = 0; i < MD_GGUF_MAX_DIMS; i++)
+		if (gt->ne[i] != (i < n ? want[i] : 1))
+			return false;
+	return true;
+}
+
+static bool shape_error(struct binder *b, const char *name, const struct md_gguf_tensor *gt,
+			int n, const int64_t *want)
+{
+	char got[96], exp[96];
+	fmt_shape(got, sizeof(got), gt->ne, (int)gt->n_dims);
+	fmt_shape(exp, sizeof(exp), want, n);
+	seterr(b->err, b->errlen,
+	       "model: tensor '%s' has shape %s, expected %s (arch %s; trailing dimensions of 1 are ignored)",
+	       name, got, exp, b->m->hp.arch_name);
+	b->rc = -EINVAL;
+	return false;
+}
+
+/* Check shape and type of gt against want; on failure set b->rc and err. */
+static bool check_tensor(struct binder *b, const char *name, const struct md_gguf_tensor *gt,
+			 int n, const int64_t *want)
+{
+	if (!shape_matches(gt, n, want))
+		return shape_error(b, name, gt, n, want);
+	const struct md_dtype_info *ti = md_dtype_info(gt->type);
+	if (!ti || !ti->supported) {
+		seterr(b->err, b->errlen, "model: tensor '%s' has unsupported type %s", name,
+		       ti ? ti->name : "(unknown)");
+		b->rc = -ENOTSUP;
+		return false;
+	}
+	/* Norm weights, biases and gate vectors are read as plain floats by the forward pass;
+	 * llama.cpp takes them in f16/bf16 too, so those are converted at load. */
+	if (n == 1 && gt->type != MD_DT_F32 && gt->type != MD_DT_F16 && gt->type != MD_DT_BF16) {
+		seterr(b->err, b->errlen, "model: 1-D tensor '%s' is %s, expected f32, f16 or bf16",
+		       name, ti->name);
+		b->rc = -ENOTSUP;
+		return false;
+	}
+	return true;
+}
+
+static void mark_used(struct binder *b, const struct md_gguf_tensor *gt)
+{
+	b->used[gt - b->m->gguf.tensors] = 1;
+}
+
+/* Bind tensor `name` with the expected shape [ne0 .. ne(n_dims-1)]. Missing + optional gives
+ * NULL; missing + required fails naming the tensor. 1-D tensors come out as f32. */
 __attribute__((format(printf, 7, 8)))
 static struct md_tensor *bind(struct binder *b, bool required, int n_dims, int64_t ne0,
 			      int64_t ne1, int64_t ne2, const char *fmt, ...)
@@ -69,52 +168,151 @@ static struct md_tensor *bind(struct binder *b, bool required, int n_dims, int64
 	vsnprintf(name, sizeof(name), fmt, ap);
 	va_end(ap);
 
-	const struct md_gguf_tensor *gt = md_gguf_find_tensor(&b->m->gguf, name);
+	struct md_model *m = b->m;
+	const struct md_gguf_tensor *gt = md_gguf_find_tensor(&m->gguf, name);
 	if (!gt) {
 		if (required) {
 			seterr(b->err, b->errlen, "model: missing tensor '%s' (arch %s)", name,
-			       b->m->hp.arch_name);
+			       m->hp.arch_name);
 			b->rc = -EINVAL;
 		}
 		return NULL;
 	}
-	int64_t want[3] = { ne0, ne1, ne2 };
-	bool ok = (int)gt->n_dims == n_dims;
-	for (int i = 0; ok && i < n_dims; i++)
-		ok = want[i] == 0 || gt->ne[i] == want[i];
-	if (!ok) {
-		seterr(b->err, b->errlen,
-		       "model: tensor '%s' has shape [%lld, %lld, %lld] (%u dims), expected [%lld, %lld, %lld] (%d dims)",
-		       name, (long long)gt->ne[0], (long long)gt->ne[1], (long long)gt->ne[2],
-		       gt->n_dims, (long long)ne0, (long long)ne1, (long long)ne2, n_dims);
-		b->rc = -EINVAL;
+	const int64_t want[3] = { ne0, ne1, ne2 };
+	if (!check_tensor(b, name, gt, n_dims, want))
 		return NULL;
-	}
-	const struct md_dtype_info *ti = md_dtype_info(gt->type);
-	if (!ti || !ti->supported) {
-		seterr(b->err, b->errlen, "model: tensor '%s' has unsupported type %s", name,
-		       ti ? ti->name : "(unknown)");
-		b->rc = -ENOTSUP;
-		return NULL;
-	}
-	/* Norm weights, biases and gate vectors are read as plain floats by the forward pass. */
-	if (n_dims == 1 && gt->type != MD_DT_F32) {
-		seterr(b->err, b->errlen, "model: 1-D tensor '%s' must be f32, is %s", name, ti->name);
-		b->rc = -ENOTSUP;
-		return NULL;
-	}
-	struct md_tensor *t = &b->m->tensors[b->m->n_tensors++];
+	mark_used(b, gt);
+	struct md_tensor *t = &m->tensors[m->n_tensors++];
 	t->name = gt->name.ptr;
 	t->name_len = gt->name.len;
 	t->type = (enum md_dtype)gt->type;
 	for (int i = 0; i < 4; i++)
 		t->ne[i] = gt->ne[i];
-	t->nb1 = md_dtype_row_size(t->type, gt->ne[0]);
-	t->nb2 = t->nb1 * (size_t)gt->ne[1];
 	t->data = gt->data;
+	if (n_dims == 1 && t->type != MD_DT_F32) {
+		float *f = model_alloc(m, (size_t)ne0 * sizeof(float), true);
+		if (!f) {
+			seterr(b->err, b->errlen, "model: out of memory converting '%s' to f32", name);
+			b->rc = -ENOMEM;
+			return NULL;
+		}
+		md_dequant_row(t->type, gt->data, f, ne0);
+		t->type = MD_DT_F32;
+		t->data = f;
+	}
+	t->nb1 = md_dtype_row_size(t->type, t->ne[0]);
+	t->nb2 = t->nb1 * (size_t)t->ne[1];
 	return t;
 }
 
+/* Bind the 3-D expert tensor blk.<il>.ffn_<what>_exps.weight of shape [ne0, ne1, E]. Older
+ * Mixtral files (llama.cpp's convert.py before the merged layout, and their quantizations)
+ * hold E 2-D tensors blk.<il>.ffn_<what>.<e>.weight instead; llama.cpp merges those into one
+ * tensor, and so does this: a view of the map when all E have one type and lie at a uniform
+ * stride (as a writer emitting them in order does, padding included), else a copy into a
+ * model-owned buffer. Either way the forward pass sees one tensor, experts nb2 bytes apart. */
+static struct md_tensor *bind_experts(struct binder *b, uint32_t il, const char *what,
+				      int64_t ne0, int64_t ne1, int64_t E)
+{
+	if (b->rc)
+		return NULL;
+	struct md_model *m = b->m;
+	char merged[128], name[128];
+	snprintf(merged, sizeof(merged), "blk.%u.ffn_%s_exps.weight", il, what);
+	if (md_gguf_find_tensor(&m->gguf, merged))
+		return bind(b, true, 3, ne0, ne1, E, "%s", merged);
+	snprintf(name, sizeof(name), "blk.%u.ffn_%s.0.weight", il, what);
+	if (!md_gguf_find_tensor(&m->gguf, name)) {
+		seterr(b->err, b->errlen,
+		       "model: missing tensor '%s' (arch %s; nor per-expert tensors '%s' .. 'blk.%u.ffn_%s.%lld.weight')",
+		       merged, m->hp.arch_name, name, il, what, (long long)E - 1);
+		b->rc = -EINVAL;
+		return NULL;
+	}
+
+	const struct md_gguf_tensor **parts = calloc((size_t)E, sizeof(*parts));
+	if (!parts) {
+		seterr(b->err, b->errlen, "model: out of memory");
+		b->rc = -ENOMEM;
+		return NULL;
+	}
+	const int64_t want[2] = { ne0, ne1 };
+	bool uniform = true;
+	ptrdiff_t stride = 0;
+	for (int64_t e = 0; e < E && !b->rc; e++) {
+		snprintf(name, sizeof(name), "blk.%u.ffn_%s.%lld.weight", il, what, (long long)e);
+		const struct md_gguf_tensor *gt = md_gguf_find_tensor(&m->gguf, name);
+		if (!gt) {
+			seterr(b->err, b->errlen,
+			       "model: missing tensor '%s' (per-expert layout: experts 0..%lld of blk.%u.ffn_%s)",
+			       name, (long long)E - 1, il, what);
+			b->rc = -EINVAL;
+			break;
+		}
+		if (!check_tensor(b, name, gt, 2, want))
+			break;
+		if (e > 0 && gt->type != parts[0]->type) {
+			seterr(b->err, b->errlen,
+			       "model: tensor '%s' is %s but expert 0 is %s (per-expert tensors merge into one, of one type)",
+			       name, md_dtype_info(gt->type)->name, md_dtype_info(parts[0]->type)->name);
+			b->rc = -EINVAL;
+			break;
+		}
+		parts[e] = gt;
+		if (e == 1)
+			stride = (const uint8_t *)gt->data - (const uint8_t *)parts[0]->data;
+		if (e >= 1 && (const uint8_t *)gt->data != (const uint8_t *)parts[0]->data + e * stride)
+			uniform = false;
+	}
+	struct md_tensor *t = NULL;
+	if (b->rc)
+		goto out;
+	enum md_dtype type = (enum md_dtype)parts[0]->type;
+	size_t mat = md_dtype_row_size(type, ne0) * (size_t)ne1;
+	if (E > 1 && stride < (ptrdiff_t)mat)
+		uniform = false;
+
+	/* The merged name, kept by the model (md_tensor names are not NUL-terminated). */
+	size_t name_len = strlen(merged);
+	char *tname = model_alloc(m, name_len + 1, false);
+	const uint8_t *data = parts[0]->data;
+	size_t nb2 = E > 1 && uniform ? (size_t)stride : mat;
+	if (tname && !uniform) {
+		uint8_t *buf = model_alloc(m, mat * (size_t)E, true);
+		if (buf)
+			for (int64_t e = 0; e < E; e++)
+				memcpy(buf + (size_t)e * mat, parts[e]->data, mat);
+		data = buf;
+	}
+	if (!tname || !data) {
+		seterr(b->err, b->errlen, "model: out of memory merging '%s'", merged);
+		b->rc = -ENOMEM;
+		goto out;
+	}
+	memcpy(tname, merged, name_len + 1);
+	for (int64_t e = 0; e < E; e++)
+		mark_used(b, parts[e]);
+	t = &m->tensors[m->n_tensors++];
+	t->name = tname;
+	t->name_len = name_len;
+	t->type = type;
+	t->ne[0] = ne0;
+	t->ne[1] = ne1;
+	t->ne[2] = E;
+	t->ne[3] = 1;
+	t->nb1 = md_dtype_row_size(type, ne0);
+	t->nb2 = nb2;
+	t->data = data;
+out:
+	free(parts);
+	return t;
+}
+
+/* ---------------------------------------------------------------- metadata */
+
+/* Read ARCH.suffix as a u32. A per-layer array (llama.cpp's get_key_or_arr) is accepted when
+ * it has n_layer entries that are all equal: moed's layers share one shape. Absent: def, or
+ * an error naming the key when required. */
 static int get_u32(struct md_model *m, const char *suffix, bool required, uint32_t def,
 		   uint32_t *out, char *err, size_t errlen)
 {
@@ -122,8 +320,36 @@ static int get_u32(struct md_model *m, const char *suffix, bool required, uint32
 	snprintf(key, sizeof(key), "%s.%s", m->hp.arch_name, suffix);
 	if (md_gguf_get_u32(&m->gguf, key, out))
 		return 0;
-	if (md_gguf_find_key(&m->gguf, key) >= 0) {
-		seterr(err, errlen, "model: metadata '%s' has the wrong type or range", key);
+	int64_t k = md_gguf_find_key(&m->gguf, key);
+	if (k >= 0 && m->gguf.kv[k].type == MD_GGUF_ARRAY && m->hp.n_layer) {
+		const struct md_gguf_kv *kv = &m->gguf.kv[k];
+		int64_t v0 = -1, v = -1;
+		if (kv->arr_n != m->hp.n_layer) {
+			seterr(err, errlen, "model: metadata '%s' has %llu entries, expected %u (one per layer)",
+			       key, (unsigned long long)kv->arr_n, m->hp.n_layer);
+			return -EINVAL;
+		}
+		for (uint64_t i = 0; i < kv->arr_n; i++) {
+			if (!md_gguf_arr_i64(kv, i, &v) || v < 0 || v > UINT32_MAX) {
+				seterr(err, errlen, "model: metadata '%s' entry %llu is not a u32", key,
+				       (unsigned long long)i);
+				return -EINVAL;
+			}
+			if (i == 0)
+				v0 = v;
+			if (v != v0) {
+				seterr(err, errlen,
+				       "model: metadata '%s' differs per layer (%lld at layer 0, %lld at layer %llu); moed needs one value for every layer",
+				       key, (long long)v0, (long long)v, (unsigned long long)i);
+				return -ENOTSUP;
+			}
+		}
+		*out = (uint32_t)v0;
+		return 0;
+	}
+	if (k >= 0) {
+		seterr(err, errlen, "model: metadata '%s' has type %s, expected an unsigned integer",
+		       key, md_gguf_vtype_name(m->gguf.kv[k].type));
 		return -EINVAL;
 	}
 	if (required) {
@@ -131,6 +357,37 @@ static int get_u32(struct md_model *m, const char *suffix, bool required, uint32
 		return -EINVAL;
 	}
 	*out = def;
+	return 0;
+}
+
+/* Rope scaling changes every position's angles; moed computes plain rope, so a file whose
+ * scaling would change the result is refused by name (llama.cpp: a factor of 0 or 1 and
+ * type "none" leave rope as it is; yarn with factor 1 also reduces to plain rope). */
+static int check_rope_scaling(struct md_model *m, char *err, size_t errlen)
+{
+	char key[128], tkey[128];
+	struct md_gguf_str type = { 0 };
+	snprintf(tkey, sizeof(tkey), "%s.rope.scaling.type", m->hp.arch_name);
+	bool has_type = md_gguf_get_str(&m->gguf, tkey, &type);
+	if (has_type && md_gguf_str_eq(type, "none"))
+		return 0;
+	if (has_type && !md_gguf_str_eq(type, "linear") && !md_gguf_str_eq(type, "yarn")) {
+		seterr(err, errlen, "model: metadata '%s' is '%.*s'; moed supports no rope scaling of that type",
+		       tkey, (int)(type.len > 32 ? 32 : type.len), type.ptr);
+		return -ENOTSUP;
+	}
+	const char *const suffixes[] = { "rope.scaling.factor", "rope.scale_linear" };
+	for (size_t i = 0; i < 2; i++) {
+		float f;
+		snprintf(key, sizeof(key), "%s.%s", m->hp.arch_name, suffixes[i]);
+		if (md_gguf_get_f32(&m->gguf, key, &f) && f != 0.0f && f != 1.0f) {
+			seterr(err, errlen,
+			       "model: metadata '%s' is %g (rope scaling '%.*s'); moed computes rope unscaled, expected 0 or 1",
+			       key, (double)f, has_type ? (int)(type.len > 32 ? 32 : type.len) : 6,
+			       has_type ? type.ptr : "linear");
+			return -ENOTSUP;
+		}
+	}
 	return 0;
 }
 
@@ -157,6 +414,10 @@ static int read_hparams(struct md_model *m, char *err, size_t errlen)
 	hp->rope_type = ad->rope;
 	hp->norm_topk = ad->norm_topk;
 
+	/* Defaults as llama.cpp's: head_count_kv = head_count, key/value length n_embd/n_head,
+	 * rope dims = key length, rope base 10000. context_length (required there) defaults
+	 * to 4096 here: it only bounds the context. block_count first: the per-layer arrays are
+	 * checked against it. */
 	int rc = 0;
 	rc = rc ? rc : get_u32(m, "block_count", true, 0, &hp->n_layer, err, errlen);
 	rc = rc ? rc : get_u32(m, "embedding_length", true, 0, &hp->n_embd, err, errlen);
@@ -191,8 +452,10 @@ static int read_hparams(struct md_model *m, char *err, size_t errlen)
 			       hp->n_expert);
 			return -EINVAL;
 		}
+		/* llama.cpp: n_ff_exp defaults to n_ff / n_expert_used (qwen2moe, qwen3moe). */
 		if (hp->arch == MD_ARCH_QWEN3MOE || hp->arch == MD_ARCH_QWEN2MOE)
-			rc = get_u32(m, "expert_feed_forward_length", false, hp->n_ff, &hp->n_ff_exp, err, errlen);
+			rc = get_u32(m, "expert_feed_forward_length", false, hp->n_ff / hp->n_expert_used,
+				     &hp->n_ff_exp, err, errlen);
 		else
 			hp->n_ff_exp = hp->n_ff;
 		if (!rc && hp->arch == MD_ARCH_QWEN2MOE)
@@ -217,6 +480,105 @@ static int read_hparams(struct md_model *m, char *err, size_t errlen)
 	bool b;
 	if (md_gguf_get_bool(&m->gguf, key, &b))
 		hp->norm_topk = b;
+	return check_rope_scaling(m, err, errlen);
+}
+
+/* Bind every tensor of the architecture (hparams read, n_vocab set). Returns 0 or b->rc. */
+static int bind_tensors(struct binder *b)
+{
+	struct md_model *m = b->m;
+	struct md_hparams *hp = &m->hp;
+	const int64_t n_vocab = hp->n_vocab;
+	const int64_t N = hp->n_embd, H = hp->n_head, K = hp->n_head_kv, D = hp->head_dim;
+	m->tok_embd = bind(b, true, 2, N, n_vocab, 0, "token_embd.weight");
+	m->output_norm = bind(b, true, 1, N, 0, 0, "output_norm.weight");
+	m->output = bind(b, false, 2, N, n_vocab, 0, "output.weight");
+	if (!m->output && !b->rc) { /* llama.cpp ties it to token_embd where the arch allows */
+		const struct arch_desc *ad = NULL;
+		for (size_t i = 0; i < sizeof(archs) / sizeof(archs[0]); i++)
+			if (archs[i].arch == hp->arch)
+				ad = &archs[i];
+		if (ad->output_required) {
+			seterr(b->err, b->errlen, "model: missing tensor 'output.weight' (arch %s has no tied embeddings)",
+			       hp->arch_name);
+			return -EINVAL;
+		}
+		m->output = m->tok_embd;
+		hp->tied_output = true;
+	}
+
+	for (uint32_t i = 0; i < hp->n_layer && !b->rc; i++) {
+		struct md_layer *L = &m->layers[i];
+		L->attn_norm = bind(b, true, 1, N, 0, 0, "blk.%u.attn_norm.weight", i);
+		L->wq = bind(b, true, 2, N, H * D, 0, "blk.%u.attn_q.weight", i);
+		L->wk = bind(b, true, 2, N, K * D, 0, "blk.%u.attn_k.weight", i);
+		L->wv = bind(b, true, 2, N, K * D, 0, "blk.%u.attn_v.weight", i);
+		L->wo = bind(b, true, 2, H * D, N, 0, "blk.%u.attn_output.weight", i);
+		L->bq = bind(b, false, 1, H * D, 0, 0, "blk.%u.attn_q.bias", i);
+		L->bk = bind(b, false, 1, K * D, 0, 0, "blk.%u.attn_k.bias", i);
+		L->bv = bind(b, false, 1, K * D, 0, 0, "blk.%u.attn_v.bias", i);
+		if (hp->arch == MD_ARCH_OLMOE) {
+			L->q_norm = bind(b, true, 1, H * D, 0, 0, "blk.%u.attn_q_norm.weight", i);
+			L->k_norm = bind(b, true, 1, K * D, 0, 0, "blk.%u.attn_k_norm.weight", i);
+			hp->qk_norm = MD_QK_NORM_FULL;
+		} else if (hp->arch == MD_ARCH_QWEN3MOE || hp->arch == MD_ARCH_QWEN3) {
+			L->q_norm = bind(b, true, 1, D, 0, 0, "blk.%u.attn_q_norm.weight", i);
+			L->k_norm = bind(b, true, 1, D, 0, 0, "blk.%u.attn_k_norm.weight", i);
+			hp->qk_norm = MD_QK_NORM_HEAD;
+		}
+		L->ffn_norm = bind(b, true, 1, N, 0, 0, "blk.%u.ffn_norm.weight", i);
+		if (hp->n_expert) {
+			const int64_t E = hp->n_expert, F = hp->n_ff_exp;
+			if (F == 0) {
+				seterr(b->err, b->errlen, "model: metadata '%s.%s' is 0 or missing, expected the experts' width",
+				       hp->arch_name, hp->arch == MD_ARCH_QWEN3MOE || hp->arch == MD_ARCH_QWEN2MOE
+				       ? "expert_feed_forward_length" : "feed_forward_length");
+				b->rc = -EINVAL;
+				break;
+			}
+			L->gate_inp = bind(b, true, 2, N, E, 0, "blk.%u.ffn_gate_inp.weight", i);
+			L->gate_exps = bind_experts(b, i, "gate", N, F, E);
+			L->up_exps = bind_experts(b, i, "up", N, F, E);
+			L->down_exps = bind_experts(b, i, "down", F, N, E);
+			if (hp->arch == MD_ARCH_QWEN2MOE) {
+				const int64_t S = hp->n_ff_shexp;
+				/* 1-D here; the converter writes it [n_embd, 1] (as llama.cpp reads it). */
+				L->gate_inp_shexp = bind(b, true, 1, N, 0, 0, "blk.%u.ffn_gate_inp_shexp.weight", i);
+				L->gate_shexp = bind(b, true, 2, N, S, 0, "blk.%u.ffn_gate_shexp.weight", i);
+				L->up_shexp = bind(b, true, 2, N, S, 0, "blk.%u.ffn_up_shexp.weight", i);
+				L->down_shexp = bind(b, true, 2, S, N, 0, "blk.%u.ffn_down_shexp.weight", i);
+			}
+		} else {
+			const int64_t FF = hp->n_ff;
+			if (FF == 0) {
+				seterr(b->err, b->errlen, "model: metadata '%s.feed_forward_length' is 0 or missing, expected the FFN width",
+				       hp->arch_name);
+				b->rc = -EINVAL;
+				break;
+			}
+			L->ffn_gate = bind(b, true, 2, N, FF, 0, "blk.%u.ffn_gate.weight", i);
+			L->ffn_up = bind(b, true, 2, N, FF, 0, "blk.%u.ffn_up.weight", i);
+			L->ffn_down = bind(b, true, 2, FF, N, 0, "blk.%u.ffn_down.weight", i);
+		}
+	}
+	return b->rc;
+}
+
+/* llama.cpp refuses a file with tensors its architecture does not create ("wrong number of
+ * tensors"); here such a tensor is one moed would silently skip (an output bias, rope
+ * factors, per-layer MLP biases), so the file is refused by that tensor's name. */
+static int check_all_used(struct binder *b)
+{
+	const struct md_gguf *g = &b->m->gguf;
+	for (uint64_t i = 0; i < g->n_tensors; i++) {
+		if (b->used[i])
+			continue;
+		const struct md_gguf_tensor *gt = &g->tensors[i];
+		seterr(b->err, b->errlen,
+		       "model: tensor '%.*s' is not supported for arch %s (moed would ignore it and compute a different result)",
+		       (int)(gt->name.len > 96 ? 96 : gt->name.len), gt->name.ptr, b->m->hp.arch_name);
+		return -ENOTSUP;
+	}
 	return 0;
 }
 
@@ -232,101 +594,44 @@ int md_model_load(struct md_model *m, const char *path, char *err, size_t errlen
 		goto fail_gguf;
 
 	struct md_hparams *hp = &m->hp;
+	struct binder b = { m, err, errlen, 0, NULL };
 	m->tensors = calloc(m->gguf.n_tensors + 1, sizeof(*m->tensors));
 	m->layers = calloc(hp->n_layer, sizeof(*m->layers));
-	if (!m->tensors || !m->layers) {
+	b.used = calloc(m->gguf.n_tensors + 1, 1);
+	if (!m->tensors || !m->layers || !b.used) {
 		seterr(err, errlen, "model: out of memory");
 		rc = -ENOMEM;
 		goto fail_alloc;
 	}
 
-	struct binder b = { m, err, errlen, 0 };
 	const struct md_gguf_tensor *emb = md_gguf_find_tensor(&m->gguf, "token_embd.weight");
-	int64_t n_vocab = emb && emb->n_dims == 2 ? emb->ne[1] : 0;
+	if (!emb) {
+		seterr(err, errlen, "model: missing tensor 'token_embd.weight' (arch %s)", hp->arch_name);
+		rc = -EINVAL;
+		goto fail_alloc;
+	}
+	int64_t n_vocab = emb->ne[1]; /* n_vocab is its row count, as in llama.cpp */
 	if (n_vocab <= 0 || n_vocab > 0x7fffffff) {
-		seterr(err, errlen, "model: missing or malformed tensor 'token_embd.weight'");
+		seterr(err, errlen, "model: tensor 'token_embd.weight' has %lld rows, expected 1 .. 2^31-1",
+		       (long long)n_vocab);
 		rc = -EINVAL;
 		goto fail_alloc;
 	}
 	hp->n_vocab = (uint32_t)n_vocab;
-	const int64_t N = hp->n_embd, H = hp->n_head, K = hp->n_head_kv, D = hp->head_dim;
-	m->tok_embd = bind(&b, true, 2, N, n_vocab, 0, "token_embd.weight");
-	m->output_norm = bind(&b, true, 1, N, 0, 0, "output_norm.weight");
-	m->output = bind(&b, false, 2, N, n_vocab, 0, "output.weight");
-	if (!m->output && !b.rc) {
-		const struct arch_desc *ad = NULL;
-		for (size_t i = 0; i < sizeof(archs) / sizeof(archs[0]); i++)
-			if (archs[i].arch == hp->arch)
-				ad = &archs[i];
-		if (ad->output_required) {
-			seterr(err, errlen, "model: missing tensor 'output.weight' (arch %s has no tied embeddings)",
-			       hp->arch_name);
-			rc = -EINVAL;
-			goto fail_alloc;
-		}
-		m->output = m->tok_embd;
-		hp->tied_output = true;
-	}
-
-	for (uint32_t i = 0; i < hp->n_layer && !b.rc; i++) {
-		struct md_layer *L = &m->layers[i];
-		L->attn_norm = bind(&b, true, 1, N, 0, 0, "blk.%u.attn_norm.weight", i);
-		L->wq = bind(&b, true, 2, N, H * D, 0, "blk.%u.attn_q.weight", i);
-		L->wk = bind(&b, true, 2, N, K * D, 0, "blk.%u.attn_k.weight", i);
-		L->wv = bind(&b, true, 2, N, K * D, 0, "blk.%u.attn_v.weight", i);
-		L->wo = bind(&b, true, 2, H * D, N, 0, "blk.%u.attn_output.weight", i);
-		L->bq = bind(&b, false, 1, H * D, 0, 0, "blk.%u.attn_q.bias", i);
-		L->bk = bind(&b, false, 1, K * D, 0, 0, "blk.%u.attn_k.bias", i);
-		L->bv = bind(&b, false, 1, K * D, 0, 0, "blk.%u.attn_v.bias", i);
-		if (hp->arch == MD_ARCH_OLMOE) {
-			L->q_norm = bind(&b, true, 1, H * D, 0, 0, "blk.%u.attn_q_norm.weight", i);
-			L->k_norm = bind(&b, true, 1, K * D, 0, 0, "blk.%u.attn_k_norm.weight", i);
-			hp->qk_norm = MD_QK_NORM_FULL;
-		} else if (hp->arch == MD_ARCH_QWEN3MOE || hp->arch == MD_ARCH_QWEN3) {
-			L->q_norm = bind(&b, true, 1, D, 0, 0, "blk.%u.attn_q_norm.weight", i);
-			L->k_norm = bind(&b, true, 1, D, 0, 0, "blk.%u.attn_k_norm.weight", i);
-			hp->qk_norm = MD_QK_NORM_HEAD;
-		}
-		L->ffn_norm = bind(&b, true, 1, N, 0, 0, "blk.%u.ffn_norm.weight", i);
-		if (hp->n_expert) {
-			const int64_t E = hp->n_expert, F = hp->n_ff_exp;
-			if (F == 0) {
-				seterr(err, errlen, "model: expert feed-forward length is 0");
-				b.rc = -EINVAL;
-				break;
-			}
-			L->gate_inp = bind(&b, true, 2, N, E, 0, "blk.%u.ffn_gate_inp.weight", i);
-			L->gate_exps = bind(&b, true, 3, N, F, E, "blk.%u.ffn_gate_exps.weight", i);
-			L->up_exps = bind(&b, true, 3, N, F, E, "blk.%u.ffn_up_exps.weight", i);
-			L->down_exps = bind(&b, true, 3, F, N, E, "blk.%u.ffn_down_exps.weight", i);
-			if (hp->arch == MD_ARCH_QWEN2MOE) {
-				const int64_t S = hp->n_ff_shexp;
-				L->gate_inp_shexp = bind(&b, true, 1, N, 0, 0, "blk.%u.ffn_gate_inp_shexp.weight", i);
-				L->gate_shexp = bind(&b, true, 2, N, S, 0, "blk.%u.ffn_gate_shexp.weight", i);
-				L->up_shexp = bind(&b, true, 2, N, S, 0, "blk.%u.ffn_up_shexp.weight", i);
-				L->down_shexp = bind(&b, true, 2, S, N, 0, "blk.%u.ffn_down_shexp.weight", i);
-			}
-		} else {
-			const int64_t FF = hp->n_ff;
-			if (FF == 0) {
-				seterr(err, errlen, "model: metadata '%s.feed_forward_length' missing", hp->arch_name);
-				b.rc = -EINVAL;
-				break;
-			}
-			L->ffn_gate = bind(&b, true, 2, N, FF, 0, "blk.%u.ffn_gate.weight", i);
-			L->ffn_up = bind(&b, true, 2, N, FF, 0, "blk.%u.ffn_up.weight", i);
-			L->ffn_down = bind(&b, true, 2, FF, N, 0, "blk.%u.ffn_down.weight", i);
-		}
-	}
-	if (b.rc) {
-		rc = b.rc;
+	rc = bind_tensors(&b);
+	if (rc)
 		goto fail_alloc;
-	}
+	rc = check_all_used(&b);
+	if (rc)
+		goto fail_alloc;
+	free(b.used);
 	return 0;
 
 fail_alloc:
+	free(b.used);
 	free(m->tensors);
 	free(m->layers);
+	free_bufs(m);
 	m->tensors = NULL;
 	m->layers = NULL;
 fail_gguf:
@@ -338,6 +643,7 @@ void md_model_free(struct md_model *m)
 {
 	free(m->tensors);
 	free(m->layers);
+	free_bufs(m);
 	md_gguf_close(&m->gguf);
 	memset(m, 0, sizeof(*m));
 }

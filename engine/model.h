@@ -27,16 +27,21 @@ enum md_qk_norm {
 	MD_QK_NORM_FULL, /* RMSNorm over the whole projection before the head split (OLMoE) */
 };
 
-/* A weight matrix or vector borrowed from the map. Rows are ne[1] (times ne[2] for 3-D
- * expert tensors, expert e's matrix starts at data + e * nb2). */
+/* A weight matrix or vector. Rows are ne[1] (times ne[2] for 3-D expert tensors, expert e's
+ * matrix starts at data + e * nb2). Usually a view into the map; a 1-D tensor stored as
+ * f16/bf16 is converted to f32 at load, and per-expert tensors of older Mixtral files are
+ * merged into one 3-D tensor (a view when the file spaces them evenly, else a copy), both in
+ * buffers the model owns. Vectors (1-D: norms, biases, gates) are always f32. */
 struct md_tensor {
-	const char *name;   /* borrowed: the GGUF's tensor name (not NUL-terminated: use name_len) */
+	const char *name;   /* borrowed: the tensor's name (not NUL-terminated: use name_len); for
+	                     * a merged expert tensor the merged name (blk.N.ffn_gate_exps.weight) */
 	size_t name_len;
 	enum md_dtype type;
-	int64_t ne[4];
+	int64_t ne[4];      /* ne[0] innermost; unused dims are 1 */
 	size_t nb1;         /* bytes per row of ne[0] elements */
-	size_t nb2;         /* bytes per matrix (ne[0] * ne[1] elements) */
-	const void *data;   /* borrowed: valid while the model is loaded */
+	size_t nb2;         /* bytes from one matrix to the next (>= ne[1] * nb1; larger only for
+	                     * a view of per-expert tensors that lie evenly spaced in the file) */
+	const void *data;   /* borrowed: the map or a model-owned buffer, valid while loaded */
 };
 
 struct md_layer {
@@ -73,18 +78,28 @@ struct md_hparams {
 	bool tied_output;                     /* output.weight absent: token_embd reused */
 };
 
+struct md_model_buf; /* private: one buffer of converted or merged tensor data */
+
 struct md_model {
-	struct md_gguf gguf;       /* owned: the mapping every tensor borrows from */
+	struct md_gguf gguf;       /* owned: the mapping most tensors borrow from */
 	struct md_hparams hp;
 	struct md_tensor *tensors; /* owned: one per bound GGUF tensor */
 	size_t n_tensors;
 	struct md_tensor *tok_embd, *output_norm, *output;
 	struct md_layer *layers;   /* owned (n_layer) */
+	size_t owned_bytes;        /* bytes of tensor data held outside the map (_bufs) */
+	struct md_model_buf *_bufs; /* owned: list of buffers behind converted/merged tensors */
 	char path[4096];
 };
 
-/* Map and bind a GGUF model. Returns 0, or a negative code with one line in err naming what
- * is wrong (unsupported arch, missing tensor, wrong shape, unsupported type). */
+/* Map and bind a GGUF model written the way llama.cpp's converter and quantizer write them:
+ * shapes compared with trailing dimensions of 1 ignored ([n, 1] matches [n]), 1-D tensors
+ * in f32, f16 or bf16, per-expert tensors (blk.N.ffn_gate.E.weight) merged, output.weight
+ * optional where llama.cpp ties it, metadata defaults as llama.cpp's. Every tensor of the file
+ * must be used: one moed does not understand (a bias or rope factor it would silently
+ * skip) fails the load rather than change the output.
+ * Returns 0, or a negative code (-EINVAL malformed, -ENOTSUP unsupported, -ENOMEM) with one
+ * line in err naming the tensor or key and what was expected; *m then needs no release. */
 int md_model_load(struct md_model *m, const char *path, char *err, size_t errlen);
 void md_model_free(struct md_model *m);
 

@@ -47,6 +47,15 @@ static void usage(FILE *f)
 "  --n-ff-exp N [64]  --n-ff-shexp N [128]  --n-vocab N [512]  --n-ctx N [4096]\n"
 "  --rope-base F [1e6; 1e4 for llama, olmoe]  --rms-eps F [1e-6]  --std F [0.02]\n"
 "  --tied              omit output.weight (not for qwen2moe, olmoe)\n"
+"  --layout L          tensor layout as a writer of llama.cpp's world lays it out [moed]:\n"
+"                      moed: merged expert tensors, 1-D shared-expert gate\n"
+"                      converter: as convert_hf_to_gguf.py writes it: the shared-expert\n"
+"                        gate 2-D [n_embd, 1] (of --vec-type), routers f32 at every type\n"
+"                      split-experts: as the old convert.py wrote Mixtral: per-expert\n"
+"                        2-D tensors blk.N.ffn_{gate,down,up}.E.weight, expert by expert\n"
+"  --vec-type T        f32|f16|bf16: type of the 1-D tensors (norms, biases) and of the\n"
+"                      shared-expert gate [f32]\n"
+"  --bias              add q/k/v biases to an arch that has none (optional in llama.cpp)\n"
 "  --tokenizer-gguf F  copy all tokenizer.* keys from F (n_vocab = its token count);\n"
 "                      default: a synthetic byte-level \"gpt2\" vocabulary\n"
 "\n"
@@ -392,7 +401,9 @@ struct gen_opts {
 	uint32_t n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff;
 	uint32_t n_expert, n_expert_used, n_ff_exp, n_ff_shexp, n_vocab, n_ctx;
 	double rope_base, rms_eps, std;
-	bool rope_base_set, tied;
+	bool rope_base_set, tied, bias;
+	enum { LAYOUT_MOED, LAYOUT_CONVERTER, LAYOUT_SPLIT } layout;
+	uint32_t vec_type;  /* type of 1-D tensors */
 	const char *tokenizer;
 	const char *out;
 };
@@ -424,9 +435,13 @@ static struct gen_tensor *add_tensor(struct gen_list *l, const struct gen_opts *
 	t->kind = kind;
 	t->std = (float)o->std;
 	t->seed = o->seed ^ fnv1a(name);
-	if (n_dims == 1)
-		t->type = MD_DT_F32;
-	else if (strstr(name, "ffn_gate_inp") && is_quantized(o->wt->type))
+	/* The shared-expert gate is a vector whatever its layout (2-D [n_embd, 1] from the
+	 * converter); today's converter keeps it and the router f32, older ones wrote it in the
+	 * file's float type: --vec-type picks. */
+	if (n_dims == 1 || strstr(name, "ffn_gate_inp_shexp"))
+		t->type = o->vec_type;
+	else if (strstr(name, "ffn_gate_inp") &&
+		 (is_quantized(o->wt->type) || o->layout == LAYOUT_CONVERTER))
 		t->type = MD_DT_F32;
 	else
 		t->type = o->wt->type;
@@ -454,7 +469,7 @@ static void build_tensors(struct gen_list *l, const struct gen_opts *o)
 		add_blk(l, o, i, "attn_q.weight", INIT_WEIGHT, 2, N, QD, 1);
 		add_blk(l, o, i, "attn_k.weight", INIT_WEIGHT, 2, N, KD, 1);
 		add_blk(l, o, i, "attn_v.weight", INIT_WEIGHT, 2, N, KD, 1);
-		if (a->bias) {
+		if (a->bias || o->bias) {
 			add_blk(l, o, i, "attn_q.bias", INIT_BIAS, 1, QD, 1, 1);
 			add_blk(l, o, i, "attn_k.bias", INIT_BIAS, 1, KD, 1, 1);
 			add_blk(l, o, i, "attn_v.bias", INIT_BIAS, 1, KD, 1, 1);
@@ -470,11 +485,27 @@ static void build_tensors(struct gen_list *l, const struct gen_opts *o)
 		add_blk(l, o, i, "ffn_norm.weight", INIT_NORM, 1, N, 1, 1);
 		if (a->moe) {
 			add_blk(l, o, i, "ffn_gate_inp.weight", INIT_WEIGHT, 2, N, E, 1);
-			add_blk(l, o, i, "ffn_gate_exps.weight", INIT_WEIGHT, 3, N, F, E);
-			add_blk(l, o, i, "ffn_up_exps.weight", INIT_WEIGHT, 3, N, F, E);
-			add_blk(l, o, i, "ffn_down_exps.weight", INIT_WEIGHT, 3, F, N, E);
-			if (a->shexp) {
+			if (o->layout == LAYOUT_SPLIT) {
+				for (int64_t e = 0; e < E; e++) {
+					char nm[48];
+					snprintf(nm, sizeof(nm), "ffn_gate.%" PRId64 ".weight", e);
+					add_blk(l, o, i, nm, INIT_WEIGHT, 2, N, F, 1);
+					snprintf(nm, sizeof(nm), "ffn_down.%" PRId64 ".weight", e);
+					add_blk(l, o, i, nm, INIT_WEIGHT, 2, F, N, 1);
+					snprintf(nm, sizeof(nm), "ffn_up.%" PRId64 ".weight", e);
+					add_blk(l, o, i, nm, INIT_WEIGHT, 2, N, F, 1);
+				}
+			} else {
+				add_blk(l, o, i, "ffn_gate_exps.weight", INIT_WEIGHT, 3, N, F, E);
+				add_blk(l, o, i, "ffn_up_exps.weight", INIT_WEIGHT, 3, N, F, E);
+				add_blk(l, o, i, "ffn_down_exps.weight", INIT_WEIGHT, 3, F, N, E);
+			}
+			if (a->shexp && o->layout == LAYOUT_CONVERTER) {
+				add_blk(l, o, i, "ffn_gate_inp_shexp.weight", INIT_WEIGHT, 2, N, 1, 1);
+			} else if (a->shexp) {
 				add_blk(l, o, i, "ffn_gate_inp_shexp.weight", INIT_WEIGHT, 1, N, 1, 1);
+			}
+			if (a->shexp) {
 				add_blk(l, o, i, "ffn_gate_shexp.weight", INIT_WEIGHT, 2, N, S, 1);
 				add_blk(l, o, i, "ffn_up_shexp.weight", INIT_WEIGHT, 2, N, S, 1);
 				add_blk(l, o, i, "ffn_down_shexp.weight", INIT_WEIGHT, 2, S, N, 1);
@@ -616,6 +647,7 @@ static int cmd_gen(int argc, char **argv)
 		.n_layer = 2, .n_embd = 64, .n_head = 4, .n_head_kv = 2, .head_dim = 16,
 		.n_ff = 128, .n_expert = 4, .n_expert_used = 2, .n_ff_exp = 64, .n_ff_shexp = 128,
 		.n_vocab = 512, .n_ctx = 4096, .rms_eps = 1e-6, .std = 0.02,
+		.layout = LAYOUT_MOED, .vec_type = MD_DT_F32,
 	};
 	bool vocab_set = false;
 	struct {
@@ -645,6 +677,10 @@ static int cmd_gen(int argc, char **argv)
 			 (int)(eq ? (size_t)(eq - arg - 2) : strlen(arg + 2)), arg + 2);
 		if (strcmp(name, "tied") == 0) {
 			o.tied = true;
+			continue;
+		}
+		if (strcmp(name, "bias") == 0) {
+			o.bias = true;
 			continue;
 		}
 		if (strcmp(name, "help") == 0) {
@@ -695,6 +731,17 @@ static int cmd_gen(int argc, char **argv)
 		} else if (strcmp(name, "std") == 0) {
 			known = true;
 			ok = parse_f64(val, &o.std) && o.std >= 0;
+		} else if (strcmp(name, "layout") == 0) {
+			known = true;
+			const char *const lnames[] = { "moed", "converter", "split-experts" };
+			for (int k = 0; k < 3; k++)
+				if (strcmp(val, lnames[k]) == 0)
+					o.layout = k, ok = true;
+		} else if (strcmp(name, "vec-type") == 0) {
+			known = true;
+			for (size_t k = 0; k < 3; k++)
+				if (strcasecmp(val, gen_types[k].name) == 0)
+					o.vec_type = gen_types[k].type, ok = true;
 		} else if (strcmp(name, "tokenizer-gguf") == 0) {
 			known = ok = true;
 			o.tokenizer = val;
@@ -770,6 +817,10 @@ static int cmd_gen(int argc, char **argv)
 	}
 	if (!a->moe && !o.n_ff) {
 		fprintf(stderr, "moed-gguf gen: --n-ff must be positive\n");
+		goto out;
+	}
+	if (o.layout == LAYOUT_SPLIT && !a->moe) {
+		fprintf(stderr, "moed-gguf gen: --layout split-experts needs an MoE arch\n");
 		goto out;
 	}
 	if (o.tied && a->always_output)

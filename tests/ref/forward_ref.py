@@ -123,6 +123,20 @@ class Model:
             self.wtype[id(a)] = g.tensors[name].type
             return a
 
+        def experts(i, what):
+            """The 3-D expert tensor blk.i.ffn_<what>_exps.weight (E, rows, cols), or, in
+            older Mixtral files, the E per-expert matrices blk.i.ffn_<what>.e.weight stacked."""
+            merged = "blk.%d.ffn_%s_exps.weight" % (i, what)
+            if merged in g.tensors:
+                return t(merged)
+            parts = [t("blk.%d.ffn_%s.%d.weight" % (i, what, e)) for e in range(self.n_expert)]
+            types = {g.tensors["blk.%d.ffn_%s.%d.weight" % (i, what, e)].type
+                     for e in range(self.n_expert)}
+            assert len(types) == 1, "per-expert tensors of one merged tensor differ in type"
+            a = np.stack(parts)
+            self.wtype[id(a)] = types.pop()
+            return a
+
         N, H, K, D = self.n_embd, self.n_head, self.n_head_kv, self.head_dim
         self.tok_embd = t("token_embd.weight")            # (V, N)
         self.n_vocab = self.tok_embd.shape[0]
@@ -152,11 +166,16 @@ class Model:
             L.moe = (p + "ffn_gate_inp.weight") in g.tensors
             if L.moe:
                 L.router = t(p + "ffn_gate_inp.weight")     # (E, N)
-                L.gate_exps = t(p + "ffn_gate_exps.weight")  # (E, F, N)
-                L.up_exps = t(p + "ffn_up_exps.weight")      # (E, F, N)
-                L.down_exps = t(p + "ffn_down_exps.weight")  # (E, N, F)
+                L.gate_exps = experts(i, "gate")             # (E, F, N)
+                L.up_exps = experts(i, "up")                 # (E, F, N)
+                L.down_exps = experts(i, "down")             # (E, N, F)
                 assert L.router.shape[0] == self.n_expert, "router rows != expert_count"
                 L.shexp_gate = t(p + "ffn_gate_inp_shexp.weight", False)  # (N,)
+                if L.shexp_gate is not None:
+                    # The converter writes it [n_embd, 1] (read here as (1, N)), the
+                    # quantizer 1-D: the same vector either way.
+                    assert L.shexp_gate.size == N, "shared-expert gate size != n_embd"
+                    L.shexp_gate = L.shexp_gate.reshape(N)
                 L.gate_sh = t(p + "ffn_gate_shexp.weight", False)         # (S, N)
                 L.up_sh = t(p + "ffn_up_shexp.weight", False)
                 L.down_sh = t(p + "ffn_down_shexp.weight", False)         # (N, S)

@@ -96,8 +96,13 @@ ARCH_OF = {"mixtral": "llama", "llama": "llama"}
 
 def make_model(path, arch, wtype, seed=1, n_layer=2, n_embd=256, n_head=4, n_head_kv=2,
                head_dim=64, n_ff=256, n_expert=4, n_expert_used=2, n_ff_exp=256, n_ff_shexp=256,
-               n_vocab=512, std=0.08, tied=False):
-    """Write a random model of the given test arch (qwen3moe ... mixtral, llama) and type."""
+               n_vocab=512, std=0.08, tied=False, layout="merged"):
+    """Write a random model of the given test arch (qwen3moe ... mixtral, llama) and type.
+
+    layout: "merged" (3-D expert tensors, 1-D shared-expert gate); "converter" (the
+    shared-expert gate 2-D [n_embd, 1] as convert_hf_to_gguf.py writes it); "split-experts"
+    (per-expert 2-D tensors blk.N.ffn_{gate,down,up}.E.weight, expert by expert, as the old
+    convert.py wrote Mixtral). The same seed gives the same weights in every layout."""
     rng = np.random.default_rng(seed)
     ga = ARCH_OF.get(arch, arch)
     moe = arch in ("qwen3moe", "qwen2moe", "mixtral", "olmoe")
@@ -158,8 +163,16 @@ def make_model(path, arch, wtype, seed=1, n_layer=2, n_embd=256, n_head=4, n_hea
             add(p + "ffn_gate_exps.weight", [N, F, n_expert])
             add(p + "ffn_up_exps.weight", [N, F, n_expert])
             add(p + "ffn_down_exps.weight", [F, N, n_expert])
+            if layout == "split-experts":
+                merged = {w: ts.pop(-1) for w in ("down", "up", "gate")}
+                for e in range(n_expert):
+                    for w in ("gate", "down", "up"):
+                        _, ne, t, data = merged[w]
+                        mat = len(data) // n_expert
+                        ts.append((p + "ffn_%s.%d.weight" % (w, e), ne[:2], t,
+                                   data[e * mat:(e + 1) * mat]))
             if ga == "qwen2moe":
-                add(p + "ffn_gate_inp_shexp.weight", [N], F32)
+                add(p + "ffn_gate_inp_shexp.weight", [N, 1] if layout == "converter" else [N], F32)
                 add(p + "ffn_gate_shexp.weight", [N, n_ff_shexp])
                 add(p + "ffn_up_shexp.weight", [N, n_ff_shexp])
                 add(p + "ffn_down_shexp.weight", [n_ff_shexp, N])

@@ -78,16 +78,16 @@ def shape_for(arch):
     return sh
 
 
-def gen_cmd(moed_gguf, arch, wtype, seed, std, path):
+def gen_cmd(moed_gguf, arch, wtype, seed, std, path, extra=()):
     """moed-gguf gen takes the test arch names (mixtral = llama with experts) and the output
-    path as the last argument."""
+    path as the last argument; extra: more gen options (a layout, --vec-type, --bias)."""
     cmd = [moed_gguf, "gen", "--arch", arch, "--type", wtype, "--seed", str(seed),
            "--std", str(std)]
     for k, v in shape_for(arch).items():
         cmd += ["--" + k.replace("_", "-"), str(v)]
     if arch == "llama":
         cmd.append("--tied")       # cover tied output embeddings on one arch
-    return cmd + [path]
+    return cmd + list(extra) + [path]
 
 
 def py_gen(arch, wtype, seed, std, path):
@@ -170,6 +170,9 @@ def main(argv=None):
     ap.add_argument("--exact", action="store_true",
                     help="judge against the exact reference only, with the float tolerance "
                          "(for the dequantize-and-dot kernels, MOED_KERNELS=ref)")
+    ap.add_argument("--gen-opt", action="append", default=[], metavar="OPT",
+                    help="pass OPT to moed-gguf gen (repeatable; e.g. --gen-opt=--layout="
+                         "converter): the layouts llama.cpp's converters write")
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args(argv)
     tol_rel, cos_min = TOL["f32" if a.exact else a.type]
@@ -180,7 +183,8 @@ def main(argv=None):
         if a.py_gen:
             py_gen(a.arch, a.type, a.seed, a.std, model_path)
         elif a.moed_gguf:
-            run(gen_cmd(a.moed_gguf, a.arch, a.type, a.seed, a.std, model_path), "moed-gguf gen")
+            run(gen_cmd(a.moed_gguf, a.arch, a.type, a.seed, a.std, model_path, a.gen_opt),
+                "moed-gguf gen")
         else:
             raise ValueError("give --moed-gguf or --py-gen")
         variants = [("exact", forward_ref.Model(model_path))]

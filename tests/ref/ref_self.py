@@ -237,12 +237,33 @@ def test_forward(tmp):
             FAILS.append("forward %s: later tokens do not matter" % arch)
 
 
+def test_layouts(tmp):
+    """The same weights in the layouts of llama.cpp's writers give the same logits: Qwen2-MoE's
+    2-D [n_embd, 1] shared-expert gate, and old Mixtral per-expert tensors."""
+    toks = [5, 17, 2, 299, 0, 42]
+    for arch, t, layout in (("qwen2moe", G.F32, "converter"), ("mixtral", G.Q8_0, "split-experts")):
+        base = os.path.join(tmp, "l_%s_merged.gguf" % arch)
+        alt = os.path.join(tmp, "l_%s_%s.gguf" % (arch, layout))
+        make_model(base, arch, t, n_vocab=300, n_layer=1)
+        make_model(alt, arch, t, n_vocab=300, n_layer=1, layout=layout)
+        names = set(G.GGUFFile(alt).tensors)
+        if layout == "split-experts" and ("blk.0.ffn_up.3.weight" not in names
+                                          or "blk.0.ffn_up_exps.weight" in names):
+            FAILS.append("layout %s: tensors %s" % (layout, sorted(names)[:8]))
+        if layout == "converter" and G.GGUFFile(alt).tensors["blk.0.ffn_gate_inp_shexp.weight"].ne != [256, 1]:
+            FAILS.append("layout converter: shared-expert gate not [256, 1]")
+        want = forward_ref.Model(base).forward(forward_ref.Model(base).new_cache(), toks)
+        m = forward_ref.Model(alt)
+        check("layout %s %s" % (arch, layout), m.forward(m.new_cache(), toks), want)
+
+
 def main():
     test_literal()
     test_full_blocks()
     with tempfile.TemporaryDirectory() as tmp:
         test_reader(tmp)
         test_forward(tmp)
+        test_layouts(tmp)
     for f in FAILS:
         print("FAIL", f)
     print("ref-self: %s (%d failures)" % ("PASS" if not FAILS else "FAIL", len(FAILS)))

@@ -26,6 +26,7 @@ common="token_embd.weight output_norm.weight blk.0.attn_norm.weight blk.1.attn_q
  blk.1.attn_k.weight blk.1.attn_v.weight blk.1.attn_output.weight blk.1.ffn_norm.weight"
 moe="blk.1.ffn_gate_inp.weight blk.1.ffn_gate_exps.weight blk.1.ffn_up_exps.weight
  blk.1.ffn_down_exps.weight"
+moe_exps="blk.1.ffn_gate_exps.weight blk.1.ffn_up_exps.weight blk.1.ffn_down_exps.weight"
 dense="blk.1.ffn_gate.weight blk.1.ffn_up.weight blk.1.ffn_down.weight"
 bias="blk.1.attn_q.bias blk.1.attn_k.bias blk.1.attn_v.bias"
 qkn="blk.1.attn_q_norm.weight blk.1.attn_k_norm.weight"
@@ -81,6 +82,42 @@ done
 "$M" gen --arch qwen3 --tied "$T/tied.gguf" 2>/dev/null && "$M" info "$T/tied.gguf" >"$T/tied.out" ||
 	fail "gen --tied"
 reject_names "$T/tied.out" output.weight
+
+# Layouts of llama.cpp's writers. converter: Qwen2-MoE's shared-expert gate 2-D [n_embd, 1],
+# routers f32 even in an f16 file.
+if "$M" gen --arch qwen2moe --layout converter --type f16 "$T/conv.gguf" 2>/dev/null &&
+	"$M" info "$T/conv.gguf" >"$T/conv.out" 2>&1; then
+	grep -Eq "^ +[0-9]+  blk.1.ffn_gate_inp_shexp.weight +f32 +\[64, 1\] " "$T/conv.out" ||
+		fail "converter: shared-expert gate not f32 [64, 1]"
+	grep -Eq "^ +[0-9]+  blk.1.ffn_gate_inp.weight +f32 +\[64, 4\] " "$T/conv.out" ||
+		fail "converter: router not f32"
+	grep -Eq "^ +[0-9]+  blk.1.ffn_gate_shexp.weight +f16 " "$T/conv.out" ||
+		fail "converter: shared expert not f16"
+else
+	fail "gen --layout converter"
+fi
+# split-experts: old convert.py Mixtral, per-expert 2-D tensors expert by expert; --vec-type.
+if "$M" gen --arch mixtral --layout split-experts --type q8_0 --vec-type bf16 "$T/split.gguf" \
+	2>/dev/null && "$M" info "$T/split.gguf" >"$T/split.out" 2>&1; then
+	expect_names "$T/split.out" blk.1.ffn_gate.0.weight blk.1.ffn_down.3.weight blk.1.ffn_up.2.weight
+	reject_names "$T/split.out" $moe_exps
+	grep -Eq "^ +[0-9]+  blk.1.ffn_down.3.weight +q8_0 +\[64, 64\] " "$T/split.out" ||
+		fail "split-experts: ffn_down.3 not q8_0 [64, 64]"
+	grep -Eq "^ +[0-9]+  blk.0.attn_norm.weight +bf16 +\[64\] " "$T/split.out" ||
+		fail "--vec-type bf16: attn_norm not bf16"
+	order=$(grep -Eo "blk.0.ffn_(gate|down|up).[01].weight" "$T/split.out" | tr '\n' ' ')
+	[ "$order" = "blk.0.ffn_gate.0.weight blk.0.ffn_down.0.weight blk.0.ffn_up.0.weight blk.0.ffn_gate.1.weight blk.0.ffn_down.1.weight blk.0.ffn_up.1.weight " ] ||
+		fail "split-experts order: $order"
+else
+	fail "gen --layout split-experts"
+fi
+"$M" gen --arch qwen3 --layout split-experts "$T/bad.gguf" 2>"$T/split.err" &&
+	fail "split-experts on a dense arch succeeded"
+grep -q "needs an MoE arch" "$T/split.err" || fail "split-experts dense message: $(cat "$T/split.err")"
+# --bias adds the optional q/k/v biases.
+"$M" gen --arch qwen3moe --bias "$T/bias.gguf" 2>/dev/null && "$M" info "$T/bias.gguf" >"$T/bias.out" ||
+	fail "gen --bias"
+expect_names "$T/bias.out" $bias
 
 # K types need 256-wide rows: rejected with a message naming the rule.
 if "$M" gen --arch qwen3moe --type q4_k "$T/bad.gguf" 2>"$T/k.err"; then
