@@ -12,7 +12,7 @@
 
 #include "engine/quant.h"
 
-#include "tests/unit/check.h"
+#include "tests/check.h"
 
 /* ---- a tiny GGUF emitter (independent of tools/gguf_writer.c) ---- */
 

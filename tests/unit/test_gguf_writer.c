@@ -4,7 +4,7 @@
 #include <inttypes.h>
 #include <sys/stat.h>
 
-#include "tests/unit/check.h"
+#include "tests/check.h"
 
 /* The expected content: one entry per key, its type and serialized value bytes. */
 struct expect_kv {

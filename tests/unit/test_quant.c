@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tests/unit/check.h"
+#include "tests/check.h"
 
 static float from_bits(uint32_t u)
 {
