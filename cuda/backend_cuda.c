@@ -12,21 +12,40 @@
 #include "cuda/matmul_cuda.h"
 
 /*
- * One backend object per process, bound to device 0 and created on first use. All work goes
- * to one non-blocking stream owned by the backend; every call that the ops table documents
- * as complete on return synchronizes that stream. The input and output of matmul pass through
- * two device scratch buffers that grow to the largest call seen (rounded up to a power of
- * two) and are kept: the engine's batch sizes are bounded, so they reach a ceiling quickly.
+ * One backend object per process, bound to device 0 and created on first use. Each of the
+ * ops table's MD_BACKEND_STREAMS streams is one non-blocking CUDA stream owned by the backend
+ * (non-blocking: no implicit ordering with the legacy default stream, so a copy on stream 1
+ * really overlaps a kernel on stream 0). Every call that the ops table documents as complete
+ * on return synchronizes stream 0 only, never the device, so pending prefetches keep running.
+ * The input and output of matmul pass through two device scratch buffers that grow to the
+ * largest call seen (rounded up to a power of two) and are kept: the engine's batch sizes are
+ * bounded, so they reach a ceiling quickly.
  *
- * Rejected: one stream per call (creation cost on the hot path) and pinned host staging
- * buffers (the engine's activations live in its own memory; a pinned copy would add a host
- * memcpy to save little at decode batch sizes). Both may come back with device-resident
- * activations.
+ * Fences are CUDA events from a ring of FENCE_RING, created at init with timing off (cheaper
+ * to record and query). Fence id n lives in slot n % FENCE_RING, which remembers the id it
+ * holds; recording into a slot whose previous fence is still pending first waits for that
+ * fence, so an id no longer found in its slot is known to have passed. That bounds the events
+ * while keeping any old id answerable, with no allocation per fence.
+ *
+ * Rejected: one stream per call (creation cost on the hot path); an event created and
+ * destroyed per fence (driver calls on the hot path, and a leak whenever a caller forgets an
+ * id); and pinned host staging for matmul (the engine's activations live in its own memory; a
+ * pinned copy would add a host memcpy to save little at decode batch sizes). The last may come
+ * back with device-resident activations.
  */
+#define FENCE_RING 64
+
+struct cuda_fence {
+	cudaEvent_t ev; /* owned */
+	uint64_t id;    /* the fence recorded last in this slot, 0 for none */
+};
+
 struct cuda_ctx {
 	int dev;              /* the device every call runs on */
 	int n_dev;            /* devices visible at init */
-	cudaStream_t stream;  /* owned */
+	cudaStream_t stream[MD_BACKEND_STREAMS]; /* owned; [0] is the compute stream */
+	struct cuda_fence fence[FENCE_RING];     /* owned: the fence ring */
+	uint64_t fence_last;  /* id of the last fence recorded, 0 before the first */
 	float *x_dev;         /* owned: device scratch for matmul inputs, x_cap bytes */
 	size_t x_cap;
 	float *y_dev;         /* owned: device scratch for matmul outputs, y_cap bytes */
@@ -117,9 +136,9 @@ static int cuda_copy(struct cuda_ctx *c, void *dst, const void *src, size_t size
 
 	if (size == 0)
 		return 0;
-	e = cudaMemcpyAsync(dst, src, size, kind, c->stream);
+	e = cudaMemcpyAsync(dst, src, size, kind, c->stream[0]);
 	if (e == cudaSuccess)
-		e = cudaStreamSynchronize(c->stream);
+		e = cudaStreamSynchronize(c->stream[0]);
 	return cuda_errno(e);
 }
 
@@ -131,6 +150,115 @@ static int cuda_upload(struct md_backend *b, void *dst_dev, const void *src_host
 static int cuda_download(struct md_backend *b, void *dst_host, const void *src_dev, size_t size)
 {
 	return cuda_copy(b->_ctx, dst_host, src_dev, size, cudaMemcpyDeviceToHost);
+}
+
+static int cuda_host_alloc(struct md_backend *b, size_t size, void **hptr)
+{
+	cudaError_t e;
+
+	*hptr = NULL;
+	if (size == 0)
+		return -EINVAL;
+	/* Portable: pinned for every device context, should more devices come. */
+	e = cudaHostAlloc(hptr, size, cudaHostAllocPortable);
+	if (e != cudaSuccess) {
+		*hptr = NULL;
+		cudaGetLastError(); /* a refused pinning is not sticky */
+		return e == cudaErrorMemoryAllocation ? -ENOMEM : cuda_errno(e);
+	}
+	return 0;
+}
+
+static void cuda_host_free(struct md_backend *b, void *hptr)
+{
+	struct cuda_ctx *c = b->_ctx;
+
+	if (hptr == NULL)
+		return;
+	/* The contract lets callers free a buffer a copy may still read: drain every stream. */
+	for (int i = 0; i < MD_BACKEND_STREAMS; i++)
+		cudaStreamSynchronize(c->stream[i]);
+	cudaFreeHost(hptr);
+}
+
+static int cuda_upload_async(struct md_backend *b, void *dst_dev, const void *src_host,
+			     size_t size, int stream)
+{
+	struct cuda_ctx *c = b->_ctx;
+
+	if (stream < 0 || stream >= MD_BACKEND_STREAMS || dst_dev == NULL || src_host == NULL)
+		return -EINVAL;
+	if (size == 0)
+		return 0;
+	return cuda_errno(cudaMemcpyAsync(dst_dev, src_host, size, cudaMemcpyHostToDevice,
+					  c->stream[stream]));
+}
+
+static int cuda_fence_record(struct md_backend *b, int stream, uint64_t *fence)
+{
+	struct cuda_ctx *c = b->_ctx;
+	struct cuda_fence *f;
+	uint64_t id;
+	cudaError_t e;
+
+	if (stream < 0 || stream >= MD_BACKEND_STREAMS)
+		return -EINVAL;
+	id = c->fence_last + 1;
+	f = &c->fence[id % FENCE_RING];
+	/* The slot's previous fence must pass before its event is re-recorded (see DESIGN). */
+	if (f->id != 0) {
+		e = cudaEventSynchronize(f->ev);
+		if (e != cudaSuccess)
+			return cuda_errno(e);
+	}
+	e = cudaEventRecord(f->ev, c->stream[stream]);
+	if (e != cudaSuccess)
+		return cuda_errno(e);
+	f->id = id;
+	c->fence_last = id;
+	*fence = id;
+	return 0;
+}
+
+/* The slot holding fence, or NULL when fence has passed for certain (its slot was reused);
+ * *err is -EINVAL for ids never returned. */
+static struct cuda_fence *fence_slot(struct cuda_ctx *c, uint64_t fence, int *err)
+{
+	struct cuda_fence *f;
+
+	*err = 0;
+	if (fence == 0 || fence > c->fence_last) {
+		*err = -EINVAL;
+		return NULL;
+	}
+	f = &c->fence[fence % FENCE_RING];
+	return f->id == fence ? f : NULL;
+}
+
+static int cuda_fence_wait(struct md_backend *b, uint64_t fence)
+{
+	struct cuda_fence *f;
+	int err;
+
+	f = fence_slot(b->_ctx, fence, &err);
+	if (f == NULL)
+		return err;
+	return cuda_errno(cudaEventSynchronize(f->ev));
+}
+
+static int cuda_fence_done(struct md_backend *b, uint64_t fence)
+{
+	struct cuda_fence *f;
+	cudaError_t e;
+	int err;
+
+	f = fence_slot(b->_ctx, fence, &err);
+	if (f == NULL)
+		return err < 0 ? err : 1;
+	e = cudaEventQuery(f->ev);
+	if (e == cudaErrorNotReady)
+		return 0;
+	return e == cudaSuccess ? 1 : cuda_errno(e);
 }
 
 /* Block size in elements and the alignment (bytes) the kernels need of rows, per type;
@@ -211,14 +339,14 @@ static int cuda_matmul(struct md_backend *b, const struct md_mat *w, const float
 		rc = cuda_reserve(&c->y_dev, &c->y_cap, yb);
 	if (rc != 0)
 		return rc;
-	e = cudaMemcpyAsync(c->x_dev, x, xb, cudaMemcpyHostToDevice, c->stream);
+	e = cudaMemcpyAsync(c->x_dev, x, xb, cudaMemcpyHostToDevice, c->stream[0]);
 	if (e == cudaSuccess)
 		e = md_cuda__matmul((int)w->type, w->data, w->n_in, w->n_out, w->nb1, c->x_dev,
-				    n_tok, c->y_dev, c->stream);
+				    n_tok, c->y_dev, c->stream[0]);
 	if (e == cudaSuccess)
-		e = cudaMemcpyAsync(y, c->y_dev, yb, cudaMemcpyDeviceToHost, c->stream);
+		e = cudaMemcpyAsync(y, c->y_dev, yb, cudaMemcpyDeviceToHost, c->stream[0]);
 	/* Synchronize even after a failed step so no copy is still reading x or writing y. */
-	s = cudaStreamSynchronize(c->stream);
+	s = cudaStreamSynchronize(c->stream[0]);
 	if (e == cudaSuccess)
 		e = s;
 	return cuda_errno(e);
@@ -237,7 +365,7 @@ static void cuda_fail(const char *what, cudaError_t e)
 static void cuda_init(void)
 {
 	struct cuda_ctx *c = &cuda_state;
-	int n = 0;
+	int n = 0, n_stream = 0, n_event = 0;
 	cudaError_t e;
 
 	e = cudaGetDeviceCount(&n);
@@ -261,11 +389,24 @@ static void cuda_init(void)
 		cuda_fail("cuda device 0 cannot run moed's kernels", e);
 		return;
 	}
-	e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
-	if (e != cudaSuccess) {
-		cuda_fail("cannot create a cuda stream", e);
-		return;
+	for (int i = 0; i < MD_BACKEND_STREAMS; i++) {
+		e = cudaStreamCreateWithFlags(&c->stream[i], cudaStreamNonBlocking);
+		if (e != cudaSuccess) {
+			cuda_fail("cannot create a cuda stream", e);
+			goto out_streams;
+		}
+		n_stream++;
 	}
+	for (int i = 0; i < FENCE_RING; i++) {
+		e = cudaEventCreateWithFlags(&c->fence[i].ev, cudaEventDisableTiming);
+		if (e != cudaSuccess) {
+			cuda_fail("cannot create a cuda event", e);
+			goto out_events;
+		}
+		c->fence[i].id = 0;
+		n_event++;
+	}
+	c->fence_last = 0;
 	cuda_backend = (struct md_backend){
 		.name = "cuda",
 		.device_count = cuda_device_count,
@@ -274,12 +415,26 @@ static void cuda_init(void)
 		.free = cuda_free,
 		.upload = cuda_upload,
 		.download = cuda_download,
+		.host_alloc = cuda_host_alloc,
+		.host_free = cuda_host_free,
+		.upload_async = cuda_upload_async,
+		.fence_record = cuda_fence_record,
+		.fence_wait = cuda_fence_wait,
+		.fence_done = cuda_fence_done,
 		.supports = cuda_supports,
 		.matmul = cuda_matmul,
 		._ctx = c,
 	};
 	cuda_ready = &cuda_backend;
 	cuda_why[0] = '\0';
+	return;
+
+out_events:
+	while (n_event > 0)
+		cudaEventDestroy(c->fence[--n_event].ev);
+out_streams:
+	while (n_stream > 0)
+		cudaStreamDestroy(c->stream[--n_stream]);
 }
 
 struct md_backend *md_backend_cuda(void)
