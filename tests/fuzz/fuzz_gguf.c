@@ -6,17 +6,11 @@
 
 #include "engine/gguf.h"
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+/* Invariant violations abort, so libFuzzer (or the corpus driver) reports them as crashes. */
+#define CHECK_FATAL_ACTION() abort()
+#include "tests/check.h"
 
-/* Invariant violations abort so libFuzzer (or the corpus driver) reports them. */
-#define FZ_CHECK(cond)                                                                       \
-	do {                                                                                 \
-		if (!(cond)) {                                                               \
-			fprintf(stderr, "fuzz_gguf: invariant failed: %s (line %d)\n", #cond, \
-				__LINE__);                                                   \
-			abort();                                                             \
-		}                                                                            \
-	} while (0)
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static volatile uint64_t sink;
 
@@ -60,14 +54,14 @@ static void walk_kv(const struct md_gguf *g, uint64_t i)
 	(void)md_gguf_vtype_name(kv->type);
 	key = cstr(kv->key);
 	if (key) {
-		FZ_CHECK(md_gguf_find_key(g, key) == (int64_t)i);
-		FZ_CHECK(md_gguf_str_eq(kv->key, key));
+		REQUIRE(CHECK_EQ_I(md_gguf_find_key(g, key), i));
+		REQUIRE(CHECK(md_gguf_str_eq(kv->key, key)));
 		sink += md_gguf_get_u32(g, key, &u32) ? u32 : 0;
 		sink += md_gguf_get_u64(g, key, &u64) ? u64 : 0;
 		sink += md_gguf_get_f32(g, key, &f) ? (uint64_t)(f == f) : 0;
 		sink += md_gguf_get_bool(g, key, &b) ? b : 0;
 		if (md_gguf_get_str(g, key, &s)) {
-			FZ_CHECK(kv->type == MD_GGUF_STRING);
+			REQUIRE(CHECK(kv->type == MD_GGUF_STRING));
 			touch(s);
 		}
 		free(key);
@@ -78,15 +72,15 @@ static void walk_kv(const struct md_gguf *g, uint64_t i)
 	for (uint64_t j = 0; j <= kv->arr_n; j++) {
 		bool ok = md_gguf_arr_str(kv, j, &s);
 
-		FZ_CHECK(!ok || (j < kv->arr_n && kv->arr_type == MD_GGUF_STRING));
+		REQUIRE(CHECK(!ok || (j < kv->arr_n && kv->arr_type == MD_GGUF_STRING)));
 		if (ok)
 			touch(s);
 		ok = md_gguf_arr_f32(kv, j, &f);
-		FZ_CHECK(!ok || j < kv->arr_n);
+		REQUIRE(CHECK(!ok || j < kv->arr_n));
 		if (ok)
 			sink += (uint64_t)(f == f);
 		ok = md_gguf_arr_i64(kv, j, &i64);
-		FZ_CHECK(!ok || j < kv->arr_n);
+		REQUIRE(CHECK(!ok || j < kv->arr_n));
 		if (ok)
 			sink += (uint64_t)i64;
 	}
@@ -99,16 +93,17 @@ static void walk_tensor(const struct md_gguf *g, uint64_t i)
 	char *name;
 
 	touch(t->name);
-	FZ_CHECK(t->n_dims >= 1 && t->n_dims <= MD_GGUF_MAX_DIMS);
-	FZ_CHECK(t->nbytes > 0);
-	FZ_CHECK(p >= g->base + g->data_offset && (uint64_t)(p - g->base) + t->nbytes <= g->size);
-	FZ_CHECK(t->offset % g->alignment == 0);
+	REQUIRE(CHECK(t->n_dims >= 1 && t->n_dims <= MD_GGUF_MAX_DIMS));
+	REQUIRE(CHECK(t->nbytes > 0));
+	REQUIRE(CHECK(p >= g->base + g->data_offset &&
+		      (uint64_t)(p - g->base) + t->nbytes <= g->size));
+	REQUIRE(CHECK(t->offset % g->alignment == 0));
 	for (int d = 0; d < MD_GGUF_MAX_DIMS; d++)
-		FZ_CHECK(t->ne[d] >= 1);
+		REQUIRE(CHECK(t->ne[d] >= 1));
 	sink += p[0] + p[t->nbytes - 1];
 	name = cstr(t->name);
 	if (name) {
-		FZ_CHECK(md_gguf_find_tensor(g, name) == t);
+		REQUIRE(CHECK(md_gguf_find_tensor(g, name) == t));
 		free(name);
 	}
 }
@@ -121,18 +116,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	r = md_gguf_open_mem(&g, data, size, err, sizeof(err));
 	if (r != 0) {
-		FZ_CHECK(r < 0);
-		FZ_CHECK(strncmp(err, "gguf: ", 6) == 0 && !strchr(err, '\n'));
+		REQUIRE(CHECK(r < 0));
+		REQUIRE(CHECK(strncmp(err, "gguf: ", 6) == 0 && !strchr(err, '\n')));
 		return 0;
 	}
-	FZ_CHECK(g.version == 2 || g.version == 3);
-	FZ_CHECK(g.alignment && (g.alignment & (g.alignment - 1)) == 0);
+	REQUIRE(CHECK(g.version == 2 || g.version == 3));
+	REQUIRE(CHECK(g.alignment && (g.alignment & (g.alignment - 1)) == 0));
 	for (uint64_t i = 0; i < g.n_kv; i++)
 		walk_kv(&g, i);
 	for (uint64_t i = 0; i < g.n_tensors; i++)
 		walk_tensor(&g, i);
-	FZ_CHECK(md_gguf_find_key(&g, "") == -1);
-	FZ_CHECK(md_gguf_find_tensor(&g, "") == NULL);
+	REQUIRE(CHECK_EQ_I(md_gguf_find_key(&g, ""), -1));
+	REQUIRE(CHECK(md_gguf_find_tensor(&g, "") == NULL));
 	md_gguf_close(&g);
 	return 0;
 }

@@ -6,14 +6,7 @@
 #include "engine/gguf.h"
 #include "engine/tokenizer.h"
 
-static int failures;
-
-#define CHECK(cond) do { \
-	if (!(cond)) { \
-		fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-		failures++; \
-	} \
-} while (0)
+#include "tests/check.h"
 
 /* ------------------------------------------------------------ a tiny GGUF builder */
 
@@ -178,14 +171,6 @@ static bool ids_eq(const int32_t *a, int na, const int32_t *b, int nb)
 	return true;
 }
 
-#define STREQ(a, b) do { \
-	const char *a_ = (a), *b_ = (b); \
-	if (strcmp(a_, b_) != 0) { \
-		fprintf(stderr, "%s:%d: \"%s\" != \"%s\"\n", __FILE__, __LINE__, a_, b_); \
-		failures++; \
-	} \
-} while (0)
-
 /* ------------------------------------------------------------ SentencePiece vocab */
 
 enum { SP_UNK, SP_BOS, SP_EOS, SP_BYTE0 = 3, SP_SPACE = 259, SP_A, SP_B, SP_SA, SP_AB, SP_SAB,
@@ -246,12 +231,12 @@ static void test_spm(void)
 		CHECK(ids_eq(ids, n, want, 3));
 		md_detok_init(&d, t);
 		d.skip_special = true;
-		STREQ(stream(&d, ids, n, true), "ab a"); /* prefix space stripped, BOS skipped */
+		CHECK_STR_EQ(stream(&d, ids, n, true), "ab a"); /* prefix space stripped, BOS skipped */
 		md_detok_init(&d, t);
-		STREQ(stream(&d, ids, n, true), "<s>ab a");
+		CHECK_STR_EQ(stream(&d, ids, n, true), "<s>ab a");
 		md_detok_init(&d, t);
 		d.lstrip_first = false; /* continuation: keep the space */
-		STREQ(stream(&d, ids + 1, n - 1, true), " ab a");
+		CHECK_STR_EQ(stream(&d, ids + 1, n - 1, true), " ab a");
 		free(ids);
 	}
 	/* Byte fallback: "€" (E2 82 AC) is not in the vocab; "é" is. */
@@ -262,7 +247,7 @@ static void test_spm(void)
 		n = md_tokenizer_encode(t, "a\xE2\x82\xAC\xC3\xA9", 6, false, false, &ids);
 		CHECK(ids_eq(ids, n, want, 5));
 		md_detok_init(&d, t);
-		STREQ(stream(&d, ids, n, true), "a\xE2\x82\xAC\xC3\xA9");
+		CHECK_STR_EQ(stream(&d, ids, n, true), "a\xE2\x82\xAC\xC3\xA9");
 		CHECK(events[0] == 1 && events[1] == 0 && events[2] == 0 && events[3] == 3 &&
 		      events[4] == 2);
 		free(ids);
@@ -274,14 +259,14 @@ static void test_spm(void)
 		int32_t cut[] = { SP_BYTE0 + 0xE2, SP_EOS, SP_SB };
 
 		md_detok_init(&d, t);
-		STREQ(stream(&d, lone, 3, true), "a\xEF\xBF\xBD");
+		CHECK_STR_EQ(stream(&d, lone, 3, true), "a\xEF\xBF\xBD");
 		CHECK(events[3] == 3);
 		md_detok_init(&d, t);
-		STREQ(stream(&d, bad, 3, true), "a\xEF\xBF\xBD" "b");
+		CHECK_STR_EQ(stream(&d, bad, 3, true), "a\xEF\xBF\xBD" "b");
 		CHECK(events[1] == 3); /* at once: 0xFF can never start a character */
 		md_detok_init(&d, t);
 		/* After an added token the encoder adds "▁", so the decoder removes one space. */
-		STREQ(stream(&d, cut, 3, true), "\xEF\xBF\xBD</s>b");
+		CHECK_STR_EQ(stream(&d, cut, 3, true), "\xEF\xBF\xBD</s>b");
 	}
 	/* Encode/decode round trip across an added token, and parse_special off. */
 	{
@@ -292,7 +277,7 @@ static void test_spm(void)
 		n = md_tokenizer_encode(t, "a</s>b", 6, false, true, &ids);
 		CHECK(ids_eq(ids, n, want, 3));
 		CHECK(md_tokenizer_decode(t, ids, (size_t)n, false, &txt, &tl) == 0);
-		STREQ(txt, "a</s>b");
+		CHECK_STR_EQ(txt, "a</s>b");
 		free(txt);
 		free(ids);
 		n = md_tokenizer_encode(t, "a</s>b", 6, false, false, &ids);
@@ -311,7 +296,8 @@ static void test_spm(void)
 	{
 		char p[16];
 
-		CHECK(md_tokenizer_piece(t, SP_SAB, p, sizeof(p)) == 3 && !memcmp(p, " ab", 3));
+		CHECK_EQ_I(md_tokenizer_piece(t, SP_SAB, p, sizeof(p)), 3);
+		CHECK_MEM_EQ(p, " ab", 3);
 		CHECK(md_tokenizer_piece(t, SP_BYTE0 + 0x41, p, sizeof(p)) == 1 && p[0] == 'A');
 		CHECK(md_tokenizer_piece(t, SP_N, p, sizeof(p)) < 0);
 		CHECK(md_tokenizer_find(t, "<s>", 3) == SP_BOS);
@@ -403,7 +389,7 @@ static void test_bpe(void)
 		n = md_tokenizer_encode(t, " \xE4\xB8\xAD", 4, true, true, &ids);
 		CHECK(ids_eq(ids, n, want, 2));
 		md_detok_init(&d, t);
-		STREQ(stream(&d, ids, n, true), " \xE4\xB8\xAD");
+		CHECK_STR_EQ(stream(&d, ids, n, true), " \xE4\xB8\xAD");
 		CHECK(events[0] == 1 && events[1] == 3); /* the space, then the whole character */
 		free(ids);
 	}
@@ -427,7 +413,7 @@ static void test_bpe(void)
 						 &ids2);
 			CHECK(n > 0 && ids_eq(ids, n, ids2, n2));
 			CHECK(md_tokenizer_decode(t, ids, (size_t)n, false, &txt, &tl) == 0);
-			STREQ(txt, cases[i][1]);
+			CHECK_STR_EQ(txt, cases[i][1]);
 			free(txt);
 			free(ids);
 			free(ids2);
@@ -456,7 +442,8 @@ static void test_bpe(void)
 		md_detok_init(&d, t);
 		CHECK(md_detok_push(&d, 257, out, sizeof(out)) == 0);
 		CHECK(md_detok_push(&d, 0xAD, small, 2) < 0);
-		CHECK(md_detok_push(&d, 0xAD, out, sizeof(out)) == 3 && !memcmp(out, "\xE4\xB8\xAD", 3));
+		CHECK_EQ_I(md_detok_push(&d, 0xAD, out, sizeof(out)), 3);
+		CHECK_MEM_EQ(out, "\xE4\xB8\xAD", 3);
 		CHECK(md_detok_flush(&d, out, sizeof(out)) == 0);
 	}
 	md_tokenizer_free(t);

@@ -12,19 +12,8 @@
 #include "engine/quant.h"
 #include "engine/kern/threadpool.h"
 
+#include "tests/check.h"
 #include "frand.h"
-
-static int fails;
-
-#define CHECK(cond, ...)                                                                         \
-	do {                                                                                     \
-		if (!(cond)) {                                                                   \
-			fprintf(stderr, __VA_ARGS__);                                            \
-			fputc('\n', stderr);                                                     \
-			fails++;                                                                 \
-		}                                                                                \
-	} while (0)
-
 
 static const enum md_dtype types[] = { MD_DT_F32, MD_DT_F16, MD_DT_BF16, MD_DT_Q8_0,
 				       MD_DT_Q4_0, MD_DT_Q4_K, MD_DT_Q5_K, MD_DT_Q6_K };
@@ -102,7 +91,7 @@ static void test_type(const struct md_kern *k, enum md_dtype t, int64_t n, float
 	size_t stride;
 	make_act(k, t, x, n, nt, aq, &stride);
 	make_act(&md_kern_scalar, t, x, n, nt, as, &stride);
-	CHECK(memcmp(aq, as, stride * nt) == 0, "%s %s: quantized activations differ from scalar",
+	CHECK_MSG(memcmp(aq, as, stride * nt) == 0, "%s %s: quantized activations differ from scalar",
 	      k->name, tn);
 	for (int r = 0; r < nrow; r++) {
 		const uint8_t *wr = w + rb * r;
@@ -119,15 +108,15 @@ static void test_type(const struct md_kern *k, enum md_dtype t, int64_t n, float
 				 * and cancels), not with |result|. */
 				double sabs = abs_dot(t, wr, x + i * n, n);
 				double mag = fabs(ref) + bound + 1e-6;
-				CHECK(fabs(y[2 * i] - ys[i]) <= 2e-5 * mag + 1e-6 * sabs,
+				CHECK_MSG(fabs(y[2 * i] - ys[i]) <= 2e-5 * mag + 1e-6 * sabs,
 				      "%s %s row %d nt %d tok %d: simd %.9g scalar %.9g", k->name, tn, r, cnt,
 				      i, y[2 * i], ys[i]);
-				CHECK(fabs(ys[i] - ref) <= bound * 1.001 + 1e-5 * (fabs(ref) + 1) + 1e-6 * sabs,
+				CHECK_MSG(fabs(ys[i] - ref) <= bound * 1.001 + 1e-5 * (fabs(ref) + 1) + 1e-6 * sabs,
 				      "%s row %d tok %d: scalar kernel %.9g ref %.9g bound %.3g", tn, r, i,
 				      ys[i], ref, bound);
-				CHECK(isnan(y[2 * i + 1]), "%s %s: wrote outside its y stride", k->name, tn);
+				CHECK_MSG(isnan(y[2 * i + 1]), "%s %s: wrote outside its y stride", k->name, tn);
 				if (i == 3)
-					CHECK(y[2 * i] == 0, "%s %s: zero activations give %g", k->name, tn,
+					CHECK_MSG(y[2 * i] == 0, "%s %s: zero activations give %g", k->name, tn,
 					      y[2 * i]);
 			}
 			/* A tile equals its single-token calls exactly; float weights promise that
@@ -136,7 +125,7 @@ static void test_type(const struct md_kern *k, enum md_dtype t, int64_t n, float
 			for (int i = 0; i < cnt; i++) {
 				float one[2];
 				k->dot[t](n, wr, aq + i * stride, 0, cnt > 1 ? 2 : 1, one, 1);
-				CHECK(one[0] == y[2 * i], "%s %s nt %d: tile %g != single %g", k->name, tn, cnt,
+				CHECK_MSG(one[0] == y[2 * i], "%s %s nt %d: tile %g != single %g", k->name, tn, cnt,
 				      y[2 * i], one[0]);
 			}
 		}
@@ -159,18 +148,18 @@ static void test_helpers(const struct md_kern *k)
 		y1[i] = y2[i] = frand();
 	}
 	float d1 = k->dot_f32(a, b, n), d2 = md_kern_scalar.dot_f32(a, b, n);
-	CHECK(fabsf(d1 - d2) <= 1e-5f * (1 + fabsf(d2)), "%s dot_f32 %g vs %g", k->name, d1, d2);
+	CHECK_MSG(fabsf(d1 - d2) <= 1e-5f * (1 + fabsf(d2)), "%s dot_f32 %g vs %g", k->name, d1, d2);
 	d1 = k->sumsq_f32(a, n);
 	d2 = md_kern_scalar.sumsq_f32(a, n);
-	CHECK(fabsf(d1 - d2) <= 1e-5f * (1 + fabsf(d2)), "%s sumsq %g vs %g", k->name, d1, d2);
+	CHECK_MSG(fabsf(d1 - d2) <= 1e-5f * (1 + fabsf(d2)), "%s sumsq %g vs %g", k->name, d1, d2);
 	k->axpy_f32(y1, 0.37f, a, n);
 	md_kern_scalar.axpy_f32(y2, 0.37f, a, n);
 	for (int i = 0; i < n; i++)
-		CHECK(fabsf(y1[i] - y2[i]) <= 1e-6f, "%s axpy[%d] %g vs %g", k->name, i, y1[i], y2[i]);
+		CHECK_MSG(fabsf(y1[i] - y2[i]) <= 1e-6f, "%s axpy[%d] %g vs %g", k->name, i, y1[i], y2[i]);
 	k->scale_mul_f32(y1, a, 1.7f, w, n);
 	md_kern_scalar.scale_mul_f32(y2, a, 1.7f, w, n);
 	for (int i = 0; i < n; i++)
-		CHECK(y1[i] == y2[i], "%s scale_mul[%d] %g vs %g", k->name, i, y1[i], y2[i]);
+		CHECK_MSG(y1[i] == y2[i], "%s scale_mul[%d] %g vs %g", k->name, i, y1[i], y2[i]);
 }
 
 /*
@@ -217,7 +206,7 @@ static void test_gemm(const struct md_kern *k)
 						for (size_t r = 0; r < ys; r++) {
 							float got = y[tok * ys + r];
 							if (tok >= nt || (int)r >= nr) {
-								CHECK(isnan(got), "%s gemm %s n %d nr %d nt %d: wrote (%d, %d)",
+								CHECK_MSG(isnan(got), "%s gemm %s n %d nr %d nt %d: wrote (%d, %d)",
 								      k->name, tn, (int)n, nr, nt, tok, (int)r);
 								continue;
 							}
@@ -230,10 +219,10 @@ static void test_gemm(const struct md_kern *k)
 							double mag = 0;
 							for (int64_t i = 0; i < n; i++)
 								mag += fabs((double)wd[i] * xt[i]);
-							CHECK(memcmp(&got, &one[0], sizeof(float)) == 0,
+							CHECK_MSG(memcmp(&got, &one[0], sizeof(float)) == 0,
 							      "%s gemm %s n %d nr %d nt %d (%d, %d): %.9g != dot %.9g",
 							      k->name, tn, (int)n, nr, nt, tok, (int)r, got, one[0]);
-							CHECK(fabs(got - sc) <= 1e-6 * mag + 1e-30,
+							CHECK_MSG(fabs(got - sc) <= 1e-6 * mag + 1e-30,
 							      "%s gemm %s n %d nr %d nt %d (%d, %d): %.9g scalar %.9g",
 							      k->name, tn, (int)n, nr, nt, tok, (int)r, got, sc);
 						}
@@ -293,13 +282,13 @@ static void test_matmul(const struct md_kern *k)
 							k->dot[t](n_in, w[m] + rb * r, act + tok * stride, 0,
 								  n_tok > 1 ? 2 : 1, want, 1);
 							float got = ys[m][tok * n_out[m] + r];
-							CHECK(got == want[0],
+							CHECK_MSG(got == want[0],
 							      "%s matmul %s threads %d n_tok %d w %d tok %d row %d: %g want %g",
 							      k->name, md_dtype_info(t)->name, threads, n_tok, m, tok,
 							      r, got, want[0]);
 						}
 				md_matmul(pool, &mm[1], x, n_tok, y0, scratch);
-				CHECK(memcmp(y0, y1, sizeof(float) * n_out[1] * n_tok) == 0,
+				CHECK_MSG(memcmp(y0, y1, sizeof(float) * n_out[1] * n_tok) == 0,
 				      "%s matmul %s: single and multi differ", k->name, md_dtype_info(t)->name);
 				free(y0);
 				free(y1);
@@ -336,8 +325,8 @@ int main(void)
 		test_matmul(k);
 		printf("kernels: %s checked\n", k->name);
 	}
-	if (fails) {
-		fprintf(stderr, "kernels: %d failures\n", fails);
+	if (failures) {
+		fprintf(stderr, "kernels: %d failures\n", failures);
 		return 1;
 	}
 	printf("kernels: ok (%d tables)\n", tested);

@@ -8,8 +8,8 @@
 #include "engine/quant.h"
 #include "engine/kern/threadpool.h"
 
+#include "tests/check.h"
 #include "frand.h"
-
 
 int main(void)
 {
@@ -17,7 +17,6 @@ int main(void)
 	const enum md_dtype types[] = { MD_DT_F32, MD_DT_F16, MD_DT_BF16, MD_DT_Q8_0,
 					MD_DT_Q4_0, MD_DT_Q4_K, MD_DT_Q5_K, MD_DT_Q6_K };
 	const int n_in = 512, n_out = 37, n_tok = 5;
-	int fails = 0;
 	/* The dequantizing reference path; test_kernels covers the SIMD path. */
 	md_kern_set_active(NULL);
 	for (int threads = 1; threads <= 3; threads++) {
@@ -43,11 +42,10 @@ int main(void)
 				for (int r = 0; r < n_out; r++) {
 					float ref = md_vec_dot_ref(t, w + rb * r, x + n_in * tok, n_in);
 					float got = y[tok * n_out + r];
-					if (fabsf(ref - got) > 1e-4f * (1.0f + fabsf(ref))) {
-						fprintf(stderr, "type %s threads %d tok %d row %d: got %g want %g\n",
-							md_dtype_info(t)->name, threads, tok, r, got, ref);
-						fails++;
-					}
+
+					CHECK_CONTEXT("type %s threads %d tok %d row %d",
+						      md_dtype_info(t)->name, threads, tok, r);
+					CHECK_NEAR(got, ref, 1e-4f * (1.0f + fabsf(ref)));
 				}
 			free(src);
 			free(w);
@@ -57,8 +55,8 @@ int main(void)
 		}
 		md_pool_free(pool);
 	}
-	if (fails) {
-		fprintf(stderr, "matmul: %d mismatches\n", fails);
+	if (failures) {
+		fprintf(stderr, "matmul: %d mismatches\n", failures);
 		return 1;
 	}
 	printf("matmul: ok\n");

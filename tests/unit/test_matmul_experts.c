@@ -10,6 +10,7 @@
 #include "engine/quant.h"
 #include "engine/kern/threadpool.h"
 
+#include "tests/check.h"
 #include "frand.h"
 
 
@@ -22,7 +23,6 @@ int main(void)
 	const int ng = 4, n_in = 512, n_out = 200, n_x = 7;
 	const int32_t off[5] = { 0, 3, 14, 15, 20 };
 	const int n_slots = off[ng];
-	int fails = 0;
 	if (!md_kern_active()) {
 		printf("no kernels active (MOED_KERNELS=ref): nothing to test\n");
 		return 0;
@@ -46,11 +46,9 @@ int main(void)
 			struct md_mat w[8];
 			for (int i = 0; i < 2 * ng; i++)
 				w[i] = (struct md_mat){ t, n_in, n_out, rb, wb + rb * n_out * i };
-			if (!md_matmul_experts_ok(w, 2)) {
-				fprintf(stderr, "type %d: no kernel path\n", t);
-				fails++;
+			CHECK_MSG(md_matmul_experts_ok(w, 2), "type %d: no kernel path", t);
+			if (!md_matmul_experts_ok(w, 2))
 				continue;
-			}
 			float *x = malloc(sizeof(float) * n_in * n_slots);
 			for (int i = 0; i < n_in * n_slots; i++)
 				x[i] = frand();
@@ -76,13 +74,13 @@ int main(void)
 						md_matmul(pool, &w[2 * g + i], xg + (size_t)off[g] * n_in, m,
 							  ref, mscr);
 						const float *got = (i ? y1 : y0) + (size_t)off[g] * n_out;
-						for (int k = 0; k < m * n_out; k++)
-							if (got[k] != ref[k]) {
-								fprintf(stderr, "type %d threads %d mode %d group %d w %d elem %d: %g != %g\n",
-									t, threads, mode, g, i, k, got[k], ref[k]);
-								fails++;
-								break;
-							}
+						for (int k = 0; k < m * n_out; k++) {
+							CHECK_MSG(got[k] == ref[k],
+								  "type %d threads %d mode %d group %d w %d elem %d: %g != %g",
+								  t, threads, mode, g, i, k, got[k], ref[k]);
+							if (got[k] != ref[k])
+								break; /* one report per group */
+						}
 					}
 			}
 			free(wb);
@@ -97,6 +95,6 @@ int main(void)
 		}
 		md_pool_free(pool);
 	}
-	printf("%s (%d failures)\n", fails ? "FAIL" : "ok", fails);
-	return fails ? 1 : 0;
+	printf("%s (%d failures)\n", failures ? "FAIL" : "ok", failures);
+	return failures ? 1 : 0;
 }

@@ -8,18 +8,7 @@
 #include <string.h>
 
 #include "engine/sampler.h"
-#include "tests/unit/check.h"
-
-/* |a - b| <= tol, printing both. */
-#define CHECK_NEAR(a, b, tol)                                                            \
-	do {                                                                             \
-		double a_ = (a), b_ = (b);                                               \
-		if (!(fabs(a_ - b_) <= (tol))) {                                         \
-			fprintf(stderr, "%s:%d: %s ~= %s failed: %.9g != %.9g (tol %g)\n", \
-				__FILE__, __LINE__, #a, #b, a_, b_, (double)(tol));       \
-			failures++;                                                      \
-		}                                                                        \
-	} while (0)
+#include "tests/check.h"
 
 #define V 1000
 
