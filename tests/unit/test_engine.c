@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "engine/engine.h"
-#include "tests/unit/check.h"
+#include "tests/check.h"
 
 void *__real_calloc(size_t n, size_t size);
 void *__wrap_calloc(size_t n, size_t size);

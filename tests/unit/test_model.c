@@ -14,7 +14,7 @@
 #include "engine/quant.h"
 #include "tools/gguf_writer.h"
 
-#include "tests/unit/check.h"
+#include "tests/check.h"
 
 /* A failed setup step (writing the file) is a broken test, not a finding: stop. */
 #define SETUP(c)                                                                         \

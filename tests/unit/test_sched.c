@@ -7,7 +7,7 @@
 
 #include "engine/kv_cache.h"
 #include "engine/sched.h"
-#include "tests/unit/check.h"
+#include "tests/check.h"
 
 static struct md_engine_req *mkreq(uint64_t id, uint32_t n_prompt, uint32_t max_tokens)
 {
