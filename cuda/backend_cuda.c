@@ -16,10 +16,11 @@
  * ops table's MD_BACKEND_STREAMS streams is one non-blocking CUDA stream owned by the backend
  * (non-blocking: no implicit ordering with the legacy default stream, so a copy on stream 1
  * really overlaps a kernel on stream 0). Every call that the ops table documents as complete
- * on return synchronizes stream 0 only, never the device, so pending prefetches keep running.
- * The input and output of matmul pass through two device scratch buffers that grow to the
- * largest call seen (rounded up to a power of two) and are kept: the engine's batch sizes are
- * bounded, so they reach a ceiling quickly.
+ * on return synchronizes stream 0 only, so pending prefetches keep running. The input and
+ * output of matmul pass through two device scratch buffers that grow to the largest call seen
+ * (rounded up to a power of two) and are kept: the engine's batch sizes are bounded, so they
+ * reach a ceiling quickly. Until then a growth waits for the whole device (cudaFree does),
+ * prefetches included; free and host_free always do.
  *
  * Fences are CUDA events from a ring of FENCE_RING, created at init with timing off (cheaper
  * to record and query). Fence id n lives in slot n % FENCE_RING, which remembers the id it
