@@ -1,7 +1,7 @@
 /* The batched forward pass: a micro-batch of tokens from many sequences at their positions.
  *
  * Per layer: RMSNorm -> Q/K/V projections for all tokens -> QK-norm and RoPE -> K/V written to
- * the paged cache -> causal attention per (token, head) -> output projection -> RMSNorm ->
+ * the rows the paged cache hands out (md_kv_batch_begin validated the batch first) -> causal attention per (token, head) -> output projection -> RMSNorm ->
  * router -> experts in expert-major order (each active expert's weights read once for all the
  * tokens routed to it) -> weighted scatter-add. Logits only for the rows the caller asks for. */
 #include "engine/forward.h"
@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/assert.h"
 #include "engine/kern/cpu.h"
 #include "engine/kern/matmul.h"
 #include "engine/kern/threadpool.h"
@@ -306,9 +307,10 @@ static void attention(struct md_forward_ctx *f, struct md_kv_cache *kv, const st
 			rope_head(q + h * D, hp, f->rope_cs);
 		for (int64_t h = 0; h < K; h++)
 			rope_head(k + h * D, hp, f->rope_cs);
-		memcpy(md_kv_k(kv, il, b->seq[t], (uint32_t)b->pos[t]), k, (size_t)(K * D) * sizeof(float));
-		memcpy(md_kv_v(kv, il, b->seq[t], (uint32_t)b->pos[t]), f->v + (size_t)t * K * D,
-		       (size_t)(K * D) * sizeof(float));
+		float *kr, *vr;
+		md_kv_write_rows(kv, il, b->seq[t], (uint32_t)b->pos[t], &kr, &vr);
+		memcpy(kr, k, (size_t)(K * D) * sizeof(float));
+		memcpy(vr, f->v + (size_t)t * K * D, (size_t)(K * D) * sizeof(float));
 	}
 
 	struct att_job aj = { f, kv, b, il };
@@ -515,30 +517,6 @@ static void ffn(struct md_forward_ctx *f, int n, uint32_t il)
 		f->x[i] += f->tmp[i];
 }
 
-/* Checks the batch against the cache: known sequences, reserved positions, and each
- * sequence's tokens contiguous from its current length. */
-static int check_batch(const struct md_forward_ctx *f, struct md_kv_cache *kv, const struct md_batch *b)
-{
-	if (b->n_tokens < 1 || b->n_tokens > f->max_tokens)
-		return -EINVAL;
-	for (int t = 0; t < b->n_tokens; t++) {
-		int s = b->seq[t];
-		if (b->tokens[t] < 0 || (uint32_t)b->tokens[t] >= f->m->hp.n_vocab)
-			return -EINVAL;
-		if (s < 0 || (uint32_t)s >= kv->max_seqs || !kv->seqs[s].in_use || b->pos[t] < 0)
-			return -EINVAL;
-		if ((uint64_t)b->pos[t] >= (uint64_t)kv->seqs[s].n_blocks * MD_KV_BLOCK_TOKENS)
-			return -ENOSPC;
-		/* Expected position: the sequence length plus earlier tokens of it in this batch. */
-		uint32_t expect = kv->seqs[s].n_pos;
-		for (int u = 0; u < t; u++)
-			expect += b->seq[u] == s;
-		if ((uint32_t)b->pos[t] != expect)
-			return -EINVAL;
-	}
-	return 0;
-}
-
 int md_forward(struct md_forward_ctx *f, struct md_kv_cache *kv, const struct md_batch *b,
 	       float *logits)
 {
@@ -546,7 +524,14 @@ int md_forward(struct md_forward_ctx *f, struct md_kv_cache *kv, const struct md
 	const struct md_hparams *hp = &m->hp;
 	const int n = b->n_tokens;
 	const int64_t N = hp->n_embd;
-	int rc = check_batch(f, kv, b);
+
+	/* The batch's own checks, then the cache's (sequences, positions, reservations). */
+	if (n < 1 || n > f->max_tokens)
+		return -EINVAL;
+	for (int t = 0; t < n; t++)
+		if (b->tokens[t] < 0 || (uint32_t)b->tokens[t] >= hp->n_vocab)
+			return -EINVAL;
+	int rc = md_kv_batch_begin(kv, n, b->seq, b->pos);
 	if (rc)
 		return rc;
 
@@ -570,10 +555,11 @@ int md_forward(struct md_forward_ctx *f, struct md_kv_cache *kv, const struct md
 		attention(f, kv, b, il);
 		ffn(f, n, il);
 	}
+	/* Every layer's rows are written: commit. A sequence's positions rise through the
+	 * batch, so committing each token's pos + 1 in order ends at its last one. */
 	for (int t = 0; t < n; t++) {
-		struct md_kv_seq *s = &kv->seqs[b->seq[t]];
-		if ((uint32_t)b->pos[t] + 1 > s->n_pos)
-			s->n_pos = (uint32_t)b->pos[t] + 1;
+		rc = md_kv_commit(kv, b->seq[t], (uint32_t)b->pos[t] + 1);
+		MD_ASSERT(rc == 0);
 	}
 
 	/* Final norm and logits for the wanted rows only. */

@@ -23,9 +23,13 @@ struct md_forward_ctx; /* opaque: scratch buffers, thread pool */
 struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, int max_tokens);
 void md_forward_free(struct md_forward_ctx *f);
 
-/* Run the batch. Writes K/V into kv (positions must be reserved), and logits of each token
- * with want_logits (in batch order, n_vocab floats each) into logits. Returns the number of
- * logit rows written or a negative code (-EINVAL for a malformed batch, -ENOMEM). */
+/* Run the batch. Validates it against kv (md_kv_batch_begin: live sequences, positions
+ * contiguous from each sequence's length and reserved), writes K/V, and once every layer ran
+ * commits each sequence's new length (md_kv_commit). Logits of each token with want_logits
+ * (in batch order, n_vocab floats each) go to logits. Returns the number of logit rows
+ * written or a negative code: -EINVAL (malformed batch), -ENOSPC (positions not reserved, or
+ * no block for a copy-on-write), -ENOMEM. On failure no length moves; shared blocks the
+ * batch would have written may have been copied (same contents). */
 int md_forward(struct md_forward_ctx *f, struct md_kv_cache *kv, const struct md_batch *b,
 	       float *logits);
 
