@@ -1,4 +1,4 @@
-/* The default expert source: every expert is already in the model's mapping. */
+/* The default expert source: every expert is already in memory, in the model's tensors. */
 #include "engine/expert_src.h"
 
 #include <errno.h>

@@ -2,9 +2,10 @@
  *
  * The unit is one expert of one layer: its gate, up and down matrices. The forward pass asks
  * an md_expert_src for the experts the router chose and knows nothing else of where they
- * live. The default source returns views into the model's mapping (md_expert_src_map); the
- * expert store (host RAM / VRAM tiers fed from the file) is another implementation of the
- * same ops table.
+ * live. The default source returns views of the model's expert tensors (md_expert_src_map:
+ * the mapping, or the model's merged buffer for files with per-expert tensors); the expert
+ * store (host RAM / VRAM tiers fed from the file) is another implementation of the same ops
+ * table.
  *
  * Contract, per MoE layer of one md_forward call, all on the thread that calls md_forward
  * (the engine thread; pool workers only read the returned weights, between get and release):
@@ -68,9 +69,10 @@ static inline void md_expert_src_release(struct md_expert_src *s, uint32_t layer
 		s->ops->release(s, layer, expert);
 }
 
-/* The default source: views into the model's mapping (md_mat_of of the 3-D expert tensors).
- * get never fails for a layer < n_layer and an expert < n_expert of an MoE model (-EINVAL
- * otherwise); views stay valid while the model is loaded; no plan, no release. */
+/* The default source: views of the model's 3-D expert tensors (md_mat_of), which live in
+ * the mapping or in a buffer the model owns. get never fails for a layer < n_layer and an
+ * expert < n_expert of an MoE model (-EINVAL otherwise); views stay valid while the model is
+ * loaded; no plan, no release. */
 struct md_expert_src_map {
 	struct md_expert_src base;
 	const struct md_model *m; /* borrowed: outlives the source */

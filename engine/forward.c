@@ -14,7 +14,7 @@
  *       2. group the routings expert-major (router.c), so each active expert's weights are
  *          read once for all the tokens routed to it;
  *       3. get the active experts' weights from the expert source (plan, then get each; the
- *          default source is the mapping, engine/expert_src.c) and run them: one grouped
+ *          default source is the model's tensors, engine/expert_src.c) and run them: one grouped
  *          pass over the pool for gate/up, silu * up, one for down (per expert instead where
  *          the kernels can't take the weights); release them;
  *       4. scatter-add the weighted outputs back in slot order, plus the shared expert with

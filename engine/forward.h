@@ -23,14 +23,14 @@ struct md_batch {
 struct md_forward_ctx; /* opaque: scratch buffers, thread pool, router */
 
 /* A context for batches of up to max_tokens tokens on n_threads threads (the caller's
- * included). Experts come from the model's mapping until md_forward_set_expert_src. NULL on
+ * included). Experts come from the model's tensors until md_forward_set_expert_src. NULL on
  * bad sizes or no memory. */
 struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, int max_tokens);
 void md_forward_free(struct md_forward_ctx *f);
 
 /* Where routed experts' weights come from (contract in engine/expert_src.h); NULL restores
- * the default, views into the model's mapping. src is borrowed: it must outlive f or be
- * replaced first. The shared expert (Qwen2-MoE) is always read from the mapping. */
+ * the default, views of the model's tensors. src is borrowed: it must outlive f or be
+ * replaced first. The shared expert (Qwen2-MoE) is always read from the model's tensors. */
 void md_forward_set_expert_src(struct md_forward_ctx *f, struct md_expert_src *src);
 
 /* Observer of every MoE layer's routing: called on md_forward's thread after the layer's
