@@ -1,9 +1,29 @@
 /* The batched forward pass: a micro-batch of tokens from many sequences at their positions.
  *
- * Per layer: RMSNorm -> Q/K/V projections for all tokens -> QK-norm and RoPE -> K/V written to
- * the paged cache -> causal attention per (token, head) -> output projection -> RMSNorm ->
- * router -> experts in expert-major order (each active expert's weights read once for all the
- * tokens routed to it) -> weighted scatter-add. Logits only for the rows the caller asks for. */
+ * Pipeline (DESIGN §4) for a batch of n tokens:
+ *   Batch: the tokens are checked against the vocabulary and the batch against the KV cache
+ *   (md_kv_batch_begin: live sequences, contiguous reserved positions; shared blocks about
+ *   to be written are copied), then embedded into x.
+ *   Per layer:
+ *     Attention: RMSNorm -> Q/K/V projections for all tokens -> QK-norm and RoPE -> K/V rows
+ *     written where the cache says (md_kv_write_rows) -> causal attention per (token, head)
+ *     over the sequence's rows -> output projection -> residual add.
+ *     FFN: RMSNorm, then one SwiGLU for a dense model, or the MoE layer:
+ *       1. route: router logits (one matmul), then per-token top-k experts and weights by
+ *          the model's routing function (engine/router.c); the route observer sees them;
+ *       2. group the routings expert-major (router.c), so each active expert's weights are
+ *          read once for all the tokens routed to it;
+ *       3. get the active experts' weights from the expert source (plan, then get each; the
+ *          default source is the model's tensors, engine/expert_src.c) and run them: one grouped
+ *          pass over the pool for gate/up, silu * up, one for down (per expert instead where
+ *          the kernels can't take the weights); release them;
+ *       4. scatter-add the weighted outputs back in slot order, plus the shared expert with
+ *          its sigmoid gate where the architecture has one; residual add.
+ *   Commit: each sequence's new length (md_kv_commit) once every layer ran; then the final
+ *   RMSNorm and logits for the rows the caller asks for only.
+ *
+ * Shapes below: T = max_tokens, N = n_embd, H / K = query / KV heads, D = head_dim,
+ * E = n_expert, k = n_expert_used, Fmax = the widest FFN. */
 #include "engine/forward.h"
 
 #include <errno.h>
@@ -11,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/assert.h"
 #include "engine/kern/cpu.h"
 #include "engine/kern/matmul.h"
 #include "engine/kern/threadpool.h"
@@ -26,20 +47,21 @@ struct md_forward_ctx {
 	float *v;     /* (T, K*D) */
 	float *att;   /* (T, H*D) attention output before Wo */
 	float *tmp;   /* (T, N) sub-layer output */
-	float *rw;    /* (T, E) router probabilities */
-	int32_t *sel; /* (T, k) chosen experts */
-	float *selw;  /* (T, k) their weights */
-	int32_t *cnt; /* (E + 1) tokens per expert, then offsets */
-	int32_t *lst; /* (T * k) token index per routing, expert-major */
-	float *lstw;  /* (T * k) routing weight, expert-major */
+	struct md_router router; /* owned (MoE only): logits (T, E), routing of the current layer */
 	float *xe;    /* (T, N) gathered inputs of one expert */
-	float *ge;    /* (T, Fmax) gate activations */
-	float *ue;    /* (T, Fmax) up activations */
-	float *ye;    /* (T, N) expert outputs */
+	float *ge;    /* (T * k, Fmax) gate activations, one row per routing slot */
+	float *ue;    /* (T * k, Fmax) up activations */
+	float *ye;    /* (T * k, N) expert outputs, one row per routing slot */
 	float *mm_scratch; /* per-thread dequantized rows */
 	void *ex_scratch;  /* quantized expert inputs (md_matmul_experts) */
+	struct md_expert_w *ex_got; /* (E) the current layer's active experts in active order; views
+				     * borrowed from src between its get and release */
 	struct md_mat *ex_w; /* (3 * E) gate, up of the active experts, then their down */
 	int32_t *ex_off;     /* (E + 1) slot offsets of the active experts */
+	struct md_expert_src_map map_src; /* the default expert source */
+	struct md_expert_src *src;        /* borrowed: &map_src or the caller's (set_expert_src) */
+	md_forward_route_cb route_cb;     /* NULL: no observer */
+	void *route_ud;                   /* borrowed: passed to route_cb */
 	float *att_scratch; /* per-thread attention scores (att_cap each) */
 	size_t att_cap;
 	float *rope_cs; /* (n_rot) cos, sin pairs of the current token's position (rope_table) */
@@ -65,18 +87,14 @@ void md_forward_free(struct md_forward_ctx *f)
 	free(f->v);
 	free(f->att);
 	free(f->tmp);
-	free(f->rw);
-	free(f->sel);
-	free(f->selw);
-	free(f->cnt);
-	free(f->lst);
-	free(f->lstw);
+	md_router_release(&f->router);
 	free(f->xe);
 	free(f->ge);
 	free(f->ue);
 	free(f->ye);
 	free(f->mm_scratch);
 	free(f->ex_scratch);
+	free(f->ex_got);
 	free(f->ex_w);
 	free(f->ex_off);
 	free(f->att_scratch);
@@ -94,6 +112,8 @@ struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, i
 	const struct md_hparams *hp = &m->hp;
 	f->m = m;
 	f->max_tokens = max_tokens;
+	md_expert_src_map_init(&f->map_src, m);
+	f->src = &f->map_src.base;
 	f->pool = md_pool_new(n_threads);
 	if (!f->pool) {
 		free(f);
@@ -118,12 +138,6 @@ struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, i
 	f->v = xalloc(T * KD * sizeof(float), &fail);
 	f->att = xalloc(T * QD * sizeof(float), &fail);
 	f->tmp = xalloc(T * N * sizeof(float), &fail);
-	f->rw = xalloc(T * E * sizeof(float), &fail);
-	f->sel = xalloc(T * K * sizeof(int32_t), &fail);
-	f->selw = xalloc(T * K * sizeof(float), &fail);
-	f->cnt = xalloc((E + 1) * sizeof(int32_t), &fail);
-	f->lst = xalloc(T * K * sizeof(int32_t), &fail);
-	f->lstw = xalloc(T * K * sizeof(float), &fail);
 	f->xe = xalloc(T * N * sizeof(float), &fail);
 	/* Expert buffers hold one row per routing (T * K), the shared expert's one per token. */
 	f->ge = xalloc(T * K * F * sizeof(float), &fail);
@@ -131,7 +145,10 @@ struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, i
 	f->ye = xalloc(T * K * N * sizeof(float), &fail);
 	if (hp->n_expert) {
 		size_t in_ex = N > F ? N : F;
+		if (md_router_init(&f->router, hp, max_tokens))
+			fail = 1;
 		f->ex_scratch = xalloc(md_matmul_experts_scratch_bytes((int64_t)in_ex, (int)T, (int)(T * K)), &fail);
+		f->ex_got = xalloc(E * sizeof(struct md_expert_w), &fail);
 		f->ex_w = xalloc(3 * E * sizeof(struct md_mat), &fail);
 		f->ex_off = xalloc((E + 1) * sizeof(int32_t), &fail);
 	}
@@ -142,6 +159,17 @@ struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, i
 		return NULL;
 	}
 	return f;
+}
+
+void md_forward_set_expert_src(struct md_forward_ctx *f, struct md_expert_src *src)
+{
+	f->src = src ? src : &f->map_src.base;
+}
+
+void md_forward_set_route_cb(struct md_forward_ctx *f, md_forward_route_cb cb, void *ud)
+{
+	f->route_cb = cb;
+	f->route_ud = ud;
 }
 
 static void rmsnorm(float *out, const float *in, const float *w, int64_t n, float eps)
@@ -306,9 +334,10 @@ static void attention(struct md_forward_ctx *f, struct md_kv_cache *kv, const st
 			rope_head(q + h * D, hp, f->rope_cs);
 		for (int64_t h = 0; h < K; h++)
 			rope_head(k + h * D, hp, f->rope_cs);
-		memcpy(md_kv_k(kv, il, b->seq[t], (uint32_t)b->pos[t]), k, (size_t)(K * D) * sizeof(float));
-		memcpy(md_kv_v(kv, il, b->seq[t], (uint32_t)b->pos[t]), f->v + (size_t)t * K * D,
-		       (size_t)(K * D) * sizeof(float));
+		float *kr, *vr;
+		md_kv_write_rows(kv, il, b->seq[t], (uint32_t)b->pos[t], &kr, &vr);
+		memcpy(kr, k, (size_t)(K * D) * sizeof(float));
+		memcpy(vr, f->v + (size_t)t * K * D, (size_t)(K * D) * sizeof(float));
 	}
 
 	struct att_job aj = { f, kv, b, il };
@@ -349,37 +378,35 @@ static void glu_worker(void *ctx, int ith, int nth)
 		j->g[i] = silu(j->g[i]) * j->u[i];
 }
 
-/* Step 3 of moe() for every active expert at once: one pool pass for all gate/up rows (the
- * normed input quantized once for the layer), one for silu * up, one for all down rows. Fills
- * f->ye in slot order. Returns false (nothing done) where the kernels can't take the
- * weights; the per-expert loop runs then. */
-static bool moe_grouped(struct md_forward_ctx *f, int n, uint32_t il)
+/* Step 3 for every active expert at once: one pool pass for all gate/up rows (the normed
+ * input quantized once for the layer), one for silu * up, one for all down rows. Fills f->ye
+ * in slot order. Returns false (nothing done) where the kernels can't take the weights, or
+ * the experts differ in type or shape; the per-expert loop runs then. */
+static bool moe_grouped(struct md_forward_ctx *f, const struct md_routing *r, int n)
 {
-	const struct md_hparams *hp = &f->m->hp;
-	const struct md_layer *L = &f->m->layers[il];
-	const int E = (int)hp->n_expert;
-	if (!f->ex_w)
+	const int E = r->n_expert, na = r->n_active;
+	const struct md_expert_w *x0 = &f->ex_got[0];
+	struct md_mat gu[2] = { x0->gate, x0->up };
+	if (!md_matmul_experts_ok(gu, 2) || !md_matmul_experts_ok(&x0->down, 1))
 		return false;
-	struct md_mat gu[2] = { md_mat_of(L->gate_exps, 0), md_mat_of(L->up_exps, 0) };
-	struct md_mat d = md_mat_of(L->down_exps, 0);
-	if (!md_matmul_experts_ok(gu, 2) || !md_matmul_experts_ok(&d, 1))
-		return false;
-	int na = 0;
 	struct md_mat *wgu = f->ex_w, *wd = f->ex_w + 2 * E;
-	for (int e = 0; e < E; e++) {
-		if (f->cnt[e] == f->cnt[e + 1])
-			continue;
-		wgu[2 * na] = md_mat_of(L->gate_exps, e);
-		wgu[2 * na + 1] = md_mat_of(L->up_exps, e);
-		wd[na] = md_mat_of(L->down_exps, e);
-		f->ex_off[na] = f->cnt[e];
-		na++;
+	for (int i = 0; i < na; i++) {
+		const struct md_expert_w *x = &f->ex_got[i];
+		if (x->gate.type != x0->gate.type || x->up.type != x0->up.type ||
+		    x->down.type != x0->down.type || x->gate.n_in != x0->gate.n_in ||
+		    x->gate.n_out != x0->gate.n_out || x->up.n_out != x0->up.n_out ||
+		    x->down.n_in != x0->down.n_in || x->down.n_out != x0->down.n_out)
+			return false;
+		wgu[2 * i] = x->gate;
+		wgu[2 * i + 1] = x->up;
+		wd[i] = x->down;
+		f->ex_off[i] = r->off[r->active[i]];
 	}
-	f->ex_off[na] = f->cnt[E];
-	const int rows = f->cnt[E];
+	f->ex_off[na] = r->off[E];
+	const int rows = r->off[E];
 	float *const ygu[2] = { f->ge, f->ue };
-	md_matmul_experts(f->pool, wgu, 2, na, f->ex_off, f->xn, n, f->lst, ygu, f->ex_scratch);
-	struct glu_job gj = { f->ge, f->ue, (size_t)rows, (size_t)gu[0].n_out };
+	md_matmul_experts(f->pool, wgu, 2, na, f->ex_off, f->xn, n, r->tok, ygu, f->ex_scratch);
+	struct glu_job gj = { f->ge, f->ue, (size_t)rows, (size_t)x0->gate.n_out };
 	if (rows >= 16)
 		md_pool_run(f->pool, glu_worker, &gj);
 	else
@@ -389,89 +416,68 @@ static bool moe_grouped(struct md_forward_ctx *f, int n, uint32_t il)
 	return true;
 }
 
-static void moe(struct md_forward_ctx *f, int n, uint32_t il)
+/* Release the first n_got experts of the layer's active list. */
+static void experts_release(struct md_forward_ctx *f, uint32_t il, const struct md_routing *r,
+			    int n_got)
+{
+	for (int i = 0; i < n_got; i++)
+		md_expert_src_release(f->src, il, r->active[i]);
+}
+
+/* Step 3's fetch: plan the layer's active experts, then get each into f->ex_got (active
+ * order). Returns 0, or the source's error with nothing held. */
+static int experts_get(struct md_forward_ctx *f, uint32_t il, const struct md_routing *r)
+{
+	int rc = md_expert_src_plan(f->src, il, r->active, r->n_active);
+	if (rc)
+		return rc;
+	for (int i = 0; i < r->n_active; i++) {
+		rc = md_expert_src_get(f->src, il, r->active[i], &f->ex_got[i]);
+		if (rc) {
+			experts_release(f, il, r, i);
+			return rc;
+		}
+	}
+	return 0;
+}
+
+/* The MoE FFN of layer il on f->xn (n, N); output in f->tmp (n, N). Returns 0 or an expert
+ * source's error. */
+static int moe(struct md_forward_ctx *f, int n, uint32_t il)
 {
 	const struct md_hparams *hp = &f->m->hp;
 	const struct md_layer *L = &f->m->layers[il];
 	const int64_t N = hp->n_embd;
-	const int E = (int)hp->n_expert, K = (int)hp->n_expert_used;
 
-	/* 1. Route: softmax over all experts, top-k, optional renormalisation. */
+	/* 1-2. Route and group (router.c); the observer sees the result. */
 	struct md_mat wr = md_mat_of(L->gate_inp, 0);
-	md_matmul(f->pool, &wr, f->xn, n, f->rw, f->mm_scratch);
-	memset(f->cnt, 0, (size_t)(E + 1) * sizeof(int32_t));
-	for (int t = 0; t < n; t++) {
-		float *p = f->rw + (size_t)t * E;
-		float mx = p[0];
-		for (int e = 1; e < E; e++)
-			mx = p[e] > mx ? p[e] : mx;
-		double sum = 0;
-		for (int e = 0; e < E; e++) {
-			p[e] = expf(p[e] - mx);
-			sum += p[e];
-		}
-		for (int e = 0; e < E; e++)
-			p[e] = (float)(p[e] / sum);
-		double wsum = 0;
-		for (int k = 0; k < K; k++) {
-			int best = -1;
-			for (int e = 0; e < E; e++) {
-				bool taken = false;
-				for (int kk = 0; kk < k; kk++)
-					taken |= f->sel[(size_t)t * K + kk] == e;
-				if (!taken && (best < 0 || p[e] > p[best]))
-					best = e;
-			}
-			f->sel[(size_t)t * K + k] = best;
-			f->selw[(size_t)t * K + k] = p[best];
-			wsum += p[best];
-			f->cnt[best]++;
-		}
-		if (hp->norm_topk)
-			for (int k = 0; k < K; k++)
-				f->selw[(size_t)t * K + k] = (float)(f->selw[(size_t)t * K + k] / wsum);
-	}
+	md_matmul(f->pool, &wr, f->xn, n, f->router.logits, f->mm_scratch);
+	const struct md_routing *r = md_router_route(&f->router, n);
+	if (f->route_cb)
+		f->route_cb(f->route_ud, il, r);
 
-	/* 2. Group routings expert-major: cnt becomes offsets. */
-	int32_t off = 0;
-	for (int e = 0; e < E; e++) {
-		int32_t c = f->cnt[e];
-		f->cnt[e] = off;
-		off += c;
-	}
-	f->cnt[E] = off;
-	for (int t = 0; t < n; t++) {
-		for (int k = 0; k < K; k++) {
-			int e = f->sel[(size_t)t * K + k];
-			int32_t slot = f->cnt[e]++;
-			f->lst[slot] = t;
-			f->lstw[slot] = f->selw[(size_t)t * K + k];
-		}
-	}
-	for (int e = E; e > 0; e--)
-		f->cnt[e] = f->cnt[e - 1];
-	f->cnt[0] = 0;
-
-	/* 3. Run each active expert once over all its tokens; 4. scatter-add (in expert order,
-	 * the same sums whichever path computed the experts). */
-	memset(f->tmp, 0, (size_t)n * N * sizeof(float));
-	if (!moe_grouped(f, n, il)) {
-		for (int e = 0; e < E; e++) {
-			int32_t a = f->cnt[e], z = f->cnt[e + 1];
-			if (a == z)
-				continue;
+	/* 3. Get the active experts' weights and run each once over all its tokens. */
+	int rc = experts_get(f, il, r);
+	if (rc)
+		return rc;
+	if (!moe_grouped(f, r, n)) {
+		for (int i = 0; i < r->n_active; i++) {
+			int32_t a = r->off[r->active[i]], z = r->off[r->active[i] + 1];
 			int m = z - a;
-			for (int i = 0; i < m; i++)
-				memcpy(f->xe + (size_t)i * N, f->xn + (size_t)f->lst[a + i] * N,
+			for (int j = 0; j < m; j++)
+				memcpy(f->xe + (size_t)j * N, f->xn + (size_t)r->tok[a + j] * N,
 				       (size_t)N * sizeof(float));
-			struct md_mat g = md_mat_of(L->gate_exps, e), u = md_mat_of(L->up_exps, e);
-			struct md_mat d = md_mat_of(L->down_exps, e);
-			swiglu(f, &g, &u, &d, f->xe, m, f->ye + (size_t)a * N);
+			const struct md_expert_w *x = &f->ex_got[i];
+			swiglu(f, &x->gate, &x->up, &x->down, f->xe, m, f->ye + (size_t)a * N);
 		}
 	}
-	for (int s = 0; s < f->cnt[E]; s++) {
-		float w = f->lstw[s];
-		float *dst = f->tmp + (size_t)f->lst[s] * N;
+	experts_release(f, il, r, r->n_active);
+
+	/* 4. Scatter-add in slot order (the same sums whichever path computed the experts). */
+	memset(f->tmp, 0, (size_t)n * N * sizeof(float));
+	for (int s = 0; s < r->off[r->n_expert]; s++) {
+		float w = r->tok_w[s];
+		float *dst = f->tmp + (size_t)r->tok[s] * N;
 		const float *src = f->ye + (size_t)s * N;
 		for (int64_t j = 0; j < N; j++)
 			dst[j] += w * src[j];
@@ -495,9 +501,11 @@ static void moe(struct md_forward_ctx *f, int n, uint32_t il)
 				dst[j] += gate * src[j];
 		}
 	}
+	return 0;
 }
 
-static void ffn(struct md_forward_ctx *f, int n, uint32_t il)
+/* The FFN sub-layer of layer il. Returns 0 or an expert source's error. */
+static int ffn(struct md_forward_ctx *f, int n, uint32_t il)
 {
 	const struct md_hparams *hp = &f->m->hp;
 	const struct md_layer *L = &f->m->layers[il];
@@ -505,7 +513,9 @@ static void ffn(struct md_forward_ctx *f, int n, uint32_t il)
 	for (int t = 0; t < n; t++)
 		rmsnorm(f->xn + (size_t)t * N, f->x + (size_t)t * N, L->ffn_norm->data, N, hp->rms_eps);
 	if (hp->n_expert) {
-		moe(f, n, il);
+		int rc = moe(f, n, il);
+		if (rc)
+			return rc;
 	} else {
 		struct md_mat g = md_mat_of(L->ffn_gate, 0), u = md_mat_of(L->ffn_up, 0);
 		struct md_mat d = md_mat_of(L->ffn_down, 0);
@@ -513,29 +523,6 @@ static void ffn(struct md_forward_ctx *f, int n, uint32_t il)
 	}
 	for (size_t i = 0; i < (size_t)n * N; i++)
 		f->x[i] += f->tmp[i];
-}
-
-/* Checks the batch against the cache: known sequences, reserved positions, and each
- * sequence's tokens contiguous from its current length. */
-static int check_batch(const struct md_forward_ctx *f, struct md_kv_cache *kv, const struct md_batch *b)
-{
-	if (b->n_tokens < 1 || b->n_tokens > f->max_tokens)
-		return -EINVAL;
-	for (int t = 0; t < b->n_tokens; t++) {
-		int s = b->seq[t];
-		if (b->tokens[t] < 0 || (uint32_t)b->tokens[t] >= f->m->hp.n_vocab)
-			return -EINVAL;
-		if (s < 0 || (uint32_t)s >= kv->max_seqs || !kv->seqs[s].in_use || b->pos[t] < 0)
-			return -EINVAL;
-		if ((uint64_t)b->pos[t] >= (uint64_t)kv->seqs[s].n_blocks * MD_KV_BLOCK_TOKENS)
-			return -ENOSPC;
-		/* Expected position: the sequence length plus earlier tokens of it in this batch. */
-		uint32_t expect = kv->seqs[s].n_pos;
-		for (int u = 0; u < t; u++)
-			expect += b->seq[u] == s;
-		if ((uint32_t)b->pos[t] != expect)
-			return -EINVAL;
-	}
 	return 0;
 }
 
@@ -546,7 +533,14 @@ int md_forward(struct md_forward_ctx *f, struct md_kv_cache *kv, const struct md
 	const struct md_hparams *hp = &m->hp;
 	const int n = b->n_tokens;
 	const int64_t N = hp->n_embd;
-	int rc = check_batch(f, kv, b);
+
+	/* The batch's own checks, then the cache's (sequences, positions, reservations). */
+	if (n < 1 || n > f->max_tokens)
+		return -EINVAL;
+	for (int t = 0; t < n; t++)
+		if (b->tokens[t] < 0 || (uint32_t)b->tokens[t] >= hp->n_vocab)
+			return -EINVAL;
+	int rc = md_kv_batch_begin(kv, n, b->seq, b->pos);
 	if (rc)
 		return rc;
 
@@ -568,12 +562,16 @@ int md_forward(struct md_forward_ctx *f, struct md_kv_cache *kv, const struct md
 
 	for (uint32_t il = 0; il < hp->n_layer; il++) {
 		attention(f, kv, b, il);
-		ffn(f, n, il);
+		rc = ffn(f, n, il);
+		if (rc)
+			return rc;
 	}
+
+	/* Every layer's rows are written: commit. A sequence's positions rise through the
+	 * batch, so committing each token's pos + 1 in order ends at its last one. */
 	for (int t = 0; t < n; t++) {
-		struct md_kv_seq *s = &kv->seqs[b->seq[t]];
-		if ((uint32_t)b->pos[t] + 1 > s->n_pos)
-			s->n_pos = (uint32_t)b->pos[t] + 1;
+		rc = md_kv_commit(kv, b->seq[t], (uint32_t)b->pos[t] + 1);
+		MD_ASSERT(rc == 0);
 	}
 
 	/* Final norm and logits for the wanted rows only. */

@@ -5,8 +5,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "engine/expert_src.h"
 #include "engine/kv_cache.h"
 #include "engine/model.h"
+#include "engine/router.h"
 
 /* One micro-batch. Tokens of one sequence must appear in increasing, contiguous positions,
  * starting at that sequence's current KV length. */
@@ -18,14 +20,32 @@ struct md_batch {
 	const bool *want_logits; /* (n_tokens), NULL: the last token of each sequence */
 };
 
-struct md_forward_ctx; /* opaque: scratch buffers, thread pool */
+struct md_forward_ctx; /* opaque: scratch buffers, thread pool, router */
 
+/* A context for batches of up to max_tokens tokens on n_threads threads (the caller's
+ * included). Experts come from the model's tensors until md_forward_set_expert_src. NULL on
+ * bad sizes or no memory. */
 struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, int max_tokens);
 void md_forward_free(struct md_forward_ctx *f);
 
-/* Run the batch. Writes K/V into kv (positions must be reserved), and logits of each token
- * with want_logits (in batch order, n_vocab floats each) into logits. Returns the number of
- * logit rows written or a negative code (-EINVAL for a malformed batch, -ENOMEM). */
+/* Where routed experts' weights come from (contract in engine/expert_src.h); NULL restores
+ * the default, views of the model's tensors. src is borrowed: it must outlive f or be
+ * replaced first. The shared expert (Qwen2-MoE) is always read from the model's tensors. */
+void md_forward_set_expert_src(struct md_forward_ctx *f, struct md_expert_src *src);
+
+/* Observer of every MoE layer's routing: called on md_forward's thread after the layer's
+ * router ran and before its experts are fetched, with the routing (valid only during the
+ * call; read-only). Token indices are batch rows. NULL clears it. */
+typedef void (*md_forward_route_cb)(void *ud, uint32_t layer, const struct md_routing *r);
+void md_forward_set_route_cb(struct md_forward_ctx *f, md_forward_route_cb cb, void *ud);
+
+/* Run the batch. Validates it against kv (md_kv_batch_begin: live sequences, positions
+ * contiguous from each sequence's length and reserved), writes K/V, and once every layer ran
+ * commits each sequence's new length (md_kv_commit). Logits of each token with want_logits
+ * (in batch order, n_vocab floats each) go to logits. Returns the number of logit rows
+ * written or a negative code: -EINVAL (malformed batch), -ENOSPC (positions not reserved, or
+ * no block for a copy-on-write), -ENOMEM, or an expert source's error. On failure no length
+ * moves; shared blocks the batch would have written may have been copied (same contents). */
 int md_forward(struct md_forward_ctx *f, struct md_kv_cache *kv, const struct md_batch *b,
 	       float *logits);
 

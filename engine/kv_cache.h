@@ -1,4 +1,20 @@
-/* Paged KV cache: fixed-size blocks from one pool, a block table per sequence. */
+/* Paged KV cache: fixed-size blocks from one pool, a block table per sequence, blocks shared
+ * between sequences by reference count.
+ *
+ * This module is the only one that changes sequence state (lengths, block tables, reference
+ * counts). The forward pass validates a batch with md_kv_batch_begin, writes rows through
+ * md_kv_write_rows, reads them with md_kv_k/_v and commits lengths with md_kv_commit.
+ *
+ * Sharing: md_kv_seq_fork makes a sequence that references the first blocks of another
+ * (a prefix cache, parallel samples, speculation branches). A block is returned to the pool
+ * when its last reference goes. A shared block is never written: whoever is about to write
+ * into one (md_kv_reserve for the positions it makes room for, md_kv_batch_begin for the
+ * positions of the batch) first copies it into a block of its own (copy-on-write), so the
+ * other holders keep their rows. Only positions at or beyond a sequence's committed length
+ * are ever written, so the copy happens at most once per shared block per writer: it is the
+ * partly filled tail block of a fork, or a block a truncation cut into.
+ *
+ * Every function runs on the thread that owns the cache (the engine thread). */
 #ifndef MD_KV_CACHE_H
 #define MD_KV_CACHE_H
 
@@ -8,11 +24,13 @@
 
 #define MD_KV_BLOCK_TOKENS 16
 
+/* Callers outside kv_cache.c read these only through the functions below. */
 struct md_kv_seq {
-	int32_t *blocks;   /* owned: block ids, (cap_blocks) */
-	uint32_t n_blocks;
+	int32_t *blocks;   /* owned: block ids (cap_blocks), the first n_blocks in use */
+	uint32_t n_blocks; /* blocks in the table: positions < n_blocks * MD_KV_BLOCK_TOKENS are reserved */
 	uint32_t cap_blocks;
-	uint32_t n_pos;    /* positions stored (the sequence length so far) */
+	uint32_t n_pos;    /* positions stored and committed (the sequence length so far) */
+	uint32_t _next;    /* md_kv_batch_begin's scratch: next expected position in the batch */
 	bool in_use;
 };
 
@@ -20,31 +38,81 @@ struct md_kv_cache {
 	uint32_t n_layer, kv_dim;   /* kv_dim = n_head_kv * head_dim */
 	uint32_t n_blocks;          /* pool size */
 	uint32_t n_free;
-	int32_t *free_list;         /* owned (n_blocks) */
+	int32_t *free_list;         /* owned (n_blocks): the first n_free are free block ids */
+	uint32_t *refs;             /* owned (n_blocks): block tables holding each block, 0 = free */
+	uint32_t *_writers;         /* owned (n_blocks): md_kv_batch_begin's scratch, all 0 between calls */
 	float *k, *v;               /* owned: (n_layer, n_blocks, MD_KV_BLOCK_TOKENS, kv_dim) */
 	struct md_kv_seq *seqs;     /* owned (max_seqs) */
 	uint32_t max_seqs;
 };
 
+/* Allocate a pool of n_blocks blocks for up to max_seqs sequences. Returns 0, -EINVAL (a zero
+ * size), -EOVERFLOW or -ENOMEM (kv zeroed then). */
 int md_kv_init(struct md_kv_cache *kv, uint32_t n_layer, uint32_t kv_dim, uint32_t n_blocks,
 	       uint32_t max_seqs);
 void md_kv_release(struct md_kv_cache *kv);
 
-/* Claim a free sequence slot; returns its id or -ENOSPC. */
+/* Claim a free sequence slot (empty: length 0, no blocks); returns its id or -ENOSPC. */
 int md_kv_seq_new(struct md_kv_cache *kv);
-/* Free a sequence and all its blocks. */
+/* Free a sequence: drop its references to all its blocks and release its slot. Unknown ids
+ * are ignored. */
 void md_kv_seq_free(struct md_kv_cache *kv, int seq);
-/* Make room for positions up to n_pos (exclusive); returns 0 or -ENOSPC (nothing changed). */
+/* A new sequence whose first n_pos positions are those of src: it references src's first
+ * ceil(n_pos / MD_KV_BLOCK_TOKENS) blocks (each block's count + 1) and has length n_pos.
+ * Nothing is copied now; the shared tail block is copied when either side writes into it.
+ * Returns the new id, -EINVAL (src unknown, or n_pos > src's length), -ENOSPC (no free slot)
+ * or -ENOMEM; on failure nothing changed. */
+int md_kv_seq_fork(struct md_kv_cache *kv, int src, uint32_t n_pos);
+
+/* Make room to write positions [length, n_pos) of seq: blocks up to n_pos (exclusive), and a
+ * private copy of any shared block in that range. Returns 0, -EINVAL (unknown seq), -ENOSPC
+ * (not enough free blocks) or -ENOMEM; on failure nothing changed. Reserving less than is
+ * already reserved is a no-op. */
 int md_kv_reserve(struct md_kv_cache *kv, int seq, uint32_t n_pos);
-/* Forget positions >= n_pos (rollback); frees blocks no longer needed. */
+/* Forget positions >= n_pos (rollback): the length becomes min(length, n_pos), blocks past
+ * ceil(n_pos / MD_KV_BLOCK_TOKENS) are dropped (returned to the pool when no other sequence
+ * holds them). Rows below n_pos are untouched. Unknown ids are ignored. */
 void md_kv_truncate(struct md_kv_cache *kv, int seq, uint32_t n_pos);
+
+/* Distinct blocks held by any sequence (a block shared by three counts once). */
 uint32_t md_kv_blocks_used(const struct md_kv_cache *kv);
 /* Blocks free in the pool, and the pool size. */
 uint32_t md_kv_blocks_free(const struct md_kv_cache *kv);
 uint32_t md_kv_blocks_total(const struct md_kv_cache *kv);
 
-/* Row of K (or V) for layer l, sequence seq, position pos; the position must be reserved. */
-float *md_kv_k(struct md_kv_cache *kv, uint32_t l, int seq, uint32_t pos);
-float *md_kv_v(struct md_kv_cache *kv, uint32_t l, int seq, uint32_t pos);
+/* Committed length of seq (0 for an unknown id). */
+uint32_t md_kv_seq_len(const struct md_kv_cache *kv, int seq);
+/* Positions reserved for seq (a multiple of MD_KV_BLOCK_TOKENS; 0 for an unknown id). */
+uint32_t md_kv_seq_capacity(const struct md_kv_cache *kv, int seq);
+/* Block id holding position pos of seq, or -1 where pos is not reserved. */
+int32_t md_kv_seq_block(const struct md_kv_cache *kv, int seq, uint32_t pos);
+/* Block tables referencing block id blk (0: free; -1 for an id outside the pool). */
+int64_t md_kv_block_refs(const struct md_kv_cache *kv, int32_t blk);
+
+/*
+ * Validate a batch of n tokens against the cache and make its rows writable: every seq[t]
+ * is a live sequence, and each sequence's positions in the batch are contiguous, increasing,
+ * start at its committed length and lie within its reservation. Shared blocks the batch will
+ * write into are copied first (the one step here that takes blocks from the pool). Returns 0,
+ * -EINVAL (unknown sequence, negative position, gap, repeat), -ENOSPC (a position beyond the
+ * reservation, or no free block for a copy); on failure nothing changed. Lengths do not move:
+ * md_kv_commit does that once the rows are written.
+ */
+int md_kv_batch_begin(struct md_kv_cache *kv, int n, const int32_t *seq, const int32_t *pos);
+
+/* Rows of layer l where K and V of (seq, pos) are to be written, kv_dim floats each. pos must
+ * be at or beyond seq's committed length and made writable by md_kv_batch_begin or
+ * md_kv_reserve (asserted: the block is reserved and not shared). */
+void md_kv_write_rows(struct md_kv_cache *kv, uint32_t l, int seq, uint32_t pos, float **k,
+		      float **v);
+
+/* Positions [0, n_pos) of seq are written: its length becomes n_pos. Returns 0, or -EINVAL
+ * (unknown seq, n_pos below its length - use md_kv_truncate - or beyond its reservation). */
+int md_kv_commit(struct md_kv_cache *kv, int seq, uint32_t n_pos);
+
+/* Row of K (or V) for layer l, sequence seq, position pos, kv_dim floats; the position must
+ * be reserved. Valid until the next call that changes seq's block table. */
+const float *md_kv_k(const struct md_kv_cache *kv, uint32_t l, int seq, uint32_t pos);
+const float *md_kv_v(const struct md_kv_cache *kv, uint32_t l, int seq, uint32_t pos);
 
 #endif

@@ -25,7 +25,7 @@ def sh(*args):
 
 
 def greedy(model, n_vocab):
-    dump = model + ".logits"
+    dump = os.path.join(tmp, os.path.basename(model) + ".logits")
     out = sh(run, "-m", model, "-p", PROMPT, "-n", str(N_GEN), "--dump-logits", dump)
     ids = [l for l in out.splitlines() if l.startswith("seq 0:")][0].split()[2:]
     logits = np.fromfile(dump, dtype=np.float32).reshape(-1, n_vocab)

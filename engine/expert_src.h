@@ -1,0 +1,83 @@
+/* Expert sources: where the forward pass gets each routed expert's weights from.
+ *
+ * The unit is one expert of one layer: its gate, up and down matrices. The forward pass asks
+ * an md_expert_src for the experts the router chose and knows nothing else of where they
+ * live. The default source returns views of the model's expert tensors (md_expert_src_map:
+ * the mapping, or the model's merged buffer for files with per-expert tensors); the expert
+ * store (host RAM / VRAM tiers fed from the file) is another implementation of the same ops
+ * table.
+ *
+ * Contract, per MoE layer of one md_forward call, all on the thread that calls md_forward
+ * (the engine thread; pool workers only read the returned weights, between get and release):
+ *   1. plan(layer, experts, n): once, with the layer's active experts (ascending, distinct),
+ *      before any get of that layer. A source may start fetching all of them here. Optional.
+ *   2. get(layer, e, out): once per active expert, in the order plan listed them. out's views
+ *      must stay valid and unchanged until release(layer, e); all the layer's experts are
+ *      held at once (up to min(n_expert, tokens * n_expert_used)). May block until the
+ *      weights are resident. A negative return fails md_forward with that code, after the
+ *      experts already got are released.
+ *   3. release(layer, e): once per successful get, after the layer's expert compute, in get
+ *      order. The views are not used after it. Optional (NULL: views live as long as the
+ *      source, which must outlive every forward context using it).
+ * Weights of one layer's experts may differ in type; views of one expert must have gate and
+ * up of the same shape (n_embd -> n_ff_exp) and down (n_ff_exp -> n_embd). */
+#ifndef MD_EXPERT_SRC_H
+#define MD_EXPERT_SRC_H
+
+#include <stdint.h>
+
+#include "engine/kern/matmul.h"
+#include "engine/model.h"
+
+/* Weights of one expert of one layer. */
+struct md_expert_w {
+	struct md_mat gate; /* (n_embd -> n_ff_exp), data borrowed from the source */
+	struct md_mat up;   /* (n_embd -> n_ff_exp) */
+	struct md_mat down; /* (n_ff_exp -> n_embd) */
+};
+
+struct md_expert_src;
+
+struct md_expert_src_ops {
+	const char *name; /* "mmap", for logs */
+	int (*plan)(struct md_expert_src *src, uint32_t layer, const int32_t *experts, int n);
+	int (*get)(struct md_expert_src *src, uint32_t layer, int32_t expert,
+		   struct md_expert_w *out);
+	void (*release)(struct md_expert_src *src, uint32_t layer, int32_t expert);
+};
+
+/* Embed as the first member of an implementation's struct (the ops receive this pointer). */
+struct md_expert_src {
+	const struct md_expert_src_ops *ops; /* borrowed: static */
+};
+
+static inline int md_expert_src_plan(struct md_expert_src *s, uint32_t layer,
+				     const int32_t *experts, int n)
+{
+	return s->ops->plan ? s->ops->plan(s, layer, experts, n) : 0;
+}
+
+static inline int md_expert_src_get(struct md_expert_src *s, uint32_t layer, int32_t expert,
+				    struct md_expert_w *out)
+{
+	return s->ops->get(s, layer, expert, out);
+}
+
+static inline void md_expert_src_release(struct md_expert_src *s, uint32_t layer, int32_t expert)
+{
+	if (s->ops->release)
+		s->ops->release(s, layer, expert);
+}
+
+/* The default source: views of the model's 3-D expert tensors (md_mat_of), which live in
+ * the mapping or in a buffer the model owns. get never fails for a layer < n_layer and an
+ * expert < n_expert of an MoE model (-EINVAL otherwise); views stay valid while the model is
+ * loaded; no plan, no release. */
+struct md_expert_src_map {
+	struct md_expert_src base;
+	const struct md_model *m; /* borrowed: outlives the source */
+};
+
+void md_expert_src_map_init(struct md_expert_src_map *s, const struct md_model *m);
+
+#endif

@@ -1,0 +1,70 @@
+/* MoE routing: router logits -> per-token experts and weights -> expert-major grouping.
+ *
+ * Step 1 and 2 of the MoE layer (DESIGN §4). The routing function is chosen from the model's
+ * hyper-parameters through a table (md_route_fn); the forward pass only sees the result, a
+ * struct md_routing, which it also hands to an observer (cache statistics, prefetch,
+ * expert-aware batching) through md_forward_set_route_cb. */
+#ifndef MD_ROUTER_H
+#define MD_ROUTER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/model.h"
+
+/* How router logits become expert choices. One row of route_fns[] in router.c each. */
+enum md_route_fn {
+	/* Softmax over all experts, the k largest probabilities (ties: the lower expert id),
+	 * their weights renormalised to sum 1 when hp.norm_topk (Qwen2/3-MoE, Mixtral, OLMoE).
+	 * Next to come: sigmoid scores with a per-expert selection bias, group-limited top-k and
+	 * a routed scaling factor (DeepSeek-V3, Kimi-K2, GLM-4.5). */
+	MD_ROUTE_SOFTMAX_TOPK,
+	MD_ROUTE_FN_COUNT,
+};
+
+/* The routing of one layer for n_tokens tokens. Filled by md_router_route; read-only for
+ * everybody else, valid until the next md_router_route on the same router. */
+struct md_routing {
+	int n_tokens;
+	int n_expert, n_used;  /* E and k */
+	const int32_t *ids;    /* (n_tokens, k) experts of each token, in selection order */
+	const float *w;        /* (n_tokens, k) their weights */
+	const int32_t *off;    /* (E + 1) expert e's routings are slots off[e] .. off[e+1]-1 */
+	const int32_t *tok;    /* (n_tokens * k) token of each slot, expert-major, tokens ascending */
+	const float *tok_w;    /* (n_tokens * k) weight of each slot */
+	const int32_t *active; /* (n_active) experts with at least one slot, ascending */
+	int n_active;
+};
+
+struct md_router {
+	enum md_route_fn fn;
+	int n_expert, n_used, max_tokens;
+	bool norm_topk;
+	float *logits;     /* owned (max_tokens, E): the caller writes router logits here;
+			    * md_router_route overwrites them with the scores it selected on */
+	int32_t *ids;      /* owned (max_tokens, k) */
+	float *w;          /* owned (max_tokens, k) */
+	int32_t *off;      /* owned (E + 1) */
+	int32_t *tok;      /* owned (max_tokens * k) */
+	float *tok_w;      /* owned (max_tokens * k) */
+	int32_t *active;   /* owned (E) */
+	uint8_t *taken;    /* owned (E) top-k scratch */
+	struct md_routing r;
+};
+
+/* The routing function the model's hyper-parameters call for. */
+enum md_route_fn md_route_fn_of(const struct md_hparams *hp);
+/* Its name ("softmax_topk"), for logs. */
+const char *md_route_fn_name(enum md_route_fn fn);
+
+/* Size a router for hp (n_expert > 0, 0 < n_expert_used <= n_expert) and up to max_tokens
+ * tokens per call. Returns 0, -EINVAL or -ENOMEM (r zeroed then). */
+int md_router_init(struct md_router *r, const struct md_hparams *hp, int max_tokens);
+void md_router_release(struct md_router *r);
+
+/* Route n tokens (1 <= n <= max_tokens) from the logits the caller wrote into r->logits
+ * (n, E). Returns the result (r->r), valid until the next call. Pure arithmetic on the
+ * calling thread; the same inputs give bit-identical results. */
+const struct md_routing *md_router_route(struct md_router *r, int n);
+
+#endif
