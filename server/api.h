@@ -1,6 +1,15 @@
-/* OpenAI-compatible API: routing, request validation, generation, SSE, the small endpoints. */
+/* OpenAI-compatible API: routing, auth and the small endpoints; generation is server/gen.h. */
 #ifndef MD_API_H
 #define MD_API_H
+
+/*
+ * DESIGN
+ * The top of the server's request path: api.c (routes, auth, /health, /metrics, /v1/models,
+ * /tokenize, /detokenize) -> gen.c (completions in flight) -> oai.c (wire format) ->
+ * engine/engine.h. Calls go down only. The api owns the generation context and the HTTP
+ * status counters, and drains engine events (state changes here, tokens to gen.c). Loop
+ * thread only (asserted at the entry points).
+ */
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -14,7 +23,7 @@ struct md_api; /* opaque; lives on the loop thread */
 
 typedef void (*md_api_state_cb)(void *arg, enum md_engine_state st);
 
-/* eng and cfg are borrowed for the api's lifetime. */
+/* eng and cfg are borrowed for the api's lifetime. Returns 0 or -ENOMEM. */
 int md_api_new(struct md_api **out, struct md_engine *eng, struct md_config *cfg);
 void md_api_free(struct md_api *a);
 void md_api_set_http(struct md_api *a, struct md_http_server *http);

@@ -1,44 +1,39 @@
-/* Chat and text completions: parameters, engine submission, stop strings, SSE and JSON output. */
+/* Chat and text completions: the generations in flight, from engine submit to the last byte. */
+#include "server/gen.h"
+
 #include <errno.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-#include "server/api_priv.h"
+#include "common/assert.h"
 #include "common/log.h"
+#include "server/stop.h"
 
-#define MAX_N 64          /* choices per prompt */
-#define MAX_CHOICES 256   /* choices per request (prompts x n) */
-#define MAX_STOPS 16
-#define MAX_STOP_LEN 512
 #define SSE_HEADERS "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n"
 
 /* A token's logprob data waiting with its text. */
 struct lp_ent {
-	size_t off;        /* where its text starts in the pending buffer */
-	int32_t token;
-	float logprob;
-	uint8_t n_top;
-	int32_t top_id[MD_ENGINE_MAX_TOP];
-	float top_lp[MD_ENGINE_MAX_TOP];
+	size_t off;                     /* where its text starts in the pending text */
+	struct md_oai_lp lp;
 };
 
-struct md_gen_choice {
+struct md_gen;
+
+struct choice {
 	struct md_gen *g;               /* borrowed: the owner */
 	uint64_t eng_id;
 	uint32_t index;
-	uint32_t prompt_idx;
 	bool active;                    /* still mapped: tokens expected */
-	struct md_engine_detok *detok;  /* owned */
-	char *pend;                     /* owned: decoded text not yet released (held back) */
-	size_t pend_len, pend_cap;
-	struct lp_ent *ents;            /* owned: logprob entries of pending tokens */
+	struct md_engine_detok *detok;  /* owned: stage 1 */
+	struct md_stop stop;            /* stage 2: holds the pending text */
+	struct lp_ent *ents;            /* owned (ents_cap): logprobs of pending tokens */
 	size_t n_ents, ents_cap;
-	char *text;                     /* owned: released text (non-streaming) */
+	char *text;                     /* owned (text_cap): released text (whole response) */
 	size_t text_len, text_cap;
-	cJSON *lp;                      /* owned: non-streaming logprobs being built */
-	size_t text_offset;             /* legacy completions text_offset */
+	cJSON *lp;                      /* owned: whole response's logprobs, NULL if not asked */
+	size_t text_offset;             /* bytes released so far (legacy text_offset) */
 	uint32_t n_tokens;              /* token events received */
 	uint32_t usage_tokens;          /* completion tokens to report */
 	const char *finish;             /* static string once finished */
@@ -46,17 +41,16 @@ struct md_gen_choice {
 };
 
 struct md_gen {
-	struct md_api *a;               /* borrowed */
-	struct md_http_conn *c;         /* borrowed: NULL once the client is gone */
-	struct md_http_req *r;          /* borrowed: valid while c is */
-	struct md_gen *prev, *next;     /* the api's list */
-	bool chat, stream, include_usage, want_lp;
-	int lp_top;
+	struct md_gen_ctx *x;           /* borrowed */
+	struct md_oai_reply o;          /* o.c: NULL once the client is gone or answered */
+	struct md_gen *prev, *next;     /* the context's list, once linked */
+	bool linked;
+	bool stream, include_usage, want_lp;
+	struct md_oai_ident ident;      /* strings point into id and the context's model */
 	char id[64];
-	long created;
 	char **stops;                   /* owned (n_stops) */
 	size_t n_stops;
-	struct md_gen_choice *ch;       /* owned (n_ch) */
+	struct choice *ch;              /* owned (n_ch) */
 	size_t n_ch, n_open;
 	uint32_t prompt_tokens;
 	uint32_t *prompt_lens;          /* owned (n_prompts) */
@@ -64,262 +58,170 @@ struct md_gen {
 	bool got_first;
 	double t_first, last_write;
 	bool error, dead;
-	int refs;
+	int refs;                       /* functions of this module working on it */
 	char errmsg[256];
 };
 
-struct gen_params {
-	struct md_sampling s;
-	int64_t max_tokens;
-	bool max_set;
-	int64_t n;
-	bool stream, include_usage, ignore_eos;
-	char **stops;
-	size_t n_stops;
-	bool want_lp;
-	int lp_top;
+/* engine request id -> choice, open addressing with linear probing */
+struct slot {
+	uint64_t id;
+	struct choice *ch;              /* borrowed; NULL: free slot */
 };
 
-static void params_release(struct gen_params *p)
-{
-	md_sampling_release(&p->s);
-	for (size_t i = 0; i < p->n_stops; i++)
-		free(p->stops[i]);
-	free(p->stops);
-	p->stops = NULL;
-	p->n_stops = 0;
-}
+struct md_gen_ctx {
+	struct md_engine *eng;          /* borrowed */
+	const struct md_config *cfg;    /* borrowed */
+	char model[256];
+	uint32_t n_ctx, n_vocab;
+	uint64_t next_eng_id;
+	struct slot *map;               /* owned (map_cap, a power of two) */
+	size_t map_cap, map_n;
+	struct md_gen *gens;            /* list of generations in flight */
+	size_t n_gens;
+	struct md_metrics_gen m;
+};
 
-static void err400(struct md_api *a, struct md_http_conn *c, struct md_http_req *r,
-		   const char *param, const char *msg)
-{
-	md__api_error(a, c, r, 400, "invalid_request_error", param, NULL, "%s", msg);
-}
+/* ---- context ---- */
 
-static int parse_stop(struct md_api *a, struct md_http_conn *c, struct md_http_req *r,
-		      cJSON *body, struct gen_params *p)
+int md_gen_ctx_new(struct md_gen_ctx **out, struct md_engine *eng, const struct md_config *cfg)
 {
-	cJSON *st = cJSON_GetObjectItemCaseSensitive(body, "stop");
-	if (!st || cJSON_IsNull(st))
-		return 0;
-	cJSON *one = NULL;
-	size_t n;
-	if (cJSON_IsString(st)) {
-		one = st;
-		n = 1;
-	} else if (cJSON_IsArray(st)) {
-		n = (size_t)cJSON_GetArraySize(st);
-		if (n > MAX_STOPS) {
-			md__api_error(a, c, r, 400, "invalid_request_error", "stop", "invalid_value",
-				      "at most %d stop sequences", MAX_STOPS);
-			return -1;
-		}
-	} else {
-		err400(a, c, r, "stop", "'stop' must be a string or an array of strings");
-		return -1;
+	struct md_gen_ctx *x = calloc(1, sizeof(*x));
+	if (!x)
+		return -ENOMEM;
+	x->map_cap = 1024;
+	x->map = calloc(x->map_cap, sizeof(*x->map));
+	if (!x->map) {
+		free(x);
+		return -ENOMEM;
 	}
-	p->stops = calloc(n ? n : 1, sizeof(char *));
-	if (!p->stops) {
-		md__api_error(a, c, r, 500, "server_error", NULL, NULL, "out of memory");
-		return -1;
-	}
-	cJSON *it = one ? one : st->child;
-	for (size_t i = 0; i < n; i++, it = it->next) {
-		if (!cJSON_IsString(it)) {
-			err400(a, c, r, "stop", "'stop' must be a string or an array of strings");
-			return -1;
-		}
-		size_t l = strlen(it->valuestring);
-		if (l == 0)
-			continue; /* an empty stop string can never be matched usefully */
-		if (l > MAX_STOP_LEN) {
-			md__api_error(a, c, r, 400, "invalid_request_error", "stop", "invalid_value",
-				      "stop sequences are limited to %d bytes", MAX_STOP_LEN);
-			return -1;
-		}
-		p->stops[p->n_stops] = strdup(it->valuestring);
-		if (!p->stops[p->n_stops]) {
-			md__api_error(a, c, r, 500, "server_error", NULL, NULL, "out of memory");
-			return -1;
-		}
-		p->n_stops++;
-	}
+	x->eng = eng;
+	x->cfg = cfg;
+	md_metrics_gen_init(&x->m);
+	*out = x;
 	return 0;
 }
 
-static int parse_logit_bias(struct md_api *a, struct md_http_conn *c, struct md_http_req *r,
-			    cJSON *body, struct gen_params *p)
+void md_gen_ctx_free(struct md_gen_ctx *x)
 {
-	cJSON *lb = cJSON_GetObjectItemCaseSensitive(body, "logit_bias");
-	if (!lb || cJSON_IsNull(lb))
-		return 0;
-	if (!cJSON_IsObject(lb)) {
-		err400(a, c, r, "logit_bias", "'logit_bias' must be an object of token id -> bias");
-		return -1;
-	}
-	size_t n = (size_t)cJSON_GetArraySize(lb);
-	if (n > 1024) {
-		err400(a, c, r, "logit_bias", "'logit_bias' holds at most 1024 entries");
-		return -1;
-	}
-	p->s.logit_bias = calloc(n ? n : 1, sizeof(*p->s.logit_bias));
-	if (!p->s.logit_bias) {
-		md__api_error(a, c, r, 500, "server_error", NULL, NULL, "out of memory");
-		return -1;
-	}
-	cJSON *it;
-	cJSON_ArrayForEach(it, lb) {
-		char *end;
-		errno = 0;
-		long id = strtol(it->string, &end, 10);
-		if (errno || end == it->string || *end || id < 0 || (uint64_t)id >= a->n_vocab) {
-			md__api_error(a, c, r, 400, "invalid_request_error", "logit_bias",
-				      "invalid_value", "logit_bias key '%.40s' is not a token id in "
-				      "[0, %u)", it->string, a->n_vocab);
-			return -1;
+	if (!x)
+		return;
+	free(x->map);
+	free(x);
+}
+
+void md_gen_set_model(struct md_gen_ctx *x, const char *name, uint32_t n_ctx, uint32_t n_vocab)
+{
+	snprintf(x->model, sizeof(x->model), "%s", name);
+	x->n_ctx = n_ctx;
+	x->n_vocab = n_vocab;
+}
+
+size_t md_gen_n_active(const struct md_gen_ctx *x)
+{
+	return x->n_gens;
+}
+
+const struct md_metrics_gen *md_gen_metrics(const struct md_gen_ctx *x)
+{
+	return &x->m;
+}
+
+/* ---- id map ---- */
+
+static size_t slot_of(uint64_t id, size_t cap)
+{
+	return (size_t)(md_sampler_mix(id) & (cap - 1));
+}
+
+static int map_grow(struct md_gen_ctx *x)
+{
+	size_t nc = x->map_cap * 2;
+	struct slot *nm = calloc(nc, sizeof(*nm));
+	if (!nm)
+		return -ENOMEM;
+	for (size_t i = 0; i < x->map_cap; i++)
+		if (x->map[i].ch) {
+			size_t j = slot_of(x->map[i].id, nc);
+			while (nm[j].ch)
+				j = (j + 1) & (nc - 1);
+			nm[j] = x->map[i];
 		}
-		if (!cJSON_IsNumber(it) || it->valuedouble < -100 || it->valuedouble > 100) {
-			err400(a, c, r, "logit_bias", "logit_bias values must be numbers in [-100, 100]");
-			return -1;
-		}
-		p->s.logit_bias[p->s.n_logit_bias].id = (int32_t)id;
-		p->s.logit_bias[p->s.n_logit_bias].bias = (float)it->valuedouble;
-		p->s.n_logit_bias++;
-	}
+	free(x->map);
+	x->map = nm;
+	x->map_cap = nc;
 	return 0;
 }
 
-/* Parameters shared by both endpoints. Returns 0 or -1 after answering. */
-static int parse_params(struct md_api *a, struct md_http_conn *c, struct md_http_req *r,
-			cJSON *body, bool chat, struct gen_params *p)
+static struct choice *map_get(struct md_gen_ctx *x, uint64_t id)
 {
-	memset(p, 0, sizeof(*p));
-	md_sampling_default(&p->s);
-	p->n = 1;
-	double d;
-	int64_t v;
-	int rc;
-	int64_t cap = a->cfg->max_tokens_cap;
+	size_t j = slot_of(id, x->map_cap);
+	while (x->map[j].ch) {
+		if (x->map[j].id == id)
+			return x->map[j].ch;
+		j = (j + 1) & (x->map_cap - 1);
+	}
+	return NULL;
+}
 
-	if (md__check_model(a, c, r, body) < 0)
-		return -1;
-	if ((rc = md__param_int(a, c, r, body, "max_tokens", 1, cap, &v)) < 0)
-		return -1;
-	if (rc) {
-		p->max_tokens = v;
-		p->max_set = true;
-	}
-	if (chat) {
-		if ((rc = md__param_int(a, c, r, body, "max_completion_tokens", 1, cap, &v)) < 0)
-			return -1;
-		if (rc) {
-			p->max_tokens = v;
-			p->max_set = true;
-		}
-	}
-	if ((rc = md__param_number(a, c, r, body, "temperature", 0, 2, false, &d)) < 0)
-		return -1;
-	if (rc)
-		p->s.temperature = (float)d;
-	if ((rc = md__param_number(a, c, r, body, "top_p", 0, 1, true, &d)) < 0)
-		return -1;
-	if (rc)
-		p->s.top_p = (float)d;
-	if ((rc = md__param_int(a, c, r, body, "top_k", -1, 1 << 30, &v)) < 0)
-		return -1;
-	if (rc)
-		p->s.top_k = v < 0 ? 0 : (int32_t)v;
-	if ((rc = md__param_number(a, c, r, body, "min_p", 0, 1, false, &d)) < 0)
-		return -1;
-	if (rc)
-		p->s.min_p = (float)d;
-	if ((rc = md__param_number(a, c, r, body, "presence_penalty", -2, 2, false, &d)) < 0)
-		return -1;
-	if (rc)
-		p->s.presence_penalty = (float)d;
-	if ((rc = md__param_number(a, c, r, body, "frequency_penalty", -2, 2, false, &d)) < 0)
-		return -1;
-	if (rc)
-		p->s.frequency_penalty = (float)d;
-	if ((rc = md__param_number(a, c, r, body, "repetition_penalty", 0, 10, true, &d)) < 0)
-		return -1;
-	if (rc)
-		p->s.repetition_penalty = (float)d;
-	if ((rc = md__param_int(a, c, r, body, "seed", INT64_MIN / 2, INT64_MAX / 2, &v)) < 0)
-		return -1;
-	if (rc) {
-		p->s.seed = (uint64_t)v;
-		p->s.has_seed = true;
-	}
-	if (md__param_int(a, c, r, body, "n", 1, MAX_N, &p->n) < 0)
-		return -1;
-	if (md__param_bool(a, c, r, body, "stream", &p->stream) < 0)
-		return -1;
-	if (md__param_bool(a, c, r, body, "ignore_eos", &p->ignore_eos) < 0)
-		return -1;
-	cJSON *so = cJSON_GetObjectItemCaseSensitive(body, "stream_options");
-	if (so && !cJSON_IsNull(so)) {
-		if (!cJSON_IsObject(so)) {
-			err400(a, c, r, "stream_options", "'stream_options' must be an object");
-			return -1;
-		}
-		if (!p->stream) {
-			err400(a, c, r, "stream_options",
-			       "'stream_options' is only allowed when 'stream' is true");
-			return -1;
-		}
-		if (md__param_bool(a, c, r, so, "include_usage", &p->include_usage) < 0)
-			return -1;
-	}
-	cJSON *user = cJSON_GetObjectItemCaseSensitive(body, "user");
-	if (user && !cJSON_IsNull(user) && !cJSON_IsString(user)) {
-		err400(a, c, r, "user", "'user' must be a string");
-		return -1;
-	}
-	if (chat) {
-		bool lp = false;
-		if (md__param_bool(a, c, r, body, "logprobs", &lp) < 0)
-			return -1;
-		if ((rc = md__param_int(a, c, r, body, "top_logprobs", 0, MD_ENGINE_MAX_TOP, &v)) < 0)
-			return -1;
-		if (rc && !lp) {
-			err400(a, c, r, "top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
-			return -1;
-		}
-		p->want_lp = lp;
-		p->lp_top = rc ? (int)v : 0;
-	} else {
-		if ((rc = md__param_int(a, c, r, body, "logprobs", 0, MD_ENGINE_MAX_TOP, &v)) < 0)
-			return -1;
-		p->want_lp = rc > 0;
-		p->lp_top = rc ? (int)v : 0;
-		bool echo = false;
-		if (md__param_bool(a, c, r, body, "echo", &echo) < 0)
-			return -1;
-		if (echo) {
-			err400(a, c, r, "echo", "'echo' is not supported");
-			return -1;
-		}
-	}
-	p->s.top_logprobs = p->want_lp ? p->lp_top : -1;
-	if (parse_stop(a, c, r, body, p) < 0 || parse_logit_bias(a, c, r, body, p) < 0)
-		return -1;
+/* id must not be mapped yet. Returns 0 or -ENOMEM. */
+static int map_put(struct md_gen_ctx *x, uint64_t id, struct choice *ch)
+{
+	MD_ASSERT(!map_get(x, id));
+	if ((x->map_n + 1) * 2 > x->map_cap && map_grow(x))
+		return -ENOMEM;
+	size_t j = slot_of(id, x->map_cap);
+	while (x->map[j].ch)
+		j = (j + 1) & (x->map_cap - 1);
+	x->map[j].id = id;
+	x->map[j].ch = ch;
+	x->map_n++;
 	return 0;
+}
+
+static void map_del(struct md_gen_ctx *x, uint64_t id)
+{
+	size_t cap = x->map_cap, j = slot_of(id, cap);
+	while (x->map[j].ch && x->map[j].id != id)
+		j = (j + 1) & (cap - 1);
+	if (!x->map[j].ch)
+		return;
+	x->map[j].ch = NULL;
+	x->map_n--;
+	/* backward-shift the cluster so lookups never stop at the hole */
+	size_t k = (j + 1) & (cap - 1);
+	while (x->map[k].ch) {
+		struct slot s = x->map[k];
+		x->map[k].ch = NULL;
+		size_t h = slot_of(s.id, cap);
+		while (x->map[h].ch)
+			h = (h + 1) & (cap - 1);
+		x->map[h] = s;
+		k = (k + 1) & (cap - 1);
+	}
 }
 
 /* ---- generation lifetime ---- */
 
+/* Stop the choice's engine request: unmap it (its later events are dropped) and cancel. */
+static void choice_detach(struct choice *ch)
+{
+	struct md_gen_ctx *x = ch->g->x;
+	map_del(x, ch->eng_id);
+	md_engine_cancel(x->eng, ch->eng_id);
+	ch->active = false;
+}
+
+/* Free g and whatever it owns; detaches active choices and unlinks it. */
 static void gen_free(struct md_gen *g)
 {
-	struct md_api *a = g->a;
-	for (size_t i = 0; i < g->n_ch; i++) {
-		struct md_gen_choice *ch = &g->ch[i];
-		if (ch->active) {
-			md__map_del(a, ch->eng_id);
-			md_engine_cancel(a->eng, ch->eng_id);
-		}
+	struct md_gen_ctx *x = g->x;
+	MD_ASSERT(g->refs == 0);
+	for (size_t i = 0; g->ch && i < g->n_ch; i++) {
+		struct choice *ch = &g->ch[i];
+		if (ch->active)
+			choice_detach(ch);
 		md_engine_detok_free(ch->detok);
-		free(ch->pend);
+		md_stop_release(&ch->stop);
 		free(ch->ents);
 		free(ch->text);
 		cJSON_Delete(ch->lp);
@@ -329,79 +231,93 @@ static void gen_free(struct md_gen *g)
 		free(g->stops[i]);
 	free(g->stops);
 	free(g->prompt_lens);
-	if (g->prev)
-		g->prev->next = g->next;
-	else
-		a->gens = g->next;
-	if (g->next)
-		g->next->prev = g->prev;
-	a->n_gens--;
+	if (g->linked) {
+		if (g->prev)
+			g->prev->next = g->next;
+		else
+			x->gens = g->next;
+		if (g->next)
+			g->next->prev = g->prev;
+		x->n_gens--;
+	}
 	free(g);
 }
 
 static void gen_unref(struct md_gen *g)
 {
+	MD_ASSERT(g->refs > 0);
 	if (--g->refs == 0 && g->dead)
 		gen_free(g);
 }
 
+/* The connection went away (md_http_abort_cb): cancel every open choice, drop the
+ * connection, free g unless a function of this module holds it. */
 static void on_abort(void *data)
 {
 	struct md_gen *g = data;
-	struct md_api *a = g->a;
+	struct md_gen_ctx *x = g->x;
+	MD_ASSERT_LOOP_THREAD();
 	md_log(MD_LOG_INFO, "req=%llu client gone, cancelling %zu sequence(s)",
-	       (unsigned long long)g->r->id, g->n_open);
-	md_log_access(g->r->method, g->r->path, 499, (unsigned long)g->r->id, g->prompt_tokens, 0,
-		      g->got_first ? g->t_first - g->r->t_start : 0, md_http_now() - g->r->t_start);
+	       (unsigned long long)g->o.r->id, g->n_open);
+	md_log_access(g->o.r->method, g->o.r->path, 499, (unsigned long)g->o.r->id,
+		      g->prompt_tokens, 0, g->got_first ? g->t_first - g->o.r->t_start : 0,
+		      md_http_now() - g->o.r->t_start);
 	for (size_t i = 0; i < g->n_ch; i++) {
-		struct md_gen_choice *ch = &g->ch[i];
+		struct choice *ch = &g->ch[i];
 		if (ch->active) {
-			md__map_del(a, ch->eng_id);
-			md_engine_cancel(a->eng, ch->eng_id);
-			ch->active = false;
-			a->metrics.finished_abort++;
+			choice_detach(ch);
+			x->m.finished[MD_METRICS_FIN_ABORT]++;
 		}
 	}
-	g->c = NULL;
+	g->o.c = NULL;
 	g->dead = true;
 	g->refs++;
 	gen_unref(g);
 }
 
-/* Write one SSE event (data: json). False when the client is gone. */
+/* ---- writing to the client ---- */
+
+/* Write one SSE event. False when the client is gone (the write may have closed the
+ * connection: the caller holds a reference). */
 static bool sse_send(struct md_gen *g, const char *data, size_t len)
 {
-	if (!g->c || g->dead)
+	MD_ASSERT_LOOP_THREAD();
+	MD_ASSERT(g->refs > 0);
+	if (!g->o.c || g->dead)
 		return false;
 	g->last_write = md_http_now();
-	return md_http_stream_write(g->c, data, len) == 0;
+	return md_http_stream_write(g->o.c, data, len) == 0;
 }
 
+/* Send doc (consumed) as one SSE event. */
 static bool sse_json(struct md_gen *g, cJSON *doc)
 {
-	char *txt = cJSON_PrintUnformatted(doc);
-	cJSON_Delete(doc);
-	if (!txt)
+	char *ev;
+	long n = md_oai_sse_event(doc, &ev);
+	if (n < 0)
 		return false;
-	size_t l = strlen(txt);
-	char *ev = malloc(l + 9);
-	if (!ev) {
-		free(txt);
-		return false;
-	}
-	memcpy(ev, "data: ", 6);
-	memcpy(ev + 6, txt, l);
-	memcpy(ev + 6 + l, "\n\n", 2);
-	free(txt);
-	bool ok = sse_send(g, ev, l + 8);
+	bool ok = sse_send(g, ev, (size_t)n);
 	free(ev);
 	return ok;
 }
 
+/* A chunk holding one choice (consumed). */
+static bool sse_choice(struct md_gen *g, cJSON *c0)
+{
+	cJSON *choices, *doc = md_oai_doc_new(&g->ident, false, &choices);
+	if (!doc) {
+		cJSON_Delete(c0);
+		return false;
+	}
+	cJSON_AddItemToArray(choices, c0);
+	return sse_json(g, doc);
+}
+
+/* Heartbeat (md_http_tick_cb): an SSE comment after a silence. */
 static void on_tick(void *data)
 {
 	struct md_gen *g = data;
-	double iv = g->a->cfg->heartbeat_interval;
+	double iv = g->x->cfg->heartbeat_interval;
 	if (g->stream && md_http_now() - g->last_write >= iv * 0.9) {
 		static const char hb[] = ": keep-alive\n\n";
 		g->refs++;
@@ -410,166 +326,69 @@ static void on_tick(void *data)
 	}
 }
 
-static cJSON *chunk_base(struct md_gen *g, cJSON **choices)
-{
-	cJSON *doc = cJSON_CreateObject();
-	cJSON_AddStringToObject(doc, "id", g->id);
-	cJSON_AddStringToObject(doc, "object", g->chat ? "chat.completion.chunk" : "text_completion");
-	cJSON_AddNumberToObject(doc, "created", (double)g->created);
-	cJSON_AddStringToObject(doc, "model", g->a->model_name);
-	if (g->chat)
-		cJSON_AddNullToObject(doc, "system_fingerprint");
-	*choices = cJSON_AddArrayToObject(doc, "choices");
-	return doc;
-}
+/* ---- the output chain of a choice ---- */
 
-/* Token text (sanitised) and its raw bytes. */
-static void token_strings(struct md_api *a, int32_t id, cJSON *obj, const char *key, bool bytes)
-{
-	char buf[512];
-	int n = md_engine_token_piece(a->eng, id, buf, sizeof(buf));
-	if (n < 0)
-		n = 0;
-	if (n > (int)sizeof(buf))
-		n = (int)sizeof(buf);
-	char *s = md__utf8_sanitize(buf, (size_t)n);
-	cJSON_AddStringToObject(obj, key, s ? s : "");
-	free(s);
-	if (bytes) {
-		cJSON *b = cJSON_AddArrayToObject(obj, "bytes");
-		for (int i = 0; i < n; i++)
-			cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)buf[i]));
-	}
-}
+static void choice_finish(struct choice *ch, const char *reason, bool cancel_engine);
 
-static cJSON *chat_lp_entry(struct md_api *a, const struct lp_ent *e)
-{
-	cJSON *o = cJSON_CreateObject();
-	token_strings(a, e->token, o, "token", true);
-	cJSON_AddNumberToObject(o, "logprob", e->logprob);
-	cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs");
-	for (int i = 0; i < e->n_top; i++) {
-		cJSON *t = cJSON_CreateObject();
-		token_strings(a, e->top_id[i], t, "token", true);
-		cJSON_AddNumberToObject(t, "logprob", e->top_lp[i]);
-		cJSON_AddItemToArray(tops, t);
-	}
-	return o;
-}
-
-/* Legacy completions logprobs: append one token to the four parallel arrays. */
-static void legacy_lp_append(struct md_api *a, cJSON *lp, const struct lp_ent *e, size_t offset)
-{
-	cJSON *tok = cJSON_CreateObject();
-	token_strings(a, e->token, tok, "t", false);
-	cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "tokens"),
-			     cJSON_CreateString(cJSON_GetObjectItem(tok, "t")->valuestring));
-	cJSON_Delete(tok);
-	cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "token_logprobs"),
-			     cJSON_CreateNumber(e->logprob));
-	cJSON *tops = cJSON_CreateObject();
-	for (int i = 0; i < e->n_top; i++) {
-		cJSON *t = cJSON_CreateObject();
-		token_strings(a, e->top_id[i], t, "t", false);
-		const char *k = cJSON_GetObjectItem(t, "t")->valuestring;
-		if (!cJSON_GetObjectItemCaseSensitive(tops, k))
-			cJSON_AddNumberToObject(tops, k, e->top_lp[i]);
-		cJSON_Delete(t);
-	}
-	cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "top_logprobs"), tops);
-	cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "text_offset"),
-			     cJSON_CreateNumber((double)offset));
-}
-
-static cJSON *legacy_lp_new(void)
-{
-	cJSON *lp = cJSON_CreateObject();
-	cJSON_AddArrayToObject(lp, "tokens");
-	cJSON_AddArrayToObject(lp, "token_logprobs");
-	cJSON_AddArrayToObject(lp, "top_logprobs");
-	cJSON_AddArrayToObject(lp, "text_offset");
-	return lp;
-}
-
-static int buf_append(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
-{
-	if (*len + n + 1 > *cap) {
-		size_t nc = *cap ? *cap : 256;
-		while (nc < *len + n + 1)
-			nc *= 2;
-		char *nb = realloc(*buf, nc);
-		if (!nb)
-			return -ENOMEM;
-		*buf = nb;
-		*cap = nc;
-	}
-	memcpy(*buf + *len, s, n);
-	*len += n;
-	(*buf)[*len] = 0;
-	return 0;
-}
-
-/* Release the first n pending bytes (and the entries starting before n) to the client.
- * force: emit even with no text when entries are waiting (end of stream). */
-static void release(struct md_gen_choice *ch, size_t n, bool force)
+/* Stage 4, emit: n bytes of text and the logprobs of k tokens go to the client (a chunk) or
+ * into the whole response. */
+static void stage_emit(struct choice *ch, const char *text, size_t n, const struct lp_ent *ents,
+		       size_t k)
 {
 	struct md_gen *g = ch->g;
-	struct md_api *a = g->a;
-	size_t k = 0;
-	while (k < ch->n_ents && (ch->ents[k].off < n || force))
-		k++;
-	if (n == 0 && (k == 0 || !force))
-		return;
+	struct md_engine *eng = g->x->eng;
+	bool chat = g->ident.chat;
 	if (g->stream) {
-		cJSON *choices, *doc = chunk_base(g, &choices);
-		cJSON *c0 = cJSON_CreateObject();
-		cJSON_AddNumberToObject(c0, "index", ch->index);
-		char *txt = strndup(ch->pend, n);
-		if (g->chat) {
-			cJSON *delta = cJSON_AddObjectToObject(c0, "delta");
-			cJSON_AddStringToObject(delta, "content", txt ? txt : "");
-		} else {
-			cJSON_AddStringToObject(c0, "text", txt ? txt : "");
-		}
-		free(txt);
+		cJSON *lp = NULL;
 		if (g->want_lp) {
-			cJSON *lp;
-			if (g->chat) {
-				lp = cJSON_CreateObject();
-				cJSON *content = cJSON_AddArrayToObject(lp, "content");
-				for (size_t i = 0; i < k; i++)
-					cJSON_AddItemToArray(content, chat_lp_entry(a, &ch->ents[i]));
-			} else {
-				lp = legacy_lp_new();
-				for (size_t i = 0; i < k; i++)
-					legacy_lp_append(a, lp, &ch->ents[i],
-							 ch->text_offset + ch->ents[i].off);
-			}
-			cJSON_AddItemToObject(c0, "logprobs", lp);
-		} else {
-			cJSON_AddNullToObject(c0, "logprobs");
+			lp = md_oai_logprobs_new(chat);
+			for (size_t i = 0; i < k; i++)
+				md_oai_logprobs_add(lp, chat, eng, &ents[i].lp,
+						    ch->text_offset + ents[i].off);
 		}
-		cJSON_AddNullToObject(c0, "finish_reason");
-		cJSON_AddItemToArray(choices, c0);
-		sse_json(g, doc);
+		sse_choice(g, md_oai_choice_delta(&g->ident, ch->index, text, n, lp));
 	} else {
-		buf_append(&ch->text, &ch->text_len, &ch->text_cap, ch->pend, n);
-		if (g->want_lp) {
-			for (size_t i = 0; i < k; i++) {
-				if (g->chat)
-					cJSON_AddItemToArray(cJSON_GetObjectItem(ch->lp, "content"),
-							     chat_lp_entry(a, &ch->ents[i]));
-				else
-					legacy_lp_append(a, ch->lp, &ch->ents[i],
-							 ch->text_offset + ch->ents[i].off);
+		if (ch->text_len + n + 1 > ch->text_cap) {
+			size_t nc = ch->text_cap ? ch->text_cap : 256;
+			while (nc < ch->text_len + n + 1)
+				nc *= 2;
+			char *nt = realloc(ch->text, nc);
+			if (nt) {
+				ch->text = nt;
+				ch->text_cap = nc;
 			}
 		}
+		if (ch->text_len + n + 1 <= ch->text_cap) {
+			memcpy(ch->text + ch->text_len, text, n);
+			ch->text_len += n;
+			ch->text[ch->text_len] = 0;
+		}
+		for (size_t i = 0; i < k; i++)
+			md_oai_logprobs_add(ch->lp, chat, eng, &ents[i].lp,
+					    ch->text_offset + ents[i].off);
 	}
 	ch->text_offset += n;
-	/* pend and ents stay NULL until the first text or logprob entry arrives */
-	if (n)
-		memmove(ch->pend, ch->pend + n, ch->pend_len - n);
-	ch->pend_len -= n;
+}
+
+/* Stage 3, tool calls: the slot where a parser would take the model's tool-call text out of
+ * the content (and hold it while a call is incomplete). Without one, text passes through. */
+static void stage_tools(struct choice *ch, const char *text, size_t n, const struct lp_ent *ents,
+			size_t k)
+{
+	stage_emit(ch, text, n, ents, k);
+}
+
+/* Move the first n pending bytes down the chain with the logprob entries of the tokens whose
+ * text starts there (all waiting entries when final, even with no text). */
+static void pass_on(struct choice *ch, size_t n, bool final)
+{
+	size_t k = 0;
+	while (k < ch->n_ents && (ch->ents[k].off < n || final))
+		k++;
+	if (n == 0 && (k == 0 || !final))
+		return;
+	stage_tools(ch, md_stop_text(&ch->stop), n, ch->ents, k);
+	md_stop_consume(&ch->stop, n);
 	if (k)
 		memmove(ch->ents, ch->ents + k, (ch->n_ents - k) * sizeof(*ch->ents));
 	ch->n_ents -= k;
@@ -577,142 +396,112 @@ static void release(struct md_gen_choice *ch, size_t n, bool force)
 		ch->ents[i].off = ch->ents[i].off >= n ? ch->ents[i].off - n : 0;
 }
 
-static void gen_complete(struct md_gen *g);
-
-/* The choice is over: send its finish chunk, stop the engine if needed, count it. */
-static void choice_finish(struct md_gen_choice *ch, const char *reason, bool cancel_engine)
+/* Stage 2, stop strings: release what can no longer be part of one; on a stop string release
+ * the text before it and finish the choice. final: the engine is done, release everything. */
+static void stage_stop(struct choice *ch, bool final)
 {
-	struct md_gen *g = ch->g;
-	struct md_api *a = g->a;
-	if (!ch->active)
+	bool hit;
+	size_t n = md_stop_ready(&ch->stop, final, &hit);
+	if (!hit) {
+		pass_on(ch, n, final);
 		return;
-	ch->active = false;
-	md__map_del(a, ch->eng_id);
-	if (cancel_engine)
-		md_engine_cancel(a->eng, ch->eng_id);
-	ch->finish = reason;
-	if (strcmp(reason, "stop") == 0)
-		a->metrics.finished_stop++;
-	else if (strcmp(reason, "length") == 0)
-		a->metrics.finished_length++;
-	else if (strcmp(reason, "abort") == 0)
-		a->metrics.finished_abort++;
-	else
-		a->metrics.finished_error++;
-	md_hist_observe(&a->metrics.gen_len, ch->usage_tokens);
-	if (g->stream) {
-		cJSON *choices, *doc = chunk_base(g, &choices);
-		cJSON *c0 = cJSON_CreateObject();
-		cJSON_AddNumberToObject(c0, "index", ch->index);
-		if (g->chat)
-			cJSON_AddObjectToObject(c0, "delta");
-		else
-			cJSON_AddStringToObject(c0, "text", "");
-		cJSON_AddNullToObject(c0, "logprobs");
-		cJSON_AddStringToObject(c0, "finish_reason", reason);
-		cJSON_AddItemToArray(choices, c0);
-		sse_json(g, doc);
 	}
-	if (--g->n_open == 0)
-		gen_complete(g);
+	pass_on(ch, n, false);
+	md_stop_clear(&ch->stop);
+	ch->n_ents = 0;
+	ch->usage_tokens = ch->n_tokens;
+	choice_finish(ch, "stop", true);
 }
 
-/* Find the first stop string in the pending text; release text before it and finish.
- * Otherwise release all but the longest tail that could still begin a stop string. */
-static void check_stops(struct md_gen_choice *ch, bool final)
+/* Stage 1 feeds stage 2: n bytes from the detokenizer. A NUL byte (a model may emit the byte
+ * token 0x00) would cut the C strings that cJSON serialises, so streamed and whole responses
+ * would disagree: it becomes U+FFFD. Returns 0 or -ENOMEM. */
+static int stage_text(struct choice *ch, const char *buf, size_t n)
 {
-	struct md_gen *g = ch->g;
-	size_t best = (size_t)-1;
-	for (size_t i = 0; i < g->n_stops && ch->pend_len; i++) {
-		const char *p = memmem(ch->pend, ch->pend_len, g->stops[i], strlen(g->stops[i]));
-		if (p && (size_t)(p - ch->pend) < best)
-			best = (size_t)(p - ch->pend);
+	char out[3 * 1024];
+	size_t o = 0;
+	MD_ASSERT(n <= 1024);
+	for (size_t i = 0; i < n; i++) {
+		if (buf[i] == 0) {
+			memcpy(out + o, "\xEF\xBF\xBD", 3);
+			o += 3;
+		} else {
+			out[o++] = buf[i];
+		}
 	}
-	if (best != (size_t)-1) {
-		release(ch, best, false);
-		ch->pend_len = 0;
-		ch->n_ents = 0;
-		ch->usage_tokens = ch->n_tokens;
-		choice_finish(ch, "stop", true);
-		return;
-	}
-	if (final) {
-		release(ch, ch->pend_len, true);
-		return;
-	}
-	size_t hold = 0;
-	for (size_t i = 0; i < g->n_stops; i++) {
-		size_t sl = strlen(g->stops[i]);
-		size_t maxh = sl - 1 < ch->pend_len ? sl - 1 : ch->pend_len;
-		for (size_t h = maxh; h > hold; h--)
-			if (memcmp(ch->pend + ch->pend_len - h, g->stops[i], h) == 0) {
-				hold = h;
-				break;
-			}
-	}
-	release(ch, ch->pend_len - hold, false);
+	return md_stop_push(&ch->stop, out, o);
 }
 
-static void on_token(struct md_gen_choice *ch, const struct md_engine_event *ev)
+/* Remember the token's logprobs with the offset its text will start at. */
+static void keep_logprobs(struct choice *ch, const struct md_engine_event *ev)
+{
+	if (ch->n_ents == ch->ents_cap) {
+		size_t nc = ch->ents_cap ? ch->ents_cap * 2 : 8;
+		struct lp_ent *ne = realloc(ch->ents, nc * sizeof(*ne));
+		if (!ne)
+			return; /* the entry is lost; the text still flows */
+		ch->ents = ne;
+		ch->ents_cap = nc;
+	}
+	struct lp_ent *e = &ch->ents[ch->n_ents++];
+	e->off = md_stop_pending(&ch->stop);
+	e->lp.token = ev->token;
+	e->lp.logprob = ev->logprob;
+	e->lp.n_top = ev->n_top;
+	for (int i = 0; i < ev->n_top; i++) {
+		e->lp.top_id[i] = ev->top[i].id;
+		e->lp.top_lp[i] = ev->top[i].logprob;
+	}
+}
+
+static void fail_choice(struct choice *ch, const char *why)
 {
 	struct md_gen *g = ch->g;
-	struct md_api *a = g->a;
+	g->error = true;
+	snprintf(g->errmsg, sizeof(g->errmsg), "%s", why);
+	ch->usage_tokens = ch->n_tokens;
+	choice_finish(ch, "error", true);
+}
+
+static void on_token(struct choice *ch, const struct md_engine_event *ev)
+{
+	struct md_gen *g = ch->g;
+	struct md_gen_ctx *x = g->x;
 	double now = md_http_now();
 	ch->n_tokens++;
-	a->metrics.generation_tokens++;
+	x->m.generation_tokens++;
 	if (!g->got_first) {
 		g->got_first = true;
 		g->t_first = now;
-		md_hist_observe(&a->metrics.ttft, now - g->r->t_start);
+		md_hist_observe(&x->m.ttft, now - g->o.r->t_start);
 	} else if (ch->t_last > 0) {
-		md_hist_observe(&a->metrics.itl, now - ch->t_last);
+		md_hist_observe(&x->m.itl, now - ch->t_last);
 	}
 	ch->t_last = now;
 	char buf[1024];
 	int n = md_engine_detok_push(ch->detok, ev->token, buf, sizeof(buf));
 	if (n < 0)
 		n = 0;
-	if (g->want_lp) {
-		if (ch->n_ents == ch->ents_cap) {
-			size_t nc = ch->ents_cap ? ch->ents_cap * 2 : 8;
-			struct lp_ent *ne = realloc(ch->ents, nc * sizeof(*ne));
-			if (ne) {
-				ch->ents = ne;
-				ch->ents_cap = nc;
-			}
-		}
-		if (ch->n_ents < ch->ents_cap) {
-			struct lp_ent *e = &ch->ents[ch->n_ents++];
-			e->off = ch->pend_len;
-			e->token = ev->token;
-			e->logprob = ev->logprob;
-			e->n_top = ev->n_top;
-			for (int i = 0; i < ev->n_top; i++) {
-				e->top_id[i] = ev->top[i].id;
-				e->top_lp[i] = ev->top[i].logprob;
-			}
-		}
+	if (g->want_lp)
+		keep_logprobs(ch, ev);
+	if (stage_text(ch, buf, (size_t)n)) {
+		fail_choice(ch, "out of memory");
+		return;
 	}
-	/* A NUL byte (a model may emit the byte token 0x00) would cut the C strings that cJSON
-	 * serialises, so streamed and whole responses would disagree: it becomes U+FFFD. */
-	for (int i = 0; i < n; i++) {
-		if (buf[i] == 0)
-			buf_append(&ch->pend, &ch->pend_len, &ch->pend_cap, "\xEF\xBF\xBD", 3);
-		else
-			buf_append(&ch->pend, &ch->pend_len, &ch->pend_cap, buf + i, 1);
-	}
-	check_stops(ch, false);
+	stage_stop(ch, false);
 }
 
-static void on_done(struct md_gen_choice *ch, const struct md_engine_event *ev)
+static void on_done(struct choice *ch, const struct md_engine_event *ev)
 {
 	struct md_gen *g = ch->g;
-	char buf[64];
+	char buf[1024];
 	int n = md_engine_detok_flush(ch->detok, buf, sizeof(buf));
-	if (n > 0)
-		buf_append(&ch->pend, &ch->pend_len, &ch->pend_cap, buf, (size_t)n);
+	if (n > 0 && md_stop_push(&ch->stop, buf, (size_t)n)) {
+		fail_choice(ch, "out of memory");
+		return;
+	}
 	ch->usage_tokens = ev->n_gen > ch->n_tokens ? ev->n_gen : ch->n_tokens;
-	check_stops(ch, true);
+	stage_stop(ch, true);
 	if (!ch->active || g->dead)
 		return;
 	const char *reason = "stop";
@@ -729,9 +518,10 @@ static void on_done(struct md_gen_choice *ch, const struct md_engine_event *ev)
 	choice_finish(ch, reason, false);
 }
 
-void md__gen_on_event(struct md_api *a, struct md_engine_event *ev)
+void md_gen_on_event(struct md_gen_ctx *x, const struct md_engine_event *ev)
 {
-	struct md_gen_choice *ch = md__map_get(a, ev->req_id);
+	MD_ASSERT_LOOP_THREAD();
+	struct choice *ch = map_get(x, ev->req_id);
 	if (!ch)
 		return; /* stale: the request ended or its client went away */
 	struct md_gen *g = ch->g;
@@ -743,421 +533,399 @@ void md__gen_on_event(struct md_api *a, struct md_engine_event *ev)
 	gen_unref(g);
 }
 
-static cJSON *usage_json(struct md_gen *g)
+/* ---- the end of a generation ---- */
+
+static uint32_t completion_tokens(const struct md_gen *g)
 {
 	uint32_t comp = 0;
 	for (size_t i = 0; i < g->n_ch; i++)
 		comp += g->ch[i].usage_tokens;
-	cJSON *u = cJSON_CreateObject();
-	cJSON_AddNumberToObject(u, "prompt_tokens", g->prompt_tokens);
-	cJSON_AddNumberToObject(u, "completion_tokens", comp);
-	cJSON_AddNumberToObject(u, "total_tokens", g->prompt_tokens + comp);
-	return u;
+	return comp;
 }
 
-/* Every choice finished: write the tail of the stream or the whole response. */
+/* The whole (non-streamed) response. */
+static void respond_whole(struct md_gen *g, uint32_t comp, double ttft)
+{
+	cJSON *choices, *doc = md_oai_doc_new(&g->ident, true, &choices);
+	for (size_t i = 0; doc && i < g->n_ch; i++) {
+		struct choice *ch = &g->ch[i];
+		cJSON_AddItemToArray(choices,
+				     md_oai_choice_whole(&g->ident, ch->index, ch->text ? ch->text : "",
+							 ch->lp, ch->finish ? ch->finish : "stop"));
+		ch->lp = NULL;
+	}
+	if (doc)
+		cJSON_AddItemToObject(doc, "usage", md_oai_usage(g->prompt_tokens, comp));
+	char *txt = doc ? cJSON_PrintUnformatted(doc) : NULL;
+	cJSON_Delete(doc);
+	md_oai_account(&g->o, txt ? 200 : 500, g->prompt_tokens, comp, ttft);
+	if (txt)
+		md_http_respond(g->o.c, 200, "application/json", NULL, txt, strlen(txt));
+	else
+		md_http_respond(g->o.c, 500, "application/json", NULL, "{}", 2);
+	free(txt);
+}
+
+/* Every choice finished: write the tail of the stream or the whole response. The caller holds
+ * a reference; g is dead afterwards. */
 static void gen_complete(struct md_gen *g)
 {
-	struct md_api *a = g->a;
+	MD_ASSERT_LOOP_THREAD();
+	MD_ASSERT(g->refs > 0);
+	struct md_gen_ctx *x = g->x;
 	double now = md_http_now();
-	uint32_t comp = 0;
-	for (size_t i = 0; i < g->n_ch; i++)
-		comp += g->ch[i].usage_tokens;
-	a->metrics.prompt_tokens += g->prompt_tokens;
-	md_hist_observe(&a->metrics.e2e, now - g->r->t_start);
+	uint32_t comp = completion_tokens(g);
+	x->m.prompt_tokens += g->prompt_tokens;
+	md_hist_observe(&x->m.e2e, now - g->o.r->t_start);
 	for (size_t i = 0; i < g->n_prompts; i++)
-		md_hist_observe(&a->metrics.prompt_len, g->prompt_lens[i]);
-	if (g->dead || !g->c) {
+		md_hist_observe(&x->m.prompt_len, g->prompt_lens[i]);
+	if (g->dead || !g->o.c) {
 		g->dead = true;
 		return;
 	}
-	double ttft = g->got_first ? g->t_first - g->r->t_start : 0;
+	double ttft = g->got_first ? g->t_first - g->o.r->t_start : 0;
 	if (g->stream) {
-		if (g->error) {
-			cJSON *doc = cJSON_CreateObject();
-			cJSON *e = cJSON_AddObjectToObject(doc, "error");
-			cJSON_AddStringToObject(e, "message", g->errmsg);
-			cJSON_AddStringToObject(e, "type", "server_error");
-			cJSON_AddNullToObject(e, "param");
-			cJSON_AddNullToObject(e, "code");
-			sse_json(g, doc);
-		}
+		if (g->error)
+			sse_json(g, md_oai_error_doc(g->errmsg, "server_error"));
 		if (g->include_usage) {
-			cJSON *choices, *doc = chunk_base(g, &choices);
-			cJSON_AddItemToObject(doc, "usage", usage_json(g));
+			cJSON *choices, *doc = md_oai_doc_new(&g->ident, false, &choices);
+			if (doc)
+				cJSON_AddItemToObject(doc, "usage", md_oai_usage(g->prompt_tokens, comp));
 			sse_json(g, doc);
 		}
 		static const char done[] = "data: [DONE]\n\n";
 		sse_send(g, done, sizeof(done) - 1);
-		if (g->c) {
-			md__api_account(a, g->r, 200, g->prompt_tokens, comp, ttft);
-			md_http_stream_end(g->c);
+		if (g->o.c) {
+			md_oai_account(&g->o, 200, g->prompt_tokens, comp, ttft);
+			md_http_stream_end(g->o.c);
 		}
 	} else if (g->error) {
-		md__api_error(a, g->c, g->r, 500, "server_error", NULL, NULL, "%s", g->errmsg);
+		md_oai_error(&g->o, 500, "server_error", NULL, NULL, "%s", g->errmsg);
 	} else {
-		cJSON *doc = cJSON_CreateObject();
-		cJSON_AddStringToObject(doc, "id", g->id);
-		cJSON_AddStringToObject(doc, "object", g->chat ? "chat.completion" : "text_completion");
-		cJSON_AddNumberToObject(doc, "created", (double)g->created);
-		cJSON_AddStringToObject(doc, "model", a->model_name);
-		if (g->chat)
-			cJSON_AddNullToObject(doc, "system_fingerprint");
-		cJSON *choices = cJSON_AddArrayToObject(doc, "choices");
-		for (size_t i = 0; i < g->n_ch; i++) {
-			struct md_gen_choice *ch = &g->ch[i];
-			cJSON *c0 = cJSON_CreateObject();
-			cJSON_AddNumberToObject(c0, "index", ch->index);
-			if (g->chat) {
-				cJSON *msg = cJSON_AddObjectToObject(c0, "message");
-				cJSON_AddStringToObject(msg, "role", "assistant");
-				cJSON_AddStringToObject(msg, "content", ch->text ? ch->text : "");
-			} else {
-				cJSON_AddStringToObject(c0, "text", ch->text ? ch->text : "");
-			}
-			if (ch->lp) {
-				cJSON_AddItemToObject(c0, "logprobs", ch->lp);
-				ch->lp = NULL;
-			} else {
-				cJSON_AddNullToObject(c0, "logprobs");
-			}
-			cJSON_AddStringToObject(c0, "finish_reason", ch->finish ? ch->finish : "stop");
-			cJSON_AddItemToArray(choices, c0);
-		}
-		cJSON_AddItemToObject(doc, "usage", usage_json(g));
-		char *txt = cJSON_PrintUnformatted(doc);
-		cJSON_Delete(doc);
-		md__api_account(a, g->r, txt ? 200 : 500, g->prompt_tokens, comp, ttft);
-		if (txt)
-			md_http_respond(g->c, 200, "application/json", NULL, txt, strlen(txt));
-		else
-			md_http_respond(g->c, 500, "application/json", NULL, "{}", 2);
-		free(txt);
+		respond_whole(g, comp, ttft);
 	}
-	g->c = NULL;
+	g->o.c = NULL;
 	g->dead = true;
 }
 
-static void make_id(char *out, size_t cap, const char *prefix)
+/* The choice is over: send its finish chunk, stop the engine if needed, count it; the last
+ * choice completes the generation. */
+static void choice_finish(struct choice *ch, const char *reason, bool cancel_engine)
 {
-	static uint64_t counter;
-	uint64_t x = md_sampler_mix((uint64_t)time(NULL) ^ (++counter << 20) ^
-				    (uint64_t)(md_http_now() * 1e9));
-	snprintf(out, cap, "%s%016llx%08llx", prefix, (unsigned long long)x,
-		 (unsigned long long)(counter & 0xffffffff));
+	struct md_gen *g = ch->g;
+	struct md_gen_ctx *x = g->x;
+	if (!ch->active)
+		return;
+	MD_ASSERT(g->n_open > 0);
+	ch->active = false;
+	map_del(x, ch->eng_id);
+	if (cancel_engine)
+		md_engine_cancel(x->eng, ch->eng_id);
+	ch->finish = reason;
+	enum md_metrics_finish f = MD_METRICS_FIN_ERROR;
+	if (strcmp(reason, "stop") == 0)
+		f = MD_METRICS_FIN_STOP;
+	else if (strcmp(reason, "length") == 0)
+		f = MD_METRICS_FIN_LENGTH;
+	else if (strcmp(reason, "abort") == 0)
+		f = MD_METRICS_FIN_ABORT;
+	x->m.finished[f]++;
+	md_hist_observe(&x->m.gen_len, ch->usage_tokens);
+	if (g->stream)
+		sse_choice(g, md_oai_choice_finish(&g->ident, ch->index, reason));
+	if (--g->n_open == 0)
+		gen_complete(g);
 }
 
-/* Create the generation for n_prompts prompts (each gets p->n choices) and submit it. Takes
- * ownership of nothing: prompts are copied. */
-static void start_gen(struct md_api *a, struct md_http_conn *c, struct md_http_req *r,
-		      bool chat, struct gen_params *p, int32_t **prompts, const uint32_t *lens,
-		      size_t n_prompts)
+/* ---- starting a generation: validate, allocate, submit, begin ---- */
+
+/* Check the request against the context and choose each prompt's max_tokens. Returns 0, or
+ * -1 after answering 400. */
+static int gen_validate(struct md_gen_ctx *x, const struct md_oai_reply *o, bool chat,
+			const struct md_oai_params *p, const uint32_t *lens, size_t n_prompts,
+			int64_t *max_tokens)
 {
-	uint32_t n_ctx = a->n_ctx;
-	int64_t max_tokens[MAX_CHOICES];
+	uint32_t n_ctx = x->n_ctx;
 	for (size_t i = 0; i < n_prompts; i++) {
 		if (lens[i] >= n_ctx) {
-			md__api_error(a, c, r, 400, "invalid_request_error", chat ? "messages" : "prompt",
-				      "context_length_exceeded",
-				      "This model's maximum context length is %u tokens; the prompt "
-				      "has %u tokens", n_ctx, lens[i]);
-			return;
+			md_oai_error(o, 400, "invalid_request_error", chat ? "messages" : "prompt",
+				     "context_length_exceeded",
+				     "This model's maximum context length is %u tokens; the prompt "
+				     "has %u tokens", n_ctx, lens[i]);
+			return -1;
 		}
 		int64_t room = (int64_t)n_ctx - lens[i];
 		if (p->max_set) {
 			if (p->max_tokens > room) {
-				md__api_error(a, c, r, 400, "invalid_request_error",
-					      chat ? "max_tokens" : "max_tokens",
-					      "context_length_exceeded",
-					      "This model's maximum context length is %u tokens; you "
-					      "requested %u prompt tokens plus %lld output tokens",
-					      n_ctx, lens[i], (long long)p->max_tokens);
-				return;
+				md_oai_error(o, 400, "invalid_request_error", "max_tokens",
+					     "context_length_exceeded",
+					     "This model's maximum context length is %u tokens; you "
+					     "requested %u prompt tokens plus %lld output tokens",
+					     n_ctx, lens[i], (long long)p->max_tokens);
+				return -1;
 			}
 			max_tokens[i] = p->max_tokens;
 		} else {
-			int64_t def = chat ? a->cfg->max_tokens_cap : 16;
+			int64_t def = chat ? x->cfg->max_tokens_cap : 16;
 			max_tokens[i] = def < room ? def : room;
 		}
 	}
+	if (n_prompts * (size_t)p->n > MD_OAI_MAX_CHOICES) {
+		md_oai_error(o, 400, "invalid_request_error", "n", "invalid_value",
+			     "at most %d choices per request (prompts times n)", MD_OAI_MAX_CHOICES);
+		return -1;
+	}
+	return 0;
+}
+
+/* Allocate a generation of n_prompts x p->n choices (detokenizers, stop matchers, logprob
+ * documents) and take p's stop strings. Touches nothing outside itself: not linked, nothing
+ * mapped or submitted. Returns NULL when out of memory (p unchanged). */
+static struct md_gen *gen_new(struct md_gen_ctx *x, const struct md_oai_reply *o, bool chat,
+			      struct md_oai_params *p, const uint32_t *lens, size_t n_prompts)
+{
 	size_t n_ch = n_prompts * (size_t)p->n;
-	if (n_ch > MAX_CHOICES) {
-		md__api_error(a, c, r, 400, "invalid_request_error", "n", "invalid_value",
-			      "at most %d choices per request (prompts times n)", MAX_CHOICES);
-		return;
-	}
 	struct md_gen *g = calloc(1, sizeof(*g));
-	if (!g || !(g->ch = calloc(n_ch, sizeof(*g->ch))) ||
-	    !(g->prompt_lens = calloc(n_prompts, sizeof(uint32_t)))) {
-		if (g)
-			free(g->ch);
-		free(g);
-		md__api_error(a, c, r, 500, "server_error", NULL, NULL, "out of memory");
-		return;
+	if (!g)
+		return NULL;
+	g->x = x;
+	g->o = *o;
+	g->n_ch = n_ch;
+	g->n_prompts = n_prompts;
+	if (!(g->ch = calloc(n_ch, sizeof(*g->ch))))
+		goto free_gen;
+	if (!(g->prompt_lens = calloc(n_prompts, sizeof(uint32_t))))
+		goto free_gen;
+	for (size_t i = 0; i < n_ch; i++) {
+		struct choice *ch = &g->ch[i];
+		ch->g = g;
+		ch->index = (uint32_t)i;
+		if (!(ch->detok = md_engine_detok_new(x->eng, !chat)))
+			goto free_gen;
+		if (p->want_lp && !(ch->lp = md_oai_logprobs_new(chat)))
+			goto free_gen;
 	}
-	g->a = a;
-	g->c = c;
-	g->r = r;
-	g->chat = chat;
+	/* nothing can fail from here on */
 	g->stream = p->stream;
 	g->include_usage = p->include_usage;
 	g->want_lp = p->want_lp;
-	g->lp_top = p->lp_top;
-	g->created = (long)time(NULL);
-	make_id(g->id, sizeof(g->id), chat ? "chatcmpl-" : "cmpl-");
+	md_oai_make_id(g->id, sizeof(g->id), chat ? "chatcmpl-" : "cmpl-");
+	g->ident = (struct md_oai_ident){ .id = g->id, .model = x->model,
+					  .created = (long)time(NULL), .chat = chat };
 	g->stops = p->stops;
 	g->n_stops = p->n_stops;
 	p->stops = NULL;
 	p->n_stops = 0;
-	g->n_ch = n_ch;
-	g->n_prompts = n_prompts;
-	g->next = a->gens;
-	if (a->gens)
-		a->gens->prev = g;
-	a->gens = g;
-	a->n_gens++;
+	for (size_t i = 0; i < n_ch; i++)
+		md_stop_init(&g->ch[i].stop, g->stops, g->n_stops);
 	for (size_t i = 0; i < n_prompts; i++) {
 		g->prompt_lens[i] = lens[i];
 		g->prompt_tokens += lens[i];
 	}
-	uint64_t base_seed = p->s.has_seed ? p->s.seed : 0;
+	return g;
+free_gen:
+	gen_free(g); /* frees the detokenizers and documents made so far */
+	return NULL;
+}
 
+/* The engine request of choice i (a copy of its prompt and sampling), or NULL when out of
+ * memory. */
+static struct md_engine_req *req_new(const struct md_oai_params *p, size_t i,
+				     const int32_t *prompt, uint32_t len, int64_t max_tokens)
+{
+	struct md_engine_req *er = calloc(1, sizeof(*er));
+	if (!er)
+		return NULL;
+	er->n_prompt = len;
+	er->max_tokens = (uint32_t)max_tokens;
+	er->ignore_eos = p->ignore_eos;
+	er->sampling = p->s;
+	er->sampling.logit_bias = NULL;
+	er->sampling.n_logit_bias = 0;
+	if (p->s.has_seed)
+		er->sampling.seed = p->s.seed + i;
+	if (!(er->prompt = malloc(sizeof(int32_t) * len)))
+		goto free_req;
+	memcpy(er->prompt, prompt, sizeof(int32_t) * len);
+	if (p->s.n_logit_bias) {
+		size_t sz = sizeof(*p->s.logit_bias) * p->s.n_logit_bias;
+		if (!(er->sampling.logit_bias = malloc(sz)))
+			goto free_prompt;
+		memcpy(er->sampling.logit_bias, p->s.logit_bias, sz);
+		er->sampling.n_logit_bias = p->s.n_logit_bias;
+	}
+	return er;
+free_prompt:
+	free(er->prompt);
+free_req:
+	free(er);
+	return NULL;
+}
+
+static void req_free(struct md_engine_req *er)
+{
+	md_sampling_release(&er->sampling);
+	free(er->prompt);
+	free(er);
+}
+
+/* Map and submit every choice's engine request. Returns 0, or a negative code (-ENOMEM, or
+ * md_engine_submit's -EAGAIN, -ESHUTDOWN, -EINVAL) with every choice detached again. */
+static int gen_submit(struct md_gen *g, const struct md_oai_params *p, int32_t *const *prompts,
+		      const uint32_t *lens, const int64_t *max_tokens)
+{
+	struct md_gen_ctx *x = g->x;
 	int rc = 0;
-	for (size_t i = 0; i < n_ch; i++) {
-		struct md_gen_choice *ch = &g->ch[i];
+	size_t i;
+	for (i = 0; i < g->n_ch; i++) {
+		struct choice *ch = &g->ch[i];
 		size_t pi = i / (size_t)p->n;
-		ch->g = g;
-		ch->index = (uint32_t)i;
-		ch->prompt_idx = (uint32_t)pi;
-		ch->eng_id = ++a->next_eng_id;
-		ch->detok = md_engine_detok_new(a->eng, !chat);
-		if (g->want_lp)
-			ch->lp = chat ? cJSON_CreateObject() : legacy_lp_new();
-		if (chat && ch->lp)
-			cJSON_AddArrayToObject(ch->lp, "content");
-		struct md_engine_req *er = calloc(1, sizeof(*er));
-		if (!ch->detok || !er) {
-			free(er);
+		ch->eng_id = ++x->next_eng_id;
+		struct md_engine_req *er = req_new(p, i, prompts[pi], lens[pi], max_tokens[pi]);
+		if (!er) {
 			rc = -ENOMEM;
-			break;
+			goto detach;
 		}
 		er->id = ch->eng_id;
-		er->n_prompt = lens[pi];
-		er->prompt = malloc(sizeof(int32_t) * lens[pi]);
-		er->max_tokens = (uint32_t)max_tokens[pi];
-		er->ignore_eos = p->ignore_eos;
-		er->sampling = p->s;
-		er->sampling.logit_bias = NULL;
-		er->sampling.n_logit_bias = 0;
-		if (p->s.has_seed)
-			er->sampling.seed = base_seed + i;
-		if (p->s.n_logit_bias) {
-			er->sampling.logit_bias = malloc(sizeof(*p->s.logit_bias) * p->s.n_logit_bias);
-			if (er->sampling.logit_bias) {
-				memcpy(er->sampling.logit_bias, p->s.logit_bias,
-				       sizeof(*p->s.logit_bias) * p->s.n_logit_bias);
-				er->sampling.n_logit_bias = p->s.n_logit_bias;
-			}
+		if ((rc = map_put(x, ch->eng_id, ch))) {
+			req_free(er);
+			goto detach;
 		}
-		if (!er->prompt || (p->s.n_logit_bias && !er->sampling.logit_bias)) {
-			md_sampling_release(&er->sampling);
-			free(er->prompt);
-			free(er);
-			rc = -ENOMEM;
-			break;
-		}
-		memcpy(er->prompt, prompts[pi], sizeof(int32_t) * lens[pi]);
-		if (md__map_put(a, ch->eng_id, ch)) {
-			md_sampling_release(&er->sampling);
-			free(er->prompt);
-			free(er);
-			rc = -ENOMEM;
-			break;
+		if ((rc = md_engine_submit(x->eng, er))) {
+			map_del(x, ch->eng_id);
+			req_free(er);
+			goto detach;
 		}
 		ch->active = true;
 		g->n_open++;
-		rc = md_engine_submit(a->eng, er);
-		if (rc) {
-			md__map_del(a, ch->eng_id);
-			ch->active = false;
-			g->n_open--;
-			md_sampling_release(&er->sampling);
-			free(er->prompt);
-			free(er);
-			break;
-		}
 	}
-	if (rc) {
-		/* undo: cancel what went in, answer the error */
-		for (size_t i = 0; i < n_ch; i++)
-			if (g->ch[i].active) {
-				md__map_del(a, g->ch[i].eng_id);
-				md_engine_cancel(a->eng, g->ch[i].eng_id);
-				g->ch[i].active = false;
-			}
-		g->c = NULL;
-		g->dead = true;
-		gen_free(g);
-		if (rc == -EAGAIN)
-			md__api_error(a, c, r, 429, "rate_limit_error", NULL, "queue_full",
-				      "the server is at capacity; retry later");
-		else if (rc == -ESHUTDOWN)
-			md__api_error(a, c, r, 503, "server_error", NULL, "unavailable",
-				      "the engine is not serving");
-		else
-			md__api_error(a, c, r, rc == -EINVAL ? 400 : 500,
-				      rc == -EINVAL ? "invalid_request_error" : "server_error", NULL,
-				      NULL, "cannot start generation (%s)", strerror(-rc));
-		return;
+	return 0;
+detach:
+	/* cancel what went in */
+	while (i-- > 0) {
+		choice_detach(&g->ch[i]);
+		g->n_open--;
 	}
-	md_http_set_handler(c, g, on_abort, g->stream ? on_tick : NULL,
-			    a->cfg->heartbeat_interval);
-	if (g->stream) {
-		md_http_stream_begin(c, 200, "text/event-stream", SSE_HEADERS);
-		g->last_write = md_http_now();
-		if (chat) {
-			g->refs++;
-			for (size_t i = 0; i < n_ch && !g->dead; i++) {
-				cJSON *choices, *doc = chunk_base(g, &choices);
-				cJSON *c0 = cJSON_CreateObject();
-				cJSON_AddNumberToObject(c0, "index", (double)i);
-				cJSON *delta = cJSON_AddObjectToObject(c0, "delta");
-				cJSON_AddStringToObject(delta, "role", "assistant");
-				cJSON_AddStringToObject(delta, "content", "");
-				cJSON_AddNullToObject(c0, "logprobs");
-				cJSON_AddNullToObject(c0, "finish_reason");
-				cJSON_AddItemToArray(choices, c0);
-				sse_json(g, doc);
-			}
-			gen_unref(g);
-		}
-	}
+	return rc;
 }
 
-void md__gen_chat(struct md_api *a, struct md_http_conn *c, struct md_http_req *r, cJSON *body)
+/* Link g into the context, give the connection its callbacks and, for a stream, write the
+ * head and the chat role chunks. */
+static void gen_begin(struct md_gen *g)
 {
-	struct gen_params p;
-	if (parse_params(a, c, r, body, true, &p) < 0) {
-		params_release(&p);
+	struct md_gen_ctx *x = g->x;
+	g->next = x->gens;
+	if (x->gens)
+		x->gens->prev = g;
+	x->gens = g;
+	g->linked = true;
+	x->n_gens++;
+	md_http_set_handler(g->o.c, g, on_abort, g->stream ? on_tick : NULL,
+			    x->cfg->heartbeat_interval);
+	if (!g->stream)
+		return;
+	/* Any write below may fail and close the connection, whose abort callback frees g
+	 * unless it is referenced: hold a reference across all of them. */
+	g->refs++;
+	md_http_stream_begin(g->o.c, 200, "text/event-stream", SSE_HEADERS);
+	g->last_write = md_http_now();
+	if (g->ident.chat)
+		for (size_t i = 0; i < g->n_ch && !g->dead; i++)
+			sse_choice(g, md_oai_choice_role((uint32_t)i));
+	gen_unref(g);
+}
+
+static void answer_submit_error(const struct md_oai_reply *o, int rc)
+{
+	if (rc == -EAGAIN)
+		md_oai_error(o, 429, "rate_limit_error", NULL, "queue_full",
+			     "the server is at capacity; retry later");
+	else if (rc == -ESHUTDOWN)
+		md_oai_error(o, 503, "server_error", NULL, "unavailable",
+			     "the engine is not serving");
+	else
+		md_oai_error(o, rc == -EINVAL ? 400 : 500,
+			     rc == -EINVAL ? "invalid_request_error" : "server_error", NULL, NULL,
+			     "cannot start generation (%s)", strerror(-rc));
+}
+
+/* Start a generation for the prompts (copied; each gets p->n choices), taking p's stop
+ * strings. The request is answered with an error now, or by the generation later. */
+static void start_gen(struct md_gen_ctx *x, const struct md_oai_reply *o, bool chat,
+		      struct md_oai_params *p, int32_t *const *prompts, const uint32_t *lens,
+		      size_t n_prompts)
+{
+	MD_ASSERT_LOOP_THREAD();
+	int64_t max_tokens[MD_OAI_MAX_CHOICES];
+	if (gen_validate(x, o, chat, p, lens, n_prompts, max_tokens) < 0)
+		return;
+	struct md_gen *g = gen_new(x, o, chat, p, lens, n_prompts);
+	if (!g) {
+		md_oai_error(o, 500, "server_error", NULL, NULL, "out of memory");
 		return;
 	}
-	struct md_engine_msg *msgs;
-	char **owned;
-	size_t n_owned;
-	int nm = md__parse_messages(a, c, r, body, &msgs, &owned, &n_owned);
-	if (nm < 0) {
-		params_release(&p);
+	int rc = gen_submit(g, p, prompts, lens, max_tokens);
+	if (rc) {
+		gen_free(g);
+		answer_submit_error(o, rc);
 		return;
 	}
+	gen_begin(g);
+}
+
+/* ---- endpoints ---- */
+
+static struct md_oai_limits limits_of(const struct md_gen_ctx *x)
+{
+	return (struct md_oai_limits){ .model_name = x->model,
+				       .max_tokens_cap = x->cfg->max_tokens_cap,
+				       .n_vocab = x->n_vocab };
+}
+
+void md_gen_chat(struct md_gen_ctx *x, const struct md_oai_reply *o, cJSON *body)
+{
+	struct md_oai_limits lim = limits_of(x);
+	struct md_oai_params p;
+	struct md_oai_msgs m;
 	int32_t *ids = NULL;
-	int n = md_engine_chat_tokenize(a->eng, msgs, (size_t)nm, &ids);
-	md__free_messages(msgs, owned, n_owned);
+	if (md_oai_parse_params(o, &lim, body, MD_OAI_CHAT, &p) < 0)
+		goto release_params;
+	if (md_oai_parse_messages(o, body, &m) < 0)
+		goto release_params;
+	int n = md_engine_chat_tokenize(x->eng, m.msgs, m.n, &ids);
+	md_oai_msgs_release(&m);
 	if (n == -EINVAL) {
-		md__api_error(a, c, r, 400, "invalid_request_error", "messages", "invalid_value",
-			      "the model's chat template rejects these messages (roles must "
-			      "alternate user/assistant where the template requires it)");
+		md_oai_error(o, 400, "invalid_request_error", "messages", "invalid_value",
+			     "the model's chat template rejects these messages (roles must "
+			     "alternate user/assistant where the template requires it)");
 	} else if (n <= 0) {
-		md__api_error(a, c, r, 500, "server_error", NULL, NULL,
-			      "cannot render the chat prompt (%d)", n);
+		md_oai_error(o, 500, "server_error", NULL, NULL, "cannot render the chat prompt (%d)",
+			     n);
 	} else {
 		uint32_t len = (uint32_t)n;
-		start_gen(a, c, r, true, &p, &ids, &len, 1);
+		start_gen(x, o, true, &p, &ids, &len, 1);
 	}
 	free(ids);
-	params_release(&p);
+release_params:
+	md_oai_params_release(&p);
 }
 
-void md__gen_completion(struct md_api *a, struct md_http_conn *c, struct md_http_req *r,
-			cJSON *body)
+void md_gen_completion(struct md_gen_ctx *x, const struct md_oai_reply *o, cJSON *body)
 {
-	struct gen_params p;
-	int32_t *prompts[MAX_CHOICES];
-	uint32_t lens[MAX_CHOICES];
-	size_t np = 0;
-	if (parse_params(a, c, r, body, false, &p) < 0)
-		goto out;
-	cJSON *pr = cJSON_GetObjectItemCaseSensitive(body, "prompt");
-	if (!pr || cJSON_IsNull(pr)) {
-		err400(a, c, r, "prompt", "'prompt' is required");
-		goto out;
-	}
-	/* forms: "text", ["text", ...], [id, ...], [[id, ...], ...] */
-	cJSON *items[MAX_CHOICES];
-	size_t ni = 0;
-	bool ids_form = false;
-	if (cJSON_IsString(pr)) {
-		items[ni++] = pr;
-	} else if (cJSON_IsArray(pr) && cJSON_GetArraySize(pr) > 0) {
-		if (cJSON_IsNumber(pr->child)) {
-			items[ni++] = pr;
-			ids_form = true;
-		} else {
-			if (cJSON_GetArraySize(pr) > MAX_CHOICES) {
-				err400(a, c, r, "prompt", "too many prompts");
-				goto out;
-			}
-			cJSON *it;
-			cJSON_ArrayForEach(it, pr) items[ni++] = it;
-		}
-	} else {
-		err400(a, c, r, "prompt", "'prompt' must be a string, an array of strings, an array "
-					  "of token ids or an array of such arrays");
-		goto out;
-	}
-	for (size_t i = 0; i < ni; i++) {
-		cJSON *it = items[i];
-		if (cJSON_IsString(it) && !ids_form) {
-			int n = md_engine_tokenize(a->eng, it->valuestring, strlen(it->valuestring), true,
-						   true, &prompts[np]);
-			if (n < 0) {
-				md__api_error(a, c, r, 500, "server_error", NULL, NULL,
-					      "tokenization failed (%d)", n);
-				goto out;
-			}
-			lens[np++] = (uint32_t)n;
-		} else if (cJSON_IsArray(it) && (ids_form || (it->child && cJSON_IsNumber(it->child)))) {
-			size_t n = (size_t)cJSON_GetArraySize(it);
-			int32_t *ids = malloc(sizeof(int32_t) * (n ? n : 1));
-			if (!ids) {
-				md__api_error(a, c, r, 500, "server_error", NULL, NULL, "out of memory");
-				goto out;
-			}
-			prompts[np] = ids;
-			lens[np++] = (uint32_t)n;
-			size_t k = 0;
-			cJSON *t;
-			cJSON_ArrayForEach(t, it) {
-				if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) ||
-				    t->valuedouble < 0 || t->valuedouble >= a->n_vocab) {
-					md__api_error(a, c, r, 400, "invalid_request_error", "prompt",
-						      "invalid_value",
-						      "prompt token ids must be integers in [0, %u)",
-						      a->n_vocab);
-					goto out;
-				}
-				ids[k++] = (int32_t)t->valuedouble;
-			}
-		} else {
-			err400(a, c, r, "prompt", "'prompt' must be a string, an array of strings, an "
-						  "array of token ids or an array of such arrays");
-			goto out;
-		}
-		if (lens[np - 1] == 0) {
-			err400(a, c, r, "prompt", "the prompt is empty");
-			goto out;
-		}
-	}
-	start_gen(a, c, r, false, &p, prompts, lens, np);
-out:
-	for (size_t i = 0; i < np; i++)
-		free(prompts[i]);
-	params_release(&p);
+	struct md_oai_limits lim = limits_of(x);
+	struct md_oai_params p;
+	struct md_oai_prompts pr = { .n = 0 };
+	if (md_oai_parse_params(o, &lim, body, MD_OAI_COMPLETIONS, &p) == 0 &&
+	    md_oai_parse_prompts(o, x->eng, &lim, body, &pr) == 0)
+		start_gen(x, o, false, &p, pr.ids, pr.lens, pr.n);
+	md_oai_prompts_release(&pr);
+	md_oai_params_release(&p);
 }
 
-void md__gen_cancel_all(struct md_api *a)
+void md_gen_cancel_all(struct md_gen_ctx *x)
 {
-	for (struct md_gen *g = a->gens; g; g = g->next)
+	for (struct md_gen *g = x->gens; g; g = g->next)
 		for (size_t i = 0; i < g->n_ch; i++)
 			if (g->ch[i].active)
-				md_engine_cancel(a->eng, g->ch[i].eng_id);
+				md_engine_cancel(x->eng, g->ch[i].eng_id);
 }

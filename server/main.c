@@ -11,6 +11,7 @@
 #include "server/api.h"
 #include "server/config.h"
 #include "server/http.h"
+#include "common/assert.h"
 #include "common/log.h"
 #include "server/notify.h"
 
@@ -236,6 +237,8 @@ int main(int argc, char **argv)
 	if (wd)
 		uv_timer_start(&a->watchdog, on_watchdog, 0, wd / 2000 ? wd / 2000 : 1);
 
+	/* From here on the libuv handles, the api and its generations belong to this thread. */
+	md_owner_claim(&md_loop_thread, "loop");
 	if ((rc = md_engine_start(a->eng))) {
 		md_log(MD_LOG_ERROR, "cannot start the engine thread: %s", strerror(-rc));
 		return 1;

@@ -1,8 +1,9 @@
-/* Prometheus metrics: counters and histograms updated on the loop thread, text exposition. */
+/* Prometheus metrics: the registry of exposed metrics and its text exposition. */
 #include "server/metrics.h"
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,7 +27,7 @@ static void hist_init(struct md_histogram *h, const double *b, size_t n)
 	h->n_bounds = n;
 }
 
-void md_metrics_init(struct md_metrics *m)
+void md_metrics_gen_init(struct md_metrics_gen *m)
 {
 	memset(m, 0, sizeof(*m));
 	hist_init(&m->ttft, ttft_bounds, NB(ttft_bounds));
@@ -36,10 +37,10 @@ void md_metrics_init(struct md_metrics *m)
 	hist_init(&m->gen_len, len_bounds, NB(len_bounds));
 }
 
-void md_metrics_http(struct md_metrics *m, int status)
+void md_metrics_http_count(struct md_metrics_http *m, int status)
 {
 	if (status >= 100 && status < 600)
-		m->http_by_code[status]++;
+		m->by_code[status]++;
 }
 
 void md_hist_observe(struct md_histogram *h, double v)
@@ -52,10 +53,12 @@ void md_hist_observe(struct md_histogram *h, double v)
 	h->count++;
 }
 
+/* ---- text buffer ---- */
+
 struct sbuf {
-	char *p;
+	char *p;   /* owned */
 	size_t len, cap;
-	int err;
+	int err;   /* sticky: the first failure */
 };
 
 static void sb_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -88,10 +91,133 @@ static void sb_printf(struct sbuf *b, const char *fmt, ...)
 	}
 }
 
-static void hist_render(struct sbuf *b, const char *name, const char *help,
-			const struct md_histogram *h, const char *labels)
+/* ---- the registry ---- */
+
+enum row_kind { K_COUNTER, K_GAUGE, K_HISTOGRAM, K_FAMILY };
+enum row_src { SRC_HTTP, SRC_GEN, SRC_ENGINE, SRC_SERVER };
+enum val_type { V_U64, V_U32, V_SIZE, V_INT, V_HIST };
+
+struct row;
+/* Renders the sample lines of a labelled family (after its HELP and TYPE lines). */
+typedef void (*family_fn)(struct sbuf *b, const struct md_metrics_src *src, const char *lab);
+/* Computes a gauge from several fields. */
+typedef double (*derive_fn)(const struct md_metrics_src *src);
+
+/* One exposed metric: counters and gauges read one field (src + off, typed vt), histograms
+ * one struct md_histogram; derived gauges and labelled families call a function instead. */
+struct row {
+	const char *name;
+	enum row_kind kind;
+	const char *help;
+	enum row_src src;
+	size_t off;
+	enum val_type vt;
+	derive_fn derive;  /* K_GAUGE computed from several fields; NULL otherwise */
+	family_fn family;  /* K_FAMILY only */
+	const char *type;  /* K_FAMILY: the TYPE line's word */
+};
+
+#define COUNTER(n, h, s, st, f, t) \
+	{ .name = n, .kind = K_COUNTER, .help = h, .src = s, .off = offsetof(st, f), .vt = t }
+#define GAUGE(n, h, s, st, f, t) \
+	{ .name = n, .kind = K_GAUGE, .help = h, .src = s, .off = offsetof(st, f), .vt = t }
+#define HIST(n, h, f) \
+	{ .name = n, .kind = K_HISTOGRAM, .help = h, .src = SRC_GEN, \
+	  .off = offsetof(struct md_metrics_gen, f), .vt = V_HIST }
+#define DERIVED(n, h, fn) { .name = n, .kind = K_GAUGE, .help = h, .derive = fn }
+#define FAMILY(n, t, h, fn) { .name = n, .kind = K_FAMILY, .help = h, .family = fn, .type = t }
+
+#define GEN struct md_metrics_gen
+#define ENG struct md_engine_stats
+#define SRV struct md_metrics_server
+
+static void fam_http_codes(struct sbuf *b, const struct md_metrics_src *src, const char *lab)
 {
-	sb_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+	(void)lab; /* by status only: the series predate the model label */
+	for (int code = 100; code < 600; code++)
+		if (src->http->by_code[code])
+			sb_printf(b, "moed:http_requests_total{code=\"%d\"} %llu\n", code,
+				  (unsigned long long)src->http->by_code[code]);
+}
+
+static void fam_finished(struct sbuf *b, const struct md_metrics_src *src, const char *lab)
+{
+	static const char *const reasons[MD_METRICS_N_FIN] = { "stop", "length", "abort", "error" };
+	for (int i = 0; i < MD_METRICS_N_FIN; i++)
+		sb_printf(b, "moed:request_success_total{%s,finished_reason=\"%s\"} %llu\n", lab,
+			  reasons[i], (unsigned long long)src->gen->finished[i]);
+}
+
+static double kv_usage(const struct md_metrics_src *src)
+{
+	const struct md_engine_stats *e = src->engine;
+	return e->kv_blocks_total ? (double)e->kv_blocks_used / e->kv_blocks_total : 0.0;
+}
+
+static const struct row registry[] = {
+	FAMILY("moed:http_requests_total", "counter", "HTTP responses by status code.",
+	       fam_http_codes),
+	FAMILY("moed:request_success_total", "counter", "Finished generation requests by reason.",
+	       fam_finished),
+	COUNTER("moed:prompt_tokens_total", "Prefilled prompt tokens.", SRC_GEN, GEN,
+		prompt_tokens, V_U64),
+	COUNTER("moed:generation_tokens_total", "Generated tokens.", SRC_GEN, GEN,
+		generation_tokens, V_U64),
+	HIST("moed:time_to_first_token_seconds", "Time to first token.", ttft),
+	HIST("moed:inter_token_latency_seconds", "Time between output tokens.", itl),
+	HIST("moed:e2e_request_latency_seconds", "End-to-end request latency.", e2e),
+	HIST("moed:request_prompt_tokens", "Prompt length of finished requests.", prompt_len),
+	HIST("moed:request_generation_tokens", "Output length of finished requests.", gen_len),
+	GAUGE("moed:num_requests_running", "Sequences in the running batch.", SRC_ENGINE, ENG,
+	      running, V_U32),
+	GAUGE("moed:num_requests_waiting", "Requests queued for admission.", SRC_ENGINE, ENG,
+	      waiting, V_U32),
+	GAUGE("moed:kv_cache_blocks_used", "KV cache blocks in use.", SRC_ENGINE, ENG,
+	      kv_blocks_used, V_U32),
+	GAUGE("moed:kv_cache_blocks_total", "KV cache blocks in the pool.", SRC_ENGINE, ENG,
+	      kv_blocks_total, V_U32),
+	DERIVED("moed:kv_cache_usage_perc", "Fraction of KV cache blocks in use.", kv_usage),
+	COUNTER("moed:engine_steps_total", "Engine forward steps.", SRC_ENGINE, ENG, steps, V_U64),
+	COUNTER("moed:num_preemptions_total", "Sequences preempted for KV space.", SRC_ENGINE, ENG,
+		preemptions, V_U64),
+	GAUGE("moed:http_connections", "Open client connections.", SRC_SERVER, SRV, connections,
+	      V_SIZE),
+	GAUGE("moed:http_requests_in_flight", "Requests being handled.", SRC_SERVER, SRV, busy,
+	      V_SIZE),
+	GAUGE("moed:ready", "1 when the model is loaded and the server accepts work.", SRC_SERVER,
+	      SRV, ready, V_INT),
+};
+
+static const void *source(const struct md_metrics_src *src, enum row_src s)
+{
+	switch (s) {
+	case SRC_HTTP: return src->http;
+	case SRC_GEN: return src->gen;
+	case SRC_ENGINE: return src->engine;
+	case SRC_SERVER: return src->server;
+	}
+	return NULL;
+}
+
+/* The row's field as a number (counters keep their integer value exactly below 2^53). */
+static double field(const struct row *r, const struct md_metrics_src *src, uint64_t *as_u64)
+{
+	const char *p = (const char *)source(src, r->src) + r->off;
+	uint64_t u = 0;
+	switch (r->vt) {
+	case V_U64: u = *(const uint64_t *)p; break;
+	case V_U32: u = *(const uint32_t *)p; break;
+	case V_SIZE: u = *(const size_t *)p; break;
+	case V_INT: u = (uint64_t)*(const int *)p; break;
+	case V_HIST: break;
+	}
+	*as_u64 = u;
+	return r->vt == V_INT ? (double)*(const int *)p : (double)u;
+}
+
+static void render_hist(struct sbuf *b, const char *name, const struct md_histogram *h,
+			const char *labels)
+{
 	uint64_t cum = 0;
 	for (size_t i = 0; i < h->n_bounds; i++) {
 		cum += h->counts[i];
@@ -104,21 +230,35 @@ static void hist_render(struct sbuf *b, const char *name, const char *help,
 	sb_printf(b, "%s_count{%s} %llu\n", name, labels, (unsigned long long)h->count);
 }
 
-static void counter(struct sbuf *b, const char *name, const char *help, const char *labels,
-		    uint64_t v)
+static void render_row(struct sbuf *b, const struct row *r, const struct md_metrics_src *src,
+		       const char *lab)
 {
-	sb_printf(b, "# HELP %s %s\n# TYPE %s counter\n%s{%s} %llu\n", name, help, name, name, labels,
-		  (unsigned long long)v);
+	static const char *const types[] = { "counter", "gauge", "histogram", NULL };
+	sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", r->name, r->help, r->name,
+		  r->kind == K_FAMILY ? r->type : types[r->kind]);
+	uint64_t u;
+	switch (r->kind) {
+	case K_COUNTER:
+		field(r, src, &u);
+		sb_printf(b, "%s{%s} %llu\n", r->name, lab, (unsigned long long)u);
+		break;
+	case K_GAUGE: {
+		double v = r->derive ? r->derive(src) : field(r, src, &u);
+		sb_printf(b, "%s{%s} %.9g\n", r->name, lab, v);
+		break;
+	}
+	case K_HISTOGRAM:
+		render_hist(b, r->name,
+			    (const struct md_histogram *)((const char *)source(src, r->src) + r->off),
+			    lab);
+		break;
+	case K_FAMILY:
+		r->family(b, src, lab);
+		break;
+	}
 }
 
-static void gauge(struct sbuf *b, const char *name, const char *help, const char *labels,
-		  double v)
-{
-	sb_printf(b, "# HELP %s %s\n# TYPE %s gauge\n%s{%s} %.9g\n", name, help, name, name, labels, v);
-}
-
-long md_metrics_render(const struct md_metrics *m, const struct md_metrics_gauges *g,
-		       const char *model, char **out)
+long md_metrics_render(const struct md_metrics_src *src, const char *model, char **out)
 {
 	struct sbuf b = { .p = malloc(8192), .cap = 8192 };
 	if (!b.p)
@@ -132,46 +272,8 @@ long md_metrics_render(const struct md_metrics *m, const struct md_metrics_gauge
 		safe[j++] = (*s == '"' || *s == '\\' || *s == '\n') ? '_' : *s;
 	safe[j] = 0;
 	snprintf(lab, sizeof(lab), "model_name=\"%s\"", safe);
-
-	sb_printf(&b, "# HELP moed:http_requests_total HTTP responses by status code.\n"
-		      "# TYPE moed:http_requests_total counter\n");
-	for (int code = 100; code < 600; code++)
-		if (m->http_by_code[code])
-			sb_printf(&b, "moed:http_requests_total{code=\"%d\"} %llu\n", code,
-				  (unsigned long long)m->http_by_code[code]);
-	sb_printf(&b, "# HELP moed:request_success_total Finished generation requests by reason.\n"
-		      "# TYPE moed:request_success_total counter\n");
-	static const char *const reasons[] = { "stop", "length", "abort", "error" };
-	const uint64_t vals[] = { m->finished_stop, m->finished_length, m->finished_abort,
-				  m->finished_error };
-	for (int i = 0; i < 4; i++)
-		sb_printf(&b, "moed:request_success_total{%s,finished_reason=\"%s\"} %llu\n", lab,
-			  reasons[i], (unsigned long long)vals[i]);
-	counter(&b, "moed:prompt_tokens_total", "Prefilled prompt tokens.", lab, m->prompt_tokens);
-	counter(&b, "moed:generation_tokens_total", "Generated tokens.", lab, m->generation_tokens);
-	hist_render(&b, "moed:time_to_first_token_seconds", "Time to first token.", &m->ttft, lab);
-	hist_render(&b, "moed:inter_token_latency_seconds", "Time between output tokens.", &m->itl,
-		    lab);
-	hist_render(&b, "moed:e2e_request_latency_seconds", "End-to-end request latency.", &m->e2e,
-		    lab);
-	hist_render(&b, "moed:request_prompt_tokens", "Prompt length of finished requests.",
-		    &m->prompt_len, lab);
-	hist_render(&b, "moed:request_generation_tokens", "Output length of finished requests.",
-		    &m->gen_len, lab);
-	gauge(&b, "moed:num_requests_running", "Sequences in the running batch.", lab, g->running);
-	gauge(&b, "moed:num_requests_waiting", "Requests queued for admission.", lab, g->waiting);
-	gauge(&b, "moed:kv_cache_blocks_used", "KV cache blocks in use.", lab, g->kv_blocks_used);
-	gauge(&b, "moed:kv_cache_blocks_total", "KV cache blocks in the pool.", lab,
-	      g->kv_blocks_total);
-	gauge(&b, "moed:kv_cache_usage_perc", "Fraction of KV cache blocks in use.", lab,
-	      g->kv_blocks_total ? (double)g->kv_blocks_used / g->kv_blocks_total : 0.0);
-	counter(&b, "moed:engine_steps_total", "Engine forward steps.", lab, g->engine_steps);
-	counter(&b, "moed:num_preemptions_total", "Sequences preempted for KV space.", lab,
-		g->preemptions);
-	gauge(&b, "moed:http_connections", "Open client connections.", lab, (double)g->connections);
-	gauge(&b, "moed:http_requests_in_flight", "Requests being handled.", lab, (double)g->busy);
-	gauge(&b, "moed:ready", "1 when the model is loaded and the server accepts work.", lab,
-	      g->ready);
+	for (size_t i = 0; i < NB(registry); i++)
+		render_row(&b, &registry[i], src, lab);
 	if (b.err) {
 		free(b.p);
 		return b.err;

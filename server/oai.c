@@ -1,0 +1,963 @@
+/* OpenAI wire format: replies and error objects, request parameters, messages, chunks. */
+#include "server/oai.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/assert.h"
+#include "common/log.h"
+
+/* ---- replies ---- */
+
+void md_oai_account(const struct md_oai_reply *o, int status, unsigned tokens_in,
+		    unsigned tokens_out, double ttft)
+{
+	if (o->http)
+		md_metrics_http_count(o->http, status);
+	md_log_access(o->r->method, o->r->path, status, (unsigned long)o->r->id, tokens_in,
+		      tokens_out, ttft, md_http_now() - o->r->t_start);
+}
+
+void md_oai_json(const struct md_oai_reply *o, int status, cJSON *doc, const char *extra_headers)
+{
+	char *txt = doc ? cJSON_PrintUnformatted(doc) : NULL;
+	cJSON_Delete(doc);
+	if (!txt) {
+		static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":"
+					  "\"server_error\",\"param\":null,\"code\":null}}";
+		md_oai_account(o, 500, 0, 0, 0);
+		md_http_respond(o->c, 500, "application/json", NULL, oom, sizeof(oom) - 1);
+		return;
+	}
+	md_oai_account(o, status, 0, 0, 0);
+	md_http_respond(o->c, status, "application/json", extra_headers, txt, strlen(txt));
+	free(txt);
+}
+
+cJSON *md_oai_error_doc(const char *message, const char *type)
+{
+	cJSON *doc = cJSON_CreateObject();
+	cJSON *e = cJSON_AddObjectToObject(doc, "error");
+	cJSON_AddStringToObject(e, "message", message);
+	cJSON_AddStringToObject(e, "type", type);
+	cJSON_AddNullToObject(e, "param");
+	cJSON_AddNullToObject(e, "code");
+	return doc;
+}
+
+void md_oai_error(const struct md_oai_reply *o, int status, const char *type, const char *param,
+		  const char *code, const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	cJSON *doc = cJSON_CreateObject();
+	cJSON *err = cJSON_AddObjectToObject(doc, "error");
+	char *safe = md_oai_utf8_sanitize(msg, strlen(msg));
+	cJSON_AddStringToObject(err, "message", safe ? safe : "error");
+	free(safe);
+	cJSON_AddStringToObject(err, "type", type);
+	if (param)
+		cJSON_AddStringToObject(err, "param", param);
+	else
+		cJSON_AddNullToObject(err, "param");
+	if (code)
+		cJSON_AddStringToObject(err, "code", code);
+	else
+		cJSON_AddNullToObject(err, "code");
+	char extra[128] = "";
+	if (status == 429 || status == 503)
+		snprintf(extra, sizeof(extra), "Retry-After: %lld\r\n", (long long)o->retry_after);
+	else if (status == 401)
+		snprintf(extra, sizeof(extra), "WWW-Authenticate: Bearer\r\n");
+	else if (status == 405 && o->allow && o->allow[0])
+		snprintf(extra, sizeof(extra), "Allow: %s\r\n", o->allow);
+	md_oai_json(o, status, doc, extra[0] ? extra : NULL);
+}
+
+static void bad_request(const struct md_oai_reply *o, const char *param, const char *msg)
+{
+	md_oai_error(o, 400, "invalid_request_error", param, NULL, "%s", msg);
+}
+
+static void out_of_memory(const struct md_oai_reply *o)
+{
+	md_oai_error(o, 500, "server_error", NULL, NULL, "out of memory");
+}
+
+/* ---- UTF-8 ---- */
+
+/* Length of the well-formed sequence at s (1..4), or 0 when ill-formed. */
+static size_t utf8_seq(const unsigned char *s, size_t n)
+{
+	unsigned char c = s[0];
+	if (c < 0x80)
+		return 1;
+	size_t len;
+	unsigned char lo = 0x80, hi = 0xBF;
+	if (c >= 0xC2 && c <= 0xDF)
+		len = 2;
+	else if (c >= 0xE0 && c <= 0xEF) {
+		len = 3;
+		if (c == 0xE0)
+			lo = 0xA0;
+		else if (c == 0xED)
+			hi = 0x9F;
+	} else if (c >= 0xF0 && c <= 0xF4) {
+		len = 4;
+		if (c == 0xF0)
+			lo = 0x90;
+		else if (c == 0xF4)
+			hi = 0x8F;
+	} else
+		return 0;
+	if (n < len || s[1] < lo || s[1] > hi)
+		return 0;
+	for (size_t i = 2; i < len; i++)
+		if (s[i] < 0x80 || s[i] > 0xBF)
+			return 0;
+	return len;
+}
+
+bool md_oai_utf8_valid(const char *s, size_t n)
+{
+	const unsigned char *p = (const unsigned char *)s;
+	for (size_t i = 0; i < n;) {
+		size_t l = utf8_seq(p + i, n - i);
+		if (!l)
+			return false;
+		i += l;
+	}
+	return true;
+}
+
+char *md_oai_utf8_sanitize(const char *s, size_t n)
+{
+	char *out = malloc(n * 3 + 1);
+	if (!out)
+		return NULL;
+	const unsigned char *p = (const unsigned char *)s;
+	size_t o = 0;
+	for (size_t i = 0; i < n;) {
+		size_t l = utf8_seq(p + i, n - i);
+		if (l) {
+			memcpy(out + o, p + i, l);
+			o += l;
+			i += l;
+		} else {
+			memcpy(out + o, "\xEF\xBF\xBD", 3);
+			o += 3;
+			i++;
+		}
+	}
+	out[o] = 0;
+	return out;
+}
+
+/* ---- parameter readers: 0 absent or null, 1 read, -1 after answering 400 ---- */
+
+static int read_number(const struct md_oai_reply *o, cJSON *it, const char *name, double lo,
+		       double hi, bool lo_open, double *out)
+{
+	if (!it || cJSON_IsNull(it))
+		return 0;
+	if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble)) {
+		md_oai_error(o, 400, "invalid_request_error", name, "invalid_type",
+			     "'%s' must be a number", name);
+		return -1;
+	}
+	double v = it->valuedouble;
+	if (v < lo || v > hi || (lo_open && v == lo)) {
+		md_oai_error(o, 400, "invalid_request_error", name, "invalid_value",
+			     "'%s' must be in %s%g, %g], got %g", name, lo_open ? "(" : "[", lo, hi, v);
+		return -1;
+	}
+	*out = v;
+	return 1;
+}
+
+static int read_int(const struct md_oai_reply *o, cJSON *it, const char *name, int64_t lo,
+		    int64_t hi, int64_t *out)
+{
+	if (!it || cJSON_IsNull(it))
+		return 0;
+	if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) ||
+	    it->valuedouble != floor(it->valuedouble)) {
+		md_oai_error(o, 400, "invalid_request_error", name, "invalid_type",
+			     "'%s' must be an integer", name);
+		return -1;
+	}
+	double v = it->valuedouble;
+	if (v < (double)lo || v > (double)hi) {
+		md_oai_error(o, 400, "invalid_request_error", name, "invalid_value",
+			     "'%s' must be in [%lld, %lld], got %.15g", name, (long long)lo,
+			     (long long)hi, v);
+		return -1;
+	}
+	*out = (int64_t)v;
+	return 1;
+}
+
+static int read_bool(const struct md_oai_reply *o, cJSON *it, const char *name, bool *out)
+{
+	if (!it || cJSON_IsNull(it))
+		return 0;
+	if (!cJSON_IsBool(it)) {
+		md_oai_error(o, 400, "invalid_request_error", name, "invalid_type",
+			     "'%s' must be a boolean", name);
+		return -1;
+	}
+	*out = cJSON_IsTrue(it);
+	return 1;
+}
+
+/* ---- the parameter table ---- */
+
+struct param;
+
+/* What a custom parser sees. */
+struct pctx {
+	const struct md_oai_reply *o;
+	const struct md_oai_limits *lim;
+	struct md_oai_params *p;
+};
+
+/* Parses one parameter's value (it: never NULL, maybe JSON null). Returns 0, or -1 after
+ * answering. */
+typedef int (*param_fn)(const struct param *row, struct pctx *x, cJSON *it);
+
+enum ptype {
+	P_NUMBER, /* finite number in [lo, hi] (or (lo, hi]), stored as float */
+	P_INT,    /* integral number in [ilo, ihi], stored as int64_t */
+	P_BOOL,   /* true or false, stored as bool */
+	P_CUSTOM, /* its own parser */
+};
+
+#define NO_FLAG ((size_t)-1)
+
+/* One request parameter. */
+struct param {
+	const char *name;     /* JSON key */
+	unsigned endpoints;   /* enum md_oai_endpoint bits that accept it */
+	enum ptype type;
+	double lo, hi;        /* P_NUMBER range */
+	bool lo_open;         /* P_NUMBER: lo itself excluded */
+	int64_t ilo, ihi;     /* P_INT range */
+	bool hi_is_cap;       /* P_INT: the upper bound is the server's max_tokens_cap */
+	size_t off;           /* target field in struct md_oai_params */
+	size_t flag_off;      /* bool field set when present, or NO_FLAG */
+	param_fn parse;       /* P_CUSTOM */
+};
+
+#define GEN_EPS (MD_OAI_CHAT | MD_OAI_COMPLETIONS)
+#define ALL_EPS (MD_OAI_CHAT | MD_OAI_COMPLETIONS | MD_OAI_TOKENIZE | MD_OAI_DETOKENIZE)
+#define F(field) offsetof(struct md_oai_params, field)
+#define NUMBER(n, eps, l, h, open, field) \
+	{ .name = n, .endpoints = eps, .type = P_NUMBER, .lo = l, .hi = h, .lo_open = open, \
+	  .off = F(field), .flag_off = NO_FLAG }
+#define INT(n, eps, l, h, field, flag) \
+	{ .name = n, .endpoints = eps, .type = P_INT, .ilo = l, .ihi = h, .off = F(field), \
+	  .flag_off = flag }
+#define INT_CAPPED(n, eps, l, field, flag) \
+	{ .name = n, .endpoints = eps, .type = P_INT, .ilo = l, .hi_is_cap = true, \
+	  .off = F(field), .flag_off = flag }
+#define BOOL(n, eps, field) \
+	{ .name = n, .endpoints = eps, .type = P_BOOL, .off = F(field), .flag_off = NO_FLAG }
+#define CUSTOM(n, eps, fn) { .name = n, .endpoints = eps, .type = P_CUSTOM, .parse = fn }
+
+static int p_model(const struct param *row, struct pctx *x, cJSON *m)
+{
+	if (cJSON_IsNull(m))
+		return 0;
+	if (!cJSON_IsString(m)) {
+		md_oai_error(x->o, 400, "invalid_request_error", "model", "invalid_type",
+			     "'model' must be a string");
+		return -1;
+	}
+	if (strcmp(m->valuestring, x->lim->model_name) != 0) {
+		md_oai_error(x->o, 404, "invalid_request_error", "model", "model_not_found",
+			     "The model '%.200s' does not exist; this server serves '%s'",
+			     m->valuestring, x->lim->model_name);
+		return -1;
+	}
+	return 0;
+}
+
+static int p_stream_options(const struct param *row, struct pctx *x, cJSON *so)
+{
+	if (cJSON_IsNull(so))
+		return 0;
+	if (!cJSON_IsObject(so)) {
+		bad_request(x->o, "stream_options", "'stream_options' must be an object");
+		return -1;
+	}
+	if (!x->p->stream) {
+		bad_request(x->o, "stream_options",
+			    "'stream_options' is only allowed when 'stream' is true");
+		return -1;
+	}
+	cJSON *iu = cJSON_GetObjectItemCaseSensitive(so, "include_usage");
+	return read_bool(x->o, iu, "include_usage", &x->p->include_usage) < 0 ? -1 : 0;
+}
+
+static int p_user(const struct param *row, struct pctx *x, cJSON *user)
+{
+	if (!cJSON_IsNull(user) && !cJSON_IsString(user)) {
+		bad_request(x->o, "user", "'user' must be a string");
+		return -1;
+	}
+	return 0;
+}
+
+/* Chat top_logprobs: needs logprobs true (its row comes after logprobs). */
+static int p_top_logprobs(const struct param *row, struct pctx *x, cJSON *it)
+{
+	int rc = read_int(x->o, it, row->name, 0, MD_ENGINE_MAX_TOP, &x->p->_top_lp);
+	if (rc < 0)
+		return -1;
+	if (rc && !x->p->_lp_on) {
+		bad_request(x->o, "top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
+		return -1;
+	}
+	x->p->_top_lp_set = rc > 0;
+	return 0;
+}
+
+static int p_echo(const struct param *row, struct pctx *x, cJSON *it)
+{
+	bool echo = false;
+	if (read_bool(x->o, it, "echo", &echo) < 0)
+		return -1;
+	if (echo) {
+		bad_request(x->o, "echo", "'echo' is not supported");
+		return -1;
+	}
+	return 0;
+}
+
+static int p_stop(const struct param *row, struct pctx *x, cJSON *st)
+{
+	const struct md_oai_reply *o = x->o;
+	struct md_oai_params *p = x->p;
+	if (cJSON_IsNull(st))
+		return 0;
+	cJSON *one = NULL;
+	size_t n;
+	if (cJSON_IsString(st)) {
+		one = st;
+		n = 1;
+	} else if (cJSON_IsArray(st)) {
+		n = (size_t)cJSON_GetArraySize(st);
+		if (n > MD_OAI_MAX_STOPS) {
+			md_oai_error(o, 400, "invalid_request_error", "stop", "invalid_value",
+				     "at most %d stop sequences", MD_OAI_MAX_STOPS);
+			return -1;
+		}
+	} else {
+		bad_request(o, "stop", "'stop' must be a string or an array of strings");
+		return -1;
+	}
+	p->stops = calloc(n ? n : 1, sizeof(char *));
+	if (!p->stops) {
+		out_of_memory(o);
+		return -1;
+	}
+	cJSON *it = one ? one : st->child;
+	for (size_t i = 0; i < n; i++, it = it->next) {
+		if (!cJSON_IsString(it)) {
+			bad_request(o, "stop", "'stop' must be a string or an array of strings");
+			return -1;
+		}
+		size_t l = strlen(it->valuestring);
+		if (l == 0)
+			continue; /* an empty stop string can never be matched usefully */
+		if (l > MD_OAI_MAX_STOP_LEN) {
+			md_oai_error(o, 400, "invalid_request_error", "stop", "invalid_value",
+				     "stop sequences are limited to %d bytes", MD_OAI_MAX_STOP_LEN);
+			return -1;
+		}
+		p->stops[p->n_stops] = strdup(it->valuestring);
+		if (!p->stops[p->n_stops]) {
+			out_of_memory(o);
+			return -1;
+		}
+		p->n_stops++;
+	}
+	return 0;
+}
+
+static int p_logit_bias(const struct param *row, struct pctx *x, cJSON *lb)
+{
+	const struct md_oai_reply *o = x->o;
+	struct md_sampling *s = &x->p->s;
+	if (cJSON_IsNull(lb))
+		return 0;
+	if (!cJSON_IsObject(lb)) {
+		bad_request(o, "logit_bias", "'logit_bias' must be an object of token id -> bias");
+		return -1;
+	}
+	size_t n = (size_t)cJSON_GetArraySize(lb);
+	if (n > 1024) {
+		bad_request(o, "logit_bias", "'logit_bias' holds at most 1024 entries");
+		return -1;
+	}
+	s->logit_bias = calloc(n ? n : 1, sizeof(*s->logit_bias));
+	if (!s->logit_bias) {
+		out_of_memory(o);
+		return -1;
+	}
+	cJSON *it;
+	cJSON_ArrayForEach(it, lb) {
+		char *end;
+		errno = 0;
+		long id = strtol(it->string, &end, 10);
+		if (errno || end == it->string || *end || id < 0 || (uint64_t)id >= x->lim->n_vocab) {
+			md_oai_error(o, 400, "invalid_request_error", "logit_bias", "invalid_value",
+				     "logit_bias key '%.40s' is not a token id in [0, %u)", it->string,
+				     x->lim->n_vocab);
+			return -1;
+		}
+		if (!cJSON_IsNumber(it) || it->valuedouble < -100 || it->valuedouble > 100) {
+			bad_request(o, "logit_bias", "logit_bias values must be numbers in [-100, 100]");
+			return -1;
+		}
+		s->logit_bias[s->n_logit_bias].id = (int32_t)id;
+		s->logit_bias[s->n_logit_bias].bias = (float)it->valuedouble;
+		s->n_logit_bias++;
+	}
+	return 0;
+}
+
+/*
+ * Every parameter moed reads, in the order they are checked (the first bad one is the one
+ * answered). A new parameter is one row: a plain number, integer or boolean needs no code;
+ * anything else (tools, tool_choice, response_format, ...) adds its parser above. Rows read
+ * by later rows (stream before stream_options, logprobs before top_logprobs) come first.
+ */
+static const struct param params[] = {
+	CUSTOM("model", ALL_EPS, p_model),
+	INT_CAPPED("max_tokens", GEN_EPS, 1, max_tokens, F(max_set)),
+	INT_CAPPED("max_completion_tokens", MD_OAI_CHAT, 1, max_tokens, F(max_set)),
+	NUMBER("temperature", GEN_EPS, 0, 2, false, s.temperature),
+	NUMBER("top_p", GEN_EPS, 0, 1, true, s.top_p),
+	INT("top_k", GEN_EPS, -1, 1 << 30, _top_k, NO_FLAG),
+	NUMBER("min_p", GEN_EPS, 0, 1, false, s.min_p),
+	NUMBER("presence_penalty", GEN_EPS, -2, 2, false, s.presence_penalty),
+	NUMBER("frequency_penalty", GEN_EPS, -2, 2, false, s.frequency_penalty),
+	NUMBER("repetition_penalty", GEN_EPS, 0, 10, true, s.repetition_penalty),
+	INT("seed", GEN_EPS, INT64_MIN / 2, INT64_MAX / 2, _seed, F(s.has_seed)),
+	INT("n", GEN_EPS, 1, MD_OAI_MAX_N, n, NO_FLAG),
+	BOOL("stream", GEN_EPS, stream),
+	BOOL("ignore_eos", GEN_EPS, ignore_eos),
+	CUSTOM("stream_options", GEN_EPS, p_stream_options),
+	CUSTOM("user", GEN_EPS, p_user),
+	BOOL("logprobs", MD_OAI_CHAT, _lp_on),
+	INT("logprobs", MD_OAI_COMPLETIONS, 0, MD_ENGINE_MAX_TOP, _lp_n, F(_lp_n_set)),
+	CUSTOM("top_logprobs", MD_OAI_CHAT, p_top_logprobs),
+	CUSTOM("echo", MD_OAI_COMPLETIONS, p_echo),
+	CUSTOM("stop", GEN_EPS, p_stop),
+	CUSTOM("logit_bias", GEN_EPS, p_logit_bias),
+	BOOL("add_special", MD_OAI_TOKENIZE, add_special),
+	BOOL("with_pieces", MD_OAI_TOKENIZE, with_pieces),
+};
+
+#define N_PARAMS (sizeof(params) / sizeof(params[0]))
+
+static int parse_row(const struct param *row, struct pctx *x, cJSON *it)
+{
+	char *field = (char *)x->p + row->off;
+	int rc = 0;
+	switch (row->type) {
+	case P_NUMBER: {
+		double d;
+		rc = read_number(x->o, it, row->name, row->lo, row->hi, row->lo_open, &d);
+		if (rc > 0)
+			*(float *)field = (float)d;
+		break;
+	}
+	case P_INT: {
+		int64_t v;
+		int64_t hi = row->hi_is_cap ? x->lim->max_tokens_cap : row->ihi;
+		rc = read_int(x->o, it, row->name, row->ilo, hi, &v);
+		if (rc > 0)
+			*(int64_t *)field = v;
+		break;
+	}
+	case P_BOOL:
+		rc = read_bool(x->o, it, row->name, (bool *)field);
+		break;
+	case P_CUSTOM:
+		return row->parse(row, x, it);
+	}
+	if (rc < 0)
+		return -1;
+	if (rc > 0 && row->flag_off != NO_FLAG)
+		*(bool *)((char *)x->p + row->flag_off) = true;
+	return 0;
+}
+
+int md_oai_parse_params(const struct md_oai_reply *o, const struct md_oai_limits *lim,
+			cJSON *body, enum md_oai_endpoint endpoint, struct md_oai_params *p)
+{
+	memset(p, 0, sizeof(*p));
+	md_sampling_default(&p->s);
+	p->n = 1;
+	p->add_special = true;
+	p->_top_k = p->s.top_k;
+	struct pctx x = { .o = o, .lim = lim, .p = p };
+	for (size_t i = 0; i < N_PARAMS; i++) {
+		const struct param *row = &params[i];
+		if (!(row->endpoints & endpoint))
+			continue;
+		cJSON *it = cJSON_GetObjectItemCaseSensitive(body, row->name);
+		if (it && parse_row(row, &x, it) < 0)
+			return -1;
+	}
+	/* combine the raw values */
+	p->s.top_k = p->_top_k < 0 ? 0 : (int32_t)p->_top_k;
+	if (p->s.has_seed)
+		p->s.seed = (uint64_t)p->_seed;
+	if (endpoint == MD_OAI_CHAT) {
+		p->want_lp = p->_lp_on;
+		p->lp_top = p->_top_lp_set ? (int)p->_top_lp : 0;
+	} else if (endpoint == MD_OAI_COMPLETIONS) {
+		p->want_lp = p->_lp_n_set;
+		p->lp_top = p->_lp_n_set ? (int)p->_lp_n : 0;
+	}
+	p->s.top_logprobs = p->want_lp ? p->lp_top : -1;
+	return 0;
+}
+
+void md_oai_params_release(struct md_oai_params *p)
+{
+	md_sampling_release(&p->s);
+	for (size_t i = 0; i < p->n_stops; i++)
+		free(p->stops[i]);
+	free(p->stops);
+	p->stops = NULL;
+	p->n_stops = 0;
+}
+
+/* ---- chat messages ---- */
+
+void md_oai_msgs_release(struct md_oai_msgs *m)
+{
+	for (size_t i = 0; i < m->n_owned; i++)
+		free(m->owned[i]);
+	free(m->owned);
+	free(m->msgs);
+	memset(m, 0, sizeof(*m));
+}
+
+/* Join the text parts of an array content into a malloc'd string in *out. Returns 0, or -1
+ * after answering. */
+static int join_parts(const struct md_oai_reply *o, cJSON *content, size_t i, char **out)
+{
+	char param[64];
+	size_t len = 0;
+	cJSON *part;
+	cJSON_ArrayForEach(part, content) {
+		cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+		cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+		if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") ||
+		    !cJSON_IsString(text)) {
+			snprintf(param, sizeof(param), "messages[%zu].content", i);
+			bad_request(o, param, "only content parts of type 'text' are supported");
+			return -1;
+		}
+		len += strlen(text->valuestring);
+	}
+	char *joined = malloc(len + 1);
+	if (!joined) {
+		out_of_memory(o);
+		return -1;
+	}
+	size_t at = 0;
+	cJSON_ArrayForEach(part, content) {
+		const char *t = cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring;
+		size_t l = strlen(t);
+		memcpy(joined + at, t, l);
+		at += l;
+	}
+	joined[at] = 0;
+	*out = joined;
+	return 0;
+}
+
+int md_oai_parse_messages(const struct md_oai_reply *o, cJSON *body, struct md_oai_msgs *out)
+{
+	memset(out, 0, sizeof(*out));
+	cJSON *arr = cJSON_GetObjectItemCaseSensitive(body, "messages");
+	if (!arr) {
+		bad_request(o, "messages", "'messages' is required");
+		return -1;
+	}
+	if (!cJSON_IsArray(arr) || cJSON_GetArraySize(arr) == 0) {
+		bad_request(o, "messages", "'messages' must be a non-empty array");
+		return -1;
+	}
+	size_t n = (size_t)cJSON_GetArraySize(arr), i = 0;
+	struct md_oai_msgs m = { .msgs = calloc(n, sizeof(*m.msgs)),
+				 .owned = calloc(n, sizeof(char *)) };
+	char param[64];
+	if (!m.msgs || !m.owned) {
+		md_oai_msgs_release(&m);
+		out_of_memory(o);
+		return -1;
+	}
+	cJSON *msg;
+	cJSON_ArrayForEach(msg, arr) {
+		if (!cJSON_IsObject(msg)) {
+			snprintf(param, sizeof(param), "messages[%zu]", i);
+			bad_request(o, param, "each message must be an object");
+			goto fail;
+		}
+		cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
+		if (!cJSON_IsString(role)) {
+			snprintf(param, sizeof(param), "messages[%zu].role", i);
+			bad_request(o, param, "'role' must be a string");
+			goto fail;
+		}
+		const char *rs = role->valuestring;
+		if (strcmp(rs, "developer") == 0)
+			rs = "system";
+		if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant")) {
+			snprintf(param, sizeof(param), "messages[%zu].role", i);
+			md_oai_error(o, 400, "invalid_request_error", param, "invalid_value",
+				     "unsupported role '%.64s' (system, developer, user, assistant)",
+				     role->valuestring);
+			goto fail;
+		}
+		m.msgs[i].role = rs;
+		cJSON *content = cJSON_GetObjectItemCaseSensitive(msg, "content");
+		if (!content || cJSON_IsNull(content)) {
+			if (strcmp(rs, "assistant") != 0) {
+				snprintf(param, sizeof(param), "messages[%zu].content", i);
+				bad_request(o, param, "'content' is required");
+				goto fail;
+			}
+			m.msgs[i].content = "";
+		} else if (cJSON_IsString(content)) {
+			m.msgs[i].content = content->valuestring;
+		} else if (cJSON_IsArray(content)) {
+			char *joined;
+			if (join_parts(o, content, i, &joined) < 0)
+				goto fail;
+			m.owned[m.n_owned++] = joined;
+			m.msgs[i].content = joined;
+		} else {
+			snprintf(param, sizeof(param), "messages[%zu].content", i);
+			bad_request(o, param, "'content' must be a string or an array of parts");
+			goto fail;
+		}
+		i++;
+	}
+	m.n = n;
+	*out = m;
+	return 0;
+fail:
+	md_oai_msgs_release(&m);
+	return -1;
+}
+
+/* ---- completion prompts ---- */
+
+void md_oai_prompts_release(struct md_oai_prompts *pr)
+{
+	for (size_t i = 0; i < pr->n; i++)
+		free(pr->ids[i]);
+	pr->n = 0;
+}
+
+static const char bad_prompt[] = "'prompt' must be a string, an array of strings, an array of "
+				 "token ids or an array of such arrays";
+
+int md_oai_parse_prompts(const struct md_oai_reply *o, const struct md_engine *eng,
+			 const struct md_oai_limits *lim, cJSON *body, struct md_oai_prompts *out)
+{
+	out->n = 0;
+	cJSON *pr = cJSON_GetObjectItemCaseSensitive(body, "prompt");
+	if (!pr || cJSON_IsNull(pr)) {
+		bad_request(o, "prompt", "'prompt' is required");
+		return -1;
+	}
+	cJSON *items[MD_OAI_MAX_CHOICES];
+	size_t ni = 0;
+	bool ids_form = false;
+	if (cJSON_IsString(pr)) {
+		items[ni++] = pr;
+	} else if (cJSON_IsArray(pr) && cJSON_GetArraySize(pr) > 0) {
+		if (cJSON_IsNumber(pr->child)) {
+			items[ni++] = pr;
+			ids_form = true;
+		} else {
+			if (cJSON_GetArraySize(pr) > MD_OAI_MAX_CHOICES) {
+				bad_request(o, "prompt", "too many prompts");
+				return -1;
+			}
+			cJSON *it;
+			cJSON_ArrayForEach(it, pr) items[ni++] = it;
+		}
+	} else {
+		bad_request(o, "prompt", bad_prompt);
+		return -1;
+	}
+	for (size_t i = 0; i < ni; i++) {
+		cJSON *it = items[i];
+		if (cJSON_IsString(it) && !ids_form) {
+			int n = md_engine_tokenize(eng, it->valuestring, strlen(it->valuestring), true,
+						   true, &out->ids[out->n]);
+			if (n < 0) {
+				md_oai_error(o, 500, "server_error", NULL, NULL,
+					     "tokenization failed (%d)", n);
+				return -1;
+			}
+			out->lens[out->n++] = (uint32_t)n;
+		} else if (cJSON_IsArray(it) && (ids_form || (it->child && cJSON_IsNumber(it->child)))) {
+			size_t n = (size_t)cJSON_GetArraySize(it);
+			int32_t *ids = malloc(sizeof(int32_t) * (n ? n : 1));
+			if (!ids) {
+				out_of_memory(o);
+				return -1;
+			}
+			out->ids[out->n] = ids;
+			out->lens[out->n++] = (uint32_t)n;
+			size_t k = 0;
+			cJSON *t;
+			cJSON_ArrayForEach(t, it) {
+				if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) ||
+				    t->valuedouble < 0 || t->valuedouble >= lim->n_vocab) {
+					md_oai_error(o, 400, "invalid_request_error", "prompt",
+						     "invalid_value",
+						     "prompt token ids must be integers in [0, %u)",
+						     lim->n_vocab);
+					return -1;
+				}
+				ids[k++] = (int32_t)t->valuedouble;
+			}
+		} else {
+			bad_request(o, "prompt", bad_prompt);
+			return -1;
+		}
+		if (out->lens[out->n - 1] == 0) {
+			bad_request(o, "prompt", "the prompt is empty");
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/* ---- response documents and chunks ---- */
+
+void md_oai_make_id(char *out, size_t cap, const char *prefix)
+{
+	static uint64_t counter;
+	uint64_t x = md_sampler_mix((uint64_t)time(NULL) ^ (++counter << 20) ^
+				    (uint64_t)(md_http_now() * 1e9));
+	snprintf(out, cap, "%s%016llx%08llx", prefix, (unsigned long long)x,
+		 (unsigned long long)(counter & 0xffffffff));
+}
+
+cJSON *md_oai_doc_new(const struct md_oai_ident *id, bool whole, cJSON **choices)
+{
+	cJSON *doc = cJSON_CreateObject();
+	if (!doc)
+		return NULL;
+	cJSON_AddStringToObject(doc, "id", id->id);
+	const char *object = id->chat ? (whole ? "chat.completion" : "chat.completion.chunk")
+				      : "text_completion";
+	cJSON_AddStringToObject(doc, "object", object);
+	cJSON_AddNumberToObject(doc, "created", (double)id->created);
+	cJSON_AddStringToObject(doc, "model", id->model);
+	if (id->chat)
+		cJSON_AddNullToObject(doc, "system_fingerprint");
+	*choices = cJSON_AddArrayToObject(doc, "choices");
+	return doc;
+}
+
+cJSON *md_oai_choice_role(uint32_t index)
+{
+	cJSON *c0 = cJSON_CreateObject();
+	cJSON_AddNumberToObject(c0, "index", index);
+	cJSON *delta = cJSON_AddObjectToObject(c0, "delta");
+	cJSON_AddStringToObject(delta, "role", "assistant");
+	cJSON_AddStringToObject(delta, "content", "");
+	cJSON_AddNullToObject(c0, "logprobs");
+	cJSON_AddNullToObject(c0, "finish_reason");
+	return c0;
+}
+
+cJSON *md_oai_choice_delta(const struct md_oai_ident *id, uint32_t index, const char *text,
+			   size_t len, cJSON *logprobs)
+{
+	cJSON *c0 = cJSON_CreateObject();
+	cJSON_AddNumberToObject(c0, "index", index);
+	char *txt = strndup(text, len);
+	if (id->chat) {
+		cJSON *delta = cJSON_AddObjectToObject(c0, "delta");
+		cJSON_AddStringToObject(delta, "content", txt ? txt : "");
+	} else {
+		cJSON_AddStringToObject(c0, "text", txt ? txt : "");
+	}
+	free(txt);
+	if (logprobs)
+		cJSON_AddItemToObject(c0, "logprobs", logprobs);
+	else
+		cJSON_AddNullToObject(c0, "logprobs");
+	cJSON_AddNullToObject(c0, "finish_reason");
+	return c0;
+}
+
+cJSON *md_oai_choice_finish(const struct md_oai_ident *id, uint32_t index, const char *reason)
+{
+	cJSON *c0 = cJSON_CreateObject();
+	cJSON_AddNumberToObject(c0, "index", index);
+	if (id->chat)
+		cJSON_AddObjectToObject(c0, "delta");
+	else
+		cJSON_AddStringToObject(c0, "text", "");
+	cJSON_AddNullToObject(c0, "logprobs");
+	cJSON_AddStringToObject(c0, "finish_reason", reason);
+	return c0;
+}
+
+cJSON *md_oai_choice_whole(const struct md_oai_ident *id, uint32_t index, const char *text,
+			   cJSON *logprobs, const char *reason)
+{
+	cJSON *c0 = cJSON_CreateObject();
+	cJSON_AddNumberToObject(c0, "index", index);
+	if (id->chat) {
+		cJSON *msg = cJSON_AddObjectToObject(c0, "message");
+		cJSON_AddStringToObject(msg, "role", "assistant");
+		cJSON_AddStringToObject(msg, "content", text);
+	} else {
+		cJSON_AddStringToObject(c0, "text", text);
+	}
+	if (logprobs)
+		cJSON_AddItemToObject(c0, "logprobs", logprobs);
+	else
+		cJSON_AddNullToObject(c0, "logprobs");
+	cJSON_AddStringToObject(c0, "finish_reason", reason);
+	return c0;
+}
+
+cJSON *md_oai_usage(uint32_t prompt_tokens, uint32_t completion_tokens)
+{
+	cJSON *u = cJSON_CreateObject();
+	cJSON_AddNumberToObject(u, "prompt_tokens", prompt_tokens);
+	cJSON_AddNumberToObject(u, "completion_tokens", completion_tokens);
+	cJSON_AddNumberToObject(u, "total_tokens", prompt_tokens + completion_tokens);
+	return u;
+}
+
+long md_oai_sse_event(cJSON *doc, char **out)
+{
+	char *txt = doc ? cJSON_PrintUnformatted(doc) : NULL;
+	cJSON_Delete(doc);
+	if (!txt)
+		return -ENOMEM;
+	size_t l = strlen(txt);
+	char *ev = malloc(l + 9);
+	if (!ev) {
+		free(txt);
+		return -ENOMEM;
+	}
+	memcpy(ev, "data: ", 6);
+	memcpy(ev + 6, txt, l);
+	memcpy(ev + 6 + l, "\n\n", 3);
+	free(txt);
+	*out = ev;
+	return (long)(l + 8);
+}
+
+/* Token text (sanitised) under key, and with bytes its raw bytes. */
+static void token_strings(const struct md_engine *eng, int32_t id, cJSON *obj, const char *key,
+			  bool bytes)
+{
+	char buf[512];
+	int n = md_engine_token_piece(eng, id, buf, sizeof(buf));
+	if (n < 0)
+		n = 0;
+	if (n > (int)sizeof(buf))
+		n = (int)sizeof(buf);
+	char *s = md_oai_utf8_sanitize(buf, (size_t)n);
+	cJSON_AddStringToObject(obj, key, s ? s : "");
+	free(s);
+	if (bytes) {
+		cJSON *b = cJSON_AddArrayToObject(obj, "bytes");
+		for (int i = 0; i < n; i++)
+			cJSON_AddItemToArray(b, cJSON_CreateNumber((unsigned char)buf[i]));
+	}
+}
+
+cJSON *md_oai_logprobs_new(bool chat)
+{
+	cJSON *lp = cJSON_CreateObject();
+	if (chat) {
+		cJSON_AddArrayToObject(lp, "content");
+	} else {
+		cJSON_AddArrayToObject(lp, "tokens");
+		cJSON_AddArrayToObject(lp, "token_logprobs");
+		cJSON_AddArrayToObject(lp, "top_logprobs");
+		cJSON_AddArrayToObject(lp, "text_offset");
+	}
+	return lp;
+}
+
+static cJSON *chat_lp_entry(const struct md_engine *eng, const struct md_oai_lp *e)
+{
+	cJSON *o = cJSON_CreateObject();
+	token_strings(eng, e->token, o, "token", true);
+	cJSON_AddNumberToObject(o, "logprob", e->logprob);
+	cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs");
+	for (int i = 0; i < e->n_top; i++) {
+		cJSON *t = cJSON_CreateObject();
+		token_strings(eng, e->top_id[i], t, "token", true);
+		cJSON_AddNumberToObject(t, "logprob", e->top_lp[i]);
+		cJSON_AddItemToArray(tops, t);
+	}
+	return o;
+}
+
+/* Legacy completions logprobs: one token into the four parallel arrays. */
+static void legacy_lp_append(const struct md_engine *eng, cJSON *lp, const struct md_oai_lp *e,
+			     size_t offset)
+{
+	cJSON *tok = cJSON_CreateObject();
+	token_strings(eng, e->token, tok, "t", false);
+	cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "tokens"),
+			     cJSON_CreateString(cJSON_GetObjectItem(tok, "t")->valuestring));
+	cJSON_Delete(tok);
+	cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "token_logprobs"),
+			     cJSON_CreateNumber(e->logprob));
+	cJSON *tops = cJSON_CreateObject();
+	for (int i = 0; i < e->n_top; i++) {
+		cJSON *t = cJSON_CreateObject();
+		token_strings(eng, e->top_id[i], t, "t", false);
+		const char *k = cJSON_GetObjectItem(t, "t")->valuestring;
+		if (!cJSON_GetObjectItemCaseSensitive(tops, k))
+			cJSON_AddNumberToObject(tops, k, e->top_lp[i]);
+		cJSON_Delete(t);
+	}
+	cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "top_logprobs"), tops);
+	cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "text_offset"),
+			     cJSON_CreateNumber((double)offset));
+}
+
+void md_oai_logprobs_add(cJSON *lp, bool chat, const struct md_engine *eng,
+			 const struct md_oai_lp *e, size_t text_offset)
+{
+	if (!lp)
+		return;
+	if (chat)
+		cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "content"), chat_lp_entry(eng, e));
+	else
+		legacy_lp_append(eng, lp, e, text_offset);
+}
