@@ -2,20 +2,22 @@
 #include "common/log.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
-static enum md_log_level g_level = MD_LOG_INFO;
-static bool g_json;
+/* Atomic: SIGHUP changes them on the loop thread while other threads log. */
+static _Atomic int g_level = MD_LOG_INFO;
+static atomic_bool g_json;
 
 static const char *const level_names[] = { "error", "warn", "info", "debug" };
 
 void md_log_setup(enum md_log_level level, bool json)
 {
-	g_level = level;
-	g_json = json;
+	atomic_store_explicit(&g_level, (int)level, memory_order_relaxed);
+	atomic_store_explicit(&g_json, json, memory_order_relaxed);
 }
 
 int md_log_level_parse(const char *s)
@@ -28,7 +30,7 @@ int md_log_level_parse(const char *s)
 
 bool md_log_enabled(enum md_log_level level)
 {
-	return level <= g_level;
+	return (int)level <= atomic_load_explicit(&g_level, memory_order_relaxed);
 }
 
 static size_t stamp(char *buf, size_t cap)
@@ -80,7 +82,7 @@ void md_log(enum md_log_level level, const char *fmt, ...)
 	char ts[40];
 	stamp(ts, sizeof(ts));
 	size_t n;
-	if (g_json) {
+	if (atomic_load_explicit(&g_json, memory_order_relaxed)) {
 		n = (size_t)snprintf(line, sizeof(line), "{\"ts\":\"%s\",\"level\":\"%s\",\"msg\":\"", ts,
 				     level_names[level]);
 		n = json_escape(line, n, sizeof(line) - 4, msg);
@@ -103,7 +105,7 @@ void md_log_access(const char *method, const char *path, int status, unsigned lo
 	char line[2048], ts[40];
 	stamp(ts, sizeof(ts));
 	size_t n;
-	if (g_json) {
+	if (atomic_load_explicit(&g_json, memory_order_relaxed)) {
 		n = (size_t)snprintf(line, sizeof(line), "{\"ts\":\"%s\",\"level\":\"info\",\"req\":%lu,"
 				     "\"method\":\"", ts, req_id);
 		n = json_escape(line, n, 600, method);

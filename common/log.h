@@ -6,7 +6,8 @@
 
 enum md_log_level { MD_LOG_ERROR = 0, MD_LOG_WARN = 1, MD_LOG_INFO = 2, MD_LOG_DEBUG = 3 };
 
-/* Set level and format (json: one JSON object per line). Call before other threads start. */
+/* Set level and format (json: one JSON object per line). Safe while other threads log (the
+ * SIGHUP reload calls it again); a line being written keeps the format it started with. */
 void md_log_setup(enum md_log_level level, bool json);
 /* Parse "error", "warn", "info", "debug"; returns -1 when unknown. */
 int md_log_level_parse(const char *s);

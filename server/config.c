@@ -90,7 +90,7 @@ static const struct opt options[] = {
 	{ "server", "retry-after", 0, OPT_INT, OFF(retry_after), "1", 0, 3600, NULL, false,
 	  "Retry-After seconds sent with 429 and 503" },
 	{ "security", "api-key", 0, OPT_STRING, OFF(api_key), "", 0, 0, NULL, true,
-	  "required bearer token (empty: none; /health is always open)" },
+	  "required bearer token (empty: none; /health is always open); re-read on SIGHUP" },
 	{ "security", "api-key-file", 0, OPT_STRING, OFF(api_key_file), "", 0, 0, NULL, true,
 	  "file with one accepted key per line (# comments); re-read on SIGHUP" },
 	{ "engine", "model", 'm', OPT_STRING, OFF(model), "", 0, 0, NULL, false,
@@ -114,12 +114,13 @@ static const struct opt options[] = {
 	{ "engine", "max-tokens-cap", 0, OPT_INT, OFF(max_tokens_cap), "4096", 1, 1 << 24, NULL,
 	  false, "largest max_tokens a request may ask for (400 above)" },
 	{ "log", "log-level", 0, OPT_STRING, OFF(log_level), "info", 0, 0, v_log_level, true,
-	  "error, warn, info or debug" },
-	{ "log", "log-format", 0, OPT_STRING, OFF(log_format), "text", 0, 0, v_log_format, false,
-	  "text, or json for one JSON object per line" },
+	  "error, warn, info or debug; re-read from the config file on SIGHUP" },
+	{ "log", "log-format", 0, OPT_STRING, OFF(log_format), "text", 0, 0, v_log_format, true,
+	  "text, or json for one JSON object per line; re-read on SIGHUP" },
 };
 
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
+_Static_assert(N_OPTIONS <= 64, "md_config._from_flag has one bit per option");
 
 static const struct opt *find_opt(const char *name)
 {
@@ -248,6 +249,25 @@ static bool line_has_key(const char *path, int line, const char *key)
 	return found;
 }
 
+/* Apply the INI file at path to c. Returns 0; -ENOENT when it cannot be opened ("cannot open
+ * config 'path': why" in err); or -EINVAL with "path:line: what" in err. */
+static int read_file(struct md_config *c, const char *path, char *err, size_t errlen)
+{
+	struct ini_ctx ctx = { .c = c };
+	int line = ini_parse(path, on_ini_key, &ctx);
+	if (line == -1) {
+		snprintf(err, errlen, "cannot open config '%s': %s", path, strerror(errno));
+		return -ENOENT;
+	}
+	if (line != 0) {
+		bool ours = ctx.key[0] && line_has_key(path, line, ctx.key);
+		snprintf(err, errlen, "%s:%d: %s", path, line,
+			 ours ? ctx.err : "syntax error (expected [section] or key = value)");
+		return -EINVAL;
+	}
+	return 0;
+}
+
 void md_config_usage(const char *argv0)
 {
 	printf("usage: %s [-c FILE] [--check-config] [--KEY VALUE]...\n\n", argv0);
@@ -313,19 +333,14 @@ int md_config_parse(struct md_config *c, int argc, char **argv)
 		}
 	}
 	if (c->config_path) {
-		struct ini_ctx ctx = { .c = c };
-		int line = ini_parse(c->config_path, on_ini_key, &ctx);
-		if (line == -1) {
-			fprintf(stderr, "moed: cannot open config '%s': %s\n", c->config_path,
-				strerror(errno));
-			return -ENOENT;
-		}
-		if (line != 0) {
-			bool ours = ctx.key[0] && line_has_key(c->config_path, line, ctx.key);
-			fprintf(stderr, "%s:%d: %s\n", c->config_path, line,
-				ours ? ctx.err : "syntax error (expected [section] or key = value)");
-			return -EINVAL;
-		}
+		char err[1024];
+		int rc = read_file(c, c->config_path, err, sizeof(err));
+		if (rc == -ENOENT)
+			fprintf(stderr, "moed: %s\n", err);
+		else if (rc)
+			fprintf(stderr, "%s\n", err);
+		if (rc)
+			return rc;
 	}
 
 	/* Second pass: every option flag, in order; the last one wins. */
@@ -374,6 +389,7 @@ int md_config_parse(struct md_config *c, int argc, char **argv)
 			fprintf(stderr, "moed: %s\n", err);
 			bad = 1;
 		}
+		c->_from_flag |= 1ull << (o - options);
 	}
 	return bad ? -EINVAL : 0;
 }
@@ -398,8 +414,10 @@ static int push_key(char ***keys, size_t *n, const char *k, size_t len)
 	return 0;
 }
 
-/* Collect keys from api-key and api-key-file into a fresh array. */
-static int load_keys(const struct md_config *c, char ***out, size_t *n_out)
+/* Collect keys from api-key and api-key-file into a fresh array. Returns 0, or a negative code
+ * with one line in err. */
+static int load_keys(const struct md_config *c, char ***out, size_t *n_out, char *err,
+		     size_t errlen)
 {
 	char **keys = NULL;
 	size_t n = 0;
@@ -410,8 +428,8 @@ static int load_keys(const struct md_config *c, char ***out, size_t *n_out)
 		FILE *f = fopen(c->api_key_file, "r");
 		if (!f) {
 			rc = -errno;
-			fprintf(stderr, "moed: cannot open api-key-file '%s': %s\n", c->api_key_file,
-				strerror(errno));
+			snprintf(err, errlen, "cannot open api-key-file '%s': %s", c->api_key_file,
+				 strerror(errno));
 			goto fail;
 		}
 		char line[1024];
@@ -431,7 +449,7 @@ static int load_keys(const struct md_config *c, char ***out, size_t *n_out)
 		}
 		fclose(f);
 		if (n == 0 && !c->api_key[0]) {
-			fprintf(stderr, "moed: api-key-file '%s' holds no key\n", c->api_key_file);
+			snprintf(err, errlen, "api-key-file '%s' holds no key", c->api_key_file);
 			rc = -EINVAL;
 			goto fail;
 		}
@@ -458,9 +476,11 @@ int md_config_validate(struct md_config *c)
 	}
 	char **keys = NULL;
 	size_t n = 0;
-	if (load_keys(c, &keys, &n))
+	char err[512] = "out of memory";
+	if (load_keys(c, &keys, &n, err, sizeof(err))) {
+		fprintf(stderr, "moed: %s\n", err);
 		bad = 1;
-	else {
+	} else {
 		free_keys(c->api_keys, c->n_api_keys);
 		c->api_keys = keys;
 		c->n_api_keys = n;
@@ -468,17 +488,67 @@ int md_config_validate(struct md_config *c)
 	return bad ? -EINVAL : 0;
 }
 
-int md_config_reload_keys(struct md_config *c)
+/* Swap option o's field between a and b. */
+static void swap_opt(struct md_config *a, struct md_config *b, const struct opt *o)
 {
-	char **keys = NULL;
-	size_t n = 0;
-	int rc = load_keys(c, &keys, &n);
-	if (rc)
-		return rc;
-	free_keys(c->api_keys, c->n_api_keys);
-	c->api_keys = keys;
-	c->n_api_keys = n;
+	char *pa = (char *)a + o->offset, *pb = (char *)b + o->offset;
+	char tmp[sizeof(int64_t) > sizeof(double) ? sizeof(int64_t) : sizeof(double)];
+	size_t sz = o->type == OPT_STRING ? sizeof(char *)
+		  : o->type == OPT_INT ? sizeof(int64_t) : sizeof(double);
+	_Static_assert(sizeof(char *) <= sizeof(tmp), "field sizes");
+	memcpy(tmp, pa, sz);
+	memcpy(pa, pb, sz);
+	memcpy(pb, tmp, sz);
+}
+
+/* Copy option o's value from src into dst. Returns 0 or -ENOMEM. */
+static int copy_opt(struct md_config *dst, const struct md_config *src, const struct opt *o)
+{
+	char *pd = (char *)dst + o->offset;
+	const char *ps = (const char *)src + o->offset;
+	if (o->type != OPT_STRING) {
+		memcpy(pd, ps, o->type == OPT_INT ? sizeof(int64_t) : sizeof(double));
+		return 0;
+	}
+	char *dup = strdup(*(char *const *)ps);
+	if (!dup)
+		return -ENOMEM;
+	free(*(char **)pd);
+	*(char **)pd = dup;
 	return 0;
+}
+
+int md_config_reload(struct md_config *c, char *err, size_t errlen)
+{
+	struct md_config t;
+	memset(&t, 0, sizeof(t));
+	snprintf(err, errlen, "out of memory");
+	int rc = set_defaults(&t);
+	if (rc)
+		goto release;
+	if (c->config_path && (rc = read_file(&t, c->config_path, err, errlen)))
+		goto release;
+	/* flags still win: their values stay */
+	for (size_t i = 0; i < N_OPTIONS; i++)
+		if (options[i].reloadable && (c->_from_flag & (1ull << i)) &&
+		    (rc = copy_opt(&t, c, &options[i])))
+			goto release;
+	if ((rc = load_keys(&t, &t.api_keys, &t.n_api_keys, err, errlen)))
+		goto release;
+	/* commit: c takes the new values, t the old ones to free */
+	for (size_t i = 0; i < N_OPTIONS; i++)
+		if (options[i].reloadable)
+			swap_opt(&t, c, &options[i]);
+	char **keys = c->api_keys;
+	size_t n = c->n_api_keys;
+	c->api_keys = t.api_keys;
+	c->n_api_keys = t.n_api_keys;
+	t.api_keys = keys;
+	t.n_api_keys = n;
+	err[0] = 0;
+release:
+	md_config_release(&t);
+	return rc;
 }
 
 void md_config_release(struct md_config *c)

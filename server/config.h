@@ -43,6 +43,7 @@ struct md_config {
 	bool check_only;            /* --check-config */
 	char **api_keys;            /* owned (n_api_keys): from api_key and api_key_file */
 	size_t n_api_keys;
+	uint64_t _from_flag;        /* bit i: option i of the table was given as a flag */
 };
 
 /* Fill defaults, read the INI file named by --config/-c (if any), then apply flags (flags
@@ -52,8 +53,13 @@ struct md_config {
 int md_config_parse(struct md_config *c, int argc, char **argv);
 /* Cross-field checks and loading of the API keys. Returns 0 or negative after printing. */
 int md_config_validate(struct md_config *c);
-/* Re-read the API keys (SIGHUP). On failure the old keys stay. */
-int md_config_reload_keys(struct md_config *c);
+/* SIGHUP: re-read the config file and apply its reloadable options (api-key, api-key-file,
+ * log-level, log-format; absent keys go back to their defaults) except those given as flags,
+ * which still win; then reload the API keys. All or nothing: when the file or the key file
+ * cannot be read or holds an error, c is unchanged and err gets one line. Applying log-level
+ * and log-format is the caller's (md_log_setup). Returns 0 or a negative code. Loop thread
+ * (c is read there). */
+int md_config_reload(struct md_config *c, char *err, size_t errlen);
 void md_config_release(struct md_config *c);
 void md_config_usage(const char *argv0);
 

@@ -99,14 +99,26 @@ static void start_drain(struct app *a, const char *why)
 	uv_timer_start(&a->drain_timer, on_drain_tick, 0, 100);
 }
 
+/* SIGHUP: re-read the config file's reloadable options and apply them. Logging goes to stderr
+ * only (journald or the service manager own the file), so there is no log file to reopen. */
+static void reload(struct app *a)
+{
+	char err[1024];
+	if (md_config_reload(&a->cfg, err, sizeof(err))) {
+		md_log(MD_LOG_ERROR, "SIGHUP: %s; keeping the old configuration", err);
+		return;
+	}
+	md_log_setup((enum md_log_level)md_log_level_parse(a->cfg.log_level),
+		     strcmp(a->cfg.log_format, "json") == 0);
+	md_log(MD_LOG_INFO, "SIGHUP: configuration reloaded (log-level %s, log-format %s, %zu API "
+	       "key(s))", a->cfg.log_level, a->cfg.log_format, a->cfg.n_api_keys);
+}
+
 static void on_signal(uv_signal_t *h, int signum)
 {
 	struct app *a = h->data;
 	if (signum == SIGHUP) {
-		if (md_config_reload_keys(&a->cfg) == 0)
-			md_log(MD_LOG_INFO, "SIGHUP: reloaded %zu API key(s)", a->cfg.n_api_keys);
-		else
-			md_log(MD_LOG_ERROR, "SIGHUP: cannot reload API keys; keeping the old ones");
+		reload(a);
 		return;
 	}
 	start_drain(a, signum == SIGTERM ? "SIGTERM" : "SIGINT");
