@@ -762,13 +762,6 @@ free_req:
 	return NULL;
 }
 
-static void req_free(struct md_engine_req *er)
-{
-	md_sampling_release(&er->sampling);
-	free(er->prompt);
-	free(er);
-}
-
 /* Map and submit every choice's engine request. Returns 0, or a negative code (-ENOMEM, or
  * md_engine_submit's -EAGAIN, -ESHUTDOWN, -EINVAL) with every choice detached again. */
 static int gen_submit(struct md_gen *g, const struct md_oai_params *p, int32_t *const *prompts,
@@ -788,12 +781,12 @@ static int gen_submit(struct md_gen *g, const struct md_oai_params *p, int32_t *
 		}
 		er->id = ch->eng_id;
 		if ((rc = map_put(x, ch->eng_id, ch))) {
-			req_free(er);
+			md_engine_req_free(er);
 			goto detach;
 		}
 		if ((rc = md_engine_submit(x->eng, er))) {
 			map_del(x, ch->eng_id);
-			req_free(er);
+			md_engine_req_free(er);
 			goto detach;
 		}
 		ch->active = true;

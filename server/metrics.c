@@ -180,6 +180,8 @@ static const struct row registry[] = {
 	COUNTER("moed:engine_steps_total", "Engine forward steps.", SRC_ENGINE, ENG, steps, V_U64),
 	COUNTER("moed:num_preemptions_total", "Sequences preempted for KV space.", SRC_ENGINE, ENG,
 		preemptions, V_U64),
+	COUNTER("moed:recomputed_tokens_total", "Tokens computed again after a preemption.",
+		SRC_ENGINE, ENG, recomputed_tokens, V_U64),
 	GAUGE("moed:http_connections", "Open client connections.", SRC_SERVER, SRV, connections,
 	      V_SIZE),
 	GAUGE("moed:http_requests_in_flight", "Requests being handled.", SRC_SERVER, SRV, busy,
