@@ -482,6 +482,8 @@ static void on_token(struct choice *ch, const struct md_engine_event *ev)
 	int n = md_engine_detok_push(ch->detok, ev->token, buf, sizeof(buf));
 	if (n < 0)
 		n = 0;
+	if (n > (int)sizeof(buf))
+		n = (int)sizeof(buf);
 	if (g->want_lp)
 		keep_logprobs(ch, ev);
 	if (stage_text(ch, buf, (size_t)n)) {
@@ -496,6 +498,8 @@ static void on_done(struct choice *ch, const struct md_engine_event *ev)
 	struct md_gen *g = ch->g;
 	char buf[1024];
 	int n = md_engine_detok_flush(ch->detok, buf, sizeof(buf));
+	if (n > (int)sizeof(buf))
+		n = (int)sizeof(buf);
 	if (n > 0 && md_stop_push(&ch->stop, buf, (size_t)n)) {
 		fail_choice(ch, "out of memory");
 		return;

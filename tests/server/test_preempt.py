@@ -16,10 +16,10 @@ from harness import Server, check, curl, finish, sse_events  # noqa: E402
 
 moed, model = sys.argv[1], sys.argv[2]
 CTX, BLOCK = 256, 16
-# one full context is CTX / BLOCK blocks; four more leave room for a second short sequence only
+# one full context is CTX / BLOCK blocks; four more leave room for little else
 srv = Server(moed, model, args=["--ctx-size", str(CTX), "--kv-blocks", str(CTX // BLOCK + 4),
                                 "--max-seqs", "8", "--step-tokens", "64"])
-N, MAX_TOKENS = 6, 200
+N, MAX_TOKENS = 4, 120  # about 4 x 9 blocks wanted of 20: preemption, whatever the machine
 
 
 def prompt(i):
