@@ -5,7 +5,7 @@ default model (127.0.0.1, a free port), keeps LOAD streaming requests generating
 short requests one after another and records their TTFT, and counts the load's tokens/s.
 Prints per-setting medians and the ratio B/A.
 
-usage: bench_ttft_load.py MOED [ROUNDS=3] [LOAD=4] [PROBES=10] [A_US=2000] [B_US=0] [-- moed args]"""
+usage: bench_ttft_load.py MOED [ROUNDS=3] [LOAD=4] [PROBES=10] [A_US=2000] [B_US=100] [-- moed args]"""
 import http.client, json, os, socket, statistics, subprocess, sys, threading, time
 
 argv = sys.argv[1:]
@@ -17,7 +17,7 @@ moed = argv[0]
 rounds = int(argv[1]) if len(argv) > 1 else 3
 load_n = int(argv[2]) if len(argv) > 2 else 4
 probes = int(argv[3]) if len(argv) > 3 else 10
-settings = [argv[4] if len(argv) > 4 else "2000", argv[5] if len(argv) > 5 else "0"]
+settings = [argv[4] if len(argv) > 4 else "2000", argv[5] if len(argv) > 5 else "100"]
 
 
 def free_port():

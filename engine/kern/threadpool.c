@@ -23,9 +23,19 @@
 #include <time.h>
 
 /* How long a thread spins for the next job (or the caller for the last worker) before it
- * sleeps. Measured on decode (2 threads, f16 bench model): 20 k iterations without pause
- * (~30 us) let workers fall asleep between jobs and cost ~10% of tokens/s. */
-#define SPIN_NS 2000000LL
+ * sleeps. The jobs of one step come microseconds apart; between steps the engine thread
+ * samples and posts events (tens of microseconds on a small vocabulary, ~0.4 ms on 150 k).
+ * Measured with bench/bench_ttft_load.py (default model, 4 streams plus TTFT probes, 2
+ * threads on 2 cores, alternated runs): on a quiet machine 100 us and 2 ms gave the same
+ * tokens/s (1.10x for 100 us) and TTFT (2.0 vs 1.5 ms), both ahead of no spin (2 ms vs none:
+ * 1.35x tokens/s); with other CPU-bound processes on the machine a 2 ms spin fell to 1/5-1/70
+ * of the tokens/s of the others and TTFT rose to 20-200 ms, while 100 us lost 2-4x to no spin
+ * there. Yielding between spin rounds and shrinking the spin on detected preemption were
+ * tried and helped less. 100 us keeps the quiet-machine speed and bounds the damage when
+ * the cores are oversubscribed. Single-stream decode of a 1 GB Q8_0 model (moed-bench -t 2
+ * -n 32, alternated): 182-192 tok/s at 100 us, 116-184 at 2 ms. (An older note: 20 k iterations without pause, ~30 us, let
+ * workers fall asleep between jobs and cost ~10% of decode tokens/s.) */
+#define SPIN_NS 100000LL
 
 /* MOED_POOL_SPIN_US overrides SPIN_NS for measurements (read once per pool). */
 static int64_t spin_ns = SPIN_NS;
