@@ -1,11 +1,13 @@
 #!/usr/bin/python3
-"""Trains moed's default models (a qwen3moe MoE and a dense qwen3 draft) and exports GGUFs.
+"""Trains moed's models (the default qwen3moe MoE and dense qwen3 draft, and the many-expert
+qwen3moe "moe64") and exports GGUFs.
 
 Steps (each one resumable, all from a fixed seed):
   prep    KJV text -> documents, held-out split, byte-level BPE, token arrays
   train   --model moe|draft: AdamW + cosine LR, checkpoints, --resume
-  export  both models -> GGUF (F16 matrices, F32 vectors)
-  eval    validation loss/perplexity, expert usage, draft agreement, greedy samples
+  export  --models NAME,... (default moe,draft) -> GGUF (F16 matrices, F32 vectors)
+  eval    --models TARGET,DRAFT (a configuration or a .gguf file each; default moe,draft):
+          validation loss/perplexity, expert usage and locality, draft agreement, samples
   all     every step in order
 """
 import argparse
@@ -28,6 +30,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bpe  # noqa: E402
+import gguf_in  # noqa: E402
 import gguf_out  # noqa: E402
 
 SEED = 1234
@@ -43,7 +46,17 @@ CONFIGS = {
                 hd=32, n_exp=16, k=2, ff_exp=128, ff=0, batch=4, lr=3e-3, aux=0.01),
     "draft": dict(arch="qwen3", name="moed-default-draft", n_layer=2, d=128, n_head=4, n_kv=2,
                   hd=32, n_exp=0, k=0, ff_exp=0, ff=384, batch=4, lr=3e-3, aux=0.0),
+    # Many fine-grained experts for the routing statistics expert caches and prefetchers are
+    # measured on: top-4 of 64, renormalised, the share of experts a token uses in
+    # Qwen3-30B-A3B (8 of 128); 6 layers.
+    "moe64": dict(arch="qwen3moe", name="moed-moe64", n_layer=6, d=192, n_head=6, n_kv=2,
+                  hd=32, n_exp=64, k=4, ff_exp=64, ff=0, batch=4, lr=3e-3, aux=0.01),
 }
+# The file each configuration is exported to (models/).
+OUT_FILES = {"moe": "moed-default-moe.gguf", "draft": "moed-default-draft.gguf",
+             "moe64": "moed-moe64.gguf"}
+# Each model gets its own stream of training batches (moe/draft keep their original seeds).
+BATCH_SEED = {"moe": 0, "draft": 7, "moe64": 13}
 EPS = 1e-6
 ROPE_BASE = 10000.0
 
@@ -246,6 +259,7 @@ class Block(nn.Module):
         aux = E * (counts.float() / (T * k) * p.mean(0)).sum()
         if stats is not None:
             stats.append(counts.detach())
+            self.last_topi = topi.detach()  # [T, k] chosen experts, for locality statistics
         return out, aux
 
     def forward(self, x, cos, sin, stats=None):
@@ -355,7 +369,7 @@ def cmd_train(a):
     while step < steps:
         for gp in opt.param_groups:
             gp["lr"] = lr_at(step)
-        x, y = batch(tr, c["batch"], step, SEED + (0 if a.model == "moe" else 7))
+        x, y = batch(tr, c["batch"], step, SEED + BATCH_SEED[a.model])
         logits, aux = model(x)
         ce = F.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
         loss = ce + c["aux"] * aux
@@ -378,7 +392,43 @@ def cmd_train(a):
 
 # ---------------------------------------------------------------- export
 
+def load_gguf_model(path, vocab):
+    """A model exported by cmd_export, read back from its GGUF (F16 matrices, as exported):
+    evaluates shipped models whose checkpoints are not at hand."""
+    r = gguf_in.Reader(path)
+    ar = r.kv["general.architecture"]
+    kv = lambda k, d=0: r.kv.get(f"{ar}.{k}", d)  # noqa: E731
+    n_exp = kv("expert_count")
+    c = dict(arch=ar, name=r.kv["general.name"], n_layer=kv("block_count"),
+             d=kv("embedding_length"), n_head=kv("attention.head_count"),
+             n_kv=kv("attention.head_count_kv"), hd=kv("attention.key_length"), n_exp=n_exp,
+             k=kv("expert_used_count"), ff_exp=kv("expert_feed_forward_length"),
+             ff=0 if n_exp else kv("feed_forward_length"), batch=4, lr=3e-3, aux=0.0)
+    model = Model(c, vocab)
+    names = {"emb.weight": "token_embd.weight", "out_norm": "output_norm.weight"}
+    for i in range(c["n_layer"]):
+        p, b = f"blk.{i}.", f"blocks.{i}."
+        for mine, theirs in (("attn_norm", "attn_norm"), ("wq.weight", "attn_q"),
+                             ("wk.weight", "attn_k"), ("wv.weight", "attn_v"),
+                             ("wo.weight", "attn_output"), ("q_norm", "attn_q_norm"),
+                             ("k_norm", "attn_k_norm"), ("ffn_norm", "ffn_norm"),
+                             ("router.weight", "ffn_gate_inp"), ("gate", "ffn_gate_exps"),
+                             ("up", "ffn_up_exps"), ("down", "ffn_down_exps"),
+                             ("ffn_gate.weight", "ffn_gate"), ("ffn_up.weight", "ffn_up"),
+                             ("ffn_down.weight", "ffn_down")):
+            names[b + mine] = p + theirs + ".weight"
+    sd = {k: torch.from_numpy(r.tensor(names[k])) for k in model.state_dict()}
+    model.load_state_dict(sd)
+    model.eval()
+    return model
+
+
 def load_model(work, name, f16_round=True):
+    """A trained model: NAME from its checkpoint in work (matrices rounded to F16 unless
+    f16_round is false), or NAME ending in .gguf read back from that file."""
+    if name.endswith(".gguf"):
+        tok = load_tok(work)
+        return load_gguf_model(name, len(tok.tokens)), tok
     st = torch.load(os.path.join(work, f"{name}.pt"))
     tok = load_tok(work)
     model = Model(st["config"], len(tok.tokens))
@@ -394,7 +444,8 @@ def load_model(work, name, f16_round=True):
 
 def cmd_export(a):
     os.makedirs(a.out, exist_ok=True)
-    for name, fname in (("moe", "moed-default-moe.gguf"), ("draft", "moed-default-draft.gguf")):
+    for name in a.models.split(","):
+        fname = OUT_FILES[name]
         model, tok = load_model(a.work, name, f16_round=False)
         c = model.c
         ar = c["arch"]
@@ -469,41 +520,71 @@ def greedy(model, ids, n):
     return out
 
 
-@torch.no_grad()
-def cmd_eval(a):
-    torch.set_num_threads(a.threads)
-    moe, tok = load_model(a.work, "moe")
-    draft, _ = load_model(a.work, "draft")
-    va = torch.from_numpy(np.load(os.path.join(a.work, "val.npy")))
-    with open(os.path.join(a.work, "data.json")) as f:
-        info = json.load(f)
-    res = {"unigram_ce": info["unigram_ce"], "val_tokens": info["val_tokens"]}
-    for name, m in (("moe", moe), ("draft", draft)):
-        vl = evaluate(m, va)
-        res[f"{name}_val_loss"] = vl
-        res[f"{name}_val_ppl"] = math.exp(vl)
-        log(f"{name}: val loss {vl:.4f} ppl {math.exp(vl):.2f} (F16 weights, "
-            f"{(len(va) - 1) // SEQ * SEQ} tokens)")
-    # Expert usage over 10k held-out tokens.
-    n_tok = 10240
+def routing_stats(moe, va, n_tok, windows=(1, 4, 16)):
+    """Routing statistics of an MoE over the first n_tok held-out tokens, in SEQ windows.
+    Per layer: entropy of the expert-usage distribution (bits), the share of routings taken by
+    the hottest ceil(10 %) of experts, and reuse[W]: the mean fraction of a token's k experts
+    that were also chosen by at least one of the W tokens before it in the same window (W = 1
+    is "the next token reuses": the locality an expert cache lives on). The uniform baseline
+    for reuse[W] is 1 - (1 - k/E)^W."""
+    c = moe.c
+    E, k, L = c["n_exp"], c["k"], c["n_layer"]
+    counts = torch.zeros(L, E, dtype=torch.float64)
+    hits = {w: np.zeros(L) for w in windows}
+    pairs = {w: 0 for w in windows}
     stats = []
-    counts = None
     for s in range(0, n_tok, SEQ):
         stats.clear()
         moe(va[s:s + SEQ].long()[None], stats)
-        cs = torch.stack(stats).double()
-        counts = cs if counts is None else counts + cs
+        counts += torch.stack(stats).double()
+        for l, b in enumerate(moe.blocks):
+            sel = np.zeros((SEQ, E), dtype=bool)  # [T, E]: expert e chosen at position t
+            sel[np.arange(SEQ)[:, None], b.last_topi.numpy()] = True
+            for w in windows:
+                # seen[t] = experts chosen anywhere in t-w .. t-1, for t >= w
+                seen = np.zeros((SEQ - w, E), dtype=bool)
+                for d in range(1, w + 1):
+                    seen |= sel[w - d:SEQ - d]
+                hits[w][l] += (seen & sel[w:]).sum() / k
+                if l == 0:
+                    pairs[w] += SEQ - w
     usage = []
     for l, cl in enumerate(counts):
         p = cl / cl.sum()
         ent = float(-(p[p > 0] * p[p > 0].log2()).sum())
         hot = int(math.ceil(0.1 * len(p)))
         share = float(p.sort(descending=True).values[:hot].sum())
+        reuse = {str(w): float(hits[w][l] / pairs[w]) for w in windows}
         usage.append(dict(layer=l, entropy_bits=ent, hottest_share=share, hot_n=hot,
-                          counts=[int(x) for x in cl]))
-        log(f"layer {l}: entropy {ent:.3f} bits (max {math.log2(len(p)):.0f}), "
-            f"hottest {hot} experts get {share * 100:.1f}% of routings")
-    res["expert_usage"] = usage
+                          reuse=reuse, counts=[int(x) for x in cl]))
+        log(f"layer {l}: entropy {ent:.3f} bits (max {math.log2(len(p)):.2f}), "
+            f"hottest {hot} experts get {share * 100:.1f}% of routings, next token reuses "
+            f"{reuse['1'] * 100:.1f}% (uniform {k / E * 100:.1f}%), previous "
+            + ", ".join(f"{w}: {reuse[str(w)] * 100:.1f}%" for w in windows[1:]))
+    return usage
+
+
+@torch.no_grad()
+def cmd_eval(a):
+    """--models TARGET,DRAFT (default moe,draft, written to eval.json; any other target to
+    eval-TARGET.json): losses of both, routing statistics of the target, agreement, samples."""
+    torch.set_num_threads(a.threads)
+    tname, dname = a.models.split(",")
+    moe, tok = load_model(a.work, tname)
+    draft, _ = load_model(a.work, dname)
+    va = torch.from_numpy(np.load(os.path.join(a.work, "val.npy")))
+    with open(os.path.join(a.work, "data.json")) as f:
+        info = json.load(f)
+    res = {"unigram_ce": info["unigram_ce"], "val_tokens": info["val_tokens"],
+           "target": tname, "draft": dname}
+    for name, m in (("moe", moe), ("draft", draft)):
+        vl = evaluate(m, va)
+        res[f"{name}_val_loss"] = vl
+        res[f"{name}_val_ppl"] = math.exp(vl)
+        log(f"{name}: val loss {vl:.4f} ppl {math.exp(vl):.2f} (F16 weights, "
+            f"{(len(va) - 1) // SEQ * SEQ} tokens)")
+    # Expert usage and locality over 10k held-out tokens.
+    res["expert_usage"] = routing_stats(moe, va, 10240)
     # Draft/target greedy agreement (teacher-forced) on held-out text.
     agree = tot = 0
     for s in range(0, 10240, SEQ):
@@ -535,7 +616,9 @@ def cmd_eval(a):
     res["greedy"].append(dict(prompt="chat: Read me John 3:16.", ids=chat, moe=g,
                               draft=greedy(draft, chat, 32)))
     log(f"chat sample: {tok.decode(g)!r}")
-    with open(os.path.join(a.work, "eval.json"), "w") as f:
+    tag = os.path.basename(tname).removesuffix(".gguf")
+    out = "eval.json" if tname == "moe" else f"eval-{tag}.json"
+    with open(os.path.join(a.work, out), "w") as f:
         json.dump(res, f, indent=1)
 
 
@@ -545,7 +628,10 @@ def main():
     ap.add_argument("cmd", choices=["prep", "train", "export", "eval", "all"])
     ap.add_argument("--work", default="train-work", help="data, checkpoints, eval results")
     ap.add_argument("--out", default="models", help="where the GGUFs go")
-    ap.add_argument("--model", choices=["moe", "draft"], default="moe")
+    ap.add_argument("--model", choices=sorted(CONFIGS), default="moe",
+                    help="train: which configuration")
+    ap.add_argument("--models", default="moe,draft",
+                    help="export: configurations to write; eval: TARGET,DRAFT")
     ap.add_argument("--steps", type=int, default=0)
     ap.add_argument("--moe-steps", type=int, default=900)
     ap.add_argument("--draft-steps", type=int, default=400)
@@ -557,7 +643,7 @@ def main():
     if a.cmd == "prep":
         cmd_prep(a)
     elif a.cmd == "train":
-        a.steps = a.steps or (a.moe_steps if a.model == "moe" else a.draft_steps)
+        a.steps = a.steps or (a.draft_steps if a.model == "draft" else a.moe_steps)
         cmd_train(a)
     elif a.cmd == "export":
         cmd_export(a)
