@@ -19,6 +19,8 @@ def main():
     ap.add_argument("--work", default="train-work")
     ap.add_argument("--models", default="models")
     ap.add_argument("-n", type=int, default=32)
+    ap.add_argument("--check", default="moe,draft",
+                    help="configurations to compare (their checkpoints in --work)")
     a = ap.parse_args()
     ok = True
     tok = train.load_tok(a.work)
@@ -26,8 +28,8 @@ def main():
     chat = ([sp["<|im_start|>"]] + tok.encode("user\nRead me John 3:16.") + [sp["<|im_end|>"]]
             + tok.encode("\n") + [sp["<|im_start|>"]] + tok.encode("assistant\n"))
     prompts = [tok.encode(p) for p in PROMPTS] + [chat]
-    for name in ("moe", "draft"):
-        path = os.path.join(a.models, f"moed-default-{name}.gguf")
+    for name in a.check.split(","):
+        path = os.path.join(a.models, train.OUT_FILES[name])
         model, _ = train.load_model(a.work, name)  # matrices rounded to F16, as exported
         arg = ";".join(",".join(map(str, p)) for p in prompts)
         out = subprocess.run([os.path.join(a.build, "tools", "moed-run"), "-m", path, "-p", arg,
