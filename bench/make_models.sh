@@ -153,8 +153,9 @@ build_one() {
 	echo "$name: $dst $(wc -c <"$dst") bytes in $(($(date +%s) - t0)) s"
 }
 
-# Bytes one decoded token reads: every weight except the embedding table (one row) and the
-# routed experts (expert_used_count of expert_count of each *_exps tensor).
+# Bytes one decoded token reads: every weight except the embedding table (one row; all of it
+# when it is also the output projection, i.e. there is no output.weight) and the routed
+# experts (expert_used_count of expert_count of each *_exps tensor).
 bytes_per_token() {
 	"$gguf" info "$1" | awk '
 		$1 ~ /\.expert_count$/ { E = $3 }
@@ -163,11 +164,12 @@ bytes_per_token() {
 			name = $2; b = $(NF - 1)
 			if (name == "token_embd.weight") { emb = b; next }
 			if (name ~ /_exps\.weight$/) { exps += b; next }
+			if (name == "output.weight") untied = 1
 			other += b
 		}
 		END {
 			if (!E) { E = 1; K = 1 }
-			printf "%.0f\n", other + exps * K / E
+			printf "%.0f\n", other + exps * K / E + (untied ? 0 : emb)
 		}'
 }
 

@@ -4,7 +4,7 @@ qwen3moe "moe64") and exports GGUFs.
 
 Steps (each one resumable, all from a fixed seed):
   prep    KJV text -> documents, held-out split, byte-level BPE, token arrays
-  train   --model moe|draft: AdamW + cosine LR, checkpoints, --resume
+  train   --model moe|draft|moe64: AdamW + cosine LR, checkpoints, --resume
   export  --models NAME,... (default moe,draft) -> GGUF (F16 matrices, F32 vectors)
   eval    --models TARGET,DRAFT (a configuration or a .gguf file each; default moe,draft):
           validation loss/perplexity, expert usage and locality, draft agreement, samples
