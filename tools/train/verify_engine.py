@@ -54,7 +54,7 @@ def main():
                        "shall receive the gift of the Holy Ghost.\n\n  2 Hello, world! It's 42."]
     for t in texts:
         r = subprocess.run([os.path.join(a.build, "tools", "moed-tokenize"), "-m",
-                            os.path.join(a.models, "moed-default-moe.gguf"), t],
+                            os.path.join(a.models, train.OUT_FILES[a.check.split(",")[0]]), t],
                            capture_output=True, text=True, check=True).stdout
         eng = [int(x) for x in r.replace(",", " ").split() if x.lstrip("-").isdigit()]
         mine = tok.encode(t)
