@@ -596,8 +596,7 @@ static void *engine_main(void *arg)
 
 	int rc = load(e);
 	if (rc) {
-		md_log(MD_LOG_ERROR, "%s", e->err);
-		set_state(e, MD_ENGINE_FAILED);
+		set_state(e, MD_ENGINE_FAILED); /* the owner reports md_engine_error() */
 	} else {
 		set_state(e, MD_ENGINE_READY);
 	}

@@ -38,6 +38,13 @@ def run(*args):
     return subprocess.run([moed] + list(args), capture_output=True, text=True, timeout=30)
 
 
+# A KV pool too small for one full context cannot work: refused at load with the numbers.
+r = run("-m", model, "--port", "0", "--kv-blocks", "3", "--ctx-size", "256")
+check(r.returncode != 0 and "kv-blocks 3 cannot hold one full context of 256 tokens (needs 17"
+      in r.stderr and r.stderr.count("cannot hold") == 1, "too few kv-blocks refused once, clearly",
+      r.returncode, r.stderr[-400:])
+
+
 # --help, --version, unknown flags, bad values: exit codes and one-line messages
 r = run("--help")
 check(r.returncode == 0 and r.stdout.startswith("usage:"), "--help exits 0 with usage", r.returncode)
