@@ -64,6 +64,7 @@ struct md_engine {
 	bool stop;
 	_Atomic uint32_t n_submitted;    /* on the submit list, not yet taken by the engine */
 	_Atomic uint32_t n_waiting;      /* in the scheduler's queue, as of the last step */
+	_Atomic uint32_t n_running;      /* in the running batch, as of the last step */
 
 	/* event side (ev_mu) */
 	pthread_mutex_t ev_mu;
@@ -243,8 +244,16 @@ int md_engine_submit(struct md_engine *e, struct md_engine_req *r)
 	int rc = 0;
 	if (e->stop)
 		rc = -ESHUTDOWN;
-	else if (atomic_load(&e->n_submitted) + atomic_load(&e->n_waiting) >= e->cfg.max_queue)
-		rc = -EAGAIN;
+	else {
+		/* A request not yet taken by the engine thread fills a free batch slot first,
+		 * not the queue: with one slot and a one-deep queue, two requests that arrive
+		 * together are both accepted however late the engine thread wakes. */
+		uint32_t running = atomic_load(&e->n_running);
+		uint32_t free_slots = running < e->cfg.max_seqs ? e->cfg.max_seqs - running : 0;
+		if (atomic_load(&e->n_submitted) + atomic_load(&e->n_waiting) >=
+		    e->cfg.max_queue + free_slots)
+			rc = -EAGAIN;
+	}
 	if (rc) {
 		pthread_mutex_unlock(&e->sub_mu);
 		free(done);
@@ -351,6 +360,7 @@ static void publish_stats(struct md_engine *e)
 	e->stats.recomputed_tokens = ss->recomputed_tokens;
 	pthread_mutex_unlock(&e->st_mu);
 	atomic_store(&e->n_waiting, md_sched_n_waiting(&e->sched));
+	atomic_store(&e->n_running, md_sched_n_running(&e->sched));
 }
 
 /* Fail every sequence the scheduler holds (engine error, shutdown). */

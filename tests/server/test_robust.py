@@ -168,18 +168,27 @@ srv = Server(moed, model, args=["--max-seqs", "1", "--max-queue", "1", "--retry-
                                 "--ctx-size", "65536", "--max-tokens-cap", "60000",
                                 "--drain-timeout", "1"])
 try:
-    procs = [subprocess.Popen(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}",
-                               "-H", "Content-Type: application/json", "-d",
-                               json.dumps(dict(LONG, max_tokens=60000)), srv.base + "/v1/completions"],
-                              stdout=subprocess.PIPE, text=True) for _ in range(2)]
-    # wait (bounded) until one runs and one waits: slow (sanitizer, loaded) machines need more
-    # than a fixed sleep
-    for _ in range(100):
-        if (metric(srv, "moed:num_requests_running") == 1 and
-                metric(srv, "moed:num_requests_waiting") == 1):
-            break
-        time.sleep(0.1)
-    st, h, d = call(srv, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 2})
+    def hog():
+        return subprocess.Popen(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}",
+                                 "-H", "Content-Type: application/json", "-d",
+                                 json.dumps(dict(LONG, max_tokens=60000)),
+                                 srv.base + "/v1/completions"], stdout=subprocess.PIPE, text=True)
+
+    def wait_for(running, waiting):
+        # bounded: slow (sanitizer, loaded) machines need more than a fixed sleep
+        for _ in range(300):
+            if (metric(srv, "moed:num_requests_running") == running and
+                    metric(srv, "moed:num_requests_waiting") == waiting):
+                return True
+            time.sleep(0.1)
+        return False
+
+    # two together: both are accepted (the not-yet-admitted one takes the free slot, not the
+    # queue), then one runs and one waits
+    procs = [hog(), hog()]
+    check(wait_for(1, 1), "one slot + one-deep queue: two requests together, one runs, one waits",
+          metric(srv, "moed:num_requests_running"), metric(srv, "moed:num_requests_waiting"))
+    st, h, d = call(srv, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 2}, timeout=20)
     check(st == 429 and h.get("retry-after") == "3", "queue full 429 + Retry-After", st, h)
     check((d or {}).get("error", {}).get("type") == "rate_limit_error", "429 error object", d)
     for p in procs:
