@@ -1,0 +1,54 @@
+/* Expert cache eviction policies: which resident expert to drop when a tier is full.
+ *
+ * Pure bookkeeping, no memory of weights and no I/O: the expert store (engine/experts.c)
+ * tells a policy what became resident, what was used and what the router predicts, and asks
+ * it for a victim; bench/cache-replay drives the same code from a routing trace. The unit is
+ * one expert of one layer, numbered unit = layer * n_expert + expert.
+ *
+ * Time is a counter the caller advances (the store: one tick per MoE layer computed; replay:
+ * the same, from the trace), so a policy's choices depend only on the sequence of calls and
+ * replays of a trace give the store's hit rates exactly.
+ *
+ * Not thread-safe: one owner (the engine thread, or the replay program). */
+#ifndef MD_EXPERT_POLICY_H
+#define MD_EXPERT_POLICY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+enum md_epol_kind {
+	MD_EPOL_LRU,  /* least recently used */
+	MD_EPOL_KIND_COUNT,
+};
+
+struct md_epol;
+
+/* Predicate for md_epol_victim: may this resident unit go now (not in use, not pinned)? */
+typedef bool (*md_epol_evictable_fn)(void *arg, uint32_t unit);
+
+/* A policy for n_layer * n_expert units, none resident. NULL on allocation failure. */
+struct md_epol *md_epol_new(enum md_epol_kind kind, uint32_t n_layer, uint32_t n_expert);
+void md_epol_free(struct md_epol *p);
+
+/* The unit became resident in the tier this policy manages. */
+void md_epol_insert(struct md_epol *p, uint32_t unit, uint64_t now);
+/* The unit left the tier (evicted, or dropped for another reason). */
+void md_epol_remove(struct md_epol *p, uint32_t unit);
+/* The forward pass used the unit at time now (resident or not: a policy may count misses). */
+void md_epol_access(struct md_epol *p, uint32_t unit, uint64_t now);
+/* The router predicts the unit's use soon with probability prob (pre-gating, a sequence's
+ * recent routing). Policies that do not use predictions ignore it. */
+void md_epol_hint(struct md_epol *p, uint32_t unit, float prob, uint64_t now);
+
+/* The resident unit to evict next among those ok(arg, unit) allows; -1 when none may go. */
+int64_t md_epol_victim(struct md_epol *p, md_epol_evictable_fn ok, void *arg, uint64_t now);
+
+bool md_epol_resident(const struct md_epol *p, uint32_t unit);
+uint32_t md_epol_n_resident(const struct md_epol *p);
+
+/* "lru", ...; NULL for an unknown kind. */
+const char *md_epol_name(enum md_epol_kind kind);
+/* Parse a name as md_epol_name writes it; -EINVAL for an unknown one. */
+int md_epol_parse(const char *name, enum md_epol_kind *out);
+
+#endif
