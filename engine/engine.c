@@ -303,6 +303,7 @@ static void seq_finish(struct md_engine *e, struct md_seq *s, enum md_finish f, 
 {
 	struct md_engine_req *r = s->req;
 	s->req = NULL;
+	r->_done->n_cached = s->n_cached;
 	req_done(e, r, f, err, s->n_prompt, s->n_gen);
 	md_seq_free(s);
 }
@@ -358,6 +359,11 @@ static void publish_stats(struct md_engine *e)
 	e->stats.prompt_tokens = ss->prompt_tokens;
 	e->stats.gen_tokens = ss->gen_tokens;
 	e->stats.recomputed_tokens = ss->recomputed_tokens;
+	e->stats.prefix_queries = ss->prefix_queries;
+	e->stats.prefix_hits = ss->prefix_hits;
+	e->stats.prefix_hit_tokens = ss->prefix_hit_tokens;
+	e->stats.prefix_blocks = e->kv_ready ? md_kv_prefix_blocks(&e->kv) : 0;
+	e->stats.prefix_evictions = e->kv_ready ? md_kv_prefix_evictions(&e->kv) : 0;
 	pthread_mutex_unlock(&e->st_mu);
 	atomic_store(&e->n_waiting, md_sched_n_waiting(&e->sched));
 	atomic_store(&e->n_running, md_sched_n_running(&e->sched));
@@ -490,6 +496,10 @@ static int setup_kv(struct md_engine *e)
 	if (rc) {
 		snprintf(e->err, sizeof(e->err), "cannot allocate the KV cache (%llu blocks)",
 			 (unsigned long long)n_blocks);
+		return rc;
+	}
+	if (!c->no_prefix_cache && (rc = md_kv_prefix_enable(&e->kv))) {
+		snprintf(e->err, sizeof(e->err), "cannot allocate the prefix cache index");
 		return rc;
 	}
 	e->kv_ready = true;

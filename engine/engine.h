@@ -52,6 +52,7 @@ struct md_engine_config {
 	uint32_t step_tokens;       /* token budget of one forward step */
 	uint32_t max_queue;         /* waiting requests before submit answers -EAGAIN */
 	bool progress;              /* print load progress on stderr */
+	bool no_prefix_cache;       /* compute every prompt in full (default: reuse cached blocks) */
 };
 
 enum md_engine_state {
@@ -103,6 +104,7 @@ struct md_engine_event {
 	enum md_finish finish;       /* MD_EV_DONE */
 	int err;                     /* MD_EV_DONE with MD_FINISH_ERROR: negative code */
 	uint32_t n_prompt, n_gen;    /* MD_EV_DONE: tokens processed / generated */
+	uint32_t n_cached;           /* MD_EV_DONE: prompt tokens taken from the prefix cache */
 	struct md_engine_event *next; /* owned: rest of a polled list */
 };
 
@@ -112,6 +114,9 @@ struct md_engine_stats {
 	uint64_t steps, preemptions;
 	uint64_t prompt_tokens, gen_tokens; /* processed in forward passes, each once */
 	uint64_t recomputed_tokens;         /* computed again after a preemption */
+	uint64_t prefix_queries, prefix_hits, prefix_hit_tokens; /* see md_sched_stats */
+	uint32_t prefix_blocks;             /* KV blocks registered in the prefix cache */
+	uint64_t prefix_evictions;          /* registered blocks reused for other content */
 };
 
 /* Create an engine (does not start the thread). Returns 0 or -ENOMEM / -EINVAL. */

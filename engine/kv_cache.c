@@ -8,7 +8,16 @@
  * only full blocks and copying a fork's partial tail eagerly. A truncation can still cut into
  * a shared full block (speculation rolled back below the fork point), so copy-on-write is
  * needed anyway, and the lazy copy costs nothing for a fork that never writes (a prefix that
- * is only read, or a branch dropped before it diverges). */
+ * is only read, or a branch dropped before it diverges).
+ *
+ * The prefix cache adds a second state for a block with count 0: registered and unreferenced,
+ * on a list in release order instead of the free list. block_take uses the free list first
+ * and then the oldest such block (taking it out of the index), so to every caller the pool's
+ * free blocks are both kinds together (avail()). Registration is by content: the chain hash
+ * h(block) = mix(h(previous block), its 16 tokens), checked against the stored tokens and
+ * previous hash on lookup, so a 64-bit collision cannot attach wrong rows. Rejected: keeping
+ * registered blocks referenced by the cache itself (an extra count): every "count > 1 is
+ * read-only" check would then see cache-held blocks as shared and copy them needlessly. */
 #include "engine/kv_cache.h"
 
 #include <errno.h>
@@ -21,6 +30,15 @@ static inline uint32_t blocks_for(uint32_t n_pos)
 {
 	return (uint32_t)(((uint64_t)n_pos + MD_KV_BLOCK_TOKENS - 1) / MD_KV_BLOCK_TOKENS);
 }
+
+/* Free blocks as callers see them: the free list and unreferenced registered blocks. */
+static inline uint32_t avail(const struct md_kv_cache *kv)
+{
+	return kv->n_free + (kv->px ? kv->px->n_lru : 0);
+}
+
+static void px_unregister(struct md_kv_cache *kv, int32_t b);
+static void lru_unlink(struct md_kv_prefix *px, int32_t b);
 
 static inline bool seq_ok(const struct md_kv_cache *kv, int seq)
 {
@@ -60,8 +78,22 @@ int md_kv_init(struct md_kv_cache *kv, uint32_t n_layer, uint32_t kv_dim, uint32
 void md_kv_release(struct md_kv_cache *kv)
 {
 	if (kv->seqs)
-		for (uint32_t s = 0; s < kv->max_seqs; s++)
+		for (uint32_t s = 0; s < kv->max_seqs; s++) {
 			free(kv->seqs[s].blocks);
+			free(kv->seqs[s].chain);
+		}
+	if (kv->px) {
+		struct md_kv_prefix *px = kv->px;
+		free(px->hash);
+		free(px->parent);
+		free(px->toks);
+		free(px->reg);
+		free(px->bucket);
+		free(px->hnext);
+		free(px->prev);
+		free(px->next);
+		free(px);
+	}
 	free(kv->seqs);
 	free(kv->free_list);
 	free(kv->refs);
@@ -71,11 +103,20 @@ void md_kv_release(struct md_kv_cache *kv)
 	memset(kv, 0, sizeof(*kv));
 }
 
-/* Take a block from the pool with count 1; the caller checked n_free. */
+/* Take a block from the pool with count 1; the caller checked avail(). The free list first,
+ * then the registered block released longest ago. */
 static int32_t block_take(struct md_kv_cache *kv)
 {
-	MD_ASSERT(kv->n_free > 0);
-	int32_t b = kv->free_list[--kv->n_free];
+	int32_t b;
+	if (kv->n_free > 0) {
+		b = kv->free_list[--kv->n_free];
+	} else {
+		MD_ASSERT(kv->px && kv->px->n_lru > 0);
+		b = kv->px->head;
+		lru_unlink(kv->px, b);
+		px_unregister(kv, b);
+		kv->px->evicted++;
+	}
 	MD_ASSERT(kv->refs[b] == 0);
 	kv->refs[b] = 1;
 	return b;
@@ -85,8 +126,21 @@ static int32_t block_take(struct md_kv_cache *kv)
 static void block_put(struct md_kv_cache *kv, int32_t b)
 {
 	MD_ASSERT(kv->refs[b] > 0);
-	if (--kv->refs[b] == 0)
-		kv->free_list[kv->n_free++] = b;
+	if (--kv->refs[b] > 0)
+		return;
+	struct md_kv_prefix *px = kv->px;
+	if (px && px->reg[b]) {
+		px->prev[b] = px->tail;
+		px->next[b] = -1;
+		if (px->tail >= 0)
+			px->next[px->tail] = b;
+		else
+			px->head = b;
+		px->tail = b;
+		px->n_lru++;
+		return;
+	}
+	kv->free_list[kv->n_free++] = b;
 }
 
 /* Copy every layer's K and V rows of block src into dst. */
@@ -114,8 +168,26 @@ static int table_grow(struct md_kv_seq *s, uint32_t need)
 	if (!nb)
 		return -ENOMEM;
 	s->blocks = nb;
+	uint64_t *nc = realloc(s->chain, cap * sizeof(uint64_t));
+	if (!nc)
+		return -ENOMEM; /* blocks grew, cap_blocks did not: the next call retries both */
+	s->chain = nc;
 	s->cap_blocks = cap;
 	return 0;
+}
+
+/* Take the registered blocks among s's blocks holding positions [lo, hi) that s alone holds
+ * out of the cache: s is about to write into them. (Shared ones are copied instead.) */
+static void seq_uncache(struct md_kv_cache *kv, struct md_kv_seq *s, uint32_t lo, uint32_t hi)
+{
+	if (!kv->px || lo >= hi)
+		return;
+	uint32_t end = blocks_for(hi) < s->n_blocks ? blocks_for(hi) : s->n_blocks;
+	for (uint32_t i = lo / MD_KV_BLOCK_TOKENS; i < end; i++)
+		if (kv->refs[s->blocks[i]] == 1 && kv->px->reg[s->blocks[i]])
+			px_unregister(kv, s->blocks[i]);
+	if (s->n_chain > lo / MD_KV_BLOCK_TOKENS)
+		s->n_chain = lo / MD_KV_BLOCK_TOKENS;
 }
 
 /* Shared blocks of s holding positions [lo, hi) (only existing blocks count). */
@@ -151,6 +223,7 @@ int md_kv_seq_new(struct md_kv_cache *kv)
 			kv->seqs[s].in_use = true;
 			kv->seqs[s].n_blocks = 0;
 			kv->seqs[s].n_pos = 0;
+			kv->seqs[s].n_chain = 0;
 			return (int)s;
 		}
 	}
@@ -185,6 +258,9 @@ int md_kv_seq_fork(struct md_kv_cache *kv, int src, uint32_t n_pos)
 	}
 	d->n_blocks = nb;
 	d->n_pos = n_pos;
+	d->n_chain = s->n_chain < n_pos / MD_KV_BLOCK_TOKENS ? s->n_chain : n_pos / MD_KV_BLOCK_TOKENS;
+	if (d->n_chain)
+		memcpy(d->chain, s->chain, d->n_chain * sizeof(uint64_t));
 	return id;
 }
 
@@ -196,13 +272,16 @@ int md_kv_reserve(struct md_kv_cache *kv, int seq, uint32_t n_pos)
 	uint32_t need = blocks_for(n_pos);
 	uint32_t add = need > s->n_blocks ? need - s->n_blocks : 0;
 	uint32_t cow = shared_in(kv, s, s->n_pos, n_pos);
-	if (add == 0 && cow == 0)
+	if (add == 0 && cow == 0) {
+		seq_uncache(kv, s, s->n_pos, n_pos);
 		return 0;
-	if ((uint64_t)add + cow > kv->n_free)
+	}
+	if ((uint64_t)add + cow > avail(kv))
 		return -ENOSPC;
 	if (table_grow(s, need))
 		return -ENOMEM;
 	seq_unshare(kv, s, s->n_pos, n_pos);
+	seq_uncache(kv, s, s->n_pos, n_pos);
 	while (s->n_blocks < need)
 		s->blocks[s->n_blocks++] = block_take(kv);
 	return 0;
@@ -218,16 +297,18 @@ void md_kv_truncate(struct md_kv_cache *kv, int seq, uint32_t n_pos)
 		block_put(kv, s->blocks[--s->n_blocks]);
 	if (s->n_pos > n_pos)
 		s->n_pos = n_pos;
+	if (s->n_chain > n_pos / MD_KV_BLOCK_TOKENS)
+		s->n_chain = n_pos / MD_KV_BLOCK_TOKENS;
 }
 
 uint32_t md_kv_blocks_used(const struct md_kv_cache *kv)
 {
-	return kv->n_blocks - kv->n_free;
+	return kv->n_blocks - avail(kv);
 }
 
 uint32_t md_kv_blocks_free(const struct md_kv_cache *kv)
 {
-	return kv->n_free;
+	return avail(kv);
 }
 
 uint32_t md_kv_blocks_total(const struct md_kv_cache *kv)
@@ -308,14 +389,16 @@ int md_kv_batch_begin(struct md_kv_cache *kv, int n, const int32_t *seq, const i
 			}
 		}
 	}
-	if (cow > kv->n_free)
+	if (cow > avail(kv))
 		return -ENOSPC;
-	if (cow)
-		for (int t = 0; t < n; t++) {
-			struct md_kv_seq *s = &kv->seqs[seq[t]];
-			if ((uint32_t)pos[t] == s->n_pos)
-				seq_unshare(kv, s, s->n_pos, s->_next);
-		}
+	for (int t = 0; t < n; t++) {
+		struct md_kv_seq *s = &kv->seqs[seq[t]];
+		if ((uint32_t)pos[t] != s->n_pos)
+			continue;
+		if (cow)
+			seq_unshare(kv, s, s->n_pos, s->_next);
+		seq_uncache(kv, s, s->n_pos, s->_next);
+	}
 	return 0;
 }
 
@@ -334,6 +417,7 @@ void md_kv_write_rows(struct md_kv_cache *kv, uint32_t l, int seq, uint32_t pos,
 	const struct md_kv_seq *s = &kv->seqs[seq];
 	MD_ASSERT(pos >= s->n_pos && pos / MD_KV_BLOCK_TOKENS < s->n_blocks);
 	MD_ASSERT(kv->refs[s->blocks[pos / MD_KV_BLOCK_TOKENS]] == 1);
+	MD_ASSERT(!kv->px || !kv->px->reg[s->blocks[pos / MD_KV_BLOCK_TOKENS]]);
 	size_t off = kv_offset(kv, l, seq, pos);
 	*k = kv->k + off;
 	*v = kv->v + off;
@@ -358,4 +442,154 @@ const float *md_kv_k(const struct md_kv_cache *kv, uint32_t l, int seq, uint32_t
 const float *md_kv_v(const struct md_kv_cache *kv, uint32_t l, int seq, uint32_t pos)
 {
 	return kv->v + kv_offset(kv, l, seq, pos);
+}
+
+/* ---- prefix cache ---- */
+
+int md_kv_prefix_enable(struct md_kv_cache *kv)
+{
+	if (kv->px)
+		return 0;
+	struct md_kv_prefix *px = calloc(1, sizeof(*px));
+	if (!px)
+		return -ENOMEM;
+	uint32_t nbk = 16;
+	while (nbk < 2 * kv->n_blocks)
+		nbk *= 2;
+	px->mask = nbk - 1;
+	px->hash = calloc(kv->n_blocks, sizeof(uint64_t));
+	px->parent = calloc(kv->n_blocks, sizeof(uint64_t));
+	px->toks = calloc((size_t)kv->n_blocks * MD_KV_BLOCK_TOKENS, sizeof(int32_t));
+	px->reg = calloc(kv->n_blocks, 1);
+	px->bucket = malloc(nbk * sizeof(int32_t));
+	px->hnext = calloc(kv->n_blocks, sizeof(int32_t));
+	px->prev = calloc(kv->n_blocks, sizeof(int32_t));
+	px->next = calloc(kv->n_blocks, sizeof(int32_t));
+	kv->px = px; /* md_kv_release frees a partial one */
+	if (!px->hash || !px->parent || !px->toks || !px->reg || !px->bucket || !px->hnext ||
+	    !px->prev || !px->next)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < nbk; i++)
+		px->bucket[i] = -1;
+	px->head = px->tail = -1;
+	return 0;
+}
+
+/* h(block) from h(previous block) and its tokens: splitmix64's finaliser over each. */
+static uint64_t chain_hash(uint64_t parent, const int32_t *toks)
+{
+	uint64_t h = parent ^ 0x9e3779b97f4a7c15ull;
+	for (int i = 0; i < MD_KV_BLOCK_TOKENS; i++) {
+		h ^= (uint32_t)toks[i];
+		h += 0x9e3779b97f4a7c15ull;
+		h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+		h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+		h ^= h >> 31;
+	}
+	return h ? h : 1; /* 0 stands for "no previous block" */
+}
+
+/* The registered block with this content, or -1. */
+static int32_t px_find(const struct md_kv_cache *kv, uint64_t h, uint64_t parent,
+		       const int32_t *toks)
+{
+	const struct md_kv_prefix *px = kv->px;
+	for (int32_t b = px->bucket[h & px->mask]; b >= 0; b = px->hnext[b])
+		if (px->hash[b] == h && px->parent[b] == parent &&
+		    memcmp(px->toks + (size_t)b * MD_KV_BLOCK_TOKENS, toks,
+			   MD_KV_BLOCK_TOKENS * sizeof(int32_t)) == 0)
+			return b;
+	return -1;
+}
+
+static void lru_unlink(struct md_kv_prefix *px, int32_t b)
+{
+	if (px->prev[b] >= 0)
+		px->next[px->prev[b]] = px->next[b];
+	else
+		px->head = px->next[b];
+	if (px->next[b] >= 0)
+		px->prev[px->next[b]] = px->prev[b];
+	else
+		px->tail = px->prev[b];
+	px->n_lru--;
+}
+
+/* Take b out of the index (it stays wherever it is held, as a plain block). */
+static void px_unregister(struct md_kv_cache *kv, int32_t b)
+{
+	struct md_kv_prefix *px = kv->px;
+	int32_t *link = &px->bucket[px->hash[b] & px->mask];
+	while (*link != b) {
+		MD_ASSERT(*link >= 0);
+		link = &px->hnext[*link];
+	}
+	*link = px->hnext[b];
+	px->reg[b] = 0;
+	px->n_reg--;
+}
+
+uint32_t md_kv_prefix_attach(struct md_kv_cache *kv, int seq, const int32_t *toks,
+			     uint32_t n_tok)
+{
+	if (!kv->px || !seq_ok(kv, seq) || kv->seqs[seq].n_blocks || kv->seqs[seq].n_pos)
+		return 0;
+	struct md_kv_prefix *px = kv->px;
+	struct md_kv_seq *s = &kv->seqs[seq];
+	uint32_t nb = n_tok / MD_KV_BLOCK_TOKENS, i = 0;
+	uint64_t parent = 0;
+	for (; i < nb; i++) {
+		const int32_t *t = toks + (size_t)i * MD_KV_BLOCK_TOKENS;
+		uint64_t h = chain_hash(parent, t);
+		int32_t b = px_find(kv, h, parent, t);
+		if (b < 0 || table_grow(s, i + 1))
+			break;
+		if (kv->refs[b]++ == 0)
+			lru_unlink(px, b);
+		s->blocks[i] = b;
+		s->chain[i] = h;
+		parent = h;
+	}
+	s->n_blocks = i;
+	s->n_chain = i;
+	s->n_pos = i * MD_KV_BLOCK_TOKENS;
+	return s->n_pos;
+}
+
+void md_kv_prefix_register(struct md_kv_cache *kv, int seq, const int32_t *toks, uint32_t n_tok)
+{
+	if (!kv->px || !seq_ok(kv, seq))
+		return;
+	struct md_kv_prefix *px = kv->px;
+	struct md_kv_seq *s = &kv->seqs[seq];
+	uint32_t end = (n_tok < s->n_pos ? n_tok : s->n_pos) / MD_KV_BLOCK_TOKENS;
+	for (uint32_t i = s->n_chain; i < end; i++) {
+		const int32_t *t = toks + (size_t)i * MD_KV_BLOCK_TOKENS;
+		uint64_t parent = i ? s->chain[i - 1] : 0;
+		uint64_t h = chain_hash(parent, t);
+		int32_t b = s->blocks[i];
+		s->chain[i] = h;
+		s->n_chain = i + 1;
+		if (px->reg[b] || px_find(kv, h, parent, t) >= 0)
+			continue;
+		px->reg[b] = 1;
+		px->n_reg++;
+		px->hash[b] = h;
+		px->parent[b] = parent;
+		memcpy(px->toks + (size_t)b * MD_KV_BLOCK_TOKENS, t,
+		       MD_KV_BLOCK_TOKENS * sizeof(int32_t));
+		uint32_t k = (uint32_t)(h & px->mask);
+		px->hnext[b] = px->bucket[k];
+		px->bucket[k] = b;
+	}
+}
+
+uint32_t md_kv_prefix_blocks(const struct md_kv_cache *kv)
+{
+	return kv->px ? kv->px->n_reg : 0;
+}
+
+uint64_t md_kv_prefix_evictions(const struct md_kv_cache *kv)
+{
+	return kv->px ? kv->px->evicted : 0;
 }

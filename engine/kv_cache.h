@@ -14,6 +14,14 @@
  * are ever written, so the copy happens at most once per shared block per writer: it is the
  * partly filled tail block of a fork, or a block a truncation cut into.
  *
+ * Prefix cache (md_kv_prefix_enable): a full block whose positions are committed can be
+ * registered under a hash of its tokens and of every token before it (a chain hash), after
+ * which a new sequence with the same leading tokens attaches it instead of computing it again
+ * (md_kv_prefix_attach). A registered block whose last holder lets go is not freed but kept,
+ * least recently released first out, until the pool needs a block (md_kv_blocks_free counts
+ * it as free). A registered block is never written: a holder about to write into it copies it
+ * when it is shared, and takes it out of the cache when it is the only holder.
+ *
  * Every function runs on the thread that owns the cache (the engine thread). */
 #ifndef MD_KV_CACHE_H
 #define MD_KV_CACHE_H
@@ -31,7 +39,26 @@ struct md_kv_seq {
 	uint32_t cap_blocks;
 	uint32_t n_pos;    /* positions stored and committed (the sequence length so far) */
 	uint32_t _next;    /* md_kv_batch_begin's scratch: next expected position in the batch */
+	uint64_t *chain;   /* owned (cap_blocks) with the prefix cache: chain hash of block i */
+	uint32_t n_chain;  /* blocks whose chain hash is known (full, committed, registered or
+			      a duplicate of a registered one) */
 	bool in_use;
+};
+
+/* The prefix cache's index and its list of unreferenced registered blocks. */
+struct md_kv_prefix {
+	uint64_t *hash;      /* owned (n_blocks): chain hash of a registered block */
+	uint64_t *parent;    /* owned (n_blocks): chain hash of the block before it (0: first) */
+	int32_t *toks;       /* owned (n_blocks * MD_KV_BLOCK_TOKENS): its tokens */
+	uint8_t *reg;        /* owned (n_blocks): registered */
+	int32_t *bucket;     /* owned (mask + 1): first block of each hash bucket, -1: none */
+	int32_t *hnext;      /* owned (n_blocks): next block in the bucket */
+	uint32_t mask;
+	int32_t *prev, *next; /* owned (n_blocks): the unreferenced list, oldest at head */
+	int32_t head, tail;
+	uint32_t n_lru;      /* registered blocks no sequence holds */
+	uint32_t n_reg;      /* registered blocks */
+	uint64_t evicted;    /* registered blocks reused for something else */
 };
 
 struct md_kv_cache {
@@ -44,6 +71,7 @@ struct md_kv_cache {
 	float *k, *v;               /* owned: (n_layer, n_blocks, MD_KV_BLOCK_TOKENS, kv_dim) */
 	struct md_kv_seq *seqs;     /* owned (max_seqs) */
 	uint32_t max_seqs;
+	struct md_kv_prefix *px;    /* owned: the prefix cache, NULL while disabled */
 };
 
 /* Allocate a pool of n_blocks blocks for up to max_seqs sequences. Returns 0, -EINVAL (a zero
@@ -74,9 +102,25 @@ int md_kv_reserve(struct md_kv_cache *kv, int seq, uint32_t n_pos);
  * holds them). Rows below n_pos are untouched. Unknown ids are ignored. */
 void md_kv_truncate(struct md_kv_cache *kv, int seq, uint32_t n_pos);
 
+/* Turn the prefix cache on (before any sequence exists). Returns 0 or -ENOMEM. */
+int md_kv_prefix_enable(struct md_kv_cache *kv);
+/* Attach to the empty sequence seq the longest run of registered blocks whose tokens are
+ * toks[0, n_tok) block by block (only whole blocks: at most n_tok / MD_KV_BLOCK_TOKENS).
+ * Returns the positions attached (a multiple of MD_KV_BLOCK_TOKENS; 0 when the cache is off,
+ * seq is unknown or not empty, or nothing matched); the sequence's length becomes that. */
+uint32_t md_kv_prefix_attach(struct md_kv_cache *kv, int seq, const int32_t *toks,
+			     uint32_t n_tok);
+/* Register seq's full, committed blocks below position n_tok, whose tokens are toks[0, n_tok)
+ * (the sequence's tokens from its start). Blocks whose content is already registered are left
+ * alone. No-op when the cache is off. */
+void md_kv_prefix_register(struct md_kv_cache *kv, int seq, const int32_t *toks, uint32_t n_tok);
+/* Registered blocks (held or not), and those reused since for other content. */
+uint32_t md_kv_prefix_blocks(const struct md_kv_cache *kv);
+uint64_t md_kv_prefix_evictions(const struct md_kv_cache *kv);
+
 /* Distinct blocks held by any sequence (a block shared by three counts once). */
 uint32_t md_kv_blocks_used(const struct md_kv_cache *kv);
-/* Blocks free in the pool, and the pool size. */
+/* Blocks free in the pool (registered blocks no sequence holds included), and its size. */
 uint32_t md_kv_blocks_free(const struct md_kv_cache *kv);
 uint32_t md_kv_blocks_total(const struct md_kv_cache *kv);
 

@@ -192,7 +192,8 @@ static void preempt_youngest(struct md_sched *s)
 
 /* Admit from the queue head while a slot and KV blocks for its pending tokens are free. One
  * block per running sequence stays in reserve for their next decode steps. A head that does
- * not fit blocks the ones behind it, so nothing starves. */
+ * not fit blocks the ones behind it, so nothing starves. The free-block check counts the
+ * whole sequence although a cached prefix may cover part of it: conservative, and simple. */
 static void admit(struct md_sched *s)
 {
 	while (s->waiting && s->n_running < s->cfg.max_seqs) {
@@ -210,6 +211,8 @@ static void admit(struct md_sched *s)
 		int ks = md_kv_seq_new(s->kv);
 		if (ks < 0)
 			break;
+		/* All but the last token may come from the cache: its logits are needed. */
+		uint32_t cached = md_kv_prefix_attach(s->kv, ks, q->toks, q->n_toks - 1);
 		if (md_kv_reserve(s->kv, ks, q->n_toks)) {
 			md_kv_seq_free(s->kv, ks);
 			break;
@@ -218,7 +221,15 @@ static void admit(struct md_sched *s)
 		s->n_waiting--;
 		q->next = NULL;
 		q->kv_seq = ks;
-		q->n_kv = 0;
+		q->n_kv = cached;
+		if (q->admit_no == 0) { /* first admission: what the request's usage reports */
+			q->n_cached = cached;
+			s->stats.prefix_queries++;
+			s->stats.prefix_hits += cached > 0;
+		}
+		s->stats.prefix_hit_tokens += cached;
+		if (q->n_kv > q->n_kv_max)
+			q->n_kv_max = q->n_kv;
 		q->admit_no = ++s->admit_counter;
 		q->last_served = s->step_no;
 		s->running[s->n_running++] = q;
@@ -361,6 +372,9 @@ void md_sched_commit(struct md_sched *s, const uint32_t *accepted)
 			md_kv_truncate(s->kv, q->kv_seq, q->n_kv);
 		if (q->n_kv > q->n_kv_max)
 			q->n_kv_max = q->n_kv;
+		/* Accepted drafts are appended after this: their tokens are not in toks yet. */
+		md_kv_prefix_register(s->kv, q->kv_seq, q->toks,
+				      q->n_kv < q->n_toks ? q->n_kv : q->n_toks);
 	}
 	/* Drafts are borrowed for one step only, served or not. */
 	for (uint32_t i = 0; i < s->n_running; i++) {

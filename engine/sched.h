@@ -28,6 +28,12 @@
  * completion. The rejected alternative, decoders always first in admission order, starved
  * every sequence past the budget until the ones in front had finished.
  *
+ * Prefix cache (when the KV cache has it on): admission attaches the longest cached run of
+ * whole blocks of the sequence's tokens, all but the last token (whose logits are needed), and
+ * the sequence starts computing after it; every commit registers the sequence's newly full
+ * blocks, prompt and generated tokens alike, so a later turn of a conversation, a retry, or a
+ * preempted sequence coming back finds them.
+ *
  * Preemption by recompute: a preempted sequence frees its KV and returns to the front of the
  * queue; its generated tokens become part of what it prefills when readmitted, its sampler
  * state stays. Tokens computed again are counted as recomputed, not as prompt tokens.
@@ -53,6 +59,7 @@ struct md_seq {
 	uint32_t n_kv;              /* tokens whose K/V are in the cache */
 	uint32_t n_kv_max;          /* most tokens ever in the cache (recompute accounting) */
 	uint32_t n_gen;
+	uint32_t n_cached;          /* prompt tokens its first admission took from the prefix cache */
 	const int32_t *draft;       /* borrowed until commit: tokens proposed after toks, or NULL */
 	uint32_t n_draft;
 	int kv_seq;                 /* KV sequence slot, -1 while waiting */
@@ -104,6 +111,9 @@ struct md_sched_stats {
 	uint64_t prompt_tokens;       /* prompt tokens computed the first time */
 	uint64_t recomputed_tokens;   /* tokens computed again after a preemption */
 	uint64_t gen_tokens;          /* decode tokens (one per generated token fed back) */
+	uint64_t prefix_queries;      /* admissions that looked up the prefix cache */
+	uint64_t prefix_hits;         /* ... and attached at least one block */
+	uint64_t prefix_hit_tokens;   /* positions attached instead of computed */
 };
 
 struct md_sched {

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "common/log.h"
 
@@ -17,7 +18,7 @@
 #define MOED_VERSION "0.0.0"
 #endif
 
-enum opt_type { OPT_INT, OPT_DOUBLE, OPT_STRING };
+enum opt_type { OPT_INT, OPT_DOUBLE, OPT_STRING, OPT_BOOL /* int64_t 0 or 1 */ };
 
 typedef int (*opt_validator)(const char *value, char *err, size_t errlen);
 
@@ -111,6 +112,8 @@ static const struct opt options[] = {
 	  "token budget of one engine step (decode tokens plus prefill chunks)" },
 	{ "engine", "max-queue", 0, OPT_INT, OFF(max_queue), "256", 1, 1 << 20, NULL, false,
 	  "requests waiting for admission before new ones get 429" },
+	{ "engine", "prefix-cache", 0, OPT_BOOL, OFF(prefix_cache), "true", 0, 1, NULL, false,
+	  "reuse the KV of a prompt's cached leading blocks (true or false)" },
 	{ "engine", "max-tokens-cap", 0, OPT_INT, OFF(max_tokens_cap), "4096", 1, 1 << 24, NULL,
 	  false, "largest max_tokens a request may ask for (400 above)" },
 	{ "log", "log-level", 0, OPT_STRING, OFF(log_level), "info", 0, 0, v_log_level, true,
@@ -120,7 +123,8 @@ static const struct opt options[] = {
 };
 
 #define N_OPTIONS (sizeof(options) / sizeof(options[0]))
-_Static_assert(N_OPTIONS <= 64, "md_config._from_flag has one bit per option");
+_Static_assert(N_OPTIONS <= 64 * sizeof(((struct md_config *)0)->_from_flag) / sizeof(uint64_t),
+	       "md_config._from_flag has one bit per option");
 
 static const struct opt *find_opt(const char *name)
 {
@@ -172,6 +176,23 @@ static int set_opt(struct md_config *c, const struct opt *o, const char *value, 
 			return -ERANGE;
 		}
 		*(double *)p = v;
+		break;
+	}
+	case OPT_BOOL: {
+		static const char *const yes[] = { "true", "on", "yes", "1" };
+		static const char *const no[] = { "false", "off", "no", "0" };
+		int v = -1;
+		for (size_t i = 0; i < 4; i++) {
+			if (strcasecmp(value, yes[i]) == 0)
+				v = 1;
+			if (strcasecmp(value, no[i]) == 0)
+				v = 0;
+		}
+		if (v < 0) {
+			snprintf(err, errlen, "'%s' needs true or false, got '%s'", o->name, value);
+			return -EINVAL;
+		}
+		*(int64_t *)p = v;
 		break;
 	}
 	case OPT_STRING: {
@@ -389,7 +410,7 @@ int md_config_parse(struct md_config *c, int argc, char **argv)
 			fprintf(stderr, "moed: %s\n", err);
 			bad = 1;
 		}
-		c->_from_flag |= 1ull << (o - options);
+		c->_from_flag[(o - options) / 64] |= 1ull << ((o - options) % 64);
 	}
 	return bad ? -EINVAL : 0;
 }
@@ -494,7 +515,7 @@ static void swap_opt(struct md_config *a, struct md_config *b, const struct opt 
 	char *pa = (char *)a + o->offset, *pb = (char *)b + o->offset;
 	char tmp[sizeof(int64_t) > sizeof(double) ? sizeof(int64_t) : sizeof(double)];
 	size_t sz = o->type == OPT_STRING ? sizeof(char *)
-		  : o->type == OPT_INT ? sizeof(int64_t) : sizeof(double);
+		  : o->type == OPT_DOUBLE ? sizeof(double) : sizeof(int64_t);
 	_Static_assert(sizeof(char *) <= sizeof(tmp), "field sizes");
 	memcpy(tmp, pa, sz);
 	memcpy(pa, pb, sz);
@@ -507,7 +528,7 @@ static int copy_opt(struct md_config *dst, const struct md_config *src, const st
 	char *pd = (char *)dst + o->offset;
 	const char *ps = (const char *)src + o->offset;
 	if (o->type != OPT_STRING) {
-		memcpy(pd, ps, o->type == OPT_INT ? sizeof(int64_t) : sizeof(double));
+		memcpy(pd, ps, o->type == OPT_DOUBLE ? sizeof(double) : sizeof(int64_t));
 		return 0;
 	}
 	char *dup = strdup(*(char *const *)ps);
@@ -530,7 +551,7 @@ int md_config_reload(struct md_config *c, char *err, size_t errlen)
 		goto release;
 	/* flags still win: their values stay */
 	for (size_t i = 0; i < N_OPTIONS; i++)
-		if (options[i].reloadable && (c->_from_flag & (1ull << i)) &&
+		if (options[i].reloadable && (c->_from_flag[i / 64] & (1ull << (i % 64))) &&
 		    (rc = copy_opt(&t, c, &options[i])))
 			goto release;
 	if ((rc = load_keys(&t, &t.api_keys, &t.n_api_keys, err, errlen)))

@@ -34,6 +34,7 @@ struct md_config {
 	int64_t step_tokens;
 	int64_t max_queue;
 	int64_t max_tokens_cap;
+	int64_t prefix_cache;       /* 0 or 1 */
 	/* [log] */
 	char *log_level;            /* owned */
 	char *log_format;           /* owned */
@@ -43,7 +44,7 @@ struct md_config {
 	bool check_only;            /* --check-config */
 	char **api_keys;            /* owned (n_api_keys): from api_key and api_key_file */
 	size_t n_api_keys;
-	uint64_t _from_flag;        /* bit i: option i of the table was given as a flag */
+	uint64_t _from_flag[2];     /* bit i: option i of the table was given as a flag */
 };
 
 /* Fill defaults, read the INI file named by --config/-c (if any), then apply flags (flags

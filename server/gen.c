@@ -36,6 +36,7 @@ struct choice {
 	size_t text_offset;             /* bytes released so far (legacy text_offset) */
 	uint32_t n_tokens;              /* token events received */
 	uint32_t usage_tokens;          /* completion tokens to report */
+	uint32_t cached_tokens;         /* prompt tokens the engine took from its prefix cache */
 	const char *finish;             /* static string once finished */
 	double t_last;
 };
@@ -505,6 +506,7 @@ static void on_done(struct choice *ch, const struct md_engine_event *ev)
 		return;
 	}
 	ch->usage_tokens = ev->n_gen > ch->n_tokens ? ev->n_gen : ch->n_tokens;
+	ch->cached_tokens = ev->n_cached;
 	stage_stop(ch, true);
 	if (!ch->active || g->dead)
 		return;
@@ -547,6 +549,22 @@ static uint32_t completion_tokens(const struct md_gen *g)
 	return comp;
 }
 
+/* Prompt tokens served from the prefix cache: per prompt, the most any of its choices got
+ * (choices are prompt-major, n per prompt; each prompt is counted once in prompt_tokens). */
+static uint32_t cached_tokens(const struct md_gen *g)
+{
+	size_t per = g->n_prompts ? g->n_ch / g->n_prompts : 0;
+	uint32_t sum = 0;
+	for (size_t p = 0; per && p < g->n_prompts; p++) {
+		uint32_t best = 0;
+		for (size_t j = 0; j < per; j++)
+			if (g->ch[p * per + j].cached_tokens > best)
+				best = g->ch[p * per + j].cached_tokens;
+		sum += best;
+	}
+	return sum;
+}
+
 /* The whole (non-streamed) response. */
 static void respond_whole(struct md_gen *g, uint32_t comp, double ttft)
 {
@@ -559,7 +577,7 @@ static void respond_whole(struct md_gen *g, uint32_t comp, double ttft)
 		ch->lp = NULL;
 	}
 	if (doc)
-		cJSON_AddItemToObject(doc, "usage", md_oai_usage(g->prompt_tokens, comp));
+		cJSON_AddItemToObject(doc, "usage", md_oai_usage(g->prompt_tokens, comp, cached_tokens(g)));
 	char *txt = doc ? cJSON_PrintUnformatted(doc) : NULL;
 	cJSON_Delete(doc);
 	md_oai_account(&g->o, txt ? 200 : 500, g->prompt_tokens, comp, ttft);
@@ -594,7 +612,7 @@ static void gen_complete(struct md_gen *g)
 		if (g->include_usage) {
 			cJSON *choices, *doc = md_oai_doc_new(&g->ident, false, &choices);
 			if (doc)
-				cJSON_AddItemToObject(doc, "usage", md_oai_usage(g->prompt_tokens, comp));
+				cJSON_AddItemToObject(doc, "usage", md_oai_usage(g->prompt_tokens, comp, cached_tokens(g)));
 			sse_json(g, doc);
 		}
 		static const char done[] = "data: [DONE]\n\n";

@@ -848,12 +848,15 @@ cJSON *md_oai_choice_whole(const struct md_oai_ident *id, uint32_t index, const 
 	return c0;
 }
 
-cJSON *md_oai_usage(uint32_t prompt_tokens, uint32_t completion_tokens)
+cJSON *md_oai_usage(uint32_t prompt_tokens, uint32_t completion_tokens, uint32_t cached_tokens)
 {
 	cJSON *u = cJSON_CreateObject();
 	cJSON_AddNumberToObject(u, "prompt_tokens", prompt_tokens);
 	cJSON_AddNumberToObject(u, "completion_tokens", completion_tokens);
 	cJSON_AddNumberToObject(u, "total_tokens", prompt_tokens + completion_tokens);
+	cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+	if (d)
+		cJSON_AddNumberToObject(d, "cached_tokens", cached_tokens);
 	return u;
 }
 

@@ -154,7 +154,7 @@ cJSON *md_oai_choice_finish(const struct md_oai_ident *id, uint32_t index, const
 /* A whole response's choice: text, logprobs (consumed, NULL for null), finish reason. */
 cJSON *md_oai_choice_whole(const struct md_oai_ident *id, uint32_t index, const char *text,
 			   cJSON *logprobs, const char *reason);
-cJSON *md_oai_usage(uint32_t prompt_tokens, uint32_t completion_tokens);
+cJSON *md_oai_usage(uint32_t prompt_tokens, uint32_t completion_tokens, uint32_t cached_tokens);
 /* Frame doc (consumed) as one SSE event "data: <json>\n\n" in a malloc'd *out. Returns the
  * length, or -ENOMEM (nothing allocated). */
 long md_oai_sse_event(cJSON *doc, char **out);

@@ -509,6 +509,111 @@ static void test_forward_fork(const char *moed_gguf)
 	gen_model_cleanup(dir, path);
 }
 
+/* Prefix cache: registered blocks survive their holder, are attached by content, are never
+ * written (copied when shared, uncached when the only holder writes), and go when the pool
+ * needs them. */
+static void test_prefix_cache(void)
+{
+	struct md_kv_cache kv;
+	REQUIRE(CHECK_EQ_I(md_kv_init(&kv, 2, DIM, 8, 4), 0));
+	REQUIRE(CHECK_EQ_I(md_kv_prefix_enable(&kv), 0));
+	int32_t toks[128], other[128];
+	for (int i = 0; i < 128; i++) {
+		toks[i] = 1000 + i;
+		other[i] = toks[i];
+	}
+	other[20] = 7; /* differs in the second block */
+
+	int a = md_kv_seq_new(&kv);
+	CHECK_EQ_I(md_kv_reserve(&kv, a, 40), 0);
+	CHECK_EQ_I(write_span(&kv, a, 0, 40, 1), 0);
+	md_kv_prefix_register(&kv, a, toks, 40);
+	CHECK_EQ_U(md_kv_prefix_blocks(&kv), 2); /* two full blocks; the third is partial */
+	int32_t b0 = md_kv_seq_block(&kv, a, 0), b1 = md_kv_seq_block(&kv, a, 16);
+	md_kv_seq_free(&kv, a);
+	check_accounting(&kv);
+	CHECK_EQ_U(md_kv_blocks_used(&kv), 0);
+	CHECK_EQ_U(md_kv_blocks_free(&kv), 8);
+	CHECK_EQ_U(md_kv_prefix_blocks(&kv), 2);
+
+	/* Same tokens: both blocks attach, rows as written; no sequence: nothing attaches. */
+	CHECK_EQ_U(md_kv_prefix_attach(&kv, 3, toks, 40), 0);
+	int b = md_kv_seq_new(&kv);
+	CHECK_EQ_U(md_kv_prefix_attach(&kv, b, toks, 40), 32);
+	CHECK_EQ_U(md_kv_seq_len(&kv, b), 32);
+	CHECK_EQ_I(md_kv_seq_block(&kv, b, 0), b0);
+	CHECK_EQ_I(md_kv_seq_block(&kv, b, 31), b1);
+	CHECK(holds(&kv, b, 0, 32, 1));
+	CHECK_EQ_U(md_kv_prefix_attach(&kv, b, toks, 40), 0); /* not empty any more */
+	check_accounting(&kv);
+	/* Different second block: only the first attaches; too short: none. */
+	int c = md_kv_seq_new(&kv);
+	CHECK_EQ_U(md_kv_prefix_attach(&kv, c, other, 40), 16);
+	CHECK_EQ_I(md_kv_block_refs(&kv, b0), 2);
+	int d = md_kv_seq_new(&kv);
+	CHECK_EQ_U(md_kv_prefix_attach(&kv, d, toks, 15), 0);
+	md_kv_seq_free(&kv, d);
+
+	/* c writes into its copy of the first block's range? No: it continues at 16, in a block
+	 * of its own; b0 stays shared and registered. */
+	CHECK_EQ_I(md_kv_reserve(&kv, c, 40), 0);
+	CHECK_EQ_I(write_span(&kv, c, 16, 40, 2), 0);
+	CHECK(holds(&kv, c, 0, 16, 1));
+	CHECK_EQ_I(md_kv_seq_block(&kv, c, 0), b0);
+	md_kv_prefix_register(&kv, c, other, 40);
+	CHECK_EQ_U(md_kv_prefix_blocks(&kv), 3);
+
+	/* b rolls back into the shared first block and rewrites it: a copy, b0 keeps its rows
+	 * and its registration for c and later sequences. */
+	md_kv_truncate(&kv, b, 8);
+	CHECK_EQ_I(md_kv_reserve(&kv, b, 16), 0);
+	CHECK_EQ_I(write_span(&kv, b, 8, 16, 3), 0);
+	CHECK(md_kv_seq_block(&kv, b, 0) != b0);
+	CHECK(holds(&kv, b, 0, 8, 1) && holds(&kv, b, 8, 16, 3));
+	CHECK(holds(&kv, c, 0, 16, 1));
+	CHECK_EQ_U(md_kv_prefix_blocks(&kv), 3);
+	/* b1 was dropped by the truncation: unreferenced, still registered. */
+	CHECK_EQ_I(md_kv_block_refs(&kv, b1), 0);
+	check_accounting(&kv);
+
+	/* c alone holds its registered second block; rolling back into it and writing takes it
+	 * out of the cache instead of copying. */
+	int32_t c1 = md_kv_seq_block(&kv, c, 16);
+	md_kv_truncate(&kv, c, 20);
+	CHECK_EQ_I(write_span(&kv, c, 20, 24, 4), 0);
+	CHECK_EQ_I(md_kv_seq_block(&kv, c, 16), c1);
+	CHECK_EQ_U(md_kv_prefix_blocks(&kv), 2);
+	CHECK(holds(&kv, c, 16, 20, 2) && holds(&kv, c, 20, 24, 4));
+	md_kv_seq_free(&kv, b);
+	md_kv_seq_free(&kv, c);
+	check_accounting(&kv);
+	CHECK_EQ_U(md_kv_blocks_used(&kv), 0);
+
+	/* The pool needs every block: the registered ones are reused, oldest released first. */
+	int e = md_kv_seq_new(&kv);
+	CHECK_EQ_I(md_kv_reserve(&kv, e, 8 * MD_KV_BLOCK_TOKENS), 0);
+	CHECK_EQ_U(md_kv_prefix_blocks(&kv), 0);
+	CHECK_EQ_U(md_kv_prefix_evictions(&kv), 2);
+	CHECK_EQ_U(md_kv_blocks_free(&kv), 0);
+	md_kv_seq_free(&kv, e);
+	int f = md_kv_seq_new(&kv);
+	CHECK_EQ_U(md_kv_prefix_attach(&kv, f, toks, 40), 0);
+	check_accounting(&kv);
+	md_kv_release(&kv);
+
+	/* Off: attach and register do nothing. */
+	REQUIRE(CHECK_EQ_I(md_kv_init(&kv, 1, DIM, 4, 2), 0));
+	a = md_kv_seq_new(&kv);
+	CHECK_EQ_I(md_kv_reserve(&kv, a, 16), 0);
+	CHECK_EQ_I(write_span(&kv, a, 0, 16, 1), 0);
+	md_kv_prefix_register(&kv, a, toks, 16);
+	md_kv_seq_free(&kv, a);
+	a = md_kv_seq_new(&kv);
+	CHECK_EQ_U(md_kv_prefix_attach(&kv, a, toks, 16), 0);
+	CHECK_EQ_U(md_kv_blocks_free(&kv), 4);
+	md_kv_release(&kv);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 1) {
@@ -520,6 +625,7 @@ int main(int argc, char **argv)
 		test_rollback();
 		test_exhaustion();
 		test_batch_checks();
+		test_prefix_cache();
 	}
 	if (failures) {
 		fprintf(stderr, "kv_cache: %d failures\n", failures);
