@@ -311,6 +311,8 @@ static bool sse_choice(struct md_gen *g, cJSON *c0)
 		return false;
 	}
 	cJSON_AddItemToArray(choices, c0);
+	if (g->include_usage) /* as OpenAI: null on every chunk before the usage chunk */
+		cJSON_AddNullToObject(doc, "usage");
 	return sse_json(g, doc);
 }
 

@@ -67,6 +67,8 @@ try:
     text = "".join(e["choices"][0]["text"] for e in evs if e.get("choices"))
     check(text == c1["choices"][0]["text"], "streamed text equals non-streamed", text, c1)
     check(evs[-1]["choices"] == [] and "usage" in evs[-1], "usage chunk last", evs[-1])
+    check(all("usage" in e and e["usage"] is None for e in evs[:-1]),
+          "usage: null on the chunks before it", [e for e in evs[:-1] if e.get("usage")])
     fin = [e for e in evs if e.get("choices") and e["choices"][0]["finish_reason"]]
     check(len(fin) == 1, "one finish chunk", fin)
     lps = [e["choices"][0]["logprobs"] for e in evs if e.get("choices") and e["choices"][0]["logprobs"]]
