@@ -11,6 +11,10 @@
  *
  *   q4_0  (32 elems, 18 B):  f16 d | u8 qs[16]
  *         elem j = (lo nibble of qs[j] - 8) * d, elem j+16 = (hi nibble of qs[j] - 8) * d.
+ *   q4_1  (32 elems, 20 B):  f16 d | f16 m | u8 qs[16]; nibbles as q4_0, elem = q * d + m.
+ *   q5_0  (32 elems, 22 B):  f16 d | u32 qh | u8 qs[16]; q = nibble as q4_0 | bit e of qh << 4
+ *         for element e, elem = (q - 16) * d.
+ *   q5_1  (32 elems, 24 B):  f16 d | f16 m | u32 qh | u8 qs[16]; q as q5_0, elem = q * d + m.
  *   q8_0  (32 elems, 34 B):  f16 d | i8 qs[32];  elem j = qs[j] * d.
  *   q4_K  (256 elems, 144 B): f16 d | f16 dmin | u8 scales[12] | u8 qs[128]
  *   q5_K  (256 elems, 176 B): f16 d | f16 dmin | u8 scales[12] | u8 qh[32] | u8 qs[128]
@@ -28,6 +32,9 @@
  */
 
 #define Q4_0_BYTES 18
+#define Q4_1_BYTES 20
+#define Q5_0_BYTES 22
+#define Q5_1_BYTES 24
 #define Q8_0_BYTES 34
 #define Q4_K_BYTES 144
 #define Q5_K_BYTES 176
@@ -37,9 +44,9 @@ static const struct md_dtype_info dtype_table[MD_DT_COUNT] = {
 	[0] = { "f32", 1, 4, true },
 	[1] = { "f16", 1, 2, true },
 	[2] = { "q4_0", 32, 18, true },
-	[3] = { "q4_1", 32, 20, false },
-	[6] = { "q5_0", 32, 22, false },
-	[7] = { "q5_1", 32, 24, false },
+	[3] = { "q4_1", 32, 20, true },
+	[6] = { "q5_0", 32, 22, true },
+	[7] = { "q5_1", 32, 24, true },
 	[8] = { "q8_0", 32, 34, true },
 	[9] = { "q8_1", 32, 36, false },
 	[10] = { "q2_K", 256, 84, false },
@@ -48,12 +55,26 @@ static const struct md_dtype_info dtype_table[MD_DT_COUNT] = {
 	[13] = { "q5_K", 256, 176, true },
 	[14] = { "q6_K", 256, 210, true },
 	[15] = { "q8_K", 256, 292, false },
+	/* Types moed has no kernels for, sized so that files holding them still parse and the
+	 * loader can name the type it refuses. */
+	[16] = { "iq2_xxs", 256, 66, false },
+	[17] = { "iq2_xs", 256, 74, false },
+	[18] = { "iq3_xxs", 256, 98, false },
+	[19] = { "iq1_s", 256, 50, false },
+	[20] = { "iq4_nl", 32, 18, false },
+	[21] = { "iq3_s", 256, 110, false },
+	[22] = { "iq2_s", 256, 82, false },
+	[23] = { "iq4_xs", 256, 136, false },
 	[24] = { "i8", 1, 1, false },
 	[25] = { "i16", 1, 2, false },
 	[26] = { "i32", 1, 4, false },
 	[27] = { "i64", 1, 8, false },
 	[28] = { "f64", 1, 8, false },
+	[29] = { "iq1_m", 256, 56, false },
 	[30] = { "bf16", 1, 2, true },
+	[34] = { "tq1_0", 256, 54, false },
+	[35] = { "tq2_0", 256, 66, false },
+	[39] = { "mxfp4", 32, 17, false },
 };
 
 static _Noreturn void quant_fail(const char *what, enum md_dtype t)
@@ -67,6 +88,24 @@ const struct md_dtype_info *md_dtype_info(uint32_t type)
 	if (type >= MD_DT_COUNT || dtype_table[type].name == NULL)
 		return NULL;
 	return &dtype_table[type];
+}
+
+const char *md_dtype_supported_names(char *buf, size_t len)
+{
+	size_t used = 0;
+
+	if (len == 0)
+		return buf;
+	buf[0] = '\0';
+	for (uint32_t t = 0; t < MD_DT_COUNT; t++) {
+		if (dtype_table[t].name == NULL || !dtype_table[t].supported)
+			continue;
+		int w = snprintf(buf + used, len - used, "%s%s", used ? ", " : "", dtype_table[t].name);
+		if (w < 0 || (size_t)w >= len - used)
+			break;
+		used += (size_t)w;
+	}
+	return buf;
 }
 
 size_t md_dtype_row_size(enum md_dtype t, int64_t n)
@@ -199,6 +238,39 @@ static void dequant_q8_0_block(const uint8_t *b, float *y)
 		y[j] = (float)qs[j] * d;
 }
 
+static inline uint32_t load_u32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* q4_1 (qh == NULL) and q5_1: elem = q * d + m (product rounded, then the sum, as GGML). */
+static void dequant_q45_1_block(const uint8_t *b, const uint8_t *qh, const uint8_t *qs, float *y)
+{
+	float d = load_f16(b), m = load_f16(b + 2);
+	uint32_t h = qh != NULL ? load_u32(qh) : 0;
+
+	for (int j = 0; j < 16; j++) {
+		int lo = (qs[j] & 0xf) | (int)((h >> j) & 1) << 4;
+		int hi = (qs[j] >> 4) | (int)((h >> (j + 16)) & 1) << 4;
+		y[j] = (float)lo * d + m;
+		y[j + 16] = (float)hi * d + m;
+	}
+}
+
+static void dequant_q5_0_block(const uint8_t *b, float *y)
+{
+	float d = load_f16(b);
+	uint32_t h = load_u32(b + 2);
+	const uint8_t *qs = b + 6;
+
+	for (int j = 0; j < 16; j++) {
+		int lo = (qs[j] & 0xf) | (int)((h >> j) & 1) << 4;
+		int hi = (qs[j] >> 4) | (int)((h >> (j + 16)) & 1) << 4;
+		y[j] = (float)(lo - 16) * d;
+		y[j + 16] = (float)(hi - 16) * d;
+	}
+}
+
 /* Unpacks the 8 six-bit scales and mins of a q4_K / q5_K super-block. */
 static void kq_unpack_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8])
 {
@@ -266,6 +338,9 @@ static void dequant_block(enum md_dtype t, const uint8_t *src, float *y)
 	case MD_DT_F16: y[0] = load_f16(src); break;
 	case MD_DT_BF16: y[0] = md_bf16_to_f32((uint16_t)(src[0] | (src[1] << 8))); break;
 	case MD_DT_Q4_0: dequant_q4_0_block(src, y); break;
+	case MD_DT_Q4_1: dequant_q45_1_block(src, NULL, src + 4, y); break;
+	case MD_DT_Q5_0: dequant_q5_0_block(src, y); break;
+	case MD_DT_Q5_1: dequant_q45_1_block(src, src + 4, src + 8, y); break;
 	case MD_DT_Q8_0: dequant_q8_0_block(src, y); break;
 	case MD_DT_Q4_K: dequant_q45_K_block(src, NULL, src + 16, y); break;
 	case MD_DT_Q5_K: dequant_q45_K_block(src, src + 16, src + 48, y); break;
@@ -411,6 +486,67 @@ static void quantize_q4_0_block(const float *x, uint8_t *b)
 		int hi = clampi(iround(x[j + 16] * id), -8, 7) + 8;
 		b[2 + j] = (uint8_t)(lo | (hi << 4));
 	}
+}
+
+/*
+ * q4_1 / q5_1 (nmax 15 / 31) and q5_0, with GGML's reference rounding, so that the blocks are
+ * the ones llama-quantize writes without an importance matrix: q4_1/q5_1 map [min, max] onto
+ * [0, nmax] (d = (max - min) / nmax, m = min, q = trunc((x - min) / d + 0.5)); q5_0 maps the
+ * largest-magnitude element to -16 (d = max / -16, q = trunc(x / d + 16.5), at most 31). The
+ * inverse scale comes from the unrounded d, as in GGML.
+ */
+static void quantize_q45_1_block(const float *x, uint8_t *b, uint8_t *qh, uint8_t *qs, int nmax)
+{
+	float mn = INFINITY, mx = -INFINITY;
+
+	for (int j = 0; j < 32; j++) {
+		mn = fminf(mn, x[j]);
+		mx = fmaxf(mx, x[j]);
+	}
+	float d = (mx - mn) / (float)nmax;
+	float id = d != 0.0f ? 1.0f / d : 0.0f;
+	uint32_t h = 0;
+
+	store_f16(b, d);
+	store_f16(b + 2, mn);
+	for (int j = 0; j < 16; j++) {
+		int lo = (int)((x[j] - mn) * id + 0.5f), hi = (int)((x[j + 16] - mn) * id + 0.5f);
+
+		lo = lo < nmax ? lo : nmax;
+		hi = hi < nmax ? hi : nmax;
+		qs[j] = (uint8_t)((lo & 0xf) | (hi & 0xf) << 4);
+		h |= (uint32_t)((lo >> 4) & 1) << j | (uint32_t)((hi >> 4) & 1) << (j + 16);
+	}
+	if (qh != NULL)
+		for (int k = 0; k < 4; k++)
+			qh[k] = (uint8_t)(h >> (8 * k));
+}
+
+static void quantize_q5_0_block(const float *x, uint8_t *b)
+{
+	float amax = 0.0f, vmax = 0.0f;
+	uint32_t h = 0;
+
+	for (int j = 0; j < 32; j++) {
+		if (fabsf(x[j]) > amax) {
+			amax = fabsf(x[j]);
+			vmax = x[j];
+		}
+	}
+	float d = vmax / -16.0f;
+	float id = d != 0.0f ? 1.0f / d : 0.0f;
+
+	store_f16(b, d);
+	for (int j = 0; j < 16; j++) {
+		int lo = (int)(x[j] * id + 16.5f), hi = (int)(x[j + 16] * id + 16.5f);
+
+		lo = lo < 31 ? lo : 31;
+		hi = hi < 31 ? hi : 31;
+		b[6 + j] = (uint8_t)((lo & 0xf) | (hi & 0xf) << 4);
+		h |= (uint32_t)(lo >> 4) << j | (uint32_t)(hi >> 4) << (j + 16);
+	}
+	for (int k = 0; k < 4; k++)
+		b[2 + k] = (uint8_t)(h >> (8 * k));
 }
 
 /*
@@ -644,6 +780,18 @@ size_t md_quantize_row(enum md_dtype t, const float *src, void *dst, int64_t n)
 	case MD_DT_Q4_0:
 		for (int64_t i = 0; i < n; i += 32, p += Q4_0_BYTES)
 			quantize_q4_0_block(src + i, p);
+		break;
+	case MD_DT_Q4_1:
+		for (int64_t i = 0; i < n; i += 32, p += Q4_1_BYTES)
+			quantize_q45_1_block(src + i, p, NULL, p + 4, 15);
+		break;
+	case MD_DT_Q5_0:
+		for (int64_t i = 0; i < n; i += 32, p += Q5_0_BYTES)
+			quantize_q5_0_block(src + i, p);
+		break;
+	case MD_DT_Q5_1:
+		for (int64_t i = 0; i < n; i += 32, p += Q5_1_BYTES)
+			quantize_q45_1_block(src + i, p, p + 4, p + 8, 31);
 		break;
 	case MD_DT_Q4_K:
 		for (int64_t i = 0; i < n; i += 256, p += Q4_K_BYTES)

@@ -19,7 +19,10 @@ enum {
 	FTYPE_F32 = 0,
 	FTYPE_F16 = 1,
 	FTYPE_Q4_0 = 2,
+	FTYPE_Q4_1 = 3,
 	FTYPE_Q8_0 = 7,
+	FTYPE_Q5_0 = 8,
+	FTYPE_Q5_1 = 9,
 	FTYPE_Q4_K_M = 15,
 	FTYPE_Q5_K_M = 17,
 	FTYPE_Q6_K = 18,
@@ -39,7 +42,8 @@ static void usage(FILE *f)
 "          biases N(0,std)); options (defaults in brackets):\n"
 "  --arch A            qwen3moe|qwen2moe|llama|mixtral|olmoe|qwen2|qwen3 [qwen3moe]\n"
 "                      (mixtral = arch \"llama\" with experts; llama = dense)\n"
-"  --type T            f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k for 2-D/3-D weights [f32];\n"
+"  --type T            f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k\n"
+"                      for 2-D/3-D weights [f32];\n"
 "                      1-D tensors are f32, the router f32 unless T is a float type;\n"
 "                      K types need every row length to be a multiple of 256\n"
 "  --seed N [1]  --n-layer N [2]  --n-embd N [64]  --n-head N [4]  --n-head-kv N [2]\n"
@@ -60,12 +64,14 @@ static void usage(FILE *f)
 "                      default: a synthetic byte-level \"gpt2\" vocabulary\n"
 "\n"
 "quantize  requantize every 2-D/3-D weight of IN into OUT; 1-D tensors and ffn_gate_inp*\n"
-"          are kept as they are. MIX: f32 f16 bf16 q8_0 q4_0 q4_k_m q5_k_m q6_k\n"
+"          are kept as they are. MIX: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k_m\n"
+"          q5_k_m q6_k\n"
 "          q4_k_m/q5_k_m: q4_K/q5_K, with q6_K for output.weight and for attn_v and\n"
 "          ffn_down* in the first and last n_layer/8 layers and every third between\n"
-"          (llama.cpp's use_more_bits); q4_0: q6_K for output.weight.\n"
-"          Fallbacks: a tensor whose ne[0] is not a multiple of 256 gets q8_0 in K mixes\n"
-"          (f16 if not even a multiple of 32, also for q8_0/q4_0 targets).\n"
+"          (llama.cpp's use_more_bits); q4_0/q4_1/q5_0/q5_1: q6_K for output.weight.\n"
+"          Fallbacks as llama-quantize's: a tensor whose ne[0] is not a multiple of 256\n"
+"          gets q5_0 for q4_K, q5_1 for q5_K, q8_0 for q6_K; f16 where ne[0] is not even\n"
+"          a multiple of 32.\n"
 "\n"
 MD_INFLATE_USAGE);
 }
@@ -86,6 +92,18 @@ static bool is_quantized(uint32_t t)
 static bool is_k_type(uint32_t t)
 {
 	return t == MD_DT_Q4_K || t == MD_DT_Q5_K || t == MD_DT_Q6_K;
+}
+
+/* The type llama-quantize writes instead of a 256-block type for rows that are not a
+ * multiple of 256 (llama_tensor_get_type's fallback); t itself for other types. */
+static uint32_t k_fallback(uint32_t t)
+{
+	switch (t) {
+	case MD_DT_Q4_K: return MD_DT_Q5_0;
+	case MD_DT_Q5_K: return MD_DT_Q5_1;
+	case MD_DT_Q6_K: return MD_DT_Q8_0;
+	default: return t;
+	}
 }
 
 static void print_escaped(const char *s, size_t n, size_t max)
@@ -231,7 +249,8 @@ static int cmd_info(const char *path)
 			per_params[t->type] += n;
 			per_bytes[t->type] += t->nbytes;
 		}
-		if (k_mix && t->type == MD_DT_Q8_0 && t->n_dims >= 2 && t->ne[0] % MD_QK_K != 0)
+		if (k_mix && t->n_dims >= 2 && t->ne[0] % MD_QK_K != 0 &&
+		    md_dtype_info(t->type) && md_dtype_info(t->type)->blck == 32)
 			n_fallback++;
 	}
 	printf("\ntotal: %" PRIu64 " parameters (%.4g B), %" PRIu64 " bytes (%.3f GiB), %.3f "
@@ -244,8 +263,8 @@ static int cmd_info(const char *path)
 		       " bytes\n", dtype_name(t), per_n[t], per_params[t], per_bytes[t]);
 	}
 	if (n_fallback)
-		printf("note: %" PRIu64 " tensor(s) whose ne[0] is not a multiple of 256 are q8_0 "
-		       "(K-quant fallback)\n", n_fallback);
+		printf("note: %" PRIu64 " tensor(s) whose ne[0] is not a multiple of 256 have a "
+		       "32-element block type (K-quant fallback)\n", n_fallback);
 	md_gguf_close(&g);
 	return 0;
 }
@@ -348,7 +367,9 @@ struct wtype_def {
 static const struct wtype_def gen_types[] = {
 	{ "f32", MD_DT_F32, FTYPE_F32 },     { "f16", MD_DT_F16, FTYPE_F16 },
 	{ "bf16", MD_DT_BF16, FTYPE_BF16 },  { "q8_0", MD_DT_Q8_0, FTYPE_Q8_0 },
-	{ "q4_0", MD_DT_Q4_0, FTYPE_Q4_0 },  { "q4_k", MD_DT_Q4_K, FTYPE_Q4_K_M },
+	{ "q4_0", MD_DT_Q4_0, FTYPE_Q4_0 },  { "q4_1", MD_DT_Q4_1, FTYPE_Q4_1 },
+	{ "q5_0", MD_DT_Q5_0, FTYPE_Q5_0 },  { "q5_1", MD_DT_Q5_1, FTYPE_Q5_1 },
+	{ "q4_k", MD_DT_Q4_K, FTYPE_Q4_K_M },
 	{ "q5_k", MD_DT_Q5_K, FTYPE_Q5_K_M }, { "q6_k", MD_DT_Q6_K, FTYPE_Q6_K },
 };
 
@@ -910,7 +931,9 @@ struct mix_def {
 static const struct mix_def mixes[] = {
 	{ "f32", MD_DT_F32, FTYPE_F32 },       { "f16", MD_DT_F16, FTYPE_F16 },
 	{ "bf16", MD_DT_BF16, FTYPE_BF16 },    { "q8_0", MD_DT_Q8_0, FTYPE_Q8_0 },
-	{ "q4_0", MD_DT_Q4_0, FTYPE_Q4_0 },    { "q4_k_m", MD_DT_Q4_K, FTYPE_Q4_K_M },
+	{ "q4_0", MD_DT_Q4_0, FTYPE_Q4_0 },    { "q4_1", MD_DT_Q4_1, FTYPE_Q4_1 },
+	{ "q5_0", MD_DT_Q5_0, FTYPE_Q5_0 },    { "q5_1", MD_DT_Q5_1, FTYPE_Q5_1 },
+	{ "q4_k_m", MD_DT_Q4_K, FTYPE_Q4_K_M },
 	{ "q5_k_m", MD_DT_Q5_K, FTYPE_Q5_K_M }, { "q6_k", MD_DT_Q6_K, FTYPE_Q6_K },
 };
 
@@ -931,7 +954,8 @@ static uint32_t pick_type(const struct mix_def *m, const struct md_gguf_tensor *
 	bool is_out = strcmp(name, "output.weight") == 0;
 	if ((m->base == MD_DT_Q4_K || m->base == MD_DT_Q5_K) && is_out)
 		ty = MD_DT_Q6_K;
-	else if (m->base == MD_DT_Q4_0 && is_out)
+	else if ((m->base == MD_DT_Q4_0 || m->base == MD_DT_Q4_1 || m->base == MD_DT_Q5_0 ||
+		  m->base == MD_DT_Q5_1) && is_out)
 		ty = MD_DT_Q6_K;
 	else if (m->base == MD_DT_Q4_K || m->base == MD_DT_Q5_K) {
 		int layer = -1;
@@ -941,10 +965,12 @@ static uint32_t pick_type(const struct mix_def *m, const struct md_gguf_tensor *
 			ty = MD_DT_Q6_K;
 	}
 	if (is_k_type(ty) && t->ne[0] % MD_QK_K != 0) {
-		ty = MD_DT_Q8_0;
-		*why = "ne[0] not a multiple of 256: q8_0 fallback";
+		ty = k_fallback(ty);
+		*why = ty == MD_DT_Q5_0 ? "ne[0] not a multiple of 256: q5_0 fallback" :
+		       ty == MD_DT_Q5_1 ? "ne[0] not a multiple of 256: q5_1 fallback" :
+					  "ne[0] not a multiple of 256: q8_0 fallback";
 	}
-	if ((ty == MD_DT_Q8_0 || ty == MD_DT_Q4_0) && t->ne[0] % MD_QK8_0 != 0) {
+	if (md_dtype_info(ty)->blck == 32 && t->ne[0] % 32 != 0) {
 		ty = MD_DT_F16;
 		*why = "ne[0] not a multiple of 32: f16 fallback";
 	}
@@ -1014,7 +1040,7 @@ static int cmd_quantize(const char *in, const char *out, const char *mix)
 			m = &mixes[k];
 	if (!m) {
 		fprintf(stderr, "moed-gguf quantize: unknown MIX '%s' (f32 f16 bf16 q8_0 q4_0 "
-			"q4_k_m q5_k_m q6_k)\n", mix);
+			"q4_1 q5_0 q5_1 q4_k_m q5_k_m q6_k)\n", mix);
 		return 2;
 	}
 	if (strcmp(in, out) == 0) {

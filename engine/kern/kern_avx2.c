@@ -107,6 +107,57 @@ INLINE void tile_q4_0(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 		y[(size_t)t * ys] = hsum8(_mm256_add_ps(acc[0][t], acc[1][t]));
 }
 
+/* Byte i is 16 where bit i of h is set: the fifth bits of a q5_0 / q5_1 block. */
+INLINE __m256i bit5_bytes(uint32_t h)
+{
+	const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+					      2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+	const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+	const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)h), shuf), bit);
+	return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(16));
+}
+
+/* q4_1, q5_0 and q5_1 against md_q8b: unsigned 4/5-bit weights as q4_0; the min of q4_1 /
+ * q5_1 adds m * da * sum(a) per block (kept in a float per token), q5_0's offset of 16
+ * subtracts 16 * sum(a) from the integer sum. */
+INLINE void tile_q451(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y,
+		      size_t ys, const int nt, const int type)
+{
+	__m256 acc[2][MD_KERN_NT];
+	float accm[MD_KERN_NT];
+	for (int t = 0; t < nt; t++) {
+		acc[0][t] = acc[1][t] = _mm256_setzero_ps();
+		accm[t] = 0;
+	}
+	const __m256i m4 = _mm256_set1_epi8(15);
+	const int bs = type == MD_DT_Q4_1 ? 20 : type == MD_DT_Q5_0 ? 22 : 24;
+	const int qso = type == MD_DT_Q4_1 ? 4 : type == MD_DT_Q5_0 ? 6 : 8;
+	const int64_t nb = n / 32;
+	for (int64_t b = 0; b < nb; b++, w += bs) {
+		const __m128i x = _mm_loadu_si128((const __m128i *)(w + qso));
+		__m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), m4);
+		if (type != MD_DT_Q4_1) {
+			uint32_t h;
+			memcpy(&h, w + qso - 4, 4);
+			q = _mm256_or_si256(q, bit5_bytes(h));
+		}
+		const float dw = ld_f16(w);
+		const float mw = type != MD_DT_Q5_0 ? ld_f16(w + 2) : 0.0f;
+		for (int t = 0; t < nt; t++) {
+			const struct md_q8b *ab = (const struct md_q8b *)(a + (size_t)t * as) + b;
+			__m256i p = dot_us8(q, ld256(ab->qs));
+			if (type == MD_DT_Q5_0)
+				p = _mm256_sub_epi32(p, _mm256_zextsi128_si256(_mm_cvtsi32_si128(16 * ab->s)));
+			else
+				accm[t] += mw * ab->d * (float)ab->s;
+			acc[b & 1][t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab->d), _mm256_cvtepi32_ps(p),
+						       acc[b & 1][t]);
+		}
+	}
+	for (int t = 0; t < nt; t++)
+		y[(size_t)t * ys] = hsum8(_mm256_add_ps(acc[0][t], acc[1][t])) + accm[t];
+}
+
 /* ---- K-quants against md_q8k ---- */
 
 /* The 6-bit scales and mins of a q4_K / q5_K block (same as md_kern__k_scales, inlined). */
@@ -547,12 +598,18 @@ GEMM_ENTRY(gemm_bf16, dot_bf16, MD_DT_BF16)
 
 #define C_Q8_0(k) tile_q8_0(n, w, a, as, y, ys, k)
 #define C_Q4_0(k) tile_q4_0(n, w, a, as, y, ys, k)
+#define C_Q4_1(k) tile_q451(n, w, a, as, y, ys, k, MD_DT_Q4_1)
+#define C_Q5_0(k) tile_q451(n, w, a, as, y, ys, k, MD_DT_Q5_0)
+#define C_Q5_1(k) tile_q451(n, w, a, as, y, ys, k, MD_DT_Q5_1)
 #define C_Q4_K(k) tile_qk45(n, w, a, as, y, ys, k, 0)
 #define C_Q5_K(k) tile_qk45(n, w, a, as, y, ys, k, 1)
 #define C_Q6_K(k) tile_q6_K(n, w, a, as, y, ys, k)
 
 ENTRY(dot_q8_0, C_Q8_0)
 ENTRY(dot_q4_0, C_Q4_0)
+ENTRY(dot_q4_1, C_Q4_1)
+ENTRY(dot_q5_0, C_Q5_0)
+ENTRY(dot_q5_1, C_Q5_1)
 ENTRY(dot_q4_K, C_Q4_K)
 ENTRY(dot_q5_K, C_Q5_K)
 ENTRY(dot_q6_K, C_Q6_K)
@@ -679,6 +736,9 @@ static const struct md_kern table = {
 		[MD_DT_BF16] = dot_bf16,
 		[MD_DT_Q8_0] = dot_q8_0,
 		[MD_DT_Q4_0] = dot_q4_0,
+		[MD_DT_Q4_1] = dot_q4_1,
+		[MD_DT_Q5_0] = dot_q5_0,
+		[MD_DT_Q5_1] = dot_q5_1,
 		[MD_DT_Q4_K] = dot_q4_K,
 		[MD_DT_Q5_K] = dot_q5_K,
 		[MD_DT_Q6_K] = dot_q6_K,

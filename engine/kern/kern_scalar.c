@@ -13,6 +13,9 @@ enum md_act_fmt md_kern_act_fmt(enum md_dtype t)
 		return MD_ACT_F32;
 	case MD_DT_Q8_0:
 	case MD_DT_Q4_0:
+	case MD_DT_Q4_1:
+	case MD_DT_Q5_0:
+	case MD_DT_Q5_1:
 		return MD_ACT_Q8B;
 	case MD_DT_Q4_K:
 	case MD_DT_Q5_K:
@@ -112,6 +115,35 @@ static float dot1_q4_0(int64_t n, const uint8_t *w, const struct md_q8b *a)
 	return acc;
 }
 
+static inline uint32_t ld_u32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* q4_1 (bs 20), q5_0 (bs 22, no min), q5_1 (bs 24): integer sum of q * a per block, then
+ * d * da * sum (- 16 * d * da * s for q5_0) (+ m * da * s for the types with a min). */
+static float dot1_q451(int64_t n, const uint8_t *w, const struct md_q8b *a, enum md_dtype t)
+{
+	const int bs = t == MD_DT_Q4_1 ? 20 : t == MD_DT_Q5_0 ? 22 : 24;
+	const int qso = t == MD_DT_Q4_1 ? 4 : t == MD_DT_Q5_0 ? 6 : 8;
+	float acc = 0;
+	for (int64_t b = 0; b < n / 32; b++, w += bs) {
+		const uint8_t *q = w + qso;
+		const uint32_t h = t == MD_DT_Q4_1 ? 0 : ld_u32(w + qso - 4);
+		int s = 0;
+		for (int i = 0; i < 16; i++) {
+			int lo = (q[i] & 15) | (int)((h >> i) & 1) << 4;
+			int hi = (q[i] >> 4) | (int)((h >> (i + 16)) & 1) << 4;
+			s += lo * a[b].qs[i] + hi * a[b].qs[i + 16];
+		}
+		if (t == MD_DT_Q5_0)
+			acc += ld_f16(w) * a[b].d * (float)(s - 16 * a[b].s);
+		else
+			acc += ld_f16(w) * a[b].d * (float)s + ld_f16(w + 2) * a[b].d * (float)a[b].s;
+	}
+	return acc;
+}
+
 void md_kern__k_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8])
 {
 	for (int j = 0; j < 4; j++) {
@@ -203,6 +235,9 @@ TILE(dot_f16, dot1_float(MD_DT_F16, n, w, at))
 TILE(dot_bf16, dot1_float(MD_DT_BF16, n, w, at))
 TILE(dot_q8_0, dot1_q8_0(n, w, at))
 TILE(dot_q4_0, dot1_q4_0(n, w, at))
+TILE(dot_q4_1, dot1_q451(n, w, at, MD_DT_Q4_1))
+TILE(dot_q5_0, dot1_q451(n, w, at, MD_DT_Q5_0))
+TILE(dot_q5_1, dot1_q451(n, w, at, MD_DT_Q5_1))
 TILE(dot_q4_K, dot1_qk45(n, w, at, 0))
 TILE(dot_q5_K, dot1_qk45(n, w, at, 1))
 TILE(dot_q6_K, dot1_q6_K(n, w, at))
@@ -245,6 +280,9 @@ const struct md_kern md_kern_scalar = {
 		[MD_DT_BF16] = dot_bf16,
 		[MD_DT_Q8_0] = dot_q8_0,
 		[MD_DT_Q4_0] = dot_q4_0,
+		[MD_DT_Q4_1] = dot_q4_1,
+		[MD_DT_Q5_0] = dot_q5_0,
+		[MD_DT_Q5_1] = dot_q5_1,
 		[MD_DT_Q4_K] = dot_q4_K,
 		[MD_DT_Q5_K] = dot_q5_K,
 		[MD_DT_Q6_K] = dot_q6_K,

@@ -156,10 +156,12 @@ else
 	fail "quantize q4_k_m: $(tail -1 "$T/q.err")"
 fi
 
-# A K mix on a 64-wide model falls back to q8_0 and info says so.
+# A K mix on a 64-wide model falls back as llama-quantize does (q4_K -> q5_0, q6_K -> q8_0)
+# and info says so.
 if "$M" quantize "$T/qwen3moe-f32.gguf" "$T/fb.gguf" q4_k_m 2>/dev/null; then
 	"$M" info "$T/fb.gguf" >"$T/fb.out" 2>&1 || fail "info fallback file"
-	grep -Eq "^ +[0-9]+  blk.0.attn_q.weight +q8_0 " "$T/fb.out" || fail "no q8_0 fallback"
+	grep -Eq "^ +[0-9]+  blk.0.attn_q.weight +q5_0 " "$T/fb.out" || fail "no q5_0 fallback"
+	grep -Eq "^ +[0-9]+  output.weight +q8_0 " "$T/fb.out" || fail "no q8_0 fallback for q6_K"
 	grep -q "K-quant fallback" "$T/fb.out" || fail "info does not mention the fallback"
 else
 	fail "quantize q4_k_m (fallback)"

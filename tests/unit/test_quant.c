@@ -54,8 +54,8 @@ static void test_type_table(void)
 		bool supported;
 	} want[] = {
 		{ 0, "f32", 1, 4, true },     { 1, "f16", 1, 2, true },
-		{ 2, "q4_0", 32, 18, true },  { 3, "q4_1", 32, 20, false },
-		{ 6, "q5_0", 32, 22, false }, { 7, "q5_1", 32, 24, false },
+		{ 2, "q4_0", 32, 18, true },  { 3, "q4_1", 32, 20, true },
+		{ 6, "q5_0", 32, 22, true },  { 7, "q5_1", 32, 24, true },
 		{ 8, "q8_0", 32, 34, true },  { 9, "q8_1", 32, 36, false },
 		{ 10, "q2_K", 256, 84, false }, { 11, "q3_K", 256, 110, false },
 		{ 12, "q4_K", 256, 144, true }, { 13, "q5_K", 256, 176, true },
@@ -63,6 +63,11 @@ static void test_type_table(void)
 		{ 24, "i8", 1, 1, false },    { 25, "i16", 1, 2, false },
 		{ 26, "i32", 1, 4, false },   { 27, "i64", 1, 8, false },
 		{ 28, "f64", 1, 8, false },   { 30, "bf16", 1, 2, true },
+		{ 16, "iq2_xxs", 256, 66, false }, { 17, "iq2_xs", 256, 74, false },
+		{ 18, "iq3_xxs", 256, 98, false }, { 19, "iq1_s", 256, 50, false },
+		{ 21, "iq3_s", 256, 110, false },  { 22, "iq2_s", 256, 82, false },
+		{ 29, "iq1_m", 256, 56, false },   { 34, "tq1_0", 256, 54, false },
+		{ 35, "tq2_0", 256, 66, false },
 	};
 
 	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
@@ -84,6 +89,7 @@ static void test_type_table(void)
 	CHECK(md_dtype_info(4) == NULL);
 	CHECK(md_dtype_info(5) == NULL);
 	CHECK(md_dtype_info(31) == NULL);
+	CHECK(md_dtype_info(36) == NULL);
 	CHECK(md_dtype_info(MD_DT_COUNT) == NULL);
 	CHECK(md_dtype_info(0xffffffffu) == NULL);
 
@@ -95,6 +101,16 @@ static void test_type_table(void)
 	CHECK_EQ_U(md_dtype_row_size(MD_DT_Q4_0, 33), 0);
 	CHECK_EQ_U(md_dtype_row_size((enum md_dtype)4, 32), 0);
 	CHECK_EQ_U(md_dtype_row_size(MD_DT_Q4_0, 0), 0);
+
+	/* The list the loader prints when it refuses a type names exactly the supported ones. */
+	char names[256];
+	md_dtype_supported_names(names, sizeof(names));
+	CHECK(strstr(names, "f32, f16, q4_0, q4_1, q5_0, q5_1, q8_0, ") == names);
+	CHECK(strstr(names, "q8_1") == NULL && strstr(names, "iq2_xxs") == NULL);
+	CHECK(strstr(names, "bf16") != NULL);
+	char tiny[8];
+	md_dtype_supported_names(tiny, sizeof(tiny));
+	CHECK(strlen(tiny) < sizeof(tiny));
 }
 
 static void test_f16(void)
@@ -307,6 +323,102 @@ static void test_q4_0_layout(void)
 	CHECK_EQ_F(y[31], -16.0f);
 }
 
+static void put32(uint8_t *p, uint32_t v)
+{
+	for (int k = 0; k < 4; k++)
+		p[k] = (uint8_t)(v >> (8 * k));
+}
+
+static void test_q4_1_layout(void)
+{
+	uint8_t b[20] = { 0 };
+	float y[32];
+
+	/* d = 0.5, m = -1; byte j: low nibble j, high nibble 15 - j.
+	 * Element j (j < 16) = j * 0.5 - 1, element 16 + j = (15 - j) * 0.5 - 1. */
+	put16(b, 0x3800);
+	put16(b + 2, 0xbc00);
+	for (int j = 0; j < 16; j++)
+		b[4 + j] = (uint8_t)(j | ((15 - j) << 4));
+	md_dequant_row(MD_DT_Q4_1, b, y, 32);
+	CHECK_EQ_F(y[0], -1.0f);
+	CHECK_EQ_F(y[2], 0.0f);
+	CHECK_EQ_F(y[15], 6.5f);
+	CHECK_EQ_F(y[16], 6.5f);
+	CHECK_EQ_F(y[31], -1.0f);
+}
+
+static void test_q5_layout(void)
+{
+	uint8_t b[24] = { 0 };
+	float y[32];
+
+	/* q5_0: d = 0.25, qh bits 0, 17 and 31; qs[0] = 0x21, qs[15] = 0xf3.
+	 * q = nibble | bit << 4, elem = (q - 16) * 0.25:
+	 *   e0: 1|16 -> 0.25;  e16: 2 -> -3.5;  e1: 0 -> -4;  e17: 0|16 -> 0;
+	 *   e15: 3 -> -3.25;   e31: 15|16 -> 3.75 */
+	put16(b, 0x3400);
+	put32(b + 2, 1u | 1u << 17 | 1u << 31);
+	b[6] = 0x21;
+	b[6 + 15] = 0xf3;
+	md_dequant_row(MD_DT_Q5_0, b, y, 32);
+	CHECK_EQ_F(y[0], 0.25f);
+	CHECK_EQ_F(y[16], -3.5f);
+	CHECK_EQ_F(y[1], -4.0f);
+	CHECK_EQ_F(y[17], 0.0f);
+	CHECK_EQ_F(y[15], -3.25f);
+	CHECK_EQ_F(y[31], 3.75f);
+
+	/* q5_1: d = 2, m = 0.5, same qh and nibbles one field later: elem = q * 2 + 0.5. */
+	memset(b, 0, sizeof(b));
+	put16(b, 0x4000);
+	put16(b + 2, 0x3800);
+	put32(b + 4, 1u | 1u << 17 | 1u << 31);
+	b[8] = 0x21;
+	b[8 + 15] = 0xf3;
+	md_dequant_row(MD_DT_Q5_1, b, y, 32);
+	CHECK_EQ_F(y[0], 34.5f);
+	CHECK_EQ_F(y[16], 4.5f);
+	CHECK_EQ_F(y[1], 0.5f);
+	CHECK_EQ_F(y[17], 32.5f);
+	CHECK_EQ_F(y[15], 6.5f);
+	CHECK_EQ_F(y[31], 62.5f);
+}
+
+/*
+ * GGML's reference rounding for q4_1 / q5_0 / q5_1 (what llama-quantize writes without an
+ * importance matrix), on a block worked out by hand: x = 0, 1, ..., 31 scaled by 0.5.
+ */
+static void test_legacy_rounding(void)
+{
+	float x[32];
+	uint8_t b[24];
+
+	for (int j = 0; j < 32; j++)
+		x[j] = 0.5f * (float)j;
+	/* q4_1: min 0, d = 15.5 / 15; q = trunc(x / d + 0.5): x = 0.5 j -> j * 15 / 31 + 0.5. */
+	md_quantize_row(MD_DT_Q4_1, x, b, 32);
+	CHECK_EQ_U(b[0] | b[1] << 8, md_f32_to_f16(15.5f / 15.0f));
+	CHECK_EQ_U(b[2] | b[3] << 8, 0);
+	CHECK_EQ_U(b[4] & 15, 0);       /* j = 0 */
+	CHECK_EQ_U(b[4 + 1] & 15, 0);   /* j = 1: 0.48 + 0.5 -> 0 */
+	CHECK_EQ_U(b[4 + 2] & 15, 1);   /* j = 2: 0.97 + 0.5 -> 1 */
+	CHECK_EQ_U(b[4 + 15] >> 4, 15); /* j = 31 */
+	/* q5_0: max-magnitude element 15.5 -> -16: d = -0.96875, q = trunc(x / d + 16.5). */
+	md_quantize_row(MD_DT_Q5_0, x, b, 32);
+	CHECK_EQ_U(b[0] | b[1] << 8, md_f32_to_f16(-0.96875f));
+	CHECK_EQ_U(b[6] & 15, 0);       /* j = 0: q = 16: low nibble 0, fifth bit set */
+	CHECK_EQ_U((b[2] & 1), 1);
+	CHECK_EQ_U(b[6 + 15] >> 4, 0);  /* j = 31: q = 0 */
+	CHECK_EQ_U((b[5] >> 7) & 1, 0);
+	/* q5_1: d = 15.5 / 31 = 0.5: exact, q = j. */
+	md_quantize_row(MD_DT_Q5_1, x, b, 32);
+	float y[32];
+	md_dequant_row(MD_DT_Q5_1, b, y, 32);
+	for (int j = 0; j < 32; j++)
+		CHECK_EQ_F(y[j], x[j]);
+}
+
 /*
  * Scale bytes shared by the q4_K and q5_K blocks below, decoded by hand:
  *   bytes 0..3  = c1 42 03 84: sc0..3 = 1, 2, 3, 4 (low 6 bits); top bits 3, 1, 0, 2 go to sc4..7.
@@ -416,7 +528,8 @@ static void test_round_trip(void)
 	static const struct rt_case cases[] = {
 		{ MD_DT_F32, 0.0 },      { MD_DT_F16, 0.0005 },  { MD_DT_BF16, 0.003 },
 		{ MD_DT_Q8_0, 0.01 },    { MD_DT_Q6_K, 0.02 },   { MD_DT_Q5_K, 0.04 },
-		{ MD_DT_Q4_K, 0.08 },    { MD_DT_Q4_0, 0.12 },
+		{ MD_DT_Q4_K, 0.08 },    { MD_DT_Q4_0, 0.12 },   { MD_DT_Q4_1, 0.13 },
+		{ MD_DT_Q5_0, 0.06 },    { MD_DT_Q5_1, 0.07 },
 	};
 	enum { N = 256 * 64 };
 	float *x = malloc(N * sizeof(float));
@@ -452,7 +565,7 @@ static void test_round_trip(void)
 
 	/* Zero rows must decode to exact zeros; rows with wide dynamic range stay sane. */
 	static const enum md_dtype qtypes[] = { MD_DT_Q8_0, MD_DT_Q4_0, MD_DT_Q4_K, MD_DT_Q5_K,
-						MD_DT_Q6_K };
+						MD_DT_Q6_K, MD_DT_Q4_1, MD_DT_Q5_0, MD_DT_Q5_1 };
 	for (size_t c = 0; c < sizeof(qtypes) / sizeof(qtypes[0]); c++) {
 		enum md_dtype t = qtypes[c];
 		memset(x, 0, 512 * sizeof(float));
@@ -497,7 +610,8 @@ static void test_round_trip(void)
 static void test_vec_dot(void)
 {
 	static const enum md_dtype types[] = { MD_DT_F32, MD_DT_F16, MD_DT_BF16, MD_DT_Q8_0,
-					       MD_DT_Q4_0, MD_DT_Q4_K, MD_DT_Q5_K, MD_DT_Q6_K };
+					       MD_DT_Q4_0, MD_DT_Q4_K, MD_DT_Q5_K, MD_DT_Q6_K,
+					       MD_DT_Q4_1, MD_DT_Q5_0, MD_DT_Q5_1 };
 	enum { N = 256 * 12 };
 	float *w = malloc(N * sizeof(float));
 	float *x = malloc(N * sizeof(float));
@@ -549,6 +663,9 @@ int main(void)
 	test_float_rows();
 	test_q8_0_layout();
 	test_q4_0_layout();
+	test_q4_1_layout();
+	test_q5_layout();
+	test_legacy_rounding();
 	test_q4_K_layout();
 	test_q5_K_layout();
 	test_q6_K_layout();
