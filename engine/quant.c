@@ -25,6 +25,10 @@
  *         scales[12]: for s < 4, sc[s] = scales[s] & 63 and m[s] = scales[s+4] & 63; for s >= 4,
  *         sc[s] = (scales[s+4] & 15) | (scales[s-4] >> 6) << 4 and
  *         m[s] = (scales[s+4] >> 4) | (scales[s] >> 6) << 4.
+ *   q2_K  (256 elems, 84 B): u8 scales[16] | u8 qs[64] | f16 d | f16 dmin
+ *         16 sub-blocks of 16: scales[e / 16] holds a 4-bit scale (low nibble) and 4-bit min
+ *         (high nibble), elem = d * sc * q - dmin * m.  q is 2 bits: with h = e / 128,
+ *         j = (e % 128) / 32, l = e % 32 it is bits 2j, 2j+1 of qs[32h + l].
  *   q6_K  (256 elems, 210 B): u8 ql[128] | u8 qh[64] | i8 scales[16] | f16 d
  *         elem e = d * scales[e / 16] * (q - 32), q 6 bits.  With h = e / 128, r = e % 128,
  *         k = r / 32, l = r % 32: low 4 bits are ql[64h + l + 32(k & 1)] (low nibble when
@@ -36,6 +40,7 @@
 #define Q5_0_BYTES 22
 #define Q5_1_BYTES 24
 #define Q8_0_BYTES 34
+#define Q2_K_BYTES 84
 #define Q4_K_BYTES 144
 #define Q5_K_BYTES 176
 #define Q6_K_BYTES 210
@@ -49,7 +54,7 @@ static const struct md_dtype_info dtype_table[MD_DT_COUNT] = {
 	[7] = { "q5_1", 32, 24, true },
 	[8] = { "q8_0", 32, 34, true },
 	[9] = { "q8_1", 32, 36, false },
-	[10] = { "q2_K", 256, 84, false },
+	[10] = { "q2_K", 256, 84, true },
 	[11] = { "q3_K", 256, 110, false },
 	[12] = { "q4_K", 256, 144, true },
 	[13] = { "q5_K", 256, 176, true },
@@ -314,6 +319,20 @@ static void dequant_q45_K_block(const uint8_t *b, const uint8_t *qh, const uint8
 	}
 }
 
+static void dequant_q2_K_block(const uint8_t *b, float *y)
+{
+	const uint8_t *sc = b, *qs = b + 16;
+	float d = load_f16(b + 80), dmin = load_f16(b + 82);
+
+	for (int e = 0; e < 256; e++) {
+		int h = e / 128, j = (e % 128) / 32, l = e % 32;
+		int q = (qs[32 * h + l] >> (2 * j)) & 3;
+		float dl = d * (float)(sc[e / 16] & 15), ml = dmin * (float)(sc[e / 16] >> 4);
+
+		y[e] = dl * (float)q - ml;
+	}
+}
+
 static void dequant_q6_K_block(const uint8_t *b, float *y)
 {
 	const uint8_t *ql = b;
@@ -342,6 +361,7 @@ static void dequant_block(enum md_dtype t, const uint8_t *src, float *y)
 	case MD_DT_Q5_0: dequant_q5_0_block(src, y); break;
 	case MD_DT_Q5_1: dequant_q45_1_block(src, src + 4, src + 8, y); break;
 	case MD_DT_Q8_0: dequant_q8_0_block(src, y); break;
+	case MD_DT_Q2_K: dequant_q2_K_block(src, y); break;
 	case MD_DT_Q4_K: dequant_q45_K_block(src, NULL, src + 16, y); break;
 	case MD_DT_Q5_K: dequant_q45_K_block(src, src + 16, src + 48, y); break;
 	case MD_DT_Q6_K: dequant_q6_K_block(src, y); break;
@@ -649,13 +669,13 @@ static void quant_asym(const float *x, int n, int nmax, float *out_a, float *out
 	*out_m = best_m;
 }
 
-/* Squared error of one 32-element sub-block coded with effective scale ds and min ms. */
-static float kq_sub_error(const float *x, int nmax, float ds, float ms)
+/* Squared error of one n-element sub-block coded with effective scale ds and min ms. */
+static float kq_sub_error(const float *x, int n, int nmax, float ds, float ms)
 {
 	float ids = ds > 0.0f ? 1.0f / ds : 0.0f;
 	float err = 0.0f;
 
-	for (int l = 0; l < 32; l++) {
+	for (int l = 0; l < n; l++) {
 		int q = clampi(iround((x[l] + ms) * ids), 0, nmax);
 		float e = ds * (float)q - ms - x[l];
 		err += e * e;
@@ -691,7 +711,7 @@ static void quantize_q45_K_block(const float *x, uint8_t *b, uint8_t *qh, uint8_
 				int sci = sc0 + ds, mi = m0 + dm;
 				if (sci < 0 || sci > 63 || mi < 0 || mi > 63)
 					continue;
-				float err = kq_sub_error(x + 32 * s, nmax, d * (float)sci, dmin * (float)mi);
+				float err = kq_sub_error(x + 32 * s, 32, nmax, d * (float)sci, dmin * (float)mi);
 				if (err < best) {
 					best = err;
 					sc[s] = (uint8_t)sci;
@@ -716,6 +736,55 @@ static void quantize_q45_K_block(const float *x, uint8_t *b, uint8_t *qh, uint8_
 			if (qh != NULL)
 				qh[l] |= (uint8_t)(((q >> 4) & 1) << s);
 		}
+	}
+}
+
+/*
+ * q2_K: an asymmetric (scale, min) fit per 16-element sub-block (quant_asym with q in 0..3),
+ * the super-block d / dmin mapping the largest scale / min to 15, then for every sub-block
+ * the 4-bit scale and min around the rounded ones with the least squared error (as for
+ * q4_K). Not GGML's make_qkx2_quants (which weights errors by |x|): a plain least-squares
+ * search.
+ */
+static void quantize_q2_K_block(const float *x, uint8_t *b)
+{
+	float a[16], m[16], amax = 0.0f, mmax = 0.0f;
+	uint8_t *sc = b, *qs = b + 16;
+
+	for (int s = 0; s < 16; s++) {
+		quant_asym(x + 16 * s, 16, 3, &a[s], &m[s]);
+		amax = fmaxf(amax, a[s]);
+		mmax = fmaxf(mmax, m[s]);
+	}
+	store_f16(b + 80, amax / 15.0f);
+	store_f16(b + 82, mmax / 15.0f);
+	float d = load_f16(b + 80), dmin = load_f16(b + 82);
+	for (int s = 0; s < 16; s++) {
+		int sc0 = d > 0.0f ? clampi(iround(a[s] / d), 0, 15) : 0;
+		int m0 = dmin > 0.0f ? clampi(iround(m[s] / dmin), 0, 15) : 0;
+		float best = INFINITY;
+
+		sc[s] = 0;
+		for (int ds = -1; ds <= 1; ds++) {
+			for (int dm = -1; dm <= 1; dm++) {
+				int sci = sc0 + ds, mi = m0 + dm;
+				if (sci < 0 || sci > 15 || mi < 0 || mi > 15)
+					continue;
+				float err = kq_sub_error(x + 16 * s, 16, 3, d * (float)sci, dmin * (float)mi);
+				if (err < best) {
+					best = err;
+					sc[s] = (uint8_t)(sci | mi << 4);
+				}
+			}
+		}
+	}
+	memset(qs, 0, 64);
+	for (int e = 0; e < 256; e++) {
+		float ds = d * (float)(sc[e / 16] & 15), ms = dmin * (float)(sc[e / 16] >> 4);
+		int q = ds > 0.0f ? clampi(iround((x[e] + ms) / ds), 0, 3) : 0;
+		int h = e / 128, j = (e % 128) / 32, l = e % 32;
+
+		qs[32 * h + l] |= (uint8_t)(q << (2 * j));
 	}
 }
 
@@ -792,6 +861,10 @@ size_t md_quantize_row(enum md_dtype t, const float *src, void *dst, int64_t n)
 	case MD_DT_Q5_1:
 		for (int64_t i = 0; i < n; i += 32, p += Q5_1_BYTES)
 			quantize_q45_1_block(src + i, p, p + 4, p + 8, 31);
+		break;
+	case MD_DT_Q2_K:
+		for (int64_t i = 0; i < n; i += 256, p += Q2_K_BYTES)
+			quantize_q2_K_block(src + i, p);
 		break;
 	case MD_DT_Q4_K:
 		for (int64_t i = 0; i < n; i += 256, p += Q4_K_BYTES)

@@ -253,6 +253,55 @@ INLINE void tile_qk45(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 		y[(size_t)t * ys] = hsum8(acc[t]);
 }
 
+/* Scale vector of two 16-element sub-blocks: int16 lanes 0-7 hold s0, lanes 8-15 hold s1
+ * (the halves of one maddubs result). */
+INLINE __m256i scale_pair(int s0, int s1)
+{
+	return _mm256_set_m128i(_mm_set1_epi16((short)s1), _mm_set1_epi16((short)s0));
+}
+
+/* q2_K: the 2-bit planes of each 32-byte half give 32 consecutive elements (two sub-blocks)
+ * per shift; the 4-bit scales fold into madd, the mins pair with the activation's bsums. */
+INLINE void tile_q2_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y,
+		      size_t ys, const int nt)
+{
+	__m256 acc[MD_KERN_NT];
+	for (int t = 0; t < nt; t++)
+		acc[t] = _mm256_setzero_ps();
+	const __m256i m3 = _mm256_set1_epi8(3);
+	const int64_t nb = n / 256;
+	for (int64_t b = 0; b < nb; b++, w += 84) {
+		const uint8_t *sc = w;
+		const float dw = ld_f16(w + 80), dmin = ld_f16(w + 82);
+		__m256i q[8], s16[8];
+		for (int h = 0; h < 2; h++) {
+			const __m256i x = ld256(w + 16 + 32 * h);
+			for (int j = 0; j < 4; j++) {
+				q[4 * h + j] = _mm256_and_si256(_mm256_srli_epi16(x, 2 * j), m3);
+				s16[4 * h + j] = scale_pair(sc[8 * h + 2 * j] & 15, sc[8 * h + 2 * j + 1] & 15);
+			}
+		}
+		const __m128i scv = _mm_loadu_si128((const __m128i *)sc);
+		const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scv, 4),
+									_mm_set1_epi8(15)));
+		for (int t = 0; t < nt; t++) {
+			const struct md_q8k *ab = (const struct md_q8k *)(a + (size_t)t * as) + b;
+			__m256i is0 = _mm256_setzero_si256(), is1 = _mm256_setzero_si256();
+			for (int k = 0; k < 8; k += 2) {
+				is0 = _mm256_add_epi32(is0, dot_us8_scaled(q[k], ld256(ab->qs + 32 * k), s16[k]));
+				is1 = _mm256_add_epi32(is1, dot_us8_scaled(q[k + 1], ld256(ab->qs + 32 * k + 32),
+									   s16[k + 1]));
+			}
+			const __m256i mv = _mm256_madd_epi16(ld256(ab->bsums), mins);
+			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab->d),
+						 _mm256_cvtepi32_ps(_mm256_add_epi32(is0, is1)), acc[t]);
+			acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * ab->d), _mm256_cvtepi32_ps(mv), acc[t]);
+		}
+	}
+	for (int t = 0; t < nt; t++)
+		y[(size_t)t * ys] = hsum8(acc[t]);
+}
+
 INLINE void tile_q6_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y, size_t ys,
 		      const int nt)
 {
@@ -601,6 +650,7 @@ GEMM_ENTRY(gemm_bf16, dot_bf16, MD_DT_BF16)
 #define C_Q4_1(k) tile_q451(n, w, a, as, y, ys, k, MD_DT_Q4_1)
 #define C_Q5_0(k) tile_q451(n, w, a, as, y, ys, k, MD_DT_Q5_0)
 #define C_Q5_1(k) tile_q451(n, w, a, as, y, ys, k, MD_DT_Q5_1)
+#define C_Q2_K(k) tile_q2_K(n, w, a, as, y, ys, k)
 #define C_Q4_K(k) tile_qk45(n, w, a, as, y, ys, k, 0)
 #define C_Q5_K(k) tile_qk45(n, w, a, as, y, ys, k, 1)
 #define C_Q6_K(k) tile_q6_K(n, w, a, as, y, ys, k)
@@ -610,6 +660,7 @@ ENTRY(dot_q4_0, C_Q4_0)
 ENTRY(dot_q4_1, C_Q4_1)
 ENTRY(dot_q5_0, C_Q5_0)
 ENTRY(dot_q5_1, C_Q5_1)
+ENTRY(dot_q2_K, C_Q2_K)
 ENTRY(dot_q4_K, C_Q4_K)
 ENTRY(dot_q5_K, C_Q5_K)
 ENTRY(dot_q6_K, C_Q6_K)
@@ -739,6 +790,7 @@ static const struct md_kern table = {
 		[MD_DT_Q4_1] = dot_q4_1,
 		[MD_DT_Q5_0] = dot_q5_0,
 		[MD_DT_Q5_1] = dot_q5_1,
+		[MD_DT_Q2_K] = dot_q2_K,
 		[MD_DT_Q4_K] = dot_q4_K,
 		[MD_DT_Q5_K] = dot_q5_K,
 		[MD_DT_Q6_K] = dot_q6_K,

@@ -17,6 +17,7 @@ enum md_act_fmt md_kern_act_fmt(enum md_dtype t)
 	case MD_DT_Q5_0:
 	case MD_DT_Q5_1:
 		return MD_ACT_Q8B;
+	case MD_DT_Q2_K:
 	case MD_DT_Q4_K:
 	case MD_DT_Q5_K:
 	case MD_DT_Q6_K:
@@ -181,6 +182,27 @@ static float dot1_qk45(int64_t n, const uint8_t *w, const struct md_q8k *a, int 
 	return acc;
 }
 
+/* q2_K: per 16-element sub-block g, sc_g * sum(q * a) and m_g * bsums[g]. */
+static float dot1_q2_K(int64_t n, const uint8_t *w, const struct md_q8k *a)
+{
+	float acc = 0;
+	for (int64_t b = 0; b < n / 256; b++, w += 84) {
+		const uint8_t *sc = w, *qs = w + 16;
+		int sumi = 0, summ = 0;
+		for (int g = 0; g < 16; g++) {
+			int si = 0;
+			for (int e = 16 * g; e < 16 * g + 16; e++) {
+				int h = e / 128, j = (e % 128) / 32, l = e % 32;
+				si += ((qs[32 * h + l] >> (2 * j)) & 3) * a[b].qs[e];
+			}
+			sumi += (sc[g] & 15) * si;
+			summ += (sc[g] >> 4) * a[b].bsums[g];
+		}
+		acc += ld_f16(w + 80) * a[b].d * (float)sumi - ld_f16(w + 82) * a[b].d * (float)summ;
+	}
+	return acc;
+}
+
 static float dot1_q6_K(int64_t n, const uint8_t *w, const struct md_q8k *a)
 {
 	float acc = 0;
@@ -238,6 +260,7 @@ TILE(dot_q4_0, dot1_q4_0(n, w, at))
 TILE(dot_q4_1, dot1_q451(n, w, at, MD_DT_Q4_1))
 TILE(dot_q5_0, dot1_q451(n, w, at, MD_DT_Q5_0))
 TILE(dot_q5_1, dot1_q451(n, w, at, MD_DT_Q5_1))
+TILE(dot_q2_K, dot1_q2_K(n, w, at))
 TILE(dot_q4_K, dot1_qk45(n, w, at, 0))
 TILE(dot_q5_K, dot1_qk45(n, w, at, 1))
 TILE(dot_q6_K, dot1_q6_K(n, w, at))
@@ -283,6 +306,7 @@ const struct md_kern md_kern_scalar = {
 		[MD_DT_Q4_1] = dot_q4_1,
 		[MD_DT_Q5_0] = dot_q5_0,
 		[MD_DT_Q5_1] = dot_q5_1,
+		[MD_DT_Q2_K] = dot_q2_K,
 		[MD_DT_Q4_K] = dot_q4_K,
 		[MD_DT_Q5_K] = dot_q5_K,
 		[MD_DT_Q6_K] = dot_q6_K,

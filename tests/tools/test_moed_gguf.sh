@@ -15,6 +15,14 @@ expect_names() {
 		grep -Eq "^ +[0-9]+  $n " "$out" || fail "$out: tensor $n missing"
 	done
 }
+# expect_types INFO_OUT NAME TYPE [NAME TYPE]... : tensor NAME has TYPE in info's table.
+expect_types() {
+	out=$1; shift
+	while [ $# -ge 2 ]; do
+		grep -Eq "^ +[0-9]+  $1 +$2 " "$out" || fail "$out: $1 is not $2"
+		shift 2
+	done
+}
 reject_names() {
 	out=$1; shift
 	for n in "$@"; do
@@ -165,6 +173,20 @@ if "$M" quantize "$T/qwen3moe-f32.gguf" "$T/fb.gguf" q4_k_m 2>/dev/null; then
 	grep -q "K-quant fallback" "$T/fb.out" || fail "info does not mention the fallback"
 else
 	fail "quantize q4_k_m (fallback)"
+fi
+
+# The low-bit mixes as llama-quantize builds them on the same model (head_count 4 over
+# head_count_kv 2: n_gqa 2; 4 experts; 8 layers).
+if "$M" quantize "$big" "$T/q2k.gguf" q2_k 2>"$T/q.err"; then
+	"$M" info "$T/q2k.gguf" >"$T/q2k.out" 2>&1 || fail "info q2_k"
+	grep -q "general.file_type  *u32 10$" "$T/q2k.out" || fail "q2_k file_type"
+	expect_types "$T/q2k.out" token_embd.weight q2_K output.weight q6_K \
+		blk.0.attn_q.weight q2_K blk.0.attn_k.weight q2_K blk.5.attn_v.weight q3_K \
+		blk.3.attn_output.weight q3_K blk.7.ffn_down_exps.weight q3_K \
+		blk.7.ffn_gate_exps.weight q2_K blk.2.ffn_up_exps.weight q2_K \
+		blk.0.ffn_gate_inp.weight f32
+else
+	fail "quantize q2_k: $(tail -1 "$T/q.err")"
 fi
 
 # Truncated file: info fails with exit 1 and one line.
