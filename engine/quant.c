@@ -29,6 +29,11 @@
  *         16 sub-blocks of 16: scales[e / 16] holds a 4-bit scale (low nibble) and 4-bit min
  *         (high nibble), elem = d * sc * q - dmin * m.  q is 2 bits: with h = e / 128,
  *         j = (e % 128) / 32, l = e % 32 it is bits 2j, 2j+1 of qs[32h + l].
+ *   q3_K  (256 elems, 110 B): u8 hmask[32] | u8 qs[64] | u8 scales[12] | f16 d
+ *         16 sub-blocks of 16 with signed 6-bit scales sc[i] - 32: the low 4 bits of sc[i] are
+ *         the low nibble of scales[i] (i < 8) or the high nibble of scales[i - 8], the top 2
+ *         bits are bits 2 * (i / 4) of scales[8 + i % 4].  The low 2 bits of q come from qs as
+ *         in q2_K, the third is bit e / 32 of hmask[e % 32]; elem = d * (sc - 32) * (q - 4).
  *   q6_K  (256 elems, 210 B): u8 ql[128] | u8 qh[64] | i8 scales[16] | f16 d
  *         elem e = d * scales[e / 16] * (q - 32), q 6 bits.  With h = e / 128, r = e % 128,
  *         k = r / 32, l = r % 32: low 4 bits are ql[64h + l + 32(k & 1)] (low nibble when
@@ -41,6 +46,7 @@
 #define Q5_1_BYTES 24
 #define Q8_0_BYTES 34
 #define Q2_K_BYTES 84
+#define Q3_K_BYTES 110
 #define Q4_K_BYTES 144
 #define Q5_K_BYTES 176
 #define Q6_K_BYTES 210
@@ -55,7 +61,7 @@ static const struct md_dtype_info dtype_table[MD_DT_COUNT] = {
 	[8] = { "q8_0", 32, 34, true },
 	[9] = { "q8_1", 32, 36, false },
 	[10] = { "q2_K", 256, 84, true },
-	[11] = { "q3_K", 256, 110, false },
+	[11] = { "q3_K", 256, 110, true },
 	[12] = { "q4_K", 256, 144, true },
 	[13] = { "q5_K", 256, 176, true },
 	[14] = { "q6_K", 256, 210, true },
@@ -333,6 +339,31 @@ static void dequant_q2_K_block(const uint8_t *b, float *y)
 	}
 }
 
+/* The 16 signed scales (sc - 32) of a q3_K block from its 12 scale bytes. */
+static void q3_K_scales(const uint8_t *s, int sc[16])
+{
+	for (int i = 0; i < 16; i++) {
+		int lo = i < 8 ? s[i] & 15 : s[i - 8] >> 4;
+		int hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+		sc[i] = (lo | hi << 4) - 32;
+	}
+}
+
+static void dequant_q3_K_block(const uint8_t *b, float *y)
+{
+	const uint8_t *hm = b, *qs = b + 32;
+	float d = load_f16(b + 108);
+	int sc[16];
+
+	q3_K_scales(b + 96, sc);
+	for (int e = 0; e < 256; e++) {
+		int h = e / 128, j = (e % 128) / 32, l = e % 32;
+		int q = ((qs[32 * h + l] >> (2 * j)) & 3) | ((hm[l] >> (e / 32)) & 1) << 2;
+
+		y[e] = d * (float)sc[e / 16] * (float)(q - 4);
+	}
+}
+
 static void dequant_q6_K_block(const uint8_t *b, float *y)
 {
 	const uint8_t *ql = b;
@@ -362,6 +393,7 @@ static void dequant_block(enum md_dtype t, const uint8_t *src, float *y)
 	case MD_DT_Q5_1: dequant_q45_1_block(src, src + 4, src + 8, y); break;
 	case MD_DT_Q8_0: dequant_q8_0_block(src, y); break;
 	case MD_DT_Q2_K: dequant_q2_K_block(src, y); break;
+	case MD_DT_Q3_K: dequant_q3_K_block(src, y); break;
 	case MD_DT_Q4_K: dequant_q45_K_block(src, NULL, src + 16, y); break;
 	case MD_DT_Q5_K: dequant_q45_K_block(src, src + 16, src + 48, y); break;
 	case MD_DT_Q6_K: dequant_q6_K_block(src, y); break;
@@ -788,6 +820,73 @@ static void quantize_q2_K_block(const float *x, uint8_t *b)
 	}
 }
 
+/* Squared error of 16 elements coded as ds * (q - 4), q in 0..7. */
+static float q3_sub_error(const float *x, float ds)
+{
+	float ids = ds != 0.0f ? 1.0f / ds : 0.0f, err = 0.0f;
+
+	for (int l = 0; l < 16; l++) {
+		float e = ds * (float)clampi(iround(x[l] * ids), -4, 3) - x[l];
+		err += e * e;
+	}
+	return err;
+}
+
+/*
+ * q3_K: a symmetric fit per 16-element sub-block (quant_symmetric, q - 4 in -4..3), d mapping
+ * the largest-magnitude scale to -32 (the extra negative step of the 6-bit range, as for
+ * q6_K), then each 6-bit scale chosen among the rounded one and its neighbours for the least
+ * squared error. A plain least-squares search, not GGML's make_q3_quants.
+ */
+static void quantize_q3_K_block(const float *x, uint8_t *b)
+{
+	float scale[16], vmax = 0.0f, amax = 0.0f;
+	int8_t L[16];
+	int sc[16];
+	uint8_t *hm = b, *qs = b + 32, *sb = b + 96;
+
+	for (int s = 0; s < 16; s++) {
+		scale[s] = quant_symmetric(x + 16 * s, 16, 4, L);
+		if (fabsf(scale[s]) > amax) {
+			amax = fabsf(scale[s]);
+			vmax = scale[s];
+		}
+	}
+	store_f16(b + 108, vmax / -32.0f);
+	float d = load_f16(b + 108);
+	for (int s = 0; s < 16; s++) {
+		int s0 = d != 0.0f ? clampi(iround(scale[s] / d), -32, 31) : 0;
+		float best = INFINITY;
+
+		sc[s] = s0;
+		for (int k = s0 - 1; k <= s0 + 1 && d != 0.0f; k++) {
+			if (k < -32 || k > 31)
+				continue;
+			float err = q3_sub_error(x + 16 * s, d * (float)k);
+			if (err < best) {
+				best = err;
+				sc[s] = k;
+			}
+		}
+	}
+	memset(sb, 0, 12);
+	for (int i = 0; i < 16; i++) {
+		int raw = sc[i] + 32;
+		sb[i % 8] |= (uint8_t)((raw & 15) << (i < 8 ? 0 : 4));
+		sb[8 + i % 4] |= (uint8_t)((raw >> 4) << (2 * (i / 4)));
+	}
+	memset(hm, 0, 32);
+	memset(qs, 0, 64);
+	for (int e = 0; e < 256; e++) {
+		float ds = d * (float)sc[e / 16];
+		int q = (ds != 0.0f ? clampi(iround(x[e] / ds), -4, 3) : 0) + 4;
+		int h = e / 128, j = (e % 128) / 32, l = e % 32;
+
+		qs[32 * h + l] |= (uint8_t)((q & 3) << (2 * j));
+		hm[l] |= (uint8_t)((q >> 2) << (e / 32));
+	}
+}
+
 static void quantize_q6_K_block(const float *x, uint8_t *b)
 {
 	float scale[16], vmax = 0.0f, amax = 0.0f;
@@ -865,6 +964,10 @@ size_t md_quantize_row(enum md_dtype t, const float *src, void *dst, int64_t n)
 	case MD_DT_Q2_K:
 		for (int64_t i = 0; i < n; i += 256, p += Q2_K_BYTES)
 			quantize_q2_K_block(src + i, p);
+		break;
+	case MD_DT_Q3_K:
+		for (int64_t i = 0; i < n; i += 256, p += Q3_K_BYTES)
+			quantize_q3_K_block(src + i, p);
 		break;
 	case MD_DT_Q4_K:
 		for (int64_t i = 0; i < n; i += 256, p += Q4_K_BYTES)

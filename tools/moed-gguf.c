@@ -24,6 +24,7 @@ enum {
 	FTYPE_Q5_0 = 8,
 	FTYPE_Q5_1 = 9,
 	FTYPE_Q2_K = 10,
+	FTYPE_Q3_K_M = 12,
 	FTYPE_Q4_K_M = 15,
 	FTYPE_Q5_K_M = 17,
 	FTYPE_Q6_K = 18,
@@ -43,8 +44,8 @@ static void usage(FILE *f)
 "          biases N(0,std)); options (defaults in brackets):\n"
 "  --arch A            qwen3moe|qwen2moe|llama|mixtral|olmoe|qwen2|qwen3 [qwen3moe]\n"
 "                      (mixtral = arch \"llama\" with experts; llama = dense)\n"
-"  --type T            f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q4_k|q5_k|q6_k\n"
-"                      for 2-D/3-D weights [f32];\n"
+"  --type T            f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k\n"
+"                      |q6_k for 2-D/3-D weights [f32];\n"
 "                      1-D tensors are f32, the router f32 unless T is a float type;\n"
 "                      K types need every row length to be a multiple of 256\n"
 "  --seed N [1]  --n-layer N [2]  --n-embd N [64]  --n-head N [4]  --n-head-kv N [2]\n"
@@ -65,10 +66,12 @@ static void usage(FILE *f)
 "                      default: a synthetic byte-level \"gpt2\" vocabulary\n"
 "\n"
 "quantize  requantize every 2-D/3-D weight of IN into OUT; 1-D tensors and ffn_gate_inp*\n"
-"          are kept as they are. MIX: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q4_k_m\n"
-"          q5_k_m q6_k\n"
+"          are kept as they are. MIX: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k_m\n"
+"          q4_k_m q5_k_m q6_k\n"
 "          q2_k: q2_K, with q3_K for ffn_down* and attn_output (q5_K with 8 experts), attn_v\n"
 "          q4_K when head_count >= 4 * head_count_kv else q3_K (q8_0 with 8 experts);\n"
+"          q3_k_m: q3_K, with q4_K for ffn_down* (q5_K in the first n_layer/16 layers) and\n"
+"          attn_output (q5_K with 8 experts), attn_v q5_K in layers 0-1 else q4_K;\n"
 "          q4_k_m/q5_k_m: q4_K/q5_K, with q6_K for output.weight and for attn_v and\n"
 "          ffn_down* in the first and last n_layer/8 layers and every third between\n"
 "          (llama.cpp's use_more_bits); q4_0/q4_1/q5_0/q5_1: q6_K for output.weight.\n"
@@ -370,7 +373,8 @@ static const struct wtype_def gen_types[] = {
 	{ "bf16", MD_DT_BF16, FTYPE_BF16 },  { "q8_0", MD_DT_Q8_0, FTYPE_Q8_0 },
 	{ "q4_0", MD_DT_Q4_0, FTYPE_Q4_0 },  { "q4_1", MD_DT_Q4_1, FTYPE_Q4_1 },
 	{ "q5_0", MD_DT_Q5_0, FTYPE_Q5_0 },  { "q5_1", MD_DT_Q5_1, FTYPE_Q5_1 },
-	{ "q2_k", MD_DT_Q2_K, FTYPE_Q2_K },  { "q4_k", MD_DT_Q4_K, FTYPE_Q4_K_M },
+	{ "q2_k", MD_DT_Q2_K, FTYPE_Q2_K },  { "q3_k", MD_DT_Q3_K, FTYPE_Q3_K_M },
+	{ "q4_k", MD_DT_Q4_K, FTYPE_Q4_K_M },
 	{ "q5_k", MD_DT_Q5_K, FTYPE_Q5_K_M }, { "q6_k", MD_DT_Q6_K, FTYPE_Q6_K },
 };
 
@@ -934,7 +938,8 @@ static const struct mix_def mixes[] = {
 	{ "bf16", MD_DT_BF16, FTYPE_BF16 },    { "q8_0", MD_DT_Q8_0, FTYPE_Q8_0 },
 	{ "q4_0", MD_DT_Q4_0, FTYPE_Q4_0 },    { "q4_1", MD_DT_Q4_1, FTYPE_Q4_1 },
 	{ "q5_0", MD_DT_Q5_0, FTYPE_Q5_0 },    { "q5_1", MD_DT_Q5_1, FTYPE_Q5_1 },
-	{ "q2_k", MD_DT_Q2_K, FTYPE_Q2_K },    { "q4_k_m", MD_DT_Q4_K, FTYPE_Q4_K_M },
+	{ "q2_k", MD_DT_Q2_K, FTYPE_Q2_K },    { "q3_k_m", MD_DT_Q3_K, FTYPE_Q3_K_M },
+	{ "q4_k_m", MD_DT_Q4_K, FTYPE_Q4_K_M },
 	{ "q5_k_m", MD_DT_Q5_K, FTYPE_Q5_K_M }, { "q6_k", MD_DT_Q6_K, FTYPE_Q6_K },
 };
 
@@ -1102,7 +1107,7 @@ static int cmd_quantize(const char *in, const char *out, const char *mix)
 			m = &mixes[k];
 	if (!m) {
 		fprintf(stderr, "moed-gguf quantize: unknown MIX '%s' (f32 f16 bf16 q8_0 q4_0 "
-			"q4_1 q5_0 q5_1 q2_k q4_k_m q5_k_m q6_k)\n", mix);
+			"q4_1 q5_0 q5_1 q2_k q3_k_m q4_k_m q5_k_m q6_k)\n", mix);
 		return 2;
 	}
 	if (strcmp(in, out) == 0) {

@@ -302,6 +302,50 @@ INLINE void tile_q2_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 		y[(size_t)t * ys] = hsum8(acc[t]);
 }
 
+/* q3_K: the low 2 bits as q2_K, the third from hmask (bit 4h + j of each byte for the 32
+ * elements at 128h + 32j); q = u - 4 with u unsigned, so the integer sum is
+ * sum_g sc_g * (sum(u * a) - 4 * bsums[g]) with signed 6-bit scales in madd. */
+INLINE void tile_q3_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y,
+		      size_t ys, const int nt)
+{
+	__m256 acc[MD_KERN_NT];
+	for (int t = 0; t < nt; t++)
+		acc[t] = _mm256_setzero_ps();
+	const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+	const int64_t nb = n / 256;
+	for (int64_t b = 0; b < nb; b++, w += 110) {
+		int16_t sc[16];
+		md_kern__q3k_scales(w + 96, sc);
+		const float dw = ld_f16(w + 108);
+		const __m256i hm = ld256(w);
+		__m256i q[8], s16[8];
+		for (int h = 0; h < 2; h++) {
+			const __m256i x = ld256(w + 32 + 32 * h);
+			for (int j = 0; j < 4; j++) {
+				const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + j), one);
+				q[4 * h + j] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 2 * j), m3),
+							       _mm256_slli_epi16(hb, 2));
+				s16[4 * h + j] = scale_pair(sc[8 * h + 2 * j], sc[8 * h + 2 * j + 1]);
+			}
+		}
+		const __m256i sc_all = ld256(sc);
+		for (int t = 0; t < nt; t++) {
+			const struct md_q8k *ab = (const struct md_q8k *)(a + (size_t)t * as) + b;
+			__m256i is0 = _mm256_setzero_si256(), is1 = _mm256_setzero_si256();
+			for (int k = 0; k < 8; k += 2) {
+				is0 = _mm256_add_epi32(is0, dot_us8_scaled(q[k], ld256(ab->qs + 32 * k), s16[k]));
+				is1 = _mm256_add_epi32(is1, dot_us8_scaled(q[k + 1], ld256(ab->qs + 32 * k + 32),
+									   s16[k + 1]));
+			}
+			const __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(ld256(ab->bsums), sc_all), 2);
+			const __m256i is = _mm256_sub_epi32(_mm256_add_epi32(is0, is1), corr);
+			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab->d), _mm256_cvtepi32_ps(is), acc[t]);
+		}
+	}
+	for (int t = 0; t < nt; t++)
+		y[(size_t)t * ys] = hsum8(acc[t]);
+}
+
 INLINE void tile_q6_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y, size_t ys,
 		      const int nt)
 {
@@ -651,6 +695,7 @@ GEMM_ENTRY(gemm_bf16, dot_bf16, MD_DT_BF16)
 #define C_Q5_0(k) tile_q451(n, w, a, as, y, ys, k, MD_DT_Q5_0)
 #define C_Q5_1(k) tile_q451(n, w, a, as, y, ys, k, MD_DT_Q5_1)
 #define C_Q2_K(k) tile_q2_K(n, w, a, as, y, ys, k)
+#define C_Q3_K(k) tile_q3_K(n, w, a, as, y, ys, k)
 #define C_Q4_K(k) tile_qk45(n, w, a, as, y, ys, k, 0)
 #define C_Q5_K(k) tile_qk45(n, w, a, as, y, ys, k, 1)
 #define C_Q6_K(k) tile_q6_K(n, w, a, as, y, ys, k)
@@ -661,6 +706,7 @@ ENTRY(dot_q4_1, C_Q4_1)
 ENTRY(dot_q5_0, C_Q5_0)
 ENTRY(dot_q5_1, C_Q5_1)
 ENTRY(dot_q2_K, C_Q2_K)
+ENTRY(dot_q3_K, C_Q3_K)
 ENTRY(dot_q4_K, C_Q4_K)
 ENTRY(dot_q5_K, C_Q5_K)
 ENTRY(dot_q6_K, C_Q6_K)
@@ -791,6 +837,7 @@ static const struct md_kern table = {
 		[MD_DT_Q5_0] = dot_q5_0,
 		[MD_DT_Q5_1] = dot_q5_1,
 		[MD_DT_Q2_K] = dot_q2_K,
+		[MD_DT_Q3_K] = dot_q3_K,
 		[MD_DT_Q4_K] = dot_q4_K,
 		[MD_DT_Q5_K] = dot_q5_K,
 		[MD_DT_Q6_K] = dot_q6_K,

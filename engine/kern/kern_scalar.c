@@ -18,6 +18,7 @@ enum md_act_fmt md_kern_act_fmt(enum md_dtype t)
 	case MD_DT_Q5_1:
 		return MD_ACT_Q8B;
 	case MD_DT_Q2_K:
+	case MD_DT_Q3_K:
 	case MD_DT_Q4_K:
 	case MD_DT_Q5_K:
 	case MD_DT_Q6_K:
@@ -203,6 +204,39 @@ static float dot1_q2_K(int64_t n, const uint8_t *w, const struct md_q8k *a)
 	return acc;
 }
 
+void md_kern__q3k_scales(const uint8_t *s, int16_t sc[16])
+{
+	for (int i = 0; i < 16; i++) {
+		int lo = i < 8 ? s[i] & 15 : s[i - 8] >> 4;
+		int hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+		sc[i] = (int16_t)((lo | hi << 4) - 32);
+	}
+}
+
+/* q3_K: q = u - 4 with u = low 2 bits | hmask bit << 2; per sub-block g,
+ * sc_g * (sum(u * a) - 4 * bsums[g]). */
+static float dot1_q3_K(int64_t n, const uint8_t *w, const struct md_q8k *a)
+{
+	float acc = 0;
+	for (int64_t b = 0; b < n / 256; b++, w += 110) {
+		const uint8_t *hm = w, *qs = w + 32;
+		int16_t sc[16];
+		md_kern__q3k_scales(w + 96, sc);
+		int sumi = 0;
+		for (int g = 0; g < 16; g++) {
+			int si = 0;
+			for (int e = 16 * g; e < 16 * g + 16; e++) {
+				int h = e / 128, j = (e % 128) / 32, l = e % 32;
+				int u = ((qs[32 * h + l] >> (2 * j)) & 3) | ((hm[l] >> (e / 32)) & 1) << 2;
+				si += u * a[b].qs[e];
+			}
+			sumi += sc[g] * (si - 4 * a[b].bsums[g]);
+		}
+		acc += ld_f16(w + 108) * a[b].d * (float)sumi;
+	}
+	return acc;
+}
+
 static float dot1_q6_K(int64_t n, const uint8_t *w, const struct md_q8k *a)
 {
 	float acc = 0;
@@ -261,6 +295,7 @@ TILE(dot_q4_1, dot1_q451(n, w, at, MD_DT_Q4_1))
 TILE(dot_q5_0, dot1_q451(n, w, at, MD_DT_Q5_0))
 TILE(dot_q5_1, dot1_q451(n, w, at, MD_DT_Q5_1))
 TILE(dot_q2_K, dot1_q2_K(n, w, at))
+TILE(dot_q3_K, dot1_q3_K(n, w, at))
 TILE(dot_q4_K, dot1_qk45(n, w, at, 0))
 TILE(dot_q5_K, dot1_qk45(n, w, at, 1))
 TILE(dot_q6_K, dot1_q6_K(n, w, at))
@@ -307,6 +342,7 @@ const struct md_kern md_kern_scalar = {
 		[MD_DT_Q5_0] = dot_q5_0,
 		[MD_DT_Q5_1] = dot_q5_1,
 		[MD_DT_Q2_K] = dot_q2_K,
+		[MD_DT_Q3_K] = dot_q3_K,
 		[MD_DT_Q4_K] = dot_q4_K,
 		[MD_DT_Q5_K] = dot_q5_K,
 		[MD_DT_Q6_K] = dot_q6_K,

@@ -189,6 +189,17 @@ else
 	fail "quantize q2_k: $(tail -1 "$T/q.err")"
 fi
 
+if "$M" quantize "$big" "$T/q3km.gguf" q3_k_m 2>"$T/q.err"; then
+	"$M" info "$T/q3km.gguf" >"$T/q3km.out" 2>&1 || fail "info q3_k_m"
+	grep -q "general.file_type  *u32 12$" "$T/q3km.out" || fail "q3_k_m file_type"
+	expect_types "$T/q3km.out" token_embd.weight q3_K output.weight q6_K \
+		blk.0.attn_q.weight q3_K blk.0.attn_v.weight q5_K blk.1.attn_v.weight q5_K \
+		blk.2.attn_v.weight q4_K blk.3.attn_output.weight q4_K \
+		blk.0.ffn_down_exps.weight q4_K blk.7.ffn_gate_exps.weight q3_K
+else
+	fail "quantize q3_k_m: $(tail -1 "$T/q.err")"
+fi
+
 # Truncated file: info fails with exit 1 and one line.
 f="$T/qwen3moe-q8_0.gguf"
 head -c $(( $(wc -c <"$f") - 100 )) "$f" >"$T/trunc.gguf"

@@ -57,7 +57,7 @@ static void test_type_table(void)
 		{ 2, "q4_0", 32, 18, true },  { 3, "q4_1", 32, 20, true },
 		{ 6, "q5_0", 32, 22, true },  { 7, "q5_1", 32, 24, true },
 		{ 8, "q8_0", 32, 34, true },  { 9, "q8_1", 32, 36, false },
-		{ 10, "q2_K", 256, 84, true }, { 11, "q3_K", 256, 110, false },
+		{ 10, "q2_K", 256, 84, true }, { 11, "q3_K", 256, 110, true },
 		{ 12, "q4_K", 256, 144, true }, { 13, "q5_K", 256, 176, true },
 		{ 14, "q6_K", 256, 210, true }, { 15, "q8_K", 256, 292, false },
 		{ 24, "i8", 1, 1, false },    { 25, "i16", 1, 2, false },
@@ -519,6 +519,46 @@ static void test_q2_K_layout(void)
 	CHECK_EQ_F(y[1], -0.5f); /* q = 0, same sub-block as e0 */
 }
 
+static void test_q3_K_layout(void)
+{
+	uint8_t b[110] = { 0 };
+	float y[256];
+
+	/* d = 0.5. Stored scales (value + 32): sc0 = 33 (+1), sc2 = 0 (-32), sc4 = 63 (+31),
+	 * sc6 = 32 (0), sc8 = 40 (+8), sc15 = 17 (-15); the rest 0 (-32).
+	 *   low nibbles: sc0 -> byte 0 low = 1, sc4 -> byte 4 low = 15, sc8 -> byte 0 high = 8,
+	 *   sc15 -> byte 7 high = 1; top 2 bits at bits 2 * (i / 4) of byte 8 + i % 4:
+	 *   sc0 2 -> byte 8 bits 0-1, sc4 3 -> byte 8 bits 2-3, sc6 2 -> byte 10 bits 2-3,
+	 *   sc8 2 -> byte 8 bits 4-5, sc15 1 -> byte 11 bits 6-7.
+	 * hmask all set (no -4) but bit 0 of bytes 0 and 1 and bit 7 of byte 31.
+	 * qs[0] = 0xe4: low bits 0, 1, 2, 3 for elements 0, 32, 64, 96; qs[32] = 2: element 128;
+	 * qs[63] = 0xc0: element 255 (h 1, j 3, l 31) low bits 3.
+	 *   e0: (0 - 4) * 0.5 * 1 = -2;  e1: -2;  e32: 1 * 0.5 * -32 = -16;  e64: 2 * 15.5 = 31;
+	 *   e96: 3 * 0 = 0;  e128: 2 * 4 = 8;  e255: hmask[31] bit 7 clear: (3 - 4) * -7.5 = 7.5 */
+	memset(b, 0xff, 32);
+	b[0] = 0xfe;
+	b[1] = 0xfe;
+	b[31] = 0x7f;
+	b[32 + 0] = 0xe4;
+	b[32 + 32] = 0x02;
+	b[32 + 63] = 0xc0;
+	b[96 + 0] = 0x81;
+	b[96 + 4] = 0x0f;
+	b[96 + 7] = 0x10;
+	b[96 + 8] = 0x2e;
+	b[96 + 10] = 0x08;
+	b[96 + 11] = 0x40;
+	put16(b + 108, 0x3800);
+	md_dequant_row(MD_DT_Q3_K, b, y, 256);
+	CHECK_EQ_F(y[0], -2.0f);
+	CHECK_EQ_F(y[1], -2.0f);
+	CHECK_EQ_F(y[32], -16.0f);
+	CHECK_EQ_F(y[64], 31.0f);
+	CHECK_EQ_F(y[96], 0.0f);
+	CHECK_EQ_F(y[128], 8.0f);
+	CHECK_EQ_F(y[255], 7.5f);
+}
+
 static void test_q6_K_layout(void)
 {
 	uint8_t b[210];
@@ -563,6 +603,7 @@ static void test_round_trip(void)
 		{ MD_DT_Q8_0, 0.01 },    { MD_DT_Q6_K, 0.02 },   { MD_DT_Q5_K, 0.04 },
 		{ MD_DT_Q4_K, 0.08 },    { MD_DT_Q4_0, 0.12 },   { MD_DT_Q4_1, 0.13 },
 		{ MD_DT_Q5_0, 0.06 },    { MD_DT_Q5_1, 0.07 },   { MD_DT_Q2_K, 0.30 },
+		{ MD_DT_Q3_K, 0.17 },
 	};
 	enum { N = 256 * 64 };
 	float *x = malloc(N * sizeof(float));
@@ -599,7 +640,7 @@ static void test_round_trip(void)
 	/* Zero rows must decode to exact zeros; rows with wide dynamic range stay sane. */
 	static const enum md_dtype qtypes[] = { MD_DT_Q8_0, MD_DT_Q4_0, MD_DT_Q4_K, MD_DT_Q5_K,
 						MD_DT_Q6_K, MD_DT_Q4_1, MD_DT_Q5_0, MD_DT_Q5_1,
-						MD_DT_Q2_K };
+						MD_DT_Q2_K, MD_DT_Q3_K };
 	for (size_t c = 0; c < sizeof(qtypes) / sizeof(qtypes[0]); c++) {
 		enum md_dtype t = qtypes[c];
 		memset(x, 0, 512 * sizeof(float));
@@ -647,7 +688,8 @@ static void test_vec_dot(void)
 {
 	static const enum md_dtype types[] = { MD_DT_F32, MD_DT_F16, MD_DT_BF16, MD_DT_Q8_0,
 					       MD_DT_Q4_0, MD_DT_Q4_K, MD_DT_Q5_K, MD_DT_Q6_K,
-					       MD_DT_Q4_1, MD_DT_Q5_0, MD_DT_Q5_1, MD_DT_Q2_K };
+					       MD_DT_Q4_1, MD_DT_Q5_0, MD_DT_Q5_1, MD_DT_Q2_K,
+					       MD_DT_Q3_K };
 	enum { N = 256 * 12 };
 	float *w = malloc(N * sizeof(float));
 	float *x = malloc(N * sizeof(float));
@@ -706,6 +748,7 @@ int main(void)
 	test_q5_K_layout();
 	test_q6_K_layout();
 	test_q2_K_layout();
+	test_q3_K_layout();
 	test_round_trip();
 	test_vec_dot();
 	if (failures) {
