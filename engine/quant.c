@@ -16,6 +16,8 @@
  *         for element e, elem = (q - 16) * d.
  *   q5_1  (32 elems, 24 B):  f16 d | f16 m | u32 qh | u8 qs[16]; q as q5_0, elem = q * d + m.
  *   q8_0  (32 elems, 34 B):  f16 d | i8 qs[32];  elem j = qs[j] * d.
+ *   iq4_nl (32 elems, 18 B): f16 d | u8 qs[16]; nibbles as q4_0 index md_iq4nl_levels,
+ *         elem = d * level.
  *   q4_K  (256 elems, 144 B): f16 d | f16 dmin | u8 scales[12] | u8 qs[128]
  *   q5_K  (256 elems, 176 B): f16 d | f16 dmin | u8 scales[12] | u8 qh[32] | u8 qs[128]
  *         8 sub-blocks of 32 with 6-bit scale sc[s] and 6-bit min m[s]:
@@ -45,11 +47,15 @@
 #define Q5_0_BYTES 22
 #define Q5_1_BYTES 24
 #define Q8_0_BYTES 34
+#define IQ4_NL_BYTES 18
 #define Q2_K_BYTES 84
 #define Q3_K_BYTES 110
 #define Q4_K_BYTES 144
 #define Q5_K_BYTES 176
 #define Q6_K_BYTES 210
+
+const int8_t md_iq4nl_levels[16] = { -127, -104, -83, -65, -49, -35, -22, -10,
+				     1, 13, 25, 38, 53, 69, 89, 113 };
 
 static const struct md_dtype_info dtype_table[MD_DT_COUNT] = {
 	[0] = { "f32", 1, 4, true },
@@ -72,7 +78,7 @@ static const struct md_dtype_info dtype_table[MD_DT_COUNT] = {
 	[17] = { "iq2_xs", 256, 74, false },
 	[18] = { "iq3_xxs", 256, 98, false },
 	[19] = { "iq1_s", 256, 50, false },
-	[20] = { "iq4_nl", 32, 18, false },
+	[20] = { "iq4_nl", 32, 18, true },
 	[21] = { "iq3_s", 256, 110, false },
 	[22] = { "iq2_s", 256, 82, false },
 	[23] = { "iq4_xs", 256, 136, false },
@@ -282,6 +288,15 @@ static void dequant_q5_0_block(const uint8_t *b, float *y)
 	}
 }
 
+/* 32 elements of 16 nibbles indexing a table of 16 levels, times d (iq4_nl, iq4_xs). */
+static void dequant_nl32(const uint8_t *qs, const int8_t *levels, float d, float *y)
+{
+	for (int j = 0; j < 16; j++) {
+		y[j] = d * (float)levels[qs[j] & 0xf];
+		y[j + 16] = d * (float)levels[qs[j] >> 4];
+	}
+}
+
 /* Unpacks the 8 six-bit scales and mins of a q4_K / q5_K super-block. */
 static void kq_unpack_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8])
 {
@@ -392,6 +407,7 @@ static void dequant_block(enum md_dtype t, const uint8_t *src, float *y)
 	case MD_DT_Q5_0: dequant_q5_0_block(src, y); break;
 	case MD_DT_Q5_1: dequant_q45_1_block(src, src + 4, src + 8, y); break;
 	case MD_DT_Q8_0: dequant_q8_0_block(src, y); break;
+	case MD_DT_IQ4_NL: dequant_nl32(src + 2, md_iq4nl_levels, load_f16(src), y); break;
 	case MD_DT_Q2_K: dequant_q2_K_block(src, y); break;
 	case MD_DT_Q3_K: dequant_q3_K_block(src, y); break;
 	case MD_DT_Q4_K: dequant_q45_K_block(src, NULL, src + 16, y); break;
@@ -599,6 +615,82 @@ static void quantize_q5_0_block(const float *x, uint8_t *b)
 	}
 	for (int k = 0; k < 4; k++)
 		b[2 + k] = (uint8_t)(h >> (8 * k));
+}
+
+/* Index of the level nearest to v in a table of 16 increasing levels: the number of
+ * midpoints between neighbouring levels below v (branch-free; ties go to the lower level). */
+static int nearest_level(const int8_t *levels, float v)
+{
+	int k = 0;
+
+	for (int i = 0; i < 15; i++)
+		k += v > 0.5f * (float)(levels[i] + levels[i + 1]);
+	return k;
+}
+
+/*
+ * Scale for n elements coded as d * levels[idx] (iq4_nl, iq4_xs sub-blocks): candidates map
+ * the largest-magnitude element to either end level and 4 steps either side; for each the
+ * nearest levels are taken and d refit by least squares; the lowest squared error wins.
+ * Returns d (0 for an all-zero block); idx is not filled (the caller rounds d first).
+ */
+static float quant_nl_scale(const float *x, int n, const int8_t *levels)
+{
+	float amax = 0.0f, vmax = 0.0f;
+
+	for (int i = 0; i < n; i++) {
+		if (fabsf(x[i]) > amax) {
+			amax = fabsf(x[i]);
+			vmax = x[i];
+		}
+	}
+	if (amax < 1e-30f)
+		return 0.0f;
+	float best_err = INFINITY, best_d = vmax / (float)levels[0];
+	for (int end = 0; end < 2; end++) {
+		float lv = (float)(end ? levels[15] : levels[0]);
+		for (int step = -4; step <= 4; step++) {
+			float id = (lv + (lv < 0 ? -1.0f : 1.0f) * (float)step) / vmax;
+			double sxl = 0, sll = 0;
+			for (int i = 0; i < n; i++) {
+				float l = (float)levels[nearest_level(levels, x[i] * id)];
+				sxl += (double)x[i] * l;
+				sll += (double)l * l;
+			}
+			if (sll <= 0)
+				continue;
+			float d = (float)(sxl / sll), err = 0.0f;
+			if (d == 0.0f)
+				continue;
+			float idd = 1.0f / d;
+			for (int i = 0; i < n; i++) {
+				float e = d * (float)levels[nearest_level(levels, x[i] * idd)] - x[i];
+				err += e * e;
+			}
+			if (err < best_err) {
+				best_err = err;
+				best_d = d;
+			}
+		}
+	}
+	return best_d;
+}
+
+/* Nibbles of 32 elements for scale d (as stored) into qs[16]. */
+static void pack_nl32(const float *x, const int8_t *levels, float d, uint8_t *qs)
+{
+	float id = d != 0.0f ? 1.0f / d : 0.0f;
+
+	for (int j = 0; j < 16; j++) {
+		int lo = nearest_level(levels, x[j] * id), hi = nearest_level(levels, x[j + 16] * id);
+		qs[j] = (uint8_t)(lo | hi << 4);
+	}
+}
+
+static void quantize_iq4_nl_block(const float *x, uint8_t *b)
+{
+	store_f16(b, quant_nl_scale(x, 32, md_iq4nl_levels));
+	pack_nl32(x, md_iq4nl_levels, load_f16(b), b + 2);
 }
 
 /*
@@ -948,6 +1040,10 @@ size_t md_quantize_row(enum md_dtype t, const float *src, void *dst, int64_t n)
 	case MD_DT_Q4_0:
 		for (int64_t i = 0; i < n; i += 32, p += Q4_0_BYTES)
 			quantize_q4_0_block(src + i, p);
+		break;
+	case MD_DT_IQ4_NL:
+		for (int64_t i = 0; i < n; i += 32, p += IQ4_NL_BYTES)
+			quantize_iq4_nl_block(src + i, p);
 		break;
 	case MD_DT_Q4_1:
 		for (int64_t i = 0; i < n; i += 32, p += Q4_1_BYTES)

@@ -42,6 +42,9 @@ enum md_dtype {
 #define MD_QK4_0 32
 #define MD_QK_K 256
 
+/* The 16 non-linear levels of iq4_nl and iq4_xs (GGML's kvalues_iq4nl). */
+extern const int8_t md_iq4nl_levels[16];
+
 struct md_dtype_info {
 	const char *name;   /* "f32", "q4_K", ... as GGML names them */
 	int64_t blck;       /* elements per block */

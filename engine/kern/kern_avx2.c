@@ -158,6 +158,41 @@ INLINE void tile_q451(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 		y[(size_t)t * ys] = hsum8(_mm256_add_ps(acc[0][t], acc[1][t])) + accm[t];
 }
 
+/* 32 signed bytes from 16 nibble indexes into a 16-entry level table (lut in both lanes):
+ * low nibbles are elements 0-15, high nibbles 16-31. */
+INLINE __m256i levels32(const uint8_t *qs, __m256i lut)
+{
+	const __m128i x = _mm_loadu_si128((const __m128i *)qs);
+	const __m256i idx = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x),
+					     _mm256_set1_epi8(15));
+	return _mm256_shuffle_epi8(lut, idx);
+}
+
+/* iq4_nl against md_q8b: levels looked up with a byte shuffle, then signed x signed as
+ * q8_0 does it (|w| x sign(a, w)). */
+INLINE void tile_iq4_nl(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y,
+			size_t ys, const int nt)
+{
+	__m256 acc[2][MD_KERN_NT];
+	for (int t = 0; t < nt; t++)
+		acc[0][t] = acc[1][t] = _mm256_setzero_ps();
+	const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)md_iq4nl_levels));
+	const int64_t nb = n / 32;
+	for (int64_t b = 0; b < nb; b++, w += 18) {
+		const __m256i q = levels32(w + 2, lut);
+		const __m256i u = _mm256_sign_epi8(q, q);
+		const float dw = ld_f16(w);
+		for (int t = 0; t < nt; t++) {
+			const struct md_q8b *ab = (const struct md_q8b *)(a + (size_t)t * as) + b;
+			const __m256i p = dot_us8(u, _mm256_sign_epi8(ld256(ab->qs), q));
+			acc[b & 1][t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab->d), _mm256_cvtepi32_ps(p),
+						       acc[b & 1][t]);
+		}
+	}
+	for (int t = 0; t < nt; t++)
+		y[(size_t)t * ys] = hsum8(_mm256_add_ps(acc[0][t], acc[1][t]));
+}
+
 /* ---- K-quants against md_q8k ---- */
 
 /* The 6-bit scales and mins of a q4_K / q5_K block (same as md_kern__k_scales, inlined). */
@@ -696,6 +731,7 @@ GEMM_ENTRY(gemm_bf16, dot_bf16, MD_DT_BF16)
 #define C_Q5_1(k) tile_q451(n, w, a, as, y, ys, k, MD_DT_Q5_1)
 #define C_Q2_K(k) tile_q2_K(n, w, a, as, y, ys, k)
 #define C_Q3_K(k) tile_q3_K(n, w, a, as, y, ys, k)
+#define C_IQ4_NL(k) tile_iq4_nl(n, w, a, as, y, ys, k)
 #define C_Q4_K(k) tile_qk45(n, w, a, as, y, ys, k, 0)
 #define C_Q5_K(k) tile_qk45(n, w, a, as, y, ys, k, 1)
 #define C_Q6_K(k) tile_q6_K(n, w, a, as, y, ys, k)
@@ -707,6 +743,7 @@ ENTRY(dot_q5_0, C_Q5_0)
 ENTRY(dot_q5_1, C_Q5_1)
 ENTRY(dot_q2_K, C_Q2_K)
 ENTRY(dot_q3_K, C_Q3_K)
+ENTRY(dot_iq4_nl, C_IQ4_NL)
 ENTRY(dot_q4_K, C_Q4_K)
 ENTRY(dot_q5_K, C_Q5_K)
 ENTRY(dot_q6_K, C_Q6_K)
@@ -838,6 +875,7 @@ static const struct md_kern table = {
 		[MD_DT_Q5_1] = dot_q5_1,
 		[MD_DT_Q2_K] = dot_q2_K,
 		[MD_DT_Q3_K] = dot_q3_K,
+		[MD_DT_IQ4_NL] = dot_iq4_nl,
 		[MD_DT_Q4_K] = dot_q4_K,
 		[MD_DT_Q5_K] = dot_q5_K,
 		[MD_DT_Q6_K] = dot_q6_K,

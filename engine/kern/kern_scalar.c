@@ -16,6 +16,7 @@ enum md_act_fmt md_kern_act_fmt(enum md_dtype t)
 	case MD_DT_Q4_1:
 	case MD_DT_Q5_0:
 	case MD_DT_Q5_1:
+	case MD_DT_IQ4_NL:
 		return MD_ACT_Q8B;
 	case MD_DT_Q2_K:
 	case MD_DT_Q3_K:
@@ -143,6 +144,23 @@ static float dot1_q451(int64_t n, const uint8_t *w, const struct md_q8b *a, enum
 		else
 			acc += ld_f16(w) * a[b].d * (float)s + ld_f16(w + 2) * a[b].d * (float)a[b].s;
 	}
+	return acc;
+}
+
+/* 32 nibble indexes into a level table (signed 8-bit) against one q8b block. */
+static int dot32_levels(const uint8_t *qs, const int8_t *levels, const int8_t *a)
+{
+	int s = 0;
+	for (int i = 0; i < 16; i++)
+		s += levels[qs[i] & 15] * a[i] + levels[qs[i] >> 4] * a[i + 16];
+	return s;
+}
+
+static float dot1_iq4_nl(int64_t n, const uint8_t *w, const struct md_q8b *a)
+{
+	float acc = 0;
+	for (int64_t b = 0; b < n / 32; b++, w += 18)
+		acc += ld_f16(w) * a[b].d * (float)dot32_levels(w + 2, md_iq4nl_levels, a[b].qs);
 	return acc;
 }
 
@@ -296,6 +314,7 @@ TILE(dot_q5_0, dot1_q451(n, w, at, MD_DT_Q5_0))
 TILE(dot_q5_1, dot1_q451(n, w, at, MD_DT_Q5_1))
 TILE(dot_q2_K, dot1_q2_K(n, w, at))
 TILE(dot_q3_K, dot1_q3_K(n, w, at))
+TILE(dot_iq4_nl, dot1_iq4_nl(n, w, at))
 TILE(dot_q4_K, dot1_qk45(n, w, at, 0))
 TILE(dot_q5_K, dot1_qk45(n, w, at, 1))
 TILE(dot_q6_K, dot1_q6_K(n, w, at))
@@ -343,6 +362,7 @@ const struct md_kern md_kern_scalar = {
 		[MD_DT_Q5_1] = dot_q5_1,
 		[MD_DT_Q2_K] = dot_q2_K,
 		[MD_DT_Q3_K] = dot_q3_K,
+		[MD_DT_IQ4_NL] = dot_iq4_nl,
 		[MD_DT_Q4_K] = dot_q4_K,
 		[MD_DT_Q5_K] = dot_q5_K,
 		[MD_DT_Q6_K] = dot_q6_K,

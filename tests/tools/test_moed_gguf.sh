@@ -200,6 +200,24 @@ else
 	fail "quantize q3_k_m: $(tail -1 "$T/q.err")"
 fi
 
+if "$M" quantize "$big" "$T/iq4nl.gguf" iq4_nl 2>"$T/q.err"; then
+	"$M" info "$T/iq4nl.gguf" >"$T/iq4nl.out" 2>&1 || fail "info iq4_nl"
+	grep -q "general.file_type  *u32 25$" "$T/iq4nl.out" || fail "iq4_nl file_type"
+	expect_types "$T/iq4nl.out" token_embd.weight iq4_nl output.weight q6_K \
+		blk.0.attn_v.weight iq4_nl blk.0.ffn_down_exps.weight q5_K \
+		blk.1.ffn_down_exps.weight iq4_nl blk.3.attn_output.weight iq4_nl
+else
+	fail "quantize iq4_nl: $(tail -1 "$T/q.err")"
+fi
+# q2_k on the 64-wide model: q2_K and q3_K rows of 64 fall back to iq4_nl.
+if "$M" quantize "$T/qwen3moe-f32.gguf" "$T/fb2.gguf" q2_k 2>/dev/null; then
+	"$M" info "$T/fb2.gguf" >"$T/fb2.out" 2>&1 || fail "info q2_k fallback file"
+	expect_types "$T/fb2.out" blk.0.attn_q.weight iq4_nl blk.1.ffn_down_exps.weight iq4_nl
+	grep -q "K-quant fallback" "$T/fb2.out" || fail "info does not mention the iq4_nl fallback"
+else
+	fail "quantize q2_k (fallback)"
+fi
+
 # Truncated file: info fails with exit 1 and one line.
 f="$T/qwen3moe-q8_0.gguf"
 head -c $(( $(wc -c <"$f") - 100 )) "$f" >"$T/trunc.gguf"

@@ -66,7 +66,7 @@ static void test_type_table(void)
 		{ 16, "iq2_xxs", 256, 66, false }, { 17, "iq2_xs", 256, 74, false },
 		{ 18, "iq3_xxs", 256, 98, false }, { 19, "iq1_s", 256, 50, false },
 		{ 21, "iq3_s", 256, 110, false },  { 22, "iq2_s", 256, 82, false },
-		{ 29, "iq1_m", 256, 56, false },   { 34, "tq1_0", 256, 54, false },
+		{ 29, "iq1_m", 256, 56, false },   { 20, "iq4_nl", 32, 18, true },   { 34, "tq1_0", 256, 54, false },
 		{ 35, "tq2_0", 256, 66, false },
 	};
 
@@ -559,6 +559,30 @@ static void test_q3_K_layout(void)
 	CHECK_EQ_F(y[255], 7.5f);
 }
 
+static void test_iq4_nl_layout(void)
+{
+	uint8_t b[2 * 18] = { 0 };
+	float y[64];
+
+	/* Block 0: d = 0.5; qs[0] = 0xf0: e0 = level 0 (-127) / 2, e16 = level 15 (113) / 2;
+	 * qs[1] = 0x78: e1 = level 8 (1) / 2, e17 = level 7 (-10) / 2.  Block 1: d = -2;
+	 * qs[15] = 0x3c: e47 = level 12 (53) * -2, e63 = level 3 (-65) * -2. */
+	put16(b, 0x3800);
+	b[2] = 0xf0;
+	b[3] = 0x78;
+	put16(b + 18, 0xc000);
+	b[18 + 2 + 15] = 0x3c;
+	md_dequant_row(MD_DT_IQ4_NL, b, y, 64);
+	CHECK_EQ_F(y[0], -63.5f);
+	CHECK_EQ_F(y[16], 56.5f);
+	CHECK_EQ_F(y[1], 0.5f);
+	CHECK_EQ_F(y[17], -5.0f);
+	CHECK_EQ_F(y[2], -63.5f); /* index 0 */
+	CHECK_EQ_F(y[47], -106.0f);
+	CHECK_EQ_F(y[63], 130.0f);
+	CHECK_EQ_F(y[32], 254.0f);
+}
+
 static void test_q6_K_layout(void)
 {
 	uint8_t b[210];
@@ -603,7 +627,7 @@ static void test_round_trip(void)
 		{ MD_DT_Q8_0, 0.01 },    { MD_DT_Q6_K, 0.02 },   { MD_DT_Q5_K, 0.04 },
 		{ MD_DT_Q4_K, 0.08 },    { MD_DT_Q4_0, 0.12 },   { MD_DT_Q4_1, 0.13 },
 		{ MD_DT_Q5_0, 0.06 },    { MD_DT_Q5_1, 0.07 },   { MD_DT_Q2_K, 0.30 },
-		{ MD_DT_Q3_K, 0.17 },
+		{ MD_DT_Q3_K, 0.17 },    { MD_DT_IQ4_NL, 0.10 },
 	};
 	enum { N = 256 * 64 };
 	float *x = malloc(N * sizeof(float));
@@ -640,7 +664,7 @@ static void test_round_trip(void)
 	/* Zero rows must decode to exact zeros; rows with wide dynamic range stay sane. */
 	static const enum md_dtype qtypes[] = { MD_DT_Q8_0, MD_DT_Q4_0, MD_DT_Q4_K, MD_DT_Q5_K,
 						MD_DT_Q6_K, MD_DT_Q4_1, MD_DT_Q5_0, MD_DT_Q5_1,
-						MD_DT_Q2_K, MD_DT_Q3_K };
+						MD_DT_Q2_K, MD_DT_Q3_K, MD_DT_IQ4_NL };
 	for (size_t c = 0; c < sizeof(qtypes) / sizeof(qtypes[0]); c++) {
 		enum md_dtype t = qtypes[c];
 		memset(x, 0, 512 * sizeof(float));
@@ -689,7 +713,7 @@ static void test_vec_dot(void)
 	static const enum md_dtype types[] = { MD_DT_F32, MD_DT_F16, MD_DT_BF16, MD_DT_Q8_0,
 					       MD_DT_Q4_0, MD_DT_Q4_K, MD_DT_Q5_K, MD_DT_Q6_K,
 					       MD_DT_Q4_1, MD_DT_Q5_0, MD_DT_Q5_1, MD_DT_Q2_K,
-					       MD_DT_Q3_K };
+					       MD_DT_Q3_K, MD_DT_IQ4_NL };
 	enum { N = 256 * 12 };
 	float *w = malloc(N * sizeof(float));
 	float *x = malloc(N * sizeof(float));
@@ -749,6 +773,7 @@ int main(void)
 	test_q6_K_layout();
 	test_q2_K_layout();
 	test_q3_K_layout();
+	test_iq4_nl_layout();
 	test_round_trip();
 	test_vec_dot();
 	if (failures) {
