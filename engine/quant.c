@@ -18,6 +18,9 @@
  *   q8_0  (32 elems, 34 B):  f16 d | i8 qs[32];  elem j = qs[j] * d.
  *   iq4_nl (32 elems, 18 B): f16 d | u8 qs[16]; nibbles as q4_0 index md_iq4nl_levels,
  *         elem = d * level.
+ *   iq4_xs (256 elems, 136 B): f16 d | u16 scales_h | u8 scales_l[4] | u8 qs[128]
+ *         8 sub-blocks of 32, each an iq4_nl block (qs[16 ib ..]) with scale d * (ls - 32):
+ *         ls = ((scales_l[ib / 2] >> 4 (ib % 2)) & 15) | ((scales_h >> 2 ib) & 3) << 4.
  *   q4_K  (256 elems, 144 B): f16 d | f16 dmin | u8 scales[12] | u8 qs[128]
  *   q5_K  (256 elems, 176 B): f16 d | f16 dmin | u8 scales[12] | u8 qh[32] | u8 qs[128]
  *         8 sub-blocks of 32 with 6-bit scale sc[s] and 6-bit min m[s]:
@@ -48,6 +51,7 @@
 #define Q5_1_BYTES 24
 #define Q8_0_BYTES 34
 #define IQ4_NL_BYTES 18
+#define IQ4_XS_BYTES 136
 #define Q2_K_BYTES 84
 #define Q3_K_BYTES 110
 #define Q4_K_BYTES 144
@@ -81,7 +85,7 @@ static const struct md_dtype_info dtype_table[MD_DT_COUNT] = {
 	[20] = { "iq4_nl", 32, 18, true },
 	[21] = { "iq3_s", 256, 110, false },
 	[22] = { "iq2_s", 256, 82, false },
-	[23] = { "iq4_xs", 256, 136, false },
+	[23] = { "iq4_xs", 256, 136, true },
 	[24] = { "i8", 1, 1, false },
 	[25] = { "i16", 1, 2, false },
 	[26] = { "i32", 1, 4, false },
@@ -297,6 +301,17 @@ static void dequant_nl32(const uint8_t *qs, const int8_t *levels, float d, float
 	}
 }
 
+static void dequant_iq4_xs_block(const uint8_t *b, float *y)
+{
+	float d = load_f16(b);
+	unsigned sh = (unsigned)(b[2] | b[3] << 8);
+
+	for (int ib = 0; ib < 8; ib++) {
+		int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 15) | (int)((sh >> (2 * ib)) & 3) << 4;
+		dequant_nl32(b + 8 + 16 * ib, md_iq4nl_levels, d * (float)(ls - 32), y + 32 * ib);
+	}
+}
+
 /* Unpacks the 8 six-bit scales and mins of a q4_K / q5_K super-block. */
 static void kq_unpack_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8])
 {
@@ -408,6 +423,7 @@ static void dequant_block(enum md_dtype t, const uint8_t *src, float *y)
 	case MD_DT_Q5_1: dequant_q45_1_block(src, src + 4, src + 8, y); break;
 	case MD_DT_Q8_0: dequant_q8_0_block(src, y); break;
 	case MD_DT_IQ4_NL: dequant_nl32(src + 2, md_iq4nl_levels, load_f16(src), y); break;
+	case MD_DT_IQ4_XS: dequant_iq4_xs_block(src, y); break;
 	case MD_DT_Q2_K: dequant_q2_K_block(src, y); break;
 	case MD_DT_Q3_K: dequant_q3_K_block(src, y); break;
 	case MD_DT_Q4_K: dequant_q45_K_block(src, NULL, src + 16, y); break;
@@ -691,6 +707,63 @@ static void quantize_iq4_nl_block(const float *x, uint8_t *b)
 {
 	store_f16(b, quant_nl_scale(x, 32, md_iq4nl_levels));
 	pack_nl32(x, md_iq4nl_levels, load_f16(b), b + 2);
+}
+
+/* Squared error of 32 elements coded with scale d and the nearest levels. */
+static float nl32_error(const float *x, float d)
+{
+	float id = d != 0.0f ? 1.0f / d : 0.0f, err = 0.0f;
+
+	for (int i = 0; i < 32; i++) {
+		float e = d * (float)md_iq4nl_levels[nearest_level(md_iq4nl_levels, x[i] * id)] - x[i];
+		err += e * e;
+	}
+	return err;
+}
+
+/*
+ * iq4_xs: quant_nl_scale per 32-element sub-block, d mapping the largest-magnitude scale
+ * to -32 (the extra negative step of the 6-bit range), each 6-bit scale chosen among the
+ * rounded one and its neighbours for the least squared error.
+ */
+static void quantize_iq4_xs_block(const float *x, uint8_t *b)
+{
+	float scale[8], vmax = 0.0f, amax = 0.0f;
+	int ls[8];
+
+	for (int s = 0; s < 8; s++) {
+		scale[s] = quant_nl_scale(x + 32 * s, 32, md_iq4nl_levels);
+		if (fabsf(scale[s]) > amax) {
+			amax = fabsf(scale[s]);
+			vmax = scale[s];
+		}
+	}
+	store_f16(b, vmax / -32.0f);
+	float d = load_f16(b);
+	unsigned sh = 0;
+
+	memset(b + 4, 0, 4);
+	for (int s = 0; s < 8; s++) {
+		int l0 = d != 0.0f ? clampi(iround(scale[s] / d), -32, 31) : 0;
+		float best = INFINITY;
+
+		ls[s] = l0;
+		for (int k = l0 - 1; k <= l0 + 1 && d != 0.0f; k++) {
+			if (k < -32 || k > 31)
+				continue;
+			float err = nl32_error(x + 32 * s, d * (float)k);
+			if (err < best) {
+				best = err;
+				ls[s] = k;
+			}
+		}
+		int raw = ls[s] + 32;
+		b[4 + s / 2] |= (uint8_t)((raw & 15) << (4 * (s % 2)));
+		sh |= (unsigned)(raw >> 4) << (2 * s);
+		pack_nl32(x + 32 * s, md_iq4nl_levels, d * (float)ls[s], b + 8 + 16 * s);
+	}
+	b[2] = (uint8_t)(sh & 0xff);
+	b[3] = (uint8_t)(sh >> 8);
 }
 
 /*
@@ -1044,6 +1117,10 @@ size_t md_quantize_row(enum md_dtype t, const float *src, void *dst, int64_t n)
 	case MD_DT_IQ4_NL:
 		for (int64_t i = 0; i < n; i += 32, p += IQ4_NL_BYTES)
 			quantize_iq4_nl_block(src + i, p);
+		break;
+	case MD_DT_IQ4_XS:
+		for (int64_t i = 0; i < n; i += 256, p += IQ4_XS_BYTES)
+			quantize_iq4_xs_block(src + i, p);
 		break;
 	case MD_DT_Q4_1:
 		for (int64_t i = 0; i < n; i += 32, p += Q4_1_BYTES)

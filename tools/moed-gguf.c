@@ -29,6 +29,7 @@ enum {
 	FTYPE_Q5_K_M = 17,
 	FTYPE_Q6_K = 18,
 	FTYPE_IQ4_NL = 25,
+	FTYPE_IQ4_XS = 30,
 	FTYPE_BF16 = 32,
 };
 
@@ -46,7 +47,7 @@ static void usage(FILE *f)
 "  --arch A            qwen3moe|qwen2moe|llama|mixtral|olmoe|qwen2|qwen3 [qwen3moe]\n"
 "                      (mixtral = arch \"llama\" with experts; llama = dense)\n"
 "  --type T            f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k\n"
-"                      |q6_k|iq4_nl for 2-D/3-D weights [f32];\n"
+"                      |q6_k|iq4_nl|iq4_xs for 2-D/3-D weights [f32];\n"
 "                      1-D tensors are f32, the router f32 unless T is a float type;\n"
 "                      K types need every row length to be a multiple of 256\n"
 "  --seed N [1]  --n-layer N [2]  --n-embd N [64]  --n-head N [4]  --n-head-kv N [2]\n"
@@ -68,20 +69,21 @@ static void usage(FILE *f)
 "\n"
 "quantize  requantize every 2-D/3-D weight of IN into OUT; 1-D tensors and ffn_gate_inp*\n"
 "          are kept as they are. MIX: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k_m\n"
-"          q4_k_m q5_k_m q6_k iq4_nl\n"
+"          q4_k_m q5_k_m q6_k iq4_nl iq4_xs\n"
 "          q2_k: q2_K, with q3_K for ffn_down* and attn_output (q5_K with 8 experts), attn_v\n"
 "          q4_K when head_count >= 4 * head_count_kv else q3_K (q8_0 with 8 experts);\n"
 "          q3_k_m: q3_K, with q4_K for ffn_down* (q5_K in the first n_layer/16 layers) and\n"
 "          attn_output (q5_K with 8 experts), attn_v q5_K in layers 0-1 else q4_K;\n"
-"          iq4_nl: iq4_nl, with q5_K for attn_v when head_count >= 4 * head_count_kv, for\n"
-"          ffn_down* in the first n_layer/8 layers and (8 experts) attn_output;\n"
+"          iq4_nl/iq4_xs: that type, with q5_K for attn_v when head_count >=\n"
+"          4 * head_count_kv, for ffn_down* in the first n_layer/8 layers and (8 experts)\n"
+"          for attn_output;\n"
 "          every mix: attn_v and attn_k q8_0 with exactly 8 experts;\n"
 "          q4_k_m/q5_k_m: q4_K/q5_K, with q6_K for output.weight and for attn_v and\n"
 "          ffn_down* in the first and last n_layer/8 layers and every third between\n"
 "          (llama.cpp's use_more_bits); q4_0/q4_1/q5_0/q5_1: q6_K for output.weight.\n"
 "          Fallbacks as llama-quantize's: a tensor whose ne[0] is not a multiple of 256\n"
-"          gets q5_0 for q4_K, q5_1 for q5_K, q8_0 for q6_K, iq4_nl for q2_K/q3_K; f16\n"
-"          where ne[0] is not even a multiple of 32.\n"
+"          gets q5_0 for q4_K, q5_1 for q5_K, q8_0 for q6_K, iq4_nl for q2_K/q3_K/iq4_xs;\n"
+"          f16 where ne[0] is not even a multiple of 32.\n"
 "\n"
 MD_INFLATE_USAGE);
 }
@@ -380,7 +382,7 @@ static const struct wtype_def gen_types[] = {
 	{ "q2_k", MD_DT_Q2_K, FTYPE_Q2_K },  { "q3_k", MD_DT_Q3_K, FTYPE_Q3_K_M },
 	{ "q4_k", MD_DT_Q4_K, FTYPE_Q4_K_M },
 	{ "q5_k", MD_DT_Q5_K, FTYPE_Q5_K_M }, { "q6_k", MD_DT_Q6_K, FTYPE_Q6_K },
-	{ "iq4_nl", MD_DT_IQ4_NL, FTYPE_IQ4_NL },
+	{ "iq4_nl", MD_DT_IQ4_NL, FTYPE_IQ4_NL }, { "iq4_xs", MD_DT_IQ4_XS, FTYPE_IQ4_XS },
 };
 
 enum init_kind { INIT_WEIGHT, INIT_NORM, INIT_BIAS };
@@ -946,7 +948,7 @@ static const struct mix_def mixes[] = {
 	{ "q2_k", MD_DT_Q2_K, FTYPE_Q2_K },    { "q3_k_m", MD_DT_Q3_K, FTYPE_Q3_K_M },
 	{ "q4_k_m", MD_DT_Q4_K, FTYPE_Q4_K_M },
 	{ "q5_k_m", MD_DT_Q5_K, FTYPE_Q5_K_M }, { "q6_k", MD_DT_Q6_K, FTYPE_Q6_K },
-	{ "iq4_nl", MD_DT_IQ4_NL, FTYPE_IQ4_NL },
+	{ "iq4_nl", MD_DT_IQ4_NL, FTYPE_IQ4_NL }, { "iq4_xs", MD_DT_IQ4_XS, FTYPE_IQ4_XS },
 };
 
 /* llama.cpp's use_more_bits: first and last eighth of the layers, every third in between. */
@@ -1111,7 +1113,7 @@ static int cmd_quantize(const char *in, const char *out, const char *mix)
 			m = &mixes[k];
 	if (!m) {
 		fprintf(stderr, "moed-gguf quantize: unknown MIX '%s' (f32 f16 bf16 q8_0 q4_0 "
-			"q4_1 q5_0 q5_1 q2_k q3_k_m q4_k_m q5_k_m q6_k iq4_nl)\n", mix);
+			"q4_1 q5_0 q5_1 q2_k q3_k_m q4_k_m q5_k_m q6_k iq4_nl iq4_xs)\n", mix);
 		return 2;
 	}
 	if (strcmp(in, out) == 0) {

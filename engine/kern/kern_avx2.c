@@ -381,6 +381,43 @@ INLINE void tile_q3_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 		y[(size_t)t * ys] = hsum8(acc[t]);
 }
 
+/* iq4_xs: eight iq4_nl sub-blocks; |w| x sign(a, w) pairs in maddubs, the signed 6-bit
+ * sub-block scale ls - 32 in madd. */
+INLINE void tile_iq4_xs(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y,
+			size_t ys, const int nt)
+{
+	__m256 acc[MD_KERN_NT];
+	for (int t = 0; t < nt; t++)
+		acc[t] = _mm256_setzero_ps();
+	const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)md_iq4nl_levels));
+	const int64_t nb = n / 256;
+	for (int64_t b = 0; b < nb; b++, w += 136) {
+		const unsigned sh = (unsigned)(w[2] | w[3] << 8);
+		const float dw = ld_f16(w);
+		__m256i q[8], u[8], s16[8];
+		for (int ib = 0; ib < 8; ib++) {
+			const int ls = ((w[4 + ib / 2] >> (4 * (ib % 2))) & 15) | (int)((sh >> (2 * ib)) & 3) << 4;
+			q[ib] = levels32(w + 8 + 16 * ib, lut);
+			u[ib] = _mm256_sign_epi8(q[ib], q[ib]);
+			s16[ib] = _mm256_set1_epi16((short)(ls - 32));
+		}
+		for (int t = 0; t < nt; t++) {
+			const struct md_q8k *ab = (const struct md_q8k *)(a + (size_t)t * as) + b;
+			__m256i is0 = _mm256_setzero_si256(), is1 = _mm256_setzero_si256();
+			for (int k = 0; k < 8; k += 2) {
+				is0 = _mm256_add_epi32(is0, dot_us8_scaled(u[k],
+					_mm256_sign_epi8(ld256(ab->qs + 32 * k), q[k]), s16[k]));
+				is1 = _mm256_add_epi32(is1, dot_us8_scaled(u[k + 1],
+					_mm256_sign_epi8(ld256(ab->qs + 32 * k + 32), q[k + 1]), s16[k + 1]));
+			}
+			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab->d),
+						 _mm256_cvtepi32_ps(_mm256_add_epi32(is0, is1)), acc[t]);
+		}
+	}
+	for (int t = 0; t < nt; t++)
+		y[(size_t)t * ys] = hsum8(acc[t]);
+}
+
 INLINE void tile_q6_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y, size_t ys,
 		      const int nt)
 {
@@ -732,6 +769,7 @@ GEMM_ENTRY(gemm_bf16, dot_bf16, MD_DT_BF16)
 #define C_Q2_K(k) tile_q2_K(n, w, a, as, y, ys, k)
 #define C_Q3_K(k) tile_q3_K(n, w, a, as, y, ys, k)
 #define C_IQ4_NL(k) tile_iq4_nl(n, w, a, as, y, ys, k)
+#define C_IQ4_XS(k) tile_iq4_xs(n, w, a, as, y, ys, k)
 #define C_Q4_K(k) tile_qk45(n, w, a, as, y, ys, k, 0)
 #define C_Q5_K(k) tile_qk45(n, w, a, as, y, ys, k, 1)
 #define C_Q6_K(k) tile_q6_K(n, w, a, as, y, ys, k)
@@ -744,6 +782,7 @@ ENTRY(dot_q5_1, C_Q5_1)
 ENTRY(dot_q2_K, C_Q2_K)
 ENTRY(dot_q3_K, C_Q3_K)
 ENTRY(dot_iq4_nl, C_IQ4_NL)
+ENTRY(dot_iq4_xs, C_IQ4_XS)
 ENTRY(dot_q4_K, C_Q4_K)
 ENTRY(dot_q5_K, C_Q5_K)
 ENTRY(dot_q6_K, C_Q6_K)
@@ -876,6 +915,7 @@ static const struct md_kern table = {
 		[MD_DT_Q2_K] = dot_q2_K,
 		[MD_DT_Q3_K] = dot_q3_K,
 		[MD_DT_IQ4_NL] = dot_iq4_nl,
+		[MD_DT_IQ4_XS] = dot_iq4_xs,
 		[MD_DT_Q4_K] = dot_q4_K,
 		[MD_DT_Q5_K] = dot_q5_K,
 		[MD_DT_Q6_K] = dot_q6_K,

@@ -20,6 +20,7 @@ enum md_act_fmt md_kern_act_fmt(enum md_dtype t)
 		return MD_ACT_Q8B;
 	case MD_DT_Q2_K:
 	case MD_DT_Q3_K:
+	case MD_DT_IQ4_XS:
 	case MD_DT_Q4_K:
 	case MD_DT_Q5_K:
 	case MD_DT_Q6_K:
@@ -161,6 +162,22 @@ static float dot1_iq4_nl(int64_t n, const uint8_t *w, const struct md_q8b *a)
 	float acc = 0;
 	for (int64_t b = 0; b < n / 32; b++, w += 18)
 		acc += ld_f16(w) * a[b].d * (float)dot32_levels(w + 2, md_iq4nl_levels, a[b].qs);
+	return acc;
+}
+
+/* iq4_xs: eight iq4_nl sub-blocks with 6-bit scales ls - 32, all against one q8k block. */
+static float dot1_iq4_xs(int64_t n, const uint8_t *w, const struct md_q8k *a)
+{
+	float acc = 0;
+	for (int64_t b = 0; b < n / 256; b++, w += 136) {
+		const unsigned sh = (unsigned)(w[2] | w[3] << 8);
+		int sumi = 0;
+		for (int ib = 0; ib < 8; ib++) {
+			int ls = ((w[4 + ib / 2] >> (4 * (ib % 2))) & 15) | (int)((sh >> (2 * ib)) & 3) << 4;
+			sumi += (ls - 32) * dot32_levels(w + 8 + 16 * ib, md_iq4nl_levels, a[b].qs + 32 * ib);
+		}
+		acc += ld_f16(w) * a[b].d * (float)sumi;
+	}
 	return acc;
 }
 
@@ -315,6 +332,7 @@ TILE(dot_q5_1, dot1_q451(n, w, at, MD_DT_Q5_1))
 TILE(dot_q2_K, dot1_q2_K(n, w, at))
 TILE(dot_q3_K, dot1_q3_K(n, w, at))
 TILE(dot_iq4_nl, dot1_iq4_nl(n, w, at))
+TILE(dot_iq4_xs, dot1_iq4_xs(n, w, at))
 TILE(dot_q4_K, dot1_qk45(n, w, at, 0))
 TILE(dot_q5_K, dot1_qk45(n, w, at, 1))
 TILE(dot_q6_K, dot1_q6_K(n, w, at))
@@ -363,6 +381,7 @@ const struct md_kern md_kern_scalar = {
 		[MD_DT_Q2_K] = dot_q2_K,
 		[MD_DT_Q3_K] = dot_q3_K,
 		[MD_DT_IQ4_NL] = dot_iq4_nl,
+		[MD_DT_IQ4_XS] = dot_iq4_xs,
 		[MD_DT_Q4_K] = dot_q4_K,
 		[MD_DT_Q5_K] = dot_q5_K,
 		[MD_DT_Q6_K] = dot_q6_K,

@@ -209,6 +209,15 @@ if "$M" quantize "$big" "$T/iq4nl.gguf" iq4_nl 2>"$T/q.err"; then
 else
 	fail "quantize iq4_nl: $(tail -1 "$T/q.err")"
 fi
+if "$M" quantize "$big" "$T/iq4xs.gguf" iq4_xs 2>"$T/q.err"; then
+	"$M" info "$T/iq4xs.gguf" >"$T/iq4xs.out" 2>&1 || fail "info iq4_xs"
+	grep -q "general.file_type  *u32 30$" "$T/iq4xs.out" || fail "iq4_xs file_type"
+	expect_types "$T/iq4xs.out" token_embd.weight iq4_xs output.weight q6_K \
+		blk.0.attn_v.weight iq4_xs blk.0.ffn_down_exps.weight q5_K \
+		blk.1.ffn_down_exps.weight iq4_xs blk.3.attn_output.weight iq4_xs
+else
+	fail "quantize iq4_xs: $(tail -1 "$T/q.err")"
+fi
 # q2_k on the 64-wide model: q2_K and q3_K rows of 64 fall back to iq4_nl.
 if "$M" quantize "$T/qwen3moe-f32.gguf" "$T/fb2.gguf" q2_k 2>/dev/null; then
 	"$M" info "$T/fb2.gguf" >"$T/fb2.out" 2>&1 || fail "info q2_k fallback file"

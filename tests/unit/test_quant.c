@@ -66,7 +66,8 @@ static void test_type_table(void)
 		{ 16, "iq2_xxs", 256, 66, false }, { 17, "iq2_xs", 256, 74, false },
 		{ 18, "iq3_xxs", 256, 98, false }, { 19, "iq1_s", 256, 50, false },
 		{ 21, "iq3_s", 256, 110, false },  { 22, "iq2_s", 256, 82, false },
-		{ 29, "iq1_m", 256, 56, false },   { 20, "iq4_nl", 32, 18, true },   { 34, "tq1_0", 256, 54, false },
+		{ 29, "iq1_m", 256, 56, false },   { 20, "iq4_nl", 32, 18, true },
+		{ 23, "iq4_xs", 256, 136, true },   { 34, "tq1_0", 256, 54, false },
 		{ 35, "tq2_0", 256, 66, false },
 	};
 
@@ -583,6 +584,38 @@ static void test_iq4_nl_layout(void)
 	CHECK_EQ_F(y[32], 254.0f);
 }
 
+static void test_iq4_xs_layout(void)
+{
+	uint8_t b[136] = { 0 };
+	float y[256];
+
+	/* d = 0.25. Sub-block scales ls (value - 32 is the multiplier): ib 0 = 33 (low 1 in
+	 * scales_l[0] low nibble, top 2 in scales_h bits 0-1), ib 3 = 63 (low 15 in scales_l[1]
+	 * high nibble, top 3 in bits 6-7), ib 6 = 20 (low 4 in scales_l[3] low nibble, top 1 in
+	 * bits 12-13); the rest 0 (-32, i.e. -8 after d).
+	 *   e0 (qs[0] low 0: -127) = 0.25 * 1 * -127;  e16 (qs[0] high 15: 113) = 28.25
+	 *   e96 (qs[48] low 8: 1) = 7.75;  e112 (qs[48] high 0) = 7.75 * -127
+	 *   e200 (ib 6, qs[96 + 8] low 13: 69) = 0.25 * -12 * 69 = -207
+	 *   e224 (ib 7, qs[112] low 8) = -8 */
+	put16(b, 0x3400);
+	put16(b + 2, 2 | 3 << 6 | 1 << 12);
+	b[4] = 0x01;
+	b[5] = 0xf0;
+	b[7] = 0x04;
+	b[8 + 0] = 0xf0;
+	b[8 + 48] = 0x08;
+	b[8 + 104] = 0x0d;
+	b[8 + 112] = 0x88;
+	md_dequant_row(MD_DT_IQ4_XS, b, y, 256);
+	CHECK_EQ_F(y[0], -31.75f);
+	CHECK_EQ_F(y[16], 28.25f);
+	CHECK_EQ_F(y[96], 7.75f);
+	CHECK_EQ_F(y[112], -984.25f);
+	CHECK_EQ_F(y[200], -207.0f);
+	CHECK_EQ_F(y[224], -8.0f);
+	CHECK_EQ_F(y[32], 1016.0f); /* ib 1: -8 * -127 */
+}
+
 static void test_q6_K_layout(void)
 {
 	uint8_t b[210];
@@ -628,6 +661,7 @@ static void test_round_trip(void)
 		{ MD_DT_Q4_K, 0.08 },    { MD_DT_Q4_0, 0.12 },   { MD_DT_Q4_1, 0.13 },
 		{ MD_DT_Q5_0, 0.06 },    { MD_DT_Q5_1, 0.07 },   { MD_DT_Q2_K, 0.30 },
 		{ MD_DT_Q3_K, 0.17 },    { MD_DT_IQ4_NL, 0.10 },
+		{ MD_DT_IQ4_XS, 0.10 },
 	};
 	enum { N = 256 * 64 };
 	float *x = malloc(N * sizeof(float));
@@ -664,7 +698,8 @@ static void test_round_trip(void)
 	/* Zero rows must decode to exact zeros; rows with wide dynamic range stay sane. */
 	static const enum md_dtype qtypes[] = { MD_DT_Q8_0, MD_DT_Q4_0, MD_DT_Q4_K, MD_DT_Q5_K,
 						MD_DT_Q6_K, MD_DT_Q4_1, MD_DT_Q5_0, MD_DT_Q5_1,
-						MD_DT_Q2_K, MD_DT_Q3_K, MD_DT_IQ4_NL };
+						MD_DT_Q2_K, MD_DT_Q3_K, MD_DT_IQ4_NL,
+						MD_DT_IQ4_XS };
 	for (size_t c = 0; c < sizeof(qtypes) / sizeof(qtypes[0]); c++) {
 		enum md_dtype t = qtypes[c];
 		memset(x, 0, 512 * sizeof(float));
@@ -713,7 +748,7 @@ static void test_vec_dot(void)
 	static const enum md_dtype types[] = { MD_DT_F32, MD_DT_F16, MD_DT_BF16, MD_DT_Q8_0,
 					       MD_DT_Q4_0, MD_DT_Q4_K, MD_DT_Q5_K, MD_DT_Q6_K,
 					       MD_DT_Q4_1, MD_DT_Q5_0, MD_DT_Q5_1, MD_DT_Q2_K,
-					       MD_DT_Q3_K, MD_DT_IQ4_NL };
+					       MD_DT_Q3_K, MD_DT_IQ4_NL, MD_DT_IQ4_XS };
 	enum { N = 256 * 12 };
 	float *w = malloc(N * sizeof(float));
 	float *x = malloc(N * sizeof(float));
@@ -774,6 +809,7 @@ int main(void)
 	test_q2_K_layout();
 	test_q3_K_layout();
 	test_iq4_nl_layout();
+	test_iq4_xs_layout();
 	test_round_trip();
 	test_vec_dot();
 	if (failures) {
