@@ -133,8 +133,10 @@ static bool check_tensor(struct binder *b, const char *name, const struct md_ggu
 		return shape_error(b, name, gt, n, want);
 	const struct md_dtype_info *ti = md_dtype_info(gt->type);
 	if (!ti || !ti->supported) {
-		seterr(b->err, b->errlen, "model: tensor '%s' has unsupported type %s", name,
-		       ti ? ti->name : "(unknown)");
+		char names[256];
+		seterr(b->err, b->errlen, "model: tensor '%s' has weight type %s, which moed does "
+		       "not support (supported: %s)", name, ti ? ti->name : "(unknown)",
+		       md_dtype_supported_names(names, sizeof(names)));
 		b->rc = -ENOTSUP;
 		return false;
 	}

@@ -11,7 +11,16 @@
  *
  *   q4_0  (32 elems, 18 B):  f16 d | u8 qs[16]
  *         elem j = (lo nibble of qs[j] - 8) * d, elem j+16 = (hi nibble of qs[j] - 8) * d.
+ *   q4_1  (32 elems, 20 B):  f16 d | f16 m | u8 qs[16]; nibbles as q4_0, elem = q * d + m.
+ *   q5_0  (32 elems, 22 B):  f16 d | u32 qh | u8 qs[16]; q = nibble as q4_0 | bit e of qh << 4
+ *         for element e, elem = (q - 16) * d.
+ *   q5_1  (32 elems, 24 B):  f16 d | f16 m | u32 qh | u8 qs[16]; q as q5_0, elem = q * d + m.
  *   q8_0  (32 elems, 34 B):  f16 d | i8 qs[32];  elem j = qs[j] * d.
+ *   iq4_nl (32 elems, 18 B): f16 d | u8 qs[16]; nibbles as q4_0 index md_iq4nl_levels,
+ *         elem = d * level.
+ *   iq4_xs (256 elems, 136 B): f16 d | u16 scales_h | u8 scales_l[4] | u8 qs[128]
+ *         8 sub-blocks of 32, each an iq4_nl block (qs[16 ib ..]) with scale d * (ls - 32):
+ *         ls = ((scales_l[ib / 2] >> 4 (ib % 2)) & 15) | ((scales_h >> 2 ib) & 3) << 4.
  *   q4_K  (256 elems, 144 B): f16 d | f16 dmin | u8 scales[12] | u8 qs[128]
  *   q5_K  (256 elems, 176 B): f16 d | f16 dmin | u8 scales[12] | u8 qh[32] | u8 qs[128]
  *         8 sub-blocks of 32 with 6-bit scale sc[s] and 6-bit min m[s]:
@@ -21,6 +30,15 @@
  *         scales[12]: for s < 4, sc[s] = scales[s] & 63 and m[s] = scales[s+4] & 63; for s >= 4,
  *         sc[s] = (scales[s+4] & 15) | (scales[s-4] >> 6) << 4 and
  *         m[s] = (scales[s+4] >> 4) | (scales[s] >> 6) << 4.
+ *   q2_K  (256 elems, 84 B): u8 scales[16] | u8 qs[64] | f16 d | f16 dmin
+ *         16 sub-blocks of 16: scales[e / 16] holds a 4-bit scale (low nibble) and 4-bit min
+ *         (high nibble), elem = d * sc * q - dmin * m.  q is 2 bits: with h = e / 128,
+ *         j = (e % 128) / 32, l = e % 32 it is bits 2j, 2j+1 of qs[32h + l].
+ *   q3_K  (256 elems, 110 B): u8 hmask[32] | u8 qs[64] | u8 scales[12] | f16 d
+ *         16 sub-blocks of 16 with signed 6-bit scales sc[i] - 32: the low 4 bits of sc[i] are
+ *         the low nibble of scales[i] (i < 8) or the high nibble of scales[i - 8], the top 2
+ *         bits are bits 2 * (i / 4) of scales[8 + i % 4].  The low 2 bits of q come from qs as
+ *         in q2_K, the third is bit e / 32 of hmask[e % 32]; elem = d * (sc - 32) * (q - 4).
  *   q6_K  (256 elems, 210 B): u8 ql[128] | u8 qh[64] | i8 scales[16] | f16 d
  *         elem e = d * scales[e / 16] * (q - 32), q 6 bits.  With h = e / 128, r = e % 128,
  *         k = r / 32, l = r % 32: low 4 bits are ql[64h + l + 32(k & 1)] (low nibble when
@@ -28,32 +46,56 @@
  */
 
 #define Q4_0_BYTES 18
+#define Q4_1_BYTES 20
+#define Q5_0_BYTES 22
+#define Q5_1_BYTES 24
 #define Q8_0_BYTES 34
+#define IQ4_NL_BYTES 18
+#define IQ4_XS_BYTES 136
+#define Q2_K_BYTES 84
+#define Q3_K_BYTES 110
 #define Q4_K_BYTES 144
 #define Q5_K_BYTES 176
 #define Q6_K_BYTES 210
+
+const int8_t md_iq4nl_levels[16] = { -127, -104, -83, -65, -49, -35, -22, -10,
+				     1, 13, 25, 38, 53, 69, 89, 113 };
 
 static const struct md_dtype_info dtype_table[MD_DT_COUNT] = {
 	[0] = { "f32", 1, 4, true },
 	[1] = { "f16", 1, 2, true },
 	[2] = { "q4_0", 32, 18, true },
-	[3] = { "q4_1", 32, 20, false },
-	[6] = { "q5_0", 32, 22, false },
-	[7] = { "q5_1", 32, 24, false },
+	[3] = { "q4_1", 32, 20, true },
+	[6] = { "q5_0", 32, 22, true },
+	[7] = { "q5_1", 32, 24, true },
 	[8] = { "q8_0", 32, 34, true },
 	[9] = { "q8_1", 32, 36, false },
-	[10] = { "q2_K", 256, 84, false },
-	[11] = { "q3_K", 256, 110, false },
+	[10] = { "q2_K", 256, 84, true },
+	[11] = { "q3_K", 256, 110, true },
 	[12] = { "q4_K", 256, 144, true },
 	[13] = { "q5_K", 256, 176, true },
 	[14] = { "q6_K", 256, 210, true },
 	[15] = { "q8_K", 256, 292, false },
+	/* Types moed has no kernels for, sized so that files holding them still parse and the
+	 * loader can name the type it refuses. */
+	[16] = { "iq2_xxs", 256, 66, false },
+	[17] = { "iq2_xs", 256, 74, false },
+	[18] = { "iq3_xxs", 256, 98, false },
+	[19] = { "iq1_s", 256, 50, false },
+	[20] = { "iq4_nl", 32, 18, true },
+	[21] = { "iq3_s", 256, 110, false },
+	[22] = { "iq2_s", 256, 82, false },
+	[23] = { "iq4_xs", 256, 136, true },
 	[24] = { "i8", 1, 1, false },
 	[25] = { "i16", 1, 2, false },
 	[26] = { "i32", 1, 4, false },
 	[27] = { "i64", 1, 8, false },
 	[28] = { "f64", 1, 8, false },
+	[29] = { "iq1_m", 256, 56, false },
 	[30] = { "bf16", 1, 2, true },
+	[34] = { "tq1_0", 256, 54, false },
+	[35] = { "tq2_0", 256, 66, false },
+	[39] = { "mxfp4", 32, 17, false },
 };
 
 static _Noreturn void quant_fail(const char *what, enum md_dtype t)
@@ -67,6 +109,24 @@ const struct md_dtype_info *md_dtype_info(uint32_t type)
 	if (type >= MD_DT_COUNT || dtype_table[type].name == NULL)
 		return NULL;
 	return &dtype_table[type];
+}
+
+const char *md_dtype_supported_names(char *buf, size_t len)
+{
+	size_t used = 0;
+
+	if (len == 0)
+		return buf;
+	buf[0] = '\0';
+	for (uint32_t t = 0; t < MD_DT_COUNT; t++) {
+		if (dtype_table[t].name == NULL || !dtype_table[t].supported)
+			continue;
+		int w = snprintf(buf + used, len - used, "%s%s", used ? ", " : "", dtype_table[t].name);
+		if (w < 0 || (size_t)w >= len - used)
+			break;
+		used += (size_t)w;
+	}
+	return buf;
 }
 
 size_t md_dtype_row_size(enum md_dtype t, int64_t n)
@@ -199,6 +259,59 @@ static void dequant_q8_0_block(const uint8_t *b, float *y)
 		y[j] = (float)qs[j] * d;
 }
 
+static inline uint32_t load_u32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* q4_1 (qh == NULL) and q5_1: elem = q * d + m (product rounded, then the sum, as GGML). */
+static void dequant_q45_1_block(const uint8_t *b, const uint8_t *qh, const uint8_t *qs, float *y)
+{
+	float d = load_f16(b), m = load_f16(b + 2);
+	uint32_t h = qh != NULL ? load_u32(qh) : 0;
+
+	for (int j = 0; j < 16; j++) {
+		int lo = (qs[j] & 0xf) | (int)((h >> j) & 1) << 4;
+		int hi = (qs[j] >> 4) | (int)((h >> (j + 16)) & 1) << 4;
+		y[j] = (float)lo * d + m;
+		y[j + 16] = (float)hi * d + m;
+	}
+}
+
+static void dequant_q5_0_block(const uint8_t *b, float *y)
+{
+	float d = load_f16(b);
+	uint32_t h = load_u32(b + 2);
+	const uint8_t *qs = b + 6;
+
+	for (int j = 0; j < 16; j++) {
+		int lo = (qs[j] & 0xf) | (int)((h >> j) & 1) << 4;
+		int hi = (qs[j] >> 4) | (int)((h >> (j + 16)) & 1) << 4;
+		y[j] = (float)(lo - 16) * d;
+		y[j + 16] = (float)(hi - 16) * d;
+	}
+}
+
+/* 32 elements of 16 nibbles indexing a table of 16 levels, times d (iq4_nl, iq4_xs). */
+static void dequant_nl32(const uint8_t *qs, const int8_t *levels, float d, float *y)
+{
+	for (int j = 0; j < 16; j++) {
+		y[j] = d * (float)levels[qs[j] & 0xf];
+		y[j + 16] = d * (float)levels[qs[j] >> 4];
+	}
+}
+
+static void dequant_iq4_xs_block(const uint8_t *b, float *y)
+{
+	float d = load_f16(b);
+	unsigned sh = (unsigned)(b[2] | b[3] << 8);
+
+	for (int ib = 0; ib < 8; ib++) {
+		int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 15) | (int)((sh >> (2 * ib)) & 3) << 4;
+		dequant_nl32(b + 8 + 16 * ib, md_iq4nl_levels, d * (float)(ls - 32), y + 32 * ib);
+	}
+}
+
 /* Unpacks the 8 six-bit scales and mins of a q4_K / q5_K super-block. */
 static void kq_unpack_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8])
 {
@@ -242,6 +355,45 @@ static void dequant_q45_K_block(const uint8_t *b, const uint8_t *qh, const uint8
 	}
 }
 
+static void dequant_q2_K_block(const uint8_t *b, float *y)
+{
+	const uint8_t *sc = b, *qs = b + 16;
+	float d = load_f16(b + 80), dmin = load_f16(b + 82);
+
+	for (int e = 0; e < 256; e++) {
+		int h = e / 128, j = (e % 128) / 32, l = e % 32;
+		int q = (qs[32 * h + l] >> (2 * j)) & 3;
+		float dl = d * (float)(sc[e / 16] & 15), ml = dmin * (float)(sc[e / 16] >> 4);
+
+		y[e] = dl * (float)q - ml;
+	}
+}
+
+/* The 16 signed scales (sc - 32) of a q3_K block from its 12 scale bytes. */
+static void q3_K_scales(const uint8_t *s, int sc[16])
+{
+	for (int i = 0; i < 16; i++) {
+		int lo = i < 8 ? s[i] & 15 : s[i - 8] >> 4;
+		int hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+		sc[i] = (lo | hi << 4) - 32;
+	}
+}
+
+static void dequant_q3_K_block(const uint8_t *b, float *y)
+{
+	const uint8_t *hm = b, *qs = b + 32;
+	float d = load_f16(b + 108);
+	int sc[16];
+
+	q3_K_scales(b + 96, sc);
+	for (int e = 0; e < 256; e++) {
+		int h = e / 128, j = (e % 128) / 32, l = e % 32;
+		int q = ((qs[32 * h + l] >> (2 * j)) & 3) | ((hm[l] >> (e / 32)) & 1) << 2;
+
+		y[e] = d * (float)sc[e / 16] * (float)(q - 4);
+	}
+}
+
 static void dequant_q6_K_block(const uint8_t *b, float *y)
 {
 	const uint8_t *ql = b;
@@ -266,7 +418,14 @@ static void dequant_block(enum md_dtype t, const uint8_t *src, float *y)
 	case MD_DT_F16: y[0] = load_f16(src); break;
 	case MD_DT_BF16: y[0] = md_bf16_to_f32((uint16_t)(src[0] | (src[1] << 8))); break;
 	case MD_DT_Q4_0: dequant_q4_0_block(src, y); break;
+	case MD_DT_Q4_1: dequant_q45_1_block(src, NULL, src + 4, y); break;
+	case MD_DT_Q5_0: dequant_q5_0_block(src, y); break;
+	case MD_DT_Q5_1: dequant_q45_1_block(src, src + 4, src + 8, y); break;
 	case MD_DT_Q8_0: dequant_q8_0_block(src, y); break;
+	case MD_DT_IQ4_NL: dequant_nl32(src + 2, md_iq4nl_levels, load_f16(src), y); break;
+	case MD_DT_IQ4_XS: dequant_iq4_xs_block(src, y); break;
+	case MD_DT_Q2_K: dequant_q2_K_block(src, y); break;
+	case MD_DT_Q3_K: dequant_q3_K_block(src, y); break;
 	case MD_DT_Q4_K: dequant_q45_K_block(src, NULL, src + 16, y); break;
 	case MD_DT_Q5_K: dequant_q45_K_block(src, src + 16, src + 48, y); break;
 	case MD_DT_Q6_K: dequant_q6_K_block(src, y); break;
@@ -414,6 +573,200 @@ static void quantize_q4_0_block(const float *x, uint8_t *b)
 }
 
 /*
+ * q4_1 / q5_1 (nmax 15 / 31) and q5_0, with GGML's reference rounding, so that the blocks are
+ * the ones llama-quantize writes without an importance matrix: q4_1/q5_1 map [min, max] onto
+ * [0, nmax] (d = (max - min) / nmax, m = min, q = trunc((x - min) / d + 0.5)); q5_0 maps the
+ * largest-magnitude element to -16 (d = max / -16, q = trunc(x / d + 16.5), at most 31). The
+ * inverse scale comes from the unrounded d, as in GGML.
+ */
+static void quantize_q45_1_block(const float *x, uint8_t *b, uint8_t *qh, uint8_t *qs, int nmax)
+{
+	float mn = INFINITY, mx = -INFINITY;
+
+	for (int j = 0; j < 32; j++) {
+		mn = fminf(mn, x[j]);
+		mx = fmaxf(mx, x[j]);
+	}
+	float d = (mx - mn) / (float)nmax;
+	float id = d != 0.0f ? 1.0f / d : 0.0f;
+	uint32_t h = 0;
+
+	store_f16(b, d);
+	store_f16(b + 2, mn);
+	for (int j = 0; j < 16; j++) {
+		int lo = (int)((x[j] - mn) * id + 0.5f), hi = (int)((x[j + 16] - mn) * id + 0.5f);
+
+		lo = lo < nmax ? lo : nmax;
+		hi = hi < nmax ? hi : nmax;
+		qs[j] = (uint8_t)((lo & 0xf) | (hi & 0xf) << 4);
+		h |= (uint32_t)((lo >> 4) & 1) << j | (uint32_t)((hi >> 4) & 1) << (j + 16);
+	}
+	if (qh != NULL)
+		for (int k = 0; k < 4; k++)
+			qh[k] = (uint8_t)(h >> (8 * k));
+}
+
+static void quantize_q5_0_block(const float *x, uint8_t *b)
+{
+	float amax = 0.0f, vmax = 0.0f;
+	uint32_t h = 0;
+
+	for (int j = 0; j < 32; j++) {
+		if (fabsf(x[j]) > amax) {
+			amax = fabsf(x[j]);
+			vmax = x[j];
+		}
+	}
+	float d = vmax / -16.0f;
+	float id = d != 0.0f ? 1.0f / d : 0.0f;
+
+	store_f16(b, d);
+	for (int j = 0; j < 16; j++) {
+		int lo = (int)(x[j] * id + 16.5f), hi = (int)(x[j + 16] * id + 16.5f);
+
+		lo = lo < 31 ? lo : 31;
+		hi = hi < 31 ? hi : 31;
+		b[6 + j] = (uint8_t)((lo & 0xf) | (hi & 0xf) << 4);
+		h |= (uint32_t)(lo >> 4) << j | (uint32_t)(hi >> 4) << (j + 16);
+	}
+	for (int k = 0; k < 4; k++)
+		b[2 + k] = (uint8_t)(h >> (8 * k));
+}
+
+/* Index of the level nearest to v in a table of 16 increasing levels: the number of
+ * midpoints between neighbouring levels below v (branch-free; ties go to the lower level). */
+static int nearest_level(const int8_t *levels, float v)
+{
+	int k = 0;
+
+	for (int i = 0; i < 15; i++)
+		k += v > 0.5f * (float)(levels[i] + levels[i + 1]);
+	return k;
+}
+
+/*
+ * Scale for n elements coded as d * levels[idx] (iq4_nl, iq4_xs sub-blocks): candidates map
+ * the largest-magnitude element to either end level and 4 steps either side; for each the
+ * nearest levels are taken and d refit by least squares; the lowest squared error wins.
+ * Returns d (0 for an all-zero block); idx is not filled (the caller rounds d first).
+ */
+static float quant_nl_scale(const float *x, int n, const int8_t *levels)
+{
+	float amax = 0.0f, vmax = 0.0f;
+
+	for (int i = 0; i < n; i++) {
+		if (fabsf(x[i]) > amax) {
+			amax = fabsf(x[i]);
+			vmax = x[i];
+		}
+	}
+	if (amax < 1e-30f)
+		return 0.0f;
+	float best_err = INFINITY, best_d = vmax / (float)levels[0];
+	for (int end = 0; end < 2; end++) {
+		float lv = (float)(end ? levels[15] : levels[0]);
+		for (int step = -4; step <= 4; step++) {
+			float id = (lv + (lv < 0 ? -1.0f : 1.0f) * (float)step) / vmax;
+			double sxl = 0, sll = 0;
+			for (int i = 0; i < n; i++) {
+				float l = (float)levels[nearest_level(levels, x[i] * id)];
+				sxl += (double)x[i] * l;
+				sll += (double)l * l;
+			}
+			if (sll <= 0)
+				continue;
+			float d = (float)(sxl / sll), err = 0.0f;
+			if (d == 0.0f)
+				continue;
+			float idd = 1.0f / d;
+			for (int i = 0; i < n; i++) {
+				float e = d * (float)levels[nearest_level(levels, x[i] * idd)] - x[i];
+				err += e * e;
+			}
+			if (err < best_err) {
+				best_err = err;
+				best_d = d;
+			}
+		}
+	}
+	return best_d;
+}
+
+/* Nibbles of 32 elements for scale d (as stored) into qs[16]. */
+static void pack_nl32(const float *x, const int8_t *levels, float d, uint8_t *qs)
+{
+	float id = d != 0.0f ? 1.0f / d : 0.0f;
+
+	for (int j = 0; j < 16; j++) {
+		int lo = nearest_level(levels, x[j] * id), hi = nearest_level(levels, x[j + 16] * id);
+		qs[j] = (uint8_t)(lo | hi << 4);
+	}
+}
+
+static void quantize_iq4_nl_block(const float *x, uint8_t *b)
+{
+	store_f16(b, quant_nl_scale(x, 32, md_iq4nl_levels));
+	pack_nl32(x, md_iq4nl_levels, load_f16(b), b + 2);
+}
+
+/* Squared error of 32 elements coded with scale d and the nearest levels. */
+static float nl32_error(const float *x, float d)
+{
+	float id = d != 0.0f ? 1.0f / d : 0.0f, err = 0.0f;
+
+	for (int i = 0; i < 32; i++) {
+		float e = d * (float)md_iq4nl_levels[nearest_level(md_iq4nl_levels, x[i] * id)] - x[i];
+		err += e * e;
+	}
+	return err;
+}
+
+/*
+ * iq4_xs: quant_nl_scale per 32-element sub-block, d mapping the largest-magnitude scale
+ * to -32 (the extra negative step of the 6-bit range), each 6-bit scale chosen among the
+ * rounded one and its neighbours for the least squared error.
+ */
+static void quantize_iq4_xs_block(const float *x, uint8_t *b)
+{
+	float scale[8], vmax = 0.0f, amax = 0.0f;
+	int ls[8];
+
+	for (int s = 0; s < 8; s++) {
+		scale[s] = quant_nl_scale(x + 32 * s, 32, md_iq4nl_levels);
+		if (fabsf(scale[s]) > amax) {
+			amax = fabsf(scale[s]);
+			vmax = scale[s];
+		}
+	}
+	store_f16(b, vmax / -32.0f);
+	float d = load_f16(b);
+	unsigned sh = 0;
+
+	memset(b + 4, 0, 4);
+	for (int s = 0; s < 8; s++) {
+		int l0 = d != 0.0f ? clampi(iround(scale[s] / d), -32, 31) : 0;
+		float best = INFINITY;
+
+		ls[s] = l0;
+		for (int k = l0 - 1; k <= l0 + 1 && d != 0.0f; k++) {
+			if (k < -32 || k > 31)
+				continue;
+			float err = nl32_error(x + 32 * s, d * (float)k);
+			if (err < best) {
+				best = err;
+				ls[s] = k;
+			}
+		}
+		int raw = ls[s] + 32;
+		b[4 + s / 2] |= (uint8_t)((raw & 15) << (4 * (s % 2)));
+		sh |= (unsigned)(raw >> 4) << (2 * s);
+		pack_nl32(x + 32 * s, md_iq4nl_levels, d * (float)ls[s], b + 8 + 16 * s);
+	}
+	b[2] = (uint8_t)(sh & 0xff);
+	b[3] = (uint8_t)(sh >> 8);
+}
+
+/*
  * Least-squares (a, m) for x[i] ~ a * L[i] - m with L[i] = round((x[i] + m0) / a0) clamped to
  * [0, nmax], m kept >= 0 because the layout cannot add a positive offset.  Returns false when
  * the fit is degenerate (no positive a).
@@ -513,13 +866,13 @@ static void quant_asym(const float *x, int n, int nmax, float *out_a, float *out
 	*out_m = best_m;
 }
 
-/* Squared error of one 32-element sub-block coded with effective scale ds and min ms. */
-static float kq_sub_error(const float *x, int nmax, float ds, float ms)
+/* Squared error of one n-element sub-block coded with effective scale ds and min ms. */
+static float kq_sub_error(const float *x, int n, int nmax, float ds, float ms)
 {
 	float ids = ds > 0.0f ? 1.0f / ds : 0.0f;
 	float err = 0.0f;
 
-	for (int l = 0; l < 32; l++) {
+	for (int l = 0; l < n; l++) {
 		int q = clampi(iround((x[l] + ms) * ids), 0, nmax);
 		float e = ds * (float)q - ms - x[l];
 		err += e * e;
@@ -555,7 +908,7 @@ static void quantize_q45_K_block(const float *x, uint8_t *b, uint8_t *qh, uint8_
 				int sci = sc0 + ds, mi = m0 + dm;
 				if (sci < 0 || sci > 63 || mi < 0 || mi > 63)
 					continue;
-				float err = kq_sub_error(x + 32 * s, nmax, d * (float)sci, dmin * (float)mi);
+				float err = kq_sub_error(x + 32 * s, 32, nmax, d * (float)sci, dmin * (float)mi);
 				if (err < best) {
 					best = err;
 					sc[s] = (uint8_t)sci;
@@ -580,6 +933,122 @@ static void quantize_q45_K_block(const float *x, uint8_t *b, uint8_t *qh, uint8_
 			if (qh != NULL)
 				qh[l] |= (uint8_t)(((q >> 4) & 1) << s);
 		}
+	}
+}
+
+/*
+ * q2_K: an asymmetric (scale, min) fit per 16-element sub-block (quant_asym with q in 0..3),
+ * the super-block d / dmin mapping the largest scale / min to 15, then for every sub-block
+ * the 4-bit scale and min around the rounded ones with the least squared error (as for
+ * q4_K). Not GGML's make_qkx2_quants (which weights errors by |x|): a plain least-squares
+ * search.
+ */
+static void quantize_q2_K_block(const float *x, uint8_t *b)
+{
+	float a[16], m[16], amax = 0.0f, mmax = 0.0f;
+	uint8_t *sc = b, *qs = b + 16;
+
+	for (int s = 0; s < 16; s++) {
+		quant_asym(x + 16 * s, 16, 3, &a[s], &m[s]);
+		amax = fmaxf(amax, a[s]);
+		mmax = fmaxf(mmax, m[s]);
+	}
+	store_f16(b + 80, amax / 15.0f);
+	store_f16(b + 82, mmax / 15.0f);
+	float d = load_f16(b + 80), dmin = load_f16(b + 82);
+	for (int s = 0; s < 16; s++) {
+		int sc0 = d > 0.0f ? clampi(iround(a[s] / d), 0, 15) : 0;
+		int m0 = dmin > 0.0f ? clampi(iround(m[s] / dmin), 0, 15) : 0;
+		float best = INFINITY;
+
+		sc[s] = 0;
+		for (int ds = -1; ds <= 1; ds++) {
+			for (int dm = -1; dm <= 1; dm++) {
+				int sci = sc0 + ds, mi = m0 + dm;
+				if (sci < 0 || sci > 15 || mi < 0 || mi > 15)
+					continue;
+				float err = kq_sub_error(x + 16 * s, 16, 3, d * (float)sci, dmin * (float)mi);
+				if (err < best) {
+					best = err;
+					sc[s] = (uint8_t)(sci | mi << 4);
+				}
+			}
+		}
+	}
+	memset(qs, 0, 64);
+	for (int e = 0; e < 256; e++) {
+		float ds = d * (float)(sc[e / 16] & 15), ms = dmin * (float)(sc[e / 16] >> 4);
+		int q = ds > 0.0f ? clampi(iround((x[e] + ms) / ds), 0, 3) : 0;
+		int h = e / 128, j = (e % 128) / 32, l = e % 32;
+
+		qs[32 * h + l] |= (uint8_t)(q << (2 * j));
+	}
+}
+
+/* Squared error of 16 elements coded as ds * (q - 4), q in 0..7. */
+static float q3_sub_error(const float *x, float ds)
+{
+	float ids = ds != 0.0f ? 1.0f / ds : 0.0f, err = 0.0f;
+
+	for (int l = 0; l < 16; l++) {
+		float e = ds * (float)clampi(iround(x[l] * ids), -4, 3) - x[l];
+		err += e * e;
+	}
+	return err;
+}
+
+/*
+ * q3_K: a symmetric fit per 16-element sub-block (quant_symmetric, q - 4 in -4..3), d mapping
+ * the largest-magnitude scale to -32 (the extra negative step of the 6-bit range, as for
+ * q6_K), then each 6-bit scale chosen among the rounded one and its neighbours for the least
+ * squared error. A plain least-squares search, not GGML's make_q3_quants.
+ */
+static void quantize_q3_K_block(const float *x, uint8_t *b)
+{
+	float scale[16], vmax = 0.0f, amax = 0.0f;
+	int8_t L[16];
+	int sc[16];
+	uint8_t *hm = b, *qs = b + 32, *sb = b + 96;
+
+	for (int s = 0; s < 16; s++) {
+		scale[s] = quant_symmetric(x + 16 * s, 16, 4, L);
+		if (fabsf(scale[s]) > amax) {
+			amax = fabsf(scale[s]);
+			vmax = scale[s];
+		}
+	}
+	store_f16(b + 108, vmax / -32.0f);
+	float d = load_f16(b + 108);
+	for (int s = 0; s < 16; s++) {
+		int s0 = d != 0.0f ? clampi(iround(scale[s] / d), -32, 31) : 0;
+		float best = INFINITY;
+
+		sc[s] = s0;
+		for (int k = s0 - 1; k <= s0 + 1 && d != 0.0f; k++) {
+			if (k < -32 || k > 31)
+				continue;
+			float err = q3_sub_error(x + 16 * s, d * (float)k);
+			if (err < best) {
+				best = err;
+				sc[s] = k;
+			}
+		}
+	}
+	memset(sb, 0, 12);
+	for (int i = 0; i < 16; i++) {
+		int raw = sc[i] + 32;
+		sb[i % 8] |= (uint8_t)((raw & 15) << (i < 8 ? 0 : 4));
+		sb[8 + i % 4] |= (uint8_t)((raw >> 4) << (2 * (i / 4)));
+	}
+	memset(hm, 0, 32);
+	memset(qs, 0, 64);
+	for (int e = 0; e < 256; e++) {
+		float ds = d * (float)sc[e / 16];
+		int q = (ds != 0.0f ? clampi(iround(x[e] / ds), -4, 3) : 0) + 4;
+		int h = e / 128, j = (e % 128) / 32, l = e % 32;
+
+		qs[32 * h + l] |= (uint8_t)((q & 3) << (2 * j));
+		hm[l] |= (uint8_t)((q >> 2) << (e / 32));
 	}
 }
 
@@ -644,6 +1113,34 @@ size_t md_quantize_row(enum md_dtype t, const float *src, void *dst, int64_t n)
 	case MD_DT_Q4_0:
 		for (int64_t i = 0; i < n; i += 32, p += Q4_0_BYTES)
 			quantize_q4_0_block(src + i, p);
+		break;
+	case MD_DT_IQ4_NL:
+		for (int64_t i = 0; i < n; i += 32, p += IQ4_NL_BYTES)
+			quantize_iq4_nl_block(src + i, p);
+		break;
+	case MD_DT_IQ4_XS:
+		for (int64_t i = 0; i < n; i += 256, p += IQ4_XS_BYTES)
+			quantize_iq4_xs_block(src + i, p);
+		break;
+	case MD_DT_Q4_1:
+		for (int64_t i = 0; i < n; i += 32, p += Q4_1_BYTES)
+			quantize_q45_1_block(src + i, p, NULL, p + 4, 15);
+		break;
+	case MD_DT_Q5_0:
+		for (int64_t i = 0; i < n; i += 32, p += Q5_0_BYTES)
+			quantize_q5_0_block(src + i, p);
+		break;
+	case MD_DT_Q5_1:
+		for (int64_t i = 0; i < n; i += 32, p += Q5_1_BYTES)
+			quantize_q45_1_block(src + i, p, p + 4, p + 8, 31);
+		break;
+	case MD_DT_Q2_K:
+		for (int64_t i = 0; i < n; i += 256, p += Q2_K_BYTES)
+			quantize_q2_K_block(src + i, p);
+		break;
+	case MD_DT_Q3_K:
+		for (int64_t i = 0; i < n; i += 256, p += Q3_K_BYTES)
+			quantize_q3_K_block(src + i, p);
 		break;
 	case MD_DT_Q4_K:
 		for (int64_t i = 0; i < n; i += 256, p += Q4_K_BYTES)

@@ -22,13 +22,28 @@ enum md_dtype {
 	MD_DT_Q5_K = 13,
 	MD_DT_Q6_K = 14,
 	MD_DT_Q8_K = 15,
+	MD_DT_IQ2_XXS = 16,
+	MD_DT_IQ2_XS = 17,
+	MD_DT_IQ3_XXS = 18,
+	MD_DT_IQ1_S = 19,
+	MD_DT_IQ4_NL = 20,
+	MD_DT_IQ3_S = 21,
+	MD_DT_IQ2_S = 22,
+	MD_DT_IQ4_XS = 23,
+	MD_DT_IQ1_M = 29,
 	MD_DT_BF16 = 30,
+	MD_DT_TQ1_0 = 34,
+	MD_DT_TQ2_0 = 35,
+	MD_DT_MXFP4 = 39,
 	MD_DT_COUNT = 40, /* upper bound on ids we know the size of */
 };
 
 #define MD_QK8_0 32
 #define MD_QK4_0 32
 #define MD_QK_K 256
+
+/* The 16 non-linear levels of iq4_nl and iq4_xs (GGML's kvalues_iq4nl). */
+extern const int8_t md_iq4nl_levels[16];
 
 struct md_dtype_info {
 	const char *name;   /* "f32", "q4_K", ... as GGML names them */
@@ -40,6 +55,10 @@ struct md_dtype_info {
 /* Returns NULL for an id GGML does not define (or that moed cannot size). The result may
  * have supported == false (known layout, no kernels): loaders must check. */
 const struct md_dtype_info *md_dtype_info(uint32_t type);
+
+/* Writes the names of the supported types, comma-separated ("f32, f16, ..."), into buf (always
+ * NUL-terminated when len > 0); returns buf. For error messages. */
+const char *md_dtype_supported_names(char *buf, size_t len);
 
 /* Bytes taken by n elements of type t; n must be a multiple of the block size.
  * Returns 0 when n is not a multiple or the type is unknown. */
@@ -55,7 +74,7 @@ uint16_t md_f32_to_bf16(float f);
 void md_dequant_row(enum md_dtype t, const void *src, float *dst, int64_t n);
 
 /* Quantize n elements of src into dst (for the tools); returns bytes written.
- * Supported targets: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K. */
+ * Supported targets: every type with supported == true. */
 size_t md_quantize_row(enum md_dtype t, const float *src, void *dst, int64_t n);
 
 /* Reference dot product of one weight row (n elements of type t) with float x.

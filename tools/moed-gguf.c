@@ -19,10 +19,17 @@ enum {
 	FTYPE_F32 = 0,
 	FTYPE_F16 = 1,
 	FTYPE_Q4_0 = 2,
+	FTYPE_Q4_1 = 3,
 	FTYPE_Q8_0 = 7,
+	FTYPE_Q5_0 = 8,
+	FTYPE_Q5_1 = 9,
+	FTYPE_Q2_K = 10,
+	FTYPE_Q3_K_M = 12,
 	FTYPE_Q4_K_M = 15,
 	FTYPE_Q5_K_M = 17,
 	FTYPE_Q6_K = 18,
+	FTYPE_IQ4_NL = 25,
+	FTYPE_IQ4_XS = 30,
 	FTYPE_BF16 = 32,
 };
 
@@ -39,7 +46,8 @@ static void usage(FILE *f)
 "          biases N(0,std)); options (defaults in brackets):\n"
 "  --arch A            qwen3moe|qwen2moe|llama|mixtral|olmoe|qwen2|qwen3 [qwen3moe]\n"
 "                      (mixtral = arch \"llama\" with experts; llama = dense)\n"
-"  --type T            f32|f16|bf16|q8_0|q4_0|q4_k|q5_k|q6_k for 2-D/3-D weights [f32];\n"
+"  --type T            f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k\n"
+"                      |q6_k|iq4_nl|iq4_xs for 2-D/3-D weights [f32];\n"
 "                      1-D tensors are f32, the router f32 unless T is a float type;\n"
 "                      K types need every row length to be a multiple of 256\n"
 "  --seed N [1]  --n-layer N [2]  --n-embd N [64]  --n-head N [4]  --n-head-kv N [2]\n"
@@ -60,12 +68,22 @@ static void usage(FILE *f)
 "                      default: a synthetic byte-level \"gpt2\" vocabulary\n"
 "\n"
 "quantize  requantize every 2-D/3-D weight of IN into OUT; 1-D tensors and ffn_gate_inp*\n"
-"          are kept as they are. MIX: f32 f16 bf16 q8_0 q4_0 q4_k_m q5_k_m q6_k\n"
+"          are kept as they are. MIX: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k_m\n"
+"          q4_k_m q5_k_m q6_k iq4_nl iq4_xs\n"
+"          q2_k: q2_K, with q3_K for ffn_down* and attn_output (q5_K with 8 experts), attn_v\n"
+"          q4_K when head_count >= 4 * head_count_kv else q3_K (q8_0 with 8 experts);\n"
+"          q3_k_m: q3_K, with q4_K for ffn_down* (q5_K in the first n_layer/16 layers) and\n"
+"          attn_output (q5_K with 8 experts), attn_v q5_K in layers 0-1 else q4_K;\n"
+"          iq4_nl/iq4_xs: that type, with q5_K for attn_v when head_count >=\n"
+"          4 * head_count_kv, for ffn_down* in the first n_layer/8 layers and (8 experts)\n"
+"          for attn_output;\n"
+"          every mix: attn_v and attn_k q8_0 with exactly 8 experts;\n"
 "          q4_k_m/q5_k_m: q4_K/q5_K, with q6_K for output.weight and for attn_v and\n"
 "          ffn_down* in the first and last n_layer/8 layers and every third between\n"
-"          (llama.cpp's use_more_bits); q4_0: q6_K for output.weight.\n"
-"          Fallbacks: a tensor whose ne[0] is not a multiple of 256 gets q8_0 in K mixes\n"
-"          (f16 if not even a multiple of 32, also for q8_0/q4_0 targets).\n"
+"          (llama.cpp's use_more_bits); q4_0/q4_1/q5_0/q5_1: q6_K for output.weight.\n"
+"          Fallbacks as llama-quantize's: a tensor whose ne[0] is not a multiple of 256\n"
+"          gets q5_0 for q4_K, q5_1 for q5_K, q8_0 for q6_K, iq4_nl for q2_K/q3_K/iq4_xs;\n"
+"          f16 where ne[0] is not even a multiple of 32.\n"
 "\n"
 MD_INFLATE_USAGE);
 }
@@ -83,9 +101,19 @@ static bool is_quantized(uint32_t t)
 	return t != MD_DT_F32 && t != MD_DT_F16 && t != MD_DT_BF16;
 }
 
-static bool is_k_type(uint32_t t)
+/* The type llama-quantize writes instead of a 256-block type for rows that are not a
+ * multiple of 256 (llama_tensor_get_type's fallback); t itself for other types. */
+static uint32_t k_fallback(uint32_t t)
 {
-	return t == MD_DT_Q4_K || t == MD_DT_Q5_K || t == MD_DT_Q6_K;
+	switch (t) {
+	case MD_DT_Q4_K: return MD_DT_Q5_0;
+	case MD_DT_Q5_K: return MD_DT_Q5_1;
+	case MD_DT_Q6_K: return MD_DT_Q8_0;
+	case MD_DT_Q2_K:
+	case MD_DT_Q3_K:
+	case MD_DT_IQ4_XS: return MD_DT_IQ4_NL;
+	default: return t;
+	}
 }
 
 static void print_escaped(const char *s, size_t n, size_t max)
@@ -207,7 +235,7 @@ static int cmd_info(const char *path)
 
 	uint32_t ftype = UINT32_MAX;
 	md_gguf_get_u32(&g, "general.file_type", &ftype);
-	bool k_mix = ftype == 14 || ftype == 15 || ftype == 16 || ftype == 17 || ftype == FTYPE_Q6_K;
+	bool k_mix = (ftype >= 10 && ftype <= 18) || ftype == 30;
 
 	printf("\ntensors:\n  %5s  %-36s %-6s %-22s %14s %14s\n", "#", "name", "type", "shape",
 	       "bytes", "offset");
@@ -231,7 +259,8 @@ static int cmd_info(const char *path)
 			per_params[t->type] += n;
 			per_bytes[t->type] += t->nbytes;
 		}
-		if (k_mix && t->type == MD_DT_Q8_0 && t->n_dims >= 2 && t->ne[0] % MD_QK_K != 0)
+		if (k_mix && t->n_dims >= 2 && t->ne[0] % MD_QK_K != 0 &&
+		    md_dtype_info(t->type) && md_dtype_info(t->type)->blck == 32)
 			n_fallback++;
 	}
 	printf("\ntotal: %" PRIu64 " parameters (%.4g B), %" PRIu64 " bytes (%.3f GiB), %.3f "
@@ -244,8 +273,8 @@ static int cmd_info(const char *path)
 		       " bytes\n", dtype_name(t), per_n[t], per_params[t], per_bytes[t]);
 	}
 	if (n_fallback)
-		printf("note: %" PRIu64 " tensor(s) whose ne[0] is not a multiple of 256 are q8_0 "
-		       "(K-quant fallback)\n", n_fallback);
+		printf("note: %" PRIu64 " tensor(s) whose ne[0] is not a multiple of 256 have a "
+		       "32-element block type (K-quant fallback)\n", n_fallback);
 	md_gguf_close(&g);
 	return 0;
 }
@@ -348,8 +377,12 @@ struct wtype_def {
 static const struct wtype_def gen_types[] = {
 	{ "f32", MD_DT_F32, FTYPE_F32 },     { "f16", MD_DT_F16, FTYPE_F16 },
 	{ "bf16", MD_DT_BF16, FTYPE_BF16 },  { "q8_0", MD_DT_Q8_0, FTYPE_Q8_0 },
-	{ "q4_0", MD_DT_Q4_0, FTYPE_Q4_0 },  { "q4_k", MD_DT_Q4_K, FTYPE_Q4_K_M },
+	{ "q4_0", MD_DT_Q4_0, FTYPE_Q4_0 },  { "q4_1", MD_DT_Q4_1, FTYPE_Q4_1 },
+	{ "q5_0", MD_DT_Q5_0, FTYPE_Q5_0 },  { "q5_1", MD_DT_Q5_1, FTYPE_Q5_1 },
+	{ "q2_k", MD_DT_Q2_K, FTYPE_Q2_K },  { "q3_k", MD_DT_Q3_K, FTYPE_Q3_K_M },
+	{ "q4_k", MD_DT_Q4_K, FTYPE_Q4_K_M },
 	{ "q5_k", MD_DT_Q5_K, FTYPE_Q5_K_M }, { "q6_k", MD_DT_Q6_K, FTYPE_Q6_K },
+	{ "iq4_nl", MD_DT_IQ4_NL, FTYPE_IQ4_NL }, { "iq4_xs", MD_DT_IQ4_XS, FTYPE_IQ4_XS },
 };
 
 enum init_kind { INIT_WEIGHT, INIT_NORM, INIT_BIAS };
@@ -910,8 +943,12 @@ struct mix_def {
 static const struct mix_def mixes[] = {
 	{ "f32", MD_DT_F32, FTYPE_F32 },       { "f16", MD_DT_F16, FTYPE_F16 },
 	{ "bf16", MD_DT_BF16, FTYPE_BF16 },    { "q8_0", MD_DT_Q8_0, FTYPE_Q8_0 },
-	{ "q4_0", MD_DT_Q4_0, FTYPE_Q4_0 },    { "q4_k_m", MD_DT_Q4_K, FTYPE_Q4_K_M },
+	{ "q4_0", MD_DT_Q4_0, FTYPE_Q4_0 },    { "q4_1", MD_DT_Q4_1, FTYPE_Q4_1 },
+	{ "q5_0", MD_DT_Q5_0, FTYPE_Q5_0 },    { "q5_1", MD_DT_Q5_1, FTYPE_Q5_1 },
+	{ "q2_k", MD_DT_Q2_K, FTYPE_Q2_K },    { "q3_k_m", MD_DT_Q3_K, FTYPE_Q3_K_M },
+	{ "q4_k_m", MD_DT_Q4_K, FTYPE_Q4_K_M },
 	{ "q5_k_m", MD_DT_Q5_K, FTYPE_Q5_K_M }, { "q6_k", MD_DT_Q6_K, FTYPE_Q6_K },
+	{ "iq4_nl", MD_DT_IQ4_NL, FTYPE_IQ4_NL }, { "iq4_xs", MD_DT_IQ4_XS, FTYPE_IQ4_XS },
 };
 
 /* llama.cpp's use_more_bits: first and last eighth of the layers, every third in between. */
@@ -920,31 +957,93 @@ static bool use_more_bits(int i, int n)
 	return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
 }
 
-/* Target type of one tensor under a mix; *why is set to a note for fallbacks. */
+/* What the type rules need to know about the model (llama.cpp's hparams). */
+struct q_model {
+	int n_layer;
+	int n_expert; /* 0 for dense models */
+	int n_gqa;    /* head_count / head_count_kv, 1 when unknown */
+};
+
+static bool name_has(const char *name, const char *part)
+{
+	return strstr(name, part) != NULL;
+}
+
+/*
+ * Type of one tensor under a mix, following llama.cpp's llama_tensor_get_type for the
+ * archs moed loads (no importance matrix, not Falcon): output.weight q6_K (q8_0 for
+ * mxfp4_moe and for rows not a multiple of the base block); mxfp4_moe: 3-D expert tensors
+ * mxfp4, every other weight q8_0. attn_v: q2_k q4_K when n_gqa >= 4 else q3_K; q3_k_m q5_K
+ * in layers 0-1 else q4_K; iq4_nl/iq4_xs q5_K when n_gqa >= 4; q4_k_m/q5_k_m q6_K in
+ * use_more_bits layers; q8_0 for any mix with exactly 8 experts (attn_k too).
+ * ffn_down*: q2_k q3_K; q3_k_m q5_K in the first n_layer/16 layers else q4_K; q4_k_m/q5_k_m
+ * q6_K in use_more_bits layers; iq4_nl/iq4_xs q5_K in the first n_layer/8. attn_output:
+ * with 8 experts q5_K for q2_k/q3_k_m/q4_k_m/iq4_*; otherwise q3_K for q2_k, q4_K for
+ * q3_k_m. Then llama-quantize's fallbacks (k_fallback; f16 where even those do not fit).
+ * *why is set to a note for fallbacks.
+ */
 static uint32_t pick_type(const struct mix_def *m, const struct md_gguf_tensor *t,
-			  const char *name, int n_layer, const char **why)
+			  const char *name, const struct q_model *qm, const char **why)
 {
 	*why = NULL;
-	if (t->n_dims < 2 || strstr(name, "ffn_gate_inp"))
+	if (t->n_dims < 2 || name_has(name, "ffn_gate_inp"))
 		return t->type;
-	uint32_t ty = m->base;
-	bool is_out = strcmp(name, "output.weight") == 0;
-	if ((m->base == MD_DT_Q4_K || m->base == MD_DT_Q5_K) && is_out)
-		ty = MD_DT_Q6_K;
-	else if (m->base == MD_DT_Q4_0 && is_out)
-		ty = MD_DT_Q6_K;
-	else if (m->base == MD_DT_Q4_K || m->base == MD_DT_Q5_K) {
-		int layer = -1;
-		if ((strstr(name, "attn_v.weight") || strstr(name, "ffn_down")) &&
-		    sscanf(name, "blk.%d.", &layer) == 1 && layer >= 0 &&
-		    use_more_bits(layer, n_layer))
+	const uint32_t base = m->base;
+	if (!is_quantized(base))
+		return base;
+	const bool more_bits_mix = base == MD_DT_Q4_K || base == MD_DT_Q5_K;
+	const bool iq4 = base == MD_DT_IQ4_NL || base == MD_DT_IQ4_XS;
+	int layer = -1;
+	sscanf(name, "blk.%d.", &layer);
+	uint32_t ty = base;
+	if (strcmp(name, "output.weight") == 0) {
+		if (base == MD_DT_MXFP4 || t->ne[0] % md_dtype_info(base)->blck != 0)
+			ty = MD_DT_Q8_0;
+		else if (base != MD_DT_Q8_0)
 			ty = MD_DT_Q6_K;
+	} else if (base == MD_DT_MXFP4) {
+		ty = t->n_dims >= 3 && t->ne[2] > 1 ? MD_DT_MXFP4 : MD_DT_Q8_0;
+	} else if (name_has(name, "attn_v.weight")) {
+		if (base == MD_DT_Q2_K)
+			ty = qm->n_gqa >= 4 ? MD_DT_Q4_K : MD_DT_Q3_K;
+		else if (base == MD_DT_Q3_K)
+			ty = layer >= 0 && layer < 2 ? MD_DT_Q5_K : MD_DT_Q4_K;
+		else if (iq4 && qm->n_gqa >= 4)
+			ty = MD_DT_Q5_K;
+		else if (more_bits_mix && layer >= 0 && use_more_bits(layer, qm->n_layer))
+			ty = MD_DT_Q6_K;
+		if (qm->n_expert == 8)
+			ty = MD_DT_Q8_0;
+	} else if (name_has(name, "attn_k.weight")) {
+		if (qm->n_expert == 8)
+			ty = MD_DT_Q8_0;
+	} else if (name_has(name, "ffn_down")) {
+		if (base == MD_DT_Q2_K)
+			ty = MD_DT_Q3_K;
+		else if (base == MD_DT_Q3_K)
+			ty = layer >= 0 && layer < qm->n_layer / 16 ? MD_DT_Q5_K : MD_DT_Q4_K;
+		else if (more_bits_mix && layer >= 0 && use_more_bits(layer, qm->n_layer))
+			ty = MD_DT_Q6_K;
+		else if (iq4 && layer >= 0 && layer < qm->n_layer / 8)
+			ty = MD_DT_Q5_K;
+	} else if (name_has(name, "attn_output.weight")) {
+		if (qm->n_expert == 8) {
+			if (base == MD_DT_Q2_K || base == MD_DT_Q3_K || base == MD_DT_Q4_K || iq4)
+				ty = MD_DT_Q5_K;
+		} else if (base == MD_DT_Q2_K) {
+			ty = MD_DT_Q3_K;
+		} else if (base == MD_DT_Q3_K) {
+			ty = MD_DT_Q4_K;
+		}
 	}
-	if (is_k_type(ty) && t->ne[0] % MD_QK_K != 0) {
-		ty = MD_DT_Q8_0;
-		*why = "ne[0] not a multiple of 256: q8_0 fallback";
+	if (md_dtype_info(ty)->blck == MD_QK_K && t->ne[0] % MD_QK_K != 0) {
+		ty = k_fallback(ty);
+		*why = ty == MD_DT_Q5_0 ? "ne[0] not a multiple of 256: q5_0 fallback" :
+		       ty == MD_DT_Q5_1 ? "ne[0] not a multiple of 256: q5_1 fallback" :
+		       ty == MD_DT_IQ4_NL ? "ne[0] not a multiple of 256: iq4_nl fallback" :
+					    "ne[0] not a multiple of 256: q8_0 fallback";
 	}
-	if ((ty == MD_DT_Q8_0 || ty == MD_DT_Q4_0) && t->ne[0] % MD_QK8_0 != 0) {
+	if (t->ne[0] % md_dtype_info(ty)->blck != 0) {
 		ty = MD_DT_F16;
 		*why = "ne[0] not a multiple of 32: f16 fallback";
 	}
@@ -1014,7 +1113,7 @@ static int cmd_quantize(const char *in, const char *out, const char *mix)
 			m = &mixes[k];
 	if (!m) {
 		fprintf(stderr, "moed-gguf quantize: unknown MIX '%s' (f32 f16 bf16 q8_0 q4_0 "
-			"q4_k_m q5_k_m q6_k)\n", mix);
+			"q4_1 q5_0 q5_1 q2_k q3_k_m q4_k_m q5_k_m q6_k iq4_nl iq4_xs)\n", mix);
 		return 2;
 	}
 	if (strcmp(in, out) == 0) {
@@ -1046,6 +1145,21 @@ static int cmd_quantize(const char *in, const char *out, const char *mix)
 		if (md_gguf_get_u32(&g, key, &v) && v < 100000)
 			n_layer = (int)v;
 	}
+	struct q_model qm = { .n_gqa = 1 };
+	if (md_gguf_get_str(&g, "general.architecture", &arch)) {
+		char key[160];
+		uint32_t v, hkv;
+		int al = (int)(arch.len < 100 ? arch.len : 100);
+		snprintf(key, sizeof(key), "%.*s.expert_count", al, arch.ptr);
+		if (md_gguf_get_u32(&g, key, &v) && v < 100000)
+			qm.n_expert = (int)v;
+		snprintf(key, sizeof(key), "%.*s.attention.head_count", al, arch.ptr);
+		if (md_gguf_get_u32(&g, key, &v)) {
+			snprintf(key, sizeof(key), "%.*s.attention.head_count_kv", al, arch.ptr);
+			if (md_gguf_get_u32(&g, key, &hkv) && hkv > 0 && v >= hkv)
+				qm.n_gqa = (int)(v / hkv);
+		}
+	}
 	for (uint64_t i = 0; i < g.n_tensors && n_layer == 0; i++) {
 		int li;
 		char buf[32];
@@ -1053,6 +1167,7 @@ static int cmd_quantize(const char *in, const char *out, const char *mix)
 		if (sscanf(buf, "blk.%d.", &li) == 1 && li + 1 > n_layer)
 			n_layer = li + 1;
 	}
+	qm.n_layer = n_layer;
 
 	md_gguf_w_copy_kv(w, &g);
 	md_gguf_w_u32(w, "general.file_type", m->ftype);
@@ -1072,7 +1187,7 @@ static int cmd_quantize(const char *in, const char *out, const char *mix)
 			fprintf(stderr, "moed-gguf: out of memory\n");
 			goto out;
 		}
-		q->type = pick_type(m, t, q->name, n_layer, &q->why);
+		q->type = pick_type(m, t, q->name, &qm, &q->why);
 		const struct md_dtype_info *si = md_dtype_info(t->type);
 		if (q->type != t->type && (!si || !si->supported)) {
 			fprintf(stderr, "moed-gguf quantize: tensor '%s' has type %s, which moed "

@@ -107,6 +107,92 @@ INLINE void tile_q4_0(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 		y[(size_t)t * ys] = hsum8(_mm256_add_ps(acc[0][t], acc[1][t]));
 }
 
+/* Byte i is 16 where bit i of h is set: the fifth bits of a q5_0 / q5_1 block. */
+INLINE __m256i bit5_bytes(uint32_t h)
+{
+	const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+					      2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+	const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+	const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)h), shuf), bit);
+	return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(16));
+}
+
+/* q4_1, q5_0 and q5_1 against md_q8b: unsigned 4/5-bit weights as q4_0; the min of q4_1 /
+ * q5_1 adds m * da * sum(a) per block (kept in a float per token), q5_0's offset of 16
+ * subtracts 16 * sum(a) from the integer sum. */
+INLINE void tile_q451(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y,
+		      size_t ys, const int nt, const int type)
+{
+	__m256 acc[2][MD_KERN_NT];
+	float accm[MD_KERN_NT];
+	for (int t = 0; t < nt; t++) {
+		acc[0][t] = acc[1][t] = _mm256_setzero_ps();
+		accm[t] = 0;
+	}
+	const __m256i m4 = _mm256_set1_epi8(15);
+	const int bs = type == MD_DT_Q4_1 ? 20 : type == MD_DT_Q5_0 ? 22 : 24;
+	const int qso = type == MD_DT_Q4_1 ? 4 : type == MD_DT_Q5_0 ? 6 : 8;
+	const int64_t nb = n / 32;
+	for (int64_t b = 0; b < nb; b++, w += bs) {
+		const __m128i x = _mm_loadu_si128((const __m128i *)(w + qso));
+		__m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), m4);
+		if (type != MD_DT_Q4_1) {
+			uint32_t h;
+			memcpy(&h, w + qso - 4, 4);
+			q = _mm256_or_si256(q, bit5_bytes(h));
+		}
+		const float dw = ld_f16(w);
+		const float mw = type != MD_DT_Q5_0 ? ld_f16(w + 2) : 0.0f;
+		for (int t = 0; t < nt; t++) {
+			const struct md_q8b *ab = (const struct md_q8b *)(a + (size_t)t * as) + b;
+			__m256i p = dot_us8(q, ld256(ab->qs));
+			if (type == MD_DT_Q5_0)
+				p = _mm256_sub_epi32(p, _mm256_zextsi128_si256(_mm_cvtsi32_si128(16 * ab->s)));
+			else
+				accm[t] += mw * ab->d * (float)ab->s;
+			acc[b & 1][t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab->d), _mm256_cvtepi32_ps(p),
+						       acc[b & 1][t]);
+		}
+	}
+	for (int t = 0; t < nt; t++)
+		y[(size_t)t * ys] = hsum8(_mm256_add_ps(acc[0][t], acc[1][t])) + accm[t];
+}
+
+/* 32 signed bytes from 16 nibble indexes into a 16-entry level table (lut in both lanes):
+ * low nibbles are elements 0-15, high nibbles 16-31. */
+INLINE __m256i levels32(const uint8_t *qs, __m256i lut)
+{
+	const __m128i x = _mm_loadu_si128((const __m128i *)qs);
+	const __m256i idx = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x),
+					     _mm256_set1_epi8(15));
+	return _mm256_shuffle_epi8(lut, idx);
+}
+
+/* iq4_nl against md_q8b: levels looked up with a byte shuffle, then signed x signed as
+ * q8_0 does it (|w| x sign(a, w)). */
+INLINE void tile_iq4_nl(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y,
+			size_t ys, const int nt)
+{
+	__m256 acc[2][MD_KERN_NT];
+	for (int t = 0; t < nt; t++)
+		acc[0][t] = acc[1][t] = _mm256_setzero_ps();
+	const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)md_iq4nl_levels));
+	const int64_t nb = n / 32;
+	for (int64_t b = 0; b < nb; b++, w += 18) {
+		const __m256i q = levels32(w + 2, lut);
+		const __m256i u = _mm256_sign_epi8(q, q);
+		const float dw = ld_f16(w);
+		for (int t = 0; t < nt; t++) {
+			const struct md_q8b *ab = (const struct md_q8b *)(a + (size_t)t * as) + b;
+			const __m256i p = dot_us8(u, _mm256_sign_epi8(ld256(ab->qs), q));
+			acc[b & 1][t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab->d), _mm256_cvtepi32_ps(p),
+						       acc[b & 1][t]);
+		}
+	}
+	for (int t = 0; t < nt; t++)
+		y[(size_t)t * ys] = hsum8(_mm256_add_ps(acc[0][t], acc[1][t]));
+}
+
 /* ---- K-quants against md_q8k ---- */
 
 /* The 6-bit scales and mins of a q4_K / q5_K block (same as md_kern__k_scales, inlined). */
@@ -197,6 +283,136 @@ INLINE void tile_qk45(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 			acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * ab->d), _mm256_cvtepi32_ps(mv), acc[t]);
 		}
 #endif
+	}
+	for (int t = 0; t < nt; t++)
+		y[(size_t)t * ys] = hsum8(acc[t]);
+}
+
+/* Scale vector of two 16-element sub-blocks: int16 lanes 0-7 hold s0, lanes 8-15 hold s1
+ * (the halves of one maddubs result). */
+INLINE __m256i scale_pair(int s0, int s1)
+{
+	return _mm256_set_m128i(_mm_set1_epi16((short)s1), _mm_set1_epi16((short)s0));
+}
+
+/* q2_K: the 2-bit planes of each 32-byte half give 32 consecutive elements (two sub-blocks)
+ * per shift; the 4-bit scales fold into madd, the mins pair with the activation's bsums. */
+INLINE void tile_q2_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y,
+		      size_t ys, const int nt)
+{
+	__m256 acc[MD_KERN_NT];
+	for (int t = 0; t < nt; t++)
+		acc[t] = _mm256_setzero_ps();
+	const __m256i m3 = _mm256_set1_epi8(3);
+	const int64_t nb = n / 256;
+	for (int64_t b = 0; b < nb; b++, w += 84) {
+		const uint8_t *sc = w;
+		const float dw = ld_f16(w + 80), dmin = ld_f16(w + 82);
+		__m256i q[8], s16[8];
+		for (int h = 0; h < 2; h++) {
+			const __m256i x = ld256(w + 16 + 32 * h);
+			for (int j = 0; j < 4; j++) {
+				q[4 * h + j] = _mm256_and_si256(_mm256_srli_epi16(x, 2 * j), m3);
+				s16[4 * h + j] = scale_pair(sc[8 * h + 2 * j] & 15, sc[8 * h + 2 * j + 1] & 15);
+			}
+		}
+		const __m128i scv = _mm_loadu_si128((const __m128i *)sc);
+		const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scv, 4),
+									_mm_set1_epi8(15)));
+		for (int t = 0; t < nt; t++) {
+			const struct md_q8k *ab = (const struct md_q8k *)(a + (size_t)t * as) + b;
+			__m256i is0 = _mm256_setzero_si256(), is1 = _mm256_setzero_si256();
+			for (int k = 0; k < 8; k += 2) {
+				is0 = _mm256_add_epi32(is0, dot_us8_scaled(q[k], ld256(ab->qs + 32 * k), s16[k]));
+				is1 = _mm256_add_epi32(is1, dot_us8_scaled(q[k + 1], ld256(ab->qs + 32 * k + 32),
+									   s16[k + 1]));
+			}
+			const __m256i mv = _mm256_madd_epi16(ld256(ab->bsums), mins);
+			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab->d),
+						 _mm256_cvtepi32_ps(_mm256_add_epi32(is0, is1)), acc[t]);
+			acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * ab->d), _mm256_cvtepi32_ps(mv), acc[t]);
+		}
+	}
+	for (int t = 0; t < nt; t++)
+		y[(size_t)t * ys] = hsum8(acc[t]);
+}
+
+/* q3_K: the low 2 bits as q2_K, the third from hmask (bit 4h + j of each byte for the 32
+ * elements at 128h + 32j); q = u - 4 with u unsigned, so the integer sum is
+ * sum_g sc_g * (sum(u * a) - 4 * bsums[g]) with signed 6-bit scales in madd. */
+INLINE void tile_q3_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y,
+		      size_t ys, const int nt)
+{
+	__m256 acc[MD_KERN_NT];
+	for (int t = 0; t < nt; t++)
+		acc[t] = _mm256_setzero_ps();
+	const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+	const int64_t nb = n / 256;
+	for (int64_t b = 0; b < nb; b++, w += 110) {
+		int16_t sc[16];
+		md_kern__q3k_scales(w + 96, sc);
+		const float dw = ld_f16(w + 108);
+		const __m256i hm = ld256(w);
+		__m256i q[8], s16[8];
+		for (int h = 0; h < 2; h++) {
+			const __m256i x = ld256(w + 32 + 32 * h);
+			for (int j = 0; j < 4; j++) {
+				const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + j), one);
+				q[4 * h + j] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 2 * j), m3),
+							       _mm256_slli_epi16(hb, 2));
+				s16[4 * h + j] = scale_pair(sc[8 * h + 2 * j], sc[8 * h + 2 * j + 1]);
+			}
+		}
+		const __m256i sc_all = ld256(sc);
+		for (int t = 0; t < nt; t++) {
+			const struct md_q8k *ab = (const struct md_q8k *)(a + (size_t)t * as) + b;
+			__m256i is0 = _mm256_setzero_si256(), is1 = _mm256_setzero_si256();
+			for (int k = 0; k < 8; k += 2) {
+				is0 = _mm256_add_epi32(is0, dot_us8_scaled(q[k], ld256(ab->qs + 32 * k), s16[k]));
+				is1 = _mm256_add_epi32(is1, dot_us8_scaled(q[k + 1], ld256(ab->qs + 32 * k + 32),
+									   s16[k + 1]));
+			}
+			const __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(ld256(ab->bsums), sc_all), 2);
+			const __m256i is = _mm256_sub_epi32(_mm256_add_epi32(is0, is1), corr);
+			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab->d), _mm256_cvtepi32_ps(is), acc[t]);
+		}
+	}
+	for (int t = 0; t < nt; t++)
+		y[(size_t)t * ys] = hsum8(acc[t]);
+}
+
+/* iq4_xs: eight iq4_nl sub-blocks; |w| x sign(a, w) pairs in maddubs, the signed 6-bit
+ * sub-block scale ls - 32 in madd. */
+INLINE void tile_iq4_xs(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y,
+			size_t ys, const int nt)
+{
+	__m256 acc[MD_KERN_NT];
+	for (int t = 0; t < nt; t++)
+		acc[t] = _mm256_setzero_ps();
+	const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)md_iq4nl_levels));
+	const int64_t nb = n / 256;
+	for (int64_t b = 0; b < nb; b++, w += 136) {
+		const unsigned sh = (unsigned)(w[2] | w[3] << 8);
+		const float dw = ld_f16(w);
+		__m256i q[8], u[8], s16[8];
+		for (int ib = 0; ib < 8; ib++) {
+			const int ls = ((w[4 + ib / 2] >> (4 * (ib % 2))) & 15) | (int)((sh >> (2 * ib)) & 3) << 4;
+			q[ib] = levels32(w + 8 + 16 * ib, lut);
+			u[ib] = _mm256_sign_epi8(q[ib], q[ib]);
+			s16[ib] = _mm256_set1_epi16((short)(ls - 32));
+		}
+		for (int t = 0; t < nt; t++) {
+			const struct md_q8k *ab = (const struct md_q8k *)(a + (size_t)t * as) + b;
+			__m256i is0 = _mm256_setzero_si256(), is1 = _mm256_setzero_si256();
+			for (int k = 0; k < 8; k += 2) {
+				is0 = _mm256_add_epi32(is0, dot_us8_scaled(u[k],
+					_mm256_sign_epi8(ld256(ab->qs + 32 * k), q[k]), s16[k]));
+				is1 = _mm256_add_epi32(is1, dot_us8_scaled(u[k + 1],
+					_mm256_sign_epi8(ld256(ab->qs + 32 * k + 32), q[k + 1]), s16[k + 1]));
+			}
+			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab->d),
+						 _mm256_cvtepi32_ps(_mm256_add_epi32(is0, is1)), acc[t]);
+		}
 	}
 	for (int t = 0; t < nt; t++)
 		y[(size_t)t * ys] = hsum8(acc[t]);
@@ -547,12 +763,26 @@ GEMM_ENTRY(gemm_bf16, dot_bf16, MD_DT_BF16)
 
 #define C_Q8_0(k) tile_q8_0(n, w, a, as, y, ys, k)
 #define C_Q4_0(k) tile_q4_0(n, w, a, as, y, ys, k)
+#define C_Q4_1(k) tile_q451(n, w, a, as, y, ys, k, MD_DT_Q4_1)
+#define C_Q5_0(k) tile_q451(n, w, a, as, y, ys, k, MD_DT_Q5_0)
+#define C_Q5_1(k) tile_q451(n, w, a, as, y, ys, k, MD_DT_Q5_1)
+#define C_Q2_K(k) tile_q2_K(n, w, a, as, y, ys, k)
+#define C_Q3_K(k) tile_q3_K(n, w, a, as, y, ys, k)
+#define C_IQ4_NL(k) tile_iq4_nl(n, w, a, as, y, ys, k)
+#define C_IQ4_XS(k) tile_iq4_xs(n, w, a, as, y, ys, k)
 #define C_Q4_K(k) tile_qk45(n, w, a, as, y, ys, k, 0)
 #define C_Q5_K(k) tile_qk45(n, w, a, as, y, ys, k, 1)
 #define C_Q6_K(k) tile_q6_K(n, w, a, as, y, ys, k)
 
 ENTRY(dot_q8_0, C_Q8_0)
 ENTRY(dot_q4_0, C_Q4_0)
+ENTRY(dot_q4_1, C_Q4_1)
+ENTRY(dot_q5_0, C_Q5_0)
+ENTRY(dot_q5_1, C_Q5_1)
+ENTRY(dot_q2_K, C_Q2_K)
+ENTRY(dot_q3_K, C_Q3_K)
+ENTRY(dot_iq4_nl, C_IQ4_NL)
+ENTRY(dot_iq4_xs, C_IQ4_XS)
 ENTRY(dot_q4_K, C_Q4_K)
 ENTRY(dot_q5_K, C_Q5_K)
 ENTRY(dot_q6_K, C_Q6_K)
@@ -679,6 +909,13 @@ static const struct md_kern table = {
 		[MD_DT_BF16] = dot_bf16,
 		[MD_DT_Q8_0] = dot_q8_0,
 		[MD_DT_Q4_0] = dot_q4_0,
+		[MD_DT_Q4_1] = dot_q4_1,
+		[MD_DT_Q5_0] = dot_q5_0,
+		[MD_DT_Q5_1] = dot_q5_1,
+		[MD_DT_Q2_K] = dot_q2_K,
+		[MD_DT_Q3_K] = dot_q3_K,
+		[MD_DT_IQ4_NL] = dot_iq4_nl,
+		[MD_DT_IQ4_XS] = dot_iq4_xs,
 		[MD_DT_Q4_K] = dot_q4_K,
 		[MD_DT_Q5_K] = dot_q5_K,
 		[MD_DT_Q6_K] = dot_q6_K,

@@ -13,7 +13,14 @@ enum md_act_fmt md_kern_act_fmt(enum md_dtype t)
 		return MD_ACT_F32;
 	case MD_DT_Q8_0:
 	case MD_DT_Q4_0:
+	case MD_DT_Q4_1:
+	case MD_DT_Q5_0:
+	case MD_DT_Q5_1:
+	case MD_DT_IQ4_NL:
 		return MD_ACT_Q8B;
+	case MD_DT_Q2_K:
+	case MD_DT_Q3_K:
+	case MD_DT_IQ4_XS:
 	case MD_DT_Q4_K:
 	case MD_DT_Q5_K:
 	case MD_DT_Q6_K:
@@ -112,6 +119,68 @@ static float dot1_q4_0(int64_t n, const uint8_t *w, const struct md_q8b *a)
 	return acc;
 }
 
+static inline uint32_t ld_u32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* q4_1 (bs 20), q5_0 (bs 22, no min), q5_1 (bs 24): integer sum of q * a per block, then
+ * d * da * sum (- 16 * d * da * s for q5_0) (+ m * da * s for the types with a min). */
+static float dot1_q451(int64_t n, const uint8_t *w, const struct md_q8b *a, enum md_dtype t)
+{
+	const int bs = t == MD_DT_Q4_1 ? 20 : t == MD_DT_Q5_0 ? 22 : 24;
+	const int qso = t == MD_DT_Q4_1 ? 4 : t == MD_DT_Q5_0 ? 6 : 8;
+	float acc = 0;
+	for (int64_t b = 0; b < n / 32; b++, w += bs) {
+		const uint8_t *q = w + qso;
+		const uint32_t h = t == MD_DT_Q4_1 ? 0 : ld_u32(w + qso - 4);
+		int s = 0;
+		for (int i = 0; i < 16; i++) {
+			int lo = (q[i] & 15) | (int)((h >> i) & 1) << 4;
+			int hi = (q[i] >> 4) | (int)((h >> (i + 16)) & 1) << 4;
+			s += lo * a[b].qs[i] + hi * a[b].qs[i + 16];
+		}
+		if (t == MD_DT_Q5_0)
+			acc += ld_f16(w) * a[b].d * (float)(s - 16 * a[b].s);
+		else
+			acc += ld_f16(w) * a[b].d * (float)s + ld_f16(w + 2) * a[b].d * (float)a[b].s;
+	}
+	return acc;
+}
+
+/* 32 nibble indexes into a level table (signed 8-bit) against one q8b block. */
+static int dot32_levels(const uint8_t *qs, const int8_t *levels, const int8_t *a)
+{
+	int s = 0;
+	for (int i = 0; i < 16; i++)
+		s += levels[qs[i] & 15] * a[i] + levels[qs[i] >> 4] * a[i + 16];
+	return s;
+}
+
+static float dot1_iq4_nl(int64_t n, const uint8_t *w, const struct md_q8b *a)
+{
+	float acc = 0;
+	for (int64_t b = 0; b < n / 32; b++, w += 18)
+		acc += ld_f16(w) * a[b].d * (float)dot32_levels(w + 2, md_iq4nl_levels, a[b].qs);
+	return acc;
+}
+
+/* iq4_xs: eight iq4_nl sub-blocks with 6-bit scales ls - 32, all against one q8k block. */
+static float dot1_iq4_xs(int64_t n, const uint8_t *w, const struct md_q8k *a)
+{
+	float acc = 0;
+	for (int64_t b = 0; b < n / 256; b++, w += 136) {
+		const unsigned sh = (unsigned)(w[2] | w[3] << 8);
+		int sumi = 0;
+		for (int ib = 0; ib < 8; ib++) {
+			int ls = ((w[4 + ib / 2] >> (4 * (ib % 2))) & 15) | (int)((sh >> (2 * ib)) & 3) << 4;
+			sumi += (ls - 32) * dot32_levels(w + 8 + 16 * ib, md_iq4nl_levels, a[b].qs + 32 * ib);
+		}
+		acc += ld_f16(w) * a[b].d * (float)sumi;
+	}
+	return acc;
+}
+
 void md_kern__k_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8])
 {
 	for (int j = 0; j < 4; j++) {
@@ -145,6 +214,60 @@ static float dot1_qk45(int64_t n, const uint8_t *w, const struct md_q8k *a, int 
 			summ += m[s] * (a[b].bsums[2 * s] + a[b].bsums[2 * s + 1]);
 		}
 		acc += ld_f16(w) * a[b].d * (float)sumi - ld_f16(w + 2) * a[b].d * (float)summ;
+	}
+	return acc;
+}
+
+/* q2_K: per 16-element sub-block g, sc_g * sum(q * a) and m_g * bsums[g]. */
+static float dot1_q2_K(int64_t n, const uint8_t *w, const struct md_q8k *a)
+{
+	float acc = 0;
+	for (int64_t b = 0; b < n / 256; b++, w += 84) {
+		const uint8_t *sc = w, *qs = w + 16;
+		int sumi = 0, summ = 0;
+		for (int g = 0; g < 16; g++) {
+			int si = 0;
+			for (int e = 16 * g; e < 16 * g + 16; e++) {
+				int h = e / 128, j = (e % 128) / 32, l = e % 32;
+				si += ((qs[32 * h + l] >> (2 * j)) & 3) * a[b].qs[e];
+			}
+			sumi += (sc[g] & 15) * si;
+			summ += (sc[g] >> 4) * a[b].bsums[g];
+		}
+		acc += ld_f16(w + 80) * a[b].d * (float)sumi - ld_f16(w + 82) * a[b].d * (float)summ;
+	}
+	return acc;
+}
+
+void md_kern__q3k_scales(const uint8_t *s, int16_t sc[16])
+{
+	for (int i = 0; i < 16; i++) {
+		int lo = i < 8 ? s[i] & 15 : s[i - 8] >> 4;
+		int hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+		sc[i] = (int16_t)((lo | hi << 4) - 32);
+	}
+}
+
+/* q3_K: q = u - 4 with u = low 2 bits | hmask bit << 2; per sub-block g,
+ * sc_g * (sum(u * a) - 4 * bsums[g]). */
+static float dot1_q3_K(int64_t n, const uint8_t *w, const struct md_q8k *a)
+{
+	float acc = 0;
+	for (int64_t b = 0; b < n / 256; b++, w += 110) {
+		const uint8_t *hm = w, *qs = w + 32;
+		int16_t sc[16];
+		md_kern__q3k_scales(w + 96, sc);
+		int sumi = 0;
+		for (int g = 0; g < 16; g++) {
+			int si = 0;
+			for (int e = 16 * g; e < 16 * g + 16; e++) {
+				int h = e / 128, j = (e % 128) / 32, l = e % 32;
+				int u = ((qs[32 * h + l] >> (2 * j)) & 3) | ((hm[l] >> (e / 32)) & 1) << 2;
+				si += u * a[b].qs[e];
+			}
+			sumi += sc[g] * (si - 4 * a[b].bsums[g]);
+		}
+		acc += ld_f16(w + 108) * a[b].d * (float)sumi;
 	}
 	return acc;
 }
@@ -203,6 +326,13 @@ TILE(dot_f16, dot1_float(MD_DT_F16, n, w, at))
 TILE(dot_bf16, dot1_float(MD_DT_BF16, n, w, at))
 TILE(dot_q8_0, dot1_q8_0(n, w, at))
 TILE(dot_q4_0, dot1_q4_0(n, w, at))
+TILE(dot_q4_1, dot1_q451(n, w, at, MD_DT_Q4_1))
+TILE(dot_q5_0, dot1_q451(n, w, at, MD_DT_Q5_0))
+TILE(dot_q5_1, dot1_q451(n, w, at, MD_DT_Q5_1))
+TILE(dot_q2_K, dot1_q2_K(n, w, at))
+TILE(dot_q3_K, dot1_q3_K(n, w, at))
+TILE(dot_iq4_nl, dot1_iq4_nl(n, w, at))
+TILE(dot_iq4_xs, dot1_iq4_xs(n, w, at))
 TILE(dot_q4_K, dot1_qk45(n, w, at, 0))
 TILE(dot_q5_K, dot1_qk45(n, w, at, 1))
 TILE(dot_q6_K, dot1_q6_K(n, w, at))
@@ -245,6 +375,13 @@ const struct md_kern md_kern_scalar = {
 		[MD_DT_BF16] = dot_bf16,
 		[MD_DT_Q8_0] = dot_q8_0,
 		[MD_DT_Q4_0] = dot_q4_0,
+		[MD_DT_Q4_1] = dot_q4_1,
+		[MD_DT_Q5_0] = dot_q5_0,
+		[MD_DT_Q5_1] = dot_q5_1,
+		[MD_DT_Q2_K] = dot_q2_K,
+		[MD_DT_Q3_K] = dot_q3_K,
+		[MD_DT_IQ4_NL] = dot_iq4_nl,
+		[MD_DT_IQ4_XS] = dot_iq4_xs,
 		[MD_DT_Q4_K] = dot_q4_K,
 		[MD_DT_Q5_K] = dot_q5_K,
 		[MD_DT_Q6_K] = dot_q6_K,

@@ -21,7 +21,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gguf_ref import GGUFFile, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0  # noqa: E402
+from gguf_ref import (GGUFFile, IQ4_NL, IQ4_XS, MXFP4, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K,  # noqa: E402
+                      Q5_0, Q5_1, Q5_K, Q6_K, Q8_0)
 
 ROPE_NORM, ROPE_NEOX = "norm", "neox"
 
@@ -57,7 +58,8 @@ class Layer:
 
 # Activation block size of the 8-bit activation quantization that llama.cpp-style SIMD kernels
 # pair with each quantized weight type (Q8_0 blocks for Q8_0/Q4_0, Q8_K for K-quants).
-ACT_Q8_BLOCK = {Q8_0: 32, Q4_0: 32, Q4_K: 256, Q5_K: 256, Q6_K: 256}
+ACT_Q8_BLOCK = {Q8_0: 32, Q4_0: 32, Q4_K: 256, Q5_K: 256, Q6_K: 256, Q4_1: 32, Q5_0: 32,
+                Q5_1: 32, IQ4_NL: 32, MXFP4: 32, Q2_K: 256, Q3_K: 256, IQ4_XS: 256}
 
 
 def act_q8(x, block):

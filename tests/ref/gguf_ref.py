@@ -30,11 +30,20 @@ _SCALAR_NP = {
 
 # GGML tensor types: id -> (name, elements per block, bytes per block).
 F32, F16, Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 8, 12, 13, 14, 30
+Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4 = 3, 6, 7, 10, 11, 20, 23, 39
 QK_K = 256
 GGML_TYPES = {
     F32: ("f32", 1, 4),
     F16: ("f16", 1, 2),
     Q4_0: ("q4_0", 32, 2 + 16),
+    Q4_1: ("q4_1", 32, 2 + 2 + 16),
+    Q5_0: ("q5_0", 32, 2 + 4 + 16),
+    Q5_1: ("q5_1", 32, 2 + 2 + 4 + 16),
+    Q2_K: ("q2_k", QK_K, QK_K // 16 + QK_K // 4 + 2 + 2),
+    Q3_K: ("q3_k", QK_K, QK_K // 8 + QK_K // 4 + 12 + 2),
+    IQ4_NL: ("iq4_nl", 32, 2 + 16),
+    IQ4_XS: ("iq4_xs", QK_K, 2 + 2 + QK_K // 64 + QK_K // 2),
+    MXFP4: ("mxfp4", 32, 1 + 16),
     Q8_0: ("q8_0", 32, 2 + 32),
     Q4_K: ("q4_k", QK_K, 2 + 2 + 12 + QK_K // 2),
     Q5_K: ("q5_k", QK_K, 2 + 2 + 12 + QK_K // 8 + QK_K // 2),
@@ -300,8 +309,135 @@ def deq_q6_k(u8, n):
     return y.astype(np.float32).reshape(n)
 
 
+def _nibbles32(qs):
+    """(nb, 16) bytes of a 32-element block -> (nb, 32) values: low nibbles are elements
+    0..15, high nibbles elements 16..31."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=1)
+
+
+def _u32(blocks, off):
+    return blocks[:, off:off + 4].copy().view("<u4").reshape(-1)
+
+
+def _fifth_bits(qh32):
+    """(nb,) uint32 -> (nb, 32): bit e of the word is the fifth bit of element e."""
+    return ((qh32[:, None] >> np.arange(32, dtype=np.uint32)[None, :]) & 1).astype(np.uint8)
+
+
+def deq_q4_1(u8, n):
+    nb = n // 32
+    blocks = np.asarray(u8).reshape(nb, 20)
+    d, m = _f16(u8, 0, nb, 20), _f16(u8, 2, nb, 20)
+    q = _nibbles32(blocks[:, 4:20]).astype(np.float32)
+    # element = q*d + m, each step rounded to float32
+    return ((q * d[:, None]).astype(np.float32) + m[:, None]).astype(np.float32).reshape(n)
+
+
+def deq_q5_0(u8, n):
+    nb = n // 32
+    blocks = np.asarray(u8).reshape(nb, 22)
+    d = _f16(u8, 0, nb, 22)
+    q = _nibbles32(blocks[:, 6:22]) | (_fifth_bits(_u32(blocks, 2)) << 4)
+    return ((q.astype(np.int16) - 16).astype(np.float32) * d[:, None]).astype(np.float32).reshape(n)
+
+
+def deq_q5_1(u8, n):
+    nb = n // 32
+    blocks = np.asarray(u8).reshape(nb, 24)
+    d, m = _f16(u8, 0, nb, 24), _f16(u8, 2, nb, 24)
+    q = (_nibbles32(blocks[:, 8:24]) | (_fifth_bits(_u32(blocks, 4)) << 4)).astype(np.float32)
+    return ((q * d[:, None]).astype(np.float32) + m[:, None]).astype(np.float32).reshape(n)
+
+
+def _two_bit_planes(qs):
+    """(nb, 64) bytes -> (nb, 256) 2-bit values of the Q2_K/Q3_K layout: each half of 128
+    elements uses 32 bytes; element 32*j + l of a half is bits 2j..2j+1 of byte l."""
+    nb = qs.shape[0]
+    q = qs.reshape(nb, 2, 1, 32)
+    shifts = (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]
+    return ((q >> shifts) & 3).reshape(nb, 256)
+
+
+def deq_q2_k(u8, n):
+    nb = n // QK_K
+    blocks = np.asarray(u8).reshape(nb, 84)
+    sc = blocks[:, 0:16]                          # per 16 elements: low nibble scale, high min
+    q = _two_bit_planes(blocks[:, 16:80]).astype(np.float32).reshape(nb, 16, 16)
+    d, dmin = _f16(u8, 80, nb, 84), _f16(u8, 82, nb, 84)
+    dl = (d[:, None] * (sc & 15).astype(np.float32)).astype(np.float32)
+    ml = (dmin[:, None] * (sc >> 4).astype(np.float32)).astype(np.float32)
+    y = (dl[:, :, None] * q).astype(np.float32) - ml[:, :, None]
+    return y.astype(np.float32).reshape(n)
+
+
+def _q3_k_scales(s):
+    """(nb, 12) bytes -> (nb, 16) signed scales: scale i has its low 4 bits in byte i (low
+    nibble, i < 8) or byte i-8 (high nibble), its top 2 bits at bits 2*(i//4) of byte
+    8 + i%4; the stored 6-bit value is offset by 32."""
+    i = np.arange(16)
+    low = np.where(i < 8, s[:, i % 8] & 15, s[:, i % 8] >> 4)
+    high = (s[:, 8 + i % 4] >> (2 * (i // 4)).astype(np.uint8)) & 3
+    return (low | (high << 4)).astype(np.int16) - 32
+
+
+def deq_q3_k(u8, n):
+    nb = n // QK_K
+    blocks = np.asarray(u8).reshape(nb, 110)
+    hmask = blocks[:, 0:32]
+    low = _two_bit_planes(blocks[:, 32:96]).astype(np.int16)
+    e = np.arange(256)
+    hbit = (hmask[:, e % 32] >> (e // 32).astype(np.uint8)) & 1   # 1: no offset, 0: minus 4
+    q = (low - 4 * (1 - hbit.astype(np.int16))).astype(np.float32).reshape(nb, 16, 16)
+    d = _f16(u8, 108, nb, 110)
+    dl = (d[:, None] * _q3_k_scales(blocks[:, 96:108]).astype(np.float32)).astype(np.float32)
+    return (dl[:, :, None] * q).astype(np.float32).reshape(n)
+
+
+# The 16 non-linear levels of IQ4_NL / IQ4_XS, and MXFP4's E2M1 values times two.
+IQ4NL_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89,
+                         113], dtype=np.float32)
+MXFP4_LEVELS = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12],
+                        dtype=np.float32)
+
+
+def deq_iq4_nl(u8, n):
+    nb = n // 32
+    blocks = np.asarray(u8).reshape(nb, 18)
+    d = _f16(u8, 0, nb, 18)
+    return (IQ4NL_LEVELS[_nibbles32(blocks[:, 2:18])] * d[:, None]).astype(np.float32).reshape(n)
+
+
+def deq_iq4_xs(u8, n):
+    nb = n // QK_K
+    blocks = np.asarray(u8).reshape(nb, 136)
+    d = _f16(u8, 0, nb, 136)
+    sh = blocks[:, 2:4].copy().view("<u2").reshape(nb).astype(np.int32)
+    sl = blocks[:, 4:8].astype(np.int32)
+    ib = np.arange(8)
+    ls = ((sl[:, ib // 2] >> (4 * (ib % 2))) & 15) | (((sh[:, None] >> (2 * ib)) & 3) << 4)
+    dl = (d[:, None] * (ls - 32).astype(np.float32)).astype(np.float32)          # (nb, 8)
+    qs = blocks[:, 8:136].reshape(nb * 8, 16)
+    v = IQ4NL_LEVELS[_nibbles32(qs)].reshape(nb, 8, 32)
+    return (dl[:, :, None] * v).astype(np.float32).reshape(n)
+
+
+def e8m0_half(e):
+    """E8M0 exponent byte -> 2^(e - 128) as float32 (half the E8M0 scale, since the levels
+    are doubled): exact, also for the two subnormal results e = 0, 1."""
+    return np.ldexp(np.float32(1), e.astype(np.int32) - 128).astype(np.float32)
+
+
+def deq_mxfp4(u8, n):
+    nb = n // 32
+    blocks = np.asarray(u8).reshape(nb, 17)
+    d = e8m0_half(blocks[:, 0])
+    return (MXFP4_LEVELS[_nibbles32(blocks[:, 1:17])] * d[:, None]).astype(np.float32).reshape(n)
+
+
 _DEQ = {F32: deq_f32, F16: deq_f16, BF16: deq_bf16, Q8_0: deq_q8_0, Q4_0: deq_q4_0,
-        Q4_K: deq_q4_k, Q5_K: deq_q5_k, Q6_K: deq_q6_k}
+        Q4_K: deq_q4_k, Q5_K: deq_q5_k, Q6_K: deq_q6_k, Q4_1: deq_q4_1, Q5_0: deq_q5_0,
+        Q5_1: deq_q5_1, Q2_K: deq_q2_k, Q3_K: deq_q3_k, IQ4_NL: deq_iq4_nl,
+        IQ4_XS: deq_iq4_xs, MXFP4: deq_mxfp4}
 
 
 def dequantize(u8, ggml_type, n):

@@ -9,7 +9,8 @@ import struct
 
 import numpy as np
 
-from gguf_ref import (BF16, F16, F32, GGML_TYPES, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, QK_K, T_ARR,
+from gguf_ref import (BF16, F16, F32, GGML_TYPES, IQ4_NL, IQ4_XS, MXFP4, Q2_K, Q3_K, Q4_0, Q4_1,
+                      Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, QK_K, T_ARR,
                       T_BOOL, T_F32, T_F64, T_I8, T_I16, T_I32, T_I64, T_STR, T_U8, T_U16,
                       T_U32, T_U64)
 
@@ -86,6 +87,24 @@ def random_tensor_bytes(rng, ne, t, std):
     elif t == Q6_K:
         b[:, 192:208] = rng.integers(8, 64, size=(nb, 16)).astype(np.int8).view(np.uint8)
         b[:, 208:210] = _f16b(np.full(nb, std / 18 / 36)).reshape(nb, 2)
+    elif t in (Q4_1, Q5_1):
+        d = std / (4.6 if t == Q4_1 else 9.2)
+        b[:, 0:2] = _f16b(np.full(nb, d)).reshape(nb, 2)
+        b[:, 2:4] = _f16b(np.full(nb, -(7.5 if t == Q4_1 else 15.5) * d)).reshape(nb, 2)
+    elif t == Q5_0:
+        b[:, 0:2] = _f16b(np.full(nb, std / 9.2)).reshape(nb, 2)
+    elif t == Q2_K:
+        b[:, 80:82] = _f16b(np.full(nb, std / 8)).reshape(nb, 2)    # d
+        b[:, 82:84] = _f16b(np.full(nb, std / 16)).reshape(nb, 2)   # dmin
+    elif t == Q3_K:
+        b[:, 108:110] = _f16b(np.full(nb, std / 42)).reshape(nb, 2)
+    elif t == IQ4_NL:
+        b[:, 0:2] = _f16b(np.full(nb, std / 70)).reshape(nb, 2)
+    elif t == IQ4_XS:
+        b[:, 0:2] = _f16b(np.full(nb, std / 1260)).reshape(nb, 2)
+    elif t == MXFP4:
+        e0 = 128 + int(np.floor(np.log2(std / 5.5)))
+        b[:, 0] = rng.integers(e0 - 1, e0 + 2, size=nb).astype(np.uint8)
     else:
         raise ValueError(t)
     return b.tobytes()

@@ -50,8 +50,12 @@ import forward_ref  # noqa: E402
 # to 3e-4) for both the scalar and the AVX2 kernels on these models.
 TOL = {"f32": (0.03, 0.9999), "f16": (0.03, 0.9999), "bf16": (0.03, 0.9999),
        "q8_0": (0.15, 0.999), "q4_0": (0.15, 0.999), "q4_k": (0.15, 0.999),
-       "q5_k": (0.15, 0.999), "q6_k": (0.15, 0.999)}
-QUANT_TYPES = ("q8_0", "q4_0", "q4_k", "q5_k", "q6_k")
+       "q5_k": (0.15, 0.999), "q6_k": (0.15, 0.999),
+       "q4_1": (0.15, 0.999), "q5_0": (0.15, 0.999), "q5_1": (0.15, 0.999),
+       "q2_k": (0.15, 0.999), "q3_k": (0.15, 0.999), "iq4_nl": (0.15, 0.999),
+       "iq4_xs": (0.15, 0.999), "mxfp4": (0.15, 0.999)}
+QUANT_TYPES = ("q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "q4_1", "q5_0", "q5_1", "q2_k", "q3_k",
+               "iq4_nl", "iq4_xs", "mxfp4")
 # A generated token that differs from the reference's argmax is a tie (not a failure) when
 # the reference ranks the two within TIE_FACTOR times the max-|d| tolerance of each other:
 # each of the two logits may move by the tolerance.

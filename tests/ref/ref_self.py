@@ -96,6 +96,78 @@ def test_literal():
     check("q6_k literal", y[[0, 32, 64, 128, 1]], [-17, -54, -7.5, -16, 32])
 
 
+def deq(b, t, n):
+    return G.dequantize(np.frombuffer(bytes(b), np.uint8), t, n)
+
+
+def test_literal_more():
+    """The types added after the first set: Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, IQ4_NL, IQ4_XS, MXFP4."""
+    # Q4_1: d = 0.5, m = -1; qs[0] = 0x3A: element 0 = 10*0.5 - 1 = 4, element 16 = 3*0.5 - 1.
+    b = h16(0.5) + h16(-1.0) + bytes([0x3A]) + bytes(15)
+    check("q4_1 literal", deq(b, G.Q4_1, 32)[[0, 16, 1, 31]], [4, 0.5, -1, -1])
+    # Q5_0: d = 0.25, qh = bits 0 and 17; qs[0] = 0x21: element 0 = (1|16) - 16 = 1 -> 0.25,
+    # element 16 = 2 - 16 -> -3.5, element 1 = -16 -> -4, element 17 = (0|16) - 16 = 0.
+    b = h16(0.25) + struct.pack("<I", (1 << 0) | (1 << 17)) + bytes([0x21]) + bytes(15)
+    check("q5_0 literal", deq(b, G.Q5_0, 32)[[0, 16, 1, 17]], [0.25, -3.5, -4, 0])
+    # Q5_1: d = 2, m = 0.5, qh = bit 31, qs[15] = 0xF0: element 15 = 0 -> 0.5,
+    # element 31 = 15|16 = 31 -> 62.5.
+    b = h16(2.0) + h16(0.5) + struct.pack("<I", 1 << 31) + bytes(15) + bytes([0xF0])
+    check("q5_1 literal", deq(b, G.Q5_1, 32)[[15, 31, 0]], [0.5, 62.5, 0.5])
+    # Q2_K: d = 0.5, dmin = 0.25. qs[0] = 0xE4 holds 0, 1, 2, 3 for elements 0, 32, 64, 96
+    # (scales 0, 2, 4, 6); qs[32] = 3 is element 128 (scale 8).
+    #   element 0:   sc 1, m 2  (0x21): 0.5*1*0 - 0.25*2 = -0.5
+    #   element 32:  sc 15, m 0 (0x0F): 0.5*15*1 = 7.5
+    #   element 64:  sc 3, m 1  (0x13): 0.5*3*2 - 0.25 = 2.75
+    #   element 96:  sc 2, m 15 (0xF2): 0.5*2*3 - 3.75 = -0.75
+    #   element 128: sc 1, m 0  (0x01): 0.5*1*3 = 1.5
+    sc = bytearray(16)
+    sc[0], sc[2], sc[4], sc[6], sc[8] = 0x21, 0x0F, 0x13, 0xF2, 0x01
+    qs = bytearray(64)
+    qs[0], qs[32] = 0xE4, 0x03
+    b = bytes(sc) + bytes(qs) + h16(0.5) + h16(0.25)
+    check("q2_k literal", deq(b, G.Q2_K, 256)[[0, 32, 64, 96, 128, 16]],
+          [-0.5, 7.5, 2.75, -0.75, 1.5, 0])
+    # Q3_K: d = 0.5. Scales (6-bit, minus 32): scale 0 = 33 (low 1 in byte 0, high 2 in bits
+    # 0-1 of byte 8), scale 2 = 0, scale 4 = 63 (low 15 in byte 4, high 3 in bits 2-3 of byte 8),
+    # scale 6 = 32 (high 2 in bits 2-3 of byte 10), scale 8 = 40 (low 8 in the high nibble of
+    # byte 0, high 2 in bits 4-5 of byte 8); the rest 0 (-32).
+    # hmask: all set but bit 0 of bytes 0 and 1 (elements 0 and 1 get -4).
+    #   element 0:   low 0, -4 -> 0.5*1*-4 = -2;  element 1: same = -2
+    #   element 32:  low 1 -> 0.5*-32*1 = -16;    element 64: low 2 -> 0.5*31*2 = 31
+    #   element 96:  low 3, scale 0 -> 0;        element 128: low 2 (qs[32]) -> 0.5*8*2 = 8
+    hm = bytearray([0xFF] * 32)
+    hm[0], hm[1] = 0xFE, 0xFE
+    qs = bytearray(64)
+    qs[0], qs[32] = 0xE4, 0x02
+    s3 = bytearray(12)
+    s3[0], s3[4], s3[8], s3[10] = 0x81, 0x0F, 0x2E, 0x08
+    b = bytes(hm) + bytes(qs) + bytes(s3) + h16(0.5)
+    check("q3_k literal", deq(b, G.Q3_K, 256)[[0, 1, 32, 64, 96, 128]], [-2, -2, -16, 31, 0, 8])
+    # IQ4_NL: d = 0.5; qs[0] = 0xF0: element 0 = -127/2, element 16 = 113/2;
+    # qs[1] = 0x78: element 1 = 1/2, element 17 = -10/2.
+    b = h16(0.5) + bytes([0xF0, 0x78]) + bytes(14)
+    check("iq4_nl literal", deq(b, G.IQ4_NL, 32)[[0, 16, 1, 17]], [-63.5, 56.5, 0.5, -5])
+    # IQ4_XS: d = 0.25. Sub-block scales ls (6 bits, minus 32): sub-block 0 = 33 (low 1 in
+    # scales_l[0], high 2 in bits 0-1 of scales_h), sub-block 3 = 63 (low 15 in the high nibble
+    # of scales_l[1], high 3 in bits 6-7), the rest 0 (-32 -> -8).
+    #   element 0 (qs[0] low 0) = 0.25*-127 = -31.75, element 16 (qs[0] high 15) = 0.25*113
+    #   element 96 (qs[48] low 8) = 7.75*1, element 112 (qs[48] high 0) = 7.75*-127
+    #   element 224 (qs[112] low 8) = -8*1
+    qs = bytearray(128)
+    qs[0], qs[48], qs[112] = 0xF0, 0x08, 0x88
+    b = h16(0.25) + struct.pack("<H", 2 | (3 << 6)) + bytes([0x01, 0xF0, 0, 0]) + bytes(qs)
+    check("iq4_xs literal", deq(b, G.IQ4_XS, 256)[[0, 16, 96, 112, 224]],
+          [-31.75, 28.25, 7.75, -984.25, -8])
+    # MXFP4: E8M0 scale e gives 2^(e-128) times the doubled E2M1 level.
+    # Block 0: e = 128 (1); qs[0] = 0x97: element 0 = level 7 = 12, element 16 = level 9 = -1.
+    # Block 1: e = 0 (2^-128, subnormal); qs[0] = 0x01: element 32 = 2^-128.
+    # Block 2: e = 130 (4); qs[15] = 0xE6: element 79 = 4*8 = 32, element 95 = 4*-8 = -32.
+    b = bytes([128, 0x97]) + bytes(15) + bytes([0, 0x01]) + bytes(15)
+    b += bytes([130]) + bytes(15) + bytes([0xE6])
+    check("mxfp4 literal", deq(b, G.MXFP4, 96)[[0, 16, 32, 79, 95, 1]],
+          [12, -1, 2.0 ** -128, 32, -32, 0])
+
+
 # --- full blocks built element by element from the layout description ------------------------
 
 def pack_k_scales(sc, mn):
@@ -259,6 +331,7 @@ def test_layouts(tmp):
 
 def main():
     test_literal()
+    test_literal_more()
     test_full_blocks()
     with tempfile.TemporaryDirectory() as tmp:
         test_reader(tmp)

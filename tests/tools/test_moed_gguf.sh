@@ -15,6 +15,14 @@ expect_names() {
 		grep -Eq "^ +[0-9]+  $n " "$out" || fail "$out: tensor $n missing"
 	done
 }
+# expect_types INFO_OUT NAME TYPE [NAME TYPE]... : tensor NAME has TYPE in info's table.
+expect_types() {
+	out=$1; shift
+	while [ $# -ge 2 ]; do
+		grep -Eq "^ +[0-9]+  $1 +$2 " "$out" || fail "$out: $1 is not $2"
+		shift 2
+	done
+}
 reject_names() {
 	out=$1; shift
 	for n in "$@"; do
@@ -156,13 +164,67 @@ else
 	fail "quantize q4_k_m: $(tail -1 "$T/q.err")"
 fi
 
-# A K mix on a 64-wide model falls back to q8_0 and info says so.
+# A K mix on a 64-wide model falls back as llama-quantize does (q4_K -> q5_0, q6_K -> q8_0)
+# and info says so.
 if "$M" quantize "$T/qwen3moe-f32.gguf" "$T/fb.gguf" q4_k_m 2>/dev/null; then
 	"$M" info "$T/fb.gguf" >"$T/fb.out" 2>&1 || fail "info fallback file"
-	grep -Eq "^ +[0-9]+  blk.0.attn_q.weight +q8_0 " "$T/fb.out" || fail "no q8_0 fallback"
+	grep -Eq "^ +[0-9]+  blk.0.attn_q.weight +q5_0 " "$T/fb.out" || fail "no q5_0 fallback"
+	grep -Eq "^ +[0-9]+  output.weight +q8_0 " "$T/fb.out" || fail "no q8_0 fallback for q6_K"
 	grep -q "K-quant fallback" "$T/fb.out" || fail "info does not mention the fallback"
 else
 	fail "quantize q4_k_m (fallback)"
+fi
+
+# The low-bit mixes as llama-quantize builds them on the same model (head_count 4 over
+# head_count_kv 2: n_gqa 2; 4 experts; 8 layers).
+if "$M" quantize "$big" "$T/q2k.gguf" q2_k 2>"$T/q.err"; then
+	"$M" info "$T/q2k.gguf" >"$T/q2k.out" 2>&1 || fail "info q2_k"
+	grep -q "general.file_type  *u32 10$" "$T/q2k.out" || fail "q2_k file_type"
+	expect_types "$T/q2k.out" token_embd.weight q2_K output.weight q6_K \
+		blk.0.attn_q.weight q2_K blk.0.attn_k.weight q2_K blk.5.attn_v.weight q3_K \
+		blk.3.attn_output.weight q3_K blk.7.ffn_down_exps.weight q3_K \
+		blk.7.ffn_gate_exps.weight q2_K blk.2.ffn_up_exps.weight q2_K \
+		blk.0.ffn_gate_inp.weight f32
+else
+	fail "quantize q2_k: $(tail -1 "$T/q.err")"
+fi
+
+if "$M" quantize "$big" "$T/q3km.gguf" q3_k_m 2>"$T/q.err"; then
+	"$M" info "$T/q3km.gguf" >"$T/q3km.out" 2>&1 || fail "info q3_k_m"
+	grep -q "general.file_type  *u32 12$" "$T/q3km.out" || fail "q3_k_m file_type"
+	expect_types "$T/q3km.out" token_embd.weight q3_K output.weight q6_K \
+		blk.0.attn_q.weight q3_K blk.0.attn_v.weight q5_K blk.1.attn_v.weight q5_K \
+		blk.2.attn_v.weight q4_K blk.3.attn_output.weight q4_K \
+		blk.0.ffn_down_exps.weight q4_K blk.7.ffn_gate_exps.weight q3_K
+else
+	fail "quantize q3_k_m: $(tail -1 "$T/q.err")"
+fi
+
+if "$M" quantize "$big" "$T/iq4nl.gguf" iq4_nl 2>"$T/q.err"; then
+	"$M" info "$T/iq4nl.gguf" >"$T/iq4nl.out" 2>&1 || fail "info iq4_nl"
+	grep -q "general.file_type  *u32 25$" "$T/iq4nl.out" || fail "iq4_nl file_type"
+	expect_types "$T/iq4nl.out" token_embd.weight iq4_nl output.weight q6_K \
+		blk.0.attn_v.weight iq4_nl blk.0.ffn_down_exps.weight q5_K \
+		blk.1.ffn_down_exps.weight iq4_nl blk.3.attn_output.weight iq4_nl
+else
+	fail "quantize iq4_nl: $(tail -1 "$T/q.err")"
+fi
+if "$M" quantize "$big" "$T/iq4xs.gguf" iq4_xs 2>"$T/q.err"; then
+	"$M" info "$T/iq4xs.gguf" >"$T/iq4xs.out" 2>&1 || fail "info iq4_xs"
+	grep -q "general.file_type  *u32 30$" "$T/iq4xs.out" || fail "iq4_xs file_type"
+	expect_types "$T/iq4xs.out" token_embd.weight iq4_xs output.weight q6_K \
+		blk.0.attn_v.weight iq4_xs blk.0.ffn_down_exps.weight q5_K \
+		blk.1.ffn_down_exps.weight iq4_xs blk.3.attn_output.weight iq4_xs
+else
+	fail "quantize iq4_xs: $(tail -1 "$T/q.err")"
+fi
+# q2_k on the 64-wide model: q2_K and q3_K rows of 64 fall back to iq4_nl.
+if "$M" quantize "$T/qwen3moe-f32.gguf" "$T/fb2.gguf" q2_k 2>/dev/null; then
+	"$M" info "$T/fb2.gguf" >"$T/fb2.out" 2>&1 || fail "info q2_k fallback file"
+	expect_types "$T/fb2.out" blk.0.attn_q.weight iq4_nl blk.1.ffn_down_exps.weight iq4_nl
+	grep -q "K-quant fallback" "$T/fb2.out" || fail "info does not mention the iq4_nl fallback"
+else
+	fail "quantize q2_k (fallback)"
 fi
 
 # Truncated file: info fails with exit 1 and one line.

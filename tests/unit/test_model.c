@@ -169,7 +169,9 @@ static int fill(void *ctx, void *dst, size_t nbytes)
 	for (int64_t r = 0; r < rows; r++) {
 		for (int64_t j = 0; j < t->ne[0]; j++)
 			row[j] = 0.5f * sinf((float)(h % 1000) + 0.37f * (float)(r * t->ne[0] + j));
-		md_quantize_row((enum md_dtype)t->type, row, (uint8_t *)dst + (size_t)r * rb, t->ne[0]);
+		if (!md_quantize_row((enum md_dtype)t->type, row, (uint8_t *)dst + (size_t)r * rb,
+				     t->ne[0]))
+			memset((uint8_t *)dst + (size_t)r * rb, 0, rb); /* a type moed cannot write */
 	}
 	free(row);
 	return 0;
@@ -402,6 +404,17 @@ static void t_vector_quantized_refused(void)
 	spec_init(&s, "qwen3moe");
 	find(&s, "blk.1.ffn_norm.weight")->type = MD_DT_Q8_0;
 	EXPECT_REFUSED(&s, -ENOTSUP, "'blk.1.ffn_norm.weight'", "q8_0", "expected f32, f16 or bf16");
+}
+
+/* A weight of a type moed has no kernels for (q8_1: GGML sizes it, files never carry it) is
+ * refused at load, naming the tensor, the type and every supported type. */
+static void t_weight_type_refused(void)
+{
+	struct spec s;
+	spec_init(&s, "qwen3moe");
+	find(&s, "blk.0.attn_q.weight")->type = MD_DT_Q8_1;
+	EXPECT_REFUSED(&s, -ENOTSUP, "'blk.0.attn_q.weight'", "weight type q8_1",
+		       "supported: f32, f16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs, bf16");
 }
 
 /* Trailing dimensions of 1 on any tensor: [a, b, 1] and [a, b, 1, 1] match [a, b]. */
@@ -776,6 +789,7 @@ static const struct {
 	{ "qwen2moe-shexp-gate-2d-f16", t_qwen2moe_shexp_gate_2d_f16 },
 	{ "vectors-f16-bf16", t_vectors_f16_bf16 },
 	{ "vector-quantized-refused", t_vector_quantized_refused },
+	{ "weight-type-refused", t_weight_type_refused },
 	{ "trailing-ones", t_trailing_ones },
 	{ "wrong-shape-refused", t_wrong_shape_refused },
 	{ "mixtral-split-experts-view", t_mixtral_split_experts_view },
