@@ -13,7 +13,18 @@
  *
  * One timer per connection serves three purposes by state: the idle timeout between
  * requests, the read timeout while a request head or body is arriving (slow clients get 408),
- * and the handler's tick (stream heartbeats) while a request is in flight.
+ * and the handler's tick (stream heartbeats) while a request is in flight. A new connection
+ * gets the header timeout, not the idle one, to send its first request.
+ *
+ * A client that shuts down its sending side after a whole request (half-close) still gets
+ * its response: end-of-file with a request in flight does not abort it. A client that went
+ * away entirely looks the same at that moment; the next write to it fails and aborts the
+ * request then (within a token or a heartbeat for a stream).
+ *
+ * Connections are capped (max_connections) and cheap while idle (no per-connection read
+ * buffer). At the cap a new connection displaces the one idle the longest (an idle list kept
+ * in order by every state change); when none is idle it is answered 503 with Retry-After and
+ * closed, so that clients and proxies see a status rather than a reset.
  */
 
 #include <stdbool.h>
@@ -44,6 +55,7 @@ struct md_http_limits {
 	double header_timeout;  /* seconds */
 	double idle_timeout;
 	size_t max_backlog;     /* unsent bytes before a stream is aborted */
+	unsigned retry_after;   /* seconds, in the 503 a connection over the cap gets */
 };
 
 /* Handles one request. The handler answers later or at once with md_http_respond or a
@@ -66,6 +78,12 @@ void md_http_server_close(struct md_http_server *s);
 void md_http_server_free(struct md_http_server *s);
 size_t md_http_n_connections(const struct md_http_server *s);
 size_t md_http_n_busy(const struct md_http_server *s);
+/* Connections closed to make room at the cap, and connections refused (503) for want of one. */
+uint64_t md_http_n_evicted(const struct md_http_server *s);
+uint64_t md_http_n_refused(const struct md_http_server *s);
+/* Raise the soft RLIMIT_NOFILE to the hard limit (start-up; each connection is a descriptor).
+ * Returns the soft limit now in force. */
+size_t md_http_raise_fd_limit(void);
 /* Connections with a request in flight or a response still being written and shut down
  * (each of the latter closes within 5 s). */
 size_t md_http_n_unflushed(const struct md_http_server *s);

@@ -143,6 +143,17 @@ static void on_state(void *arg, enum md_engine_state st)
 	}
 }
 
+/* Every connection is a descriptor: raise the soft limit to the hard one, and say so when
+ * even that is short of max-connections (clients past it then wait in the listen backlog). */
+static void check_fd_limit(const struct md_config *cfg)
+{
+	size_t have = md_http_raise_fd_limit();
+	size_t want = (size_t)cfg->max_connections + 64; /* model, engine, listener, logs */
+	if (have && have < want)
+		md_log(MD_LOG_WARN, "open-file limit %zu is below max-connections %lld + 64: raise "
+		       "LimitNOFILE (systemd) or ulimit -n", have, (long long)cfg->max_connections);
+}
+
 /* The model to serve when none is configured: $MOED_DEFAULT_MODEL, the one the build made,
  * or the installed one. */
 static const char *default_model(void)
@@ -217,7 +228,9 @@ int main(int argc, char **argv)
 		.header_timeout = a->cfg.header_timeout,
 		.idle_timeout = a->cfg.idle_timeout,
 		.max_backlog = (size_t)a->cfg.sse_backlog_bytes,
+		.retry_after = (unsigned)a->cfg.retry_after,
 	};
+	check_fd_limit(&a->cfg);
 	if ((rc = md_engine_new(&a->eng, &ec, engine_wake, &a->wake)) ||
 	    (rc = md_api_new(&a->api, a->eng, &a->cfg)) ||
 	    (rc = md_http_server_new(&a->http, a->loop, &lim, md_api_on_request, a->api))) {
