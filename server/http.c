@@ -991,6 +991,27 @@ int md_http_listen(struct md_http_server *s, const char *host, int port, int *po
 	return 0;
 }
 
+int md_http_listen_fd(struct md_http_server *s, int fd, int *port_out)
+{
+	int rc;
+	if ((rc = uv_tcp_open(&s->listener, (uv_os_sock_t)fd)))
+		return rc;
+	/* listen() again on a listening socket only sets the backlog */
+	if ((rc = uv_listen((uv_stream_t *)&s->listener, 4096, on_connection)))
+		return rc;
+	s->listening = true;
+	struct sockaddr_storage got;
+	int len = sizeof(got);
+	*port_out = 0;
+	if (uv_tcp_getsockname(&s->listener, (struct sockaddr *)&got, &len) == 0) {
+		if (got.ss_family == AF_INET)
+			*port_out = ntohs(((struct sockaddr_in *)&got)->sin_port);
+		else if (got.ss_family == AF_INET6)
+			*port_out = ntohs(((struct sockaddr_in6 *)&got)->sin6_port);
+	}
+	return 0;
+}
+
 void md_http_stop_accepting(struct md_http_server *s)
 {
 	s->draining = true;

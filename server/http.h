@@ -70,6 +70,9 @@ int md_http_server_new(struct md_http_server **out, uv_loop_t *loop,
 		       const struct md_http_limits *lim, md_http_request_cb cb, void *arg);
 /* Bind and listen. Returns 0 or a negative libuv code; *port_out gets the bound port. */
 int md_http_listen(struct md_http_server *s, const char *host, int port, int *port_out);
+/* Serve on a listening socket handed over by the service manager (socket activation). The
+ * server owns fd from then on. Returns 0 or a negative libuv code; *port_out as above. */
+int md_http_listen_fd(struct md_http_server *s, int fd, int *port_out);
 /* Stop accepting; idle connections are closed, busy ones close after their response. */
 void md_http_stop_accepting(struct md_http_server *s);
 /* Close every connection now (aborting in-flight requests) and the listener. Run the loop
