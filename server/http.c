@@ -9,6 +9,7 @@
 #include <strings.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/log.h"
 
@@ -881,6 +882,8 @@ static void refuse(struct md_http_server *s, uv_stream_t *ls, const char *why)
 	uv_timer_start(&r->timer, on_refusal_timer, REFUSE_LINGER_MS, 0);
 }
 
+static void conn_start(struct md_http_conn *c);
+
 static void on_connection(uv_stream_t *ls, int status)
 {
 	struct md_http_server *s = ls->data;
@@ -921,6 +924,13 @@ static void on_connection(uv_stream_t *ls, int status)
 		uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
 		return;
 	}
+	conn_start(c);
+}
+
+/* A connected, accepted socket becomes an idle connection, reading. */
+static void conn_start(struct md_http_conn *c)
+{
+	struct md_http_server *s = c->srv;
 	uv_tcp_nodelay(&c->tcp, 1);
 	llhttp_init(&c->parser, HTTP_REQUEST, &s->settings);
 	c->parser.data = c;
@@ -934,6 +944,31 @@ static void on_connection(uv_stream_t *ls, int status)
 	 * (longer) keep-alive idle timeout: connections that never send cannot pile up. */
 	timer_arm(c, s->lim.header_timeout, false);
 	uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+}
+
+int md_http__adopt(struct md_http_server *s, int fd)
+{
+	struct md_http_conn *c = calloc(1, sizeof(*c));
+	if (!c) {
+		close(fd);
+		return -ENOMEM;
+	}
+	c->srv = s;
+	uv_tcp_init(s->loop, &c->tcp);
+	uv_timer_init(s->loop, &c->timer);
+	c->open_handles = 2;
+	c->tcp.data = c;
+	c->timer.data = c;
+	int rc = uv_tcp_open(&c->tcp, (uv_os_sock_t)fd);
+	if (rc) {
+		close(fd); /* not the handle's */
+		set_state(c, C_CLOSING);
+		uv_close((uv_handle_t *)&c->timer, on_conn_closed);
+		uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
+		return rc;
+	}
+	conn_start(c);
+	return 0;
 }
 
 int md_http_server_new(struct md_http_server **out, uv_loop_t *loop,

@@ -111,4 +111,9 @@ int md_http_status(const struct md_http_conn *c);
 double md_http_now(void); /* monotonic seconds */
 const char *md_http_reason(int status);
 
+/* For tests and fuzzing: serve an already connected stream socket (e.g. one end of a
+ * socketpair) as if it had been accepted; the server owns fd from then on. Bypasses the
+ * connection cap. Returns 0 or a negative libuv code (fd is closed either way). */
+int md_http__adopt(struct md_http_server *s, int fd);
+
 #endif
