@@ -422,7 +422,15 @@ static bool step(struct md_engine *e)
 /* Page the weights in now, with progress, rather than on the first requests: populate the
  * page tables a tenth at a time (MADV_POPULATE_READ, Linux 5.14+, no fault per page), or touch
  * every page where the kernel lacks it. */
-static void populate_weights(const struct md_model *m, bool progress)
+static void load_status(const struct md_engine_config *c, const char *status)
+{
+	if (c->progress)
+		md_log(MD_LOG_INFO, "%s", status);
+	if (c->status_cb)
+		c->status_cb(c->status_arg, status);
+}
+
+static void populate_weights(const struct md_model *m, const struct md_engine_config *c)
 {
 	volatile uint8_t sink = 0;
 	const uint8_t *map = m->gguf.base;
@@ -440,8 +448,9 @@ static void populate_weights(const struct md_model *m, bool progress)
 		if (!populate)
 			for (size_t o = off; o < off + len; o += pg)
 				sink ^= map[o];
-		if (progress)
-			md_log(MD_LOG_INFO, "loading weights %3zu%%", (off + len) * 100 / size);
+		char st[64];
+		snprintf(st, sizeof(st), "loading weights %3zu%%", (off + len) * 100 / size);
+		load_status(c, st);
 	}
 	(void)sink;
 }
@@ -517,8 +526,9 @@ static int load(struct md_engine *e)
 {
 	char err[400] = "";
 	const struct md_engine_config *c = &e->cfg;
-	if (c->progress)
-		md_log(MD_LOG_INFO, "loading model '%s'", c->model_path);
+	char st[4200];
+	snprintf(st, sizeof(st), "loading model '%s'", c->model_path);
+	load_status(c, st);
 	int rc = md_model_load(&e->model, c->model_path, err, sizeof(err));
 	if (rc) {
 		snprintf(e->err, sizeof(e->err), "cannot load model '%s': %s", c->model_path, err);
@@ -530,7 +540,7 @@ static int load(struct md_engine *e)
 		md_log(MD_LOG_INFO, "%s, %u layers, n_embd %u, %u experts (%u active), vocab %u, "
 		       "%.1f MiB", hp->arch_name, hp->n_layer, hp->n_embd, hp->n_expert,
 		       hp->n_expert_used, hp->n_vocab, e->model.gguf.size / 1048576.0);
-	populate_weights(&e->model, c->progress);
+	populate_weights(&e->model, c);
 
 	rc = md_text_load(&e->text, &e->model.gguf, c->chat_template, e->err, sizeof(e->err));
 	if (rc)

@@ -126,6 +126,8 @@ static void h_metrics(struct md_api *a, const struct md_oai_reply *o)
 	struct md_metrics_server srv = {
 		.connections = a->http ? md_http_n_connections(a->http) : 0,
 		.busy = a->http ? md_http_n_busy(a->http) : 0,
+		.conns_evicted = a->http ? md_http_n_evicted(a->http) : 0,
+		.conns_refused = a->http ? md_http_n_refused(a->http) : 0,
 		.ready = a->state == MD_ENGINE_READY && !a->draining,
 	};
 	struct md_metrics_src src = { .http = &a->http_counts, .gen = md_gen_metrics(a->gen),

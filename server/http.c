@@ -7,7 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/log.h"
 
@@ -29,8 +31,18 @@ struct md_http_server {
 	void *cb_arg;                /* borrowed */
 	llhttp_settings_t settings;
 	struct md_http_conn *conns;  /* owned: doubly linked list of open connections */
+	/* borrowed (members of conns): connections in C_IDLE, longest idle first */
+	struct md_http_conn *idle_head, *idle_tail;
 	size_t n_conns, n_busy;
+	struct refusal *refusals;    /* owned: over-cap connections being answered 503 */
+	size_t n_refusing;
+	uint64_t n_evicted, n_refused;
+	double last_refuse_log;
 	uint64_t next_req_id;
+	/* One read buffer for every connection: libuv calls alloc and read back to back on this
+	 * thread, and on_read copies what arrived into the connection's pending buffer, so no
+	 * connection needs its own (64 KiB per idle connection would cap thousands of them). */
+	char rbuf[65536];
 };
 
 struct md_http_conn {
@@ -40,6 +52,10 @@ struct md_http_conn {
 	int open_handles;            /* freed when both handles have closed */
 	struct md_http_server *srv;  /* borrowed */
 	struct md_http_conn *prev, *next;
+	struct md_http_conn *idle_prev, *idle_next; /* borrowed: the server's idle list */
+	bool in_idle;                /* on the idle list */
+	bool peer_eof;               /* the client shut down its side (no more requests) */
+	uint64_t n_requests;         /* requests dispatched on this connection */
 	llhttp_t parser;
 	enum conn_state state;
 	bool keep_alive;             /* of the request in progress */
@@ -64,7 +80,6 @@ struct md_http_conn {
 	size_t body_len, body_cap;
 	char *pending;               /* owned: received bytes not yet parsed */
 	size_t pending_len, pending_cap;
-	char rbuf[65536];
 
 	struct md_http_req req;
 	char method[16];
@@ -83,6 +98,35 @@ struct wreq {
 
 static void conn_close(struct md_http_conn *c);
 static void conn_pump(struct md_http_conn *c);
+
+/* Every state change goes through here: it keeps the idle list (C_IDLE connections, longest
+ * idle first) in step, so the connection to give up at the cap is found in O(1). */
+static void set_state(struct md_http_conn *c, enum conn_state st)
+{
+	struct md_http_server *s = c->srv;
+	if (c->in_idle && st != C_IDLE) {
+		if (c->idle_prev)
+			c->idle_prev->idle_next = c->idle_next;
+		else
+			s->idle_head = c->idle_next;
+		if (c->idle_next)
+			c->idle_next->idle_prev = c->idle_prev;
+		else
+			s->idle_tail = c->idle_prev;
+		c->idle_prev = c->idle_next = NULL;
+		c->in_idle = false;
+	} else if (!c->in_idle && st == C_IDLE) {
+		c->idle_prev = s->idle_tail;
+		c->idle_next = NULL;
+		if (s->idle_tail)
+			s->idle_tail->idle_next = c;
+		else
+			s->idle_head = c;
+		s->idle_tail = c;
+		c->in_idle = true;
+	}
+	c->state = st;
+}
 
 double md_http_now(void)
 {
@@ -312,11 +356,11 @@ static void conn_close(struct md_http_conn *c)
 		c->hdata = NULL;
 		c->abort_cb = NULL;
 		c->tick_cb = NULL;
-		c->state = C_CLOSING;
+		set_state(c, C_CLOSING);
 		if (ab)
 			ab(hd);
 	}
-	c->state = C_CLOSING;
+	set_state(c, C_CLOSING);
 	if (c->prev)
 		c->prev->next = c->next;
 	else
@@ -375,7 +419,34 @@ static void on_shutdown(uv_shutdown_t *req, int status)
 	conn_close(c);
 }
 
-/* After the last byte of a response: close, or go back to idle and parse what is buffered. */
+/* Send our FIN once the queued writes are out, then close (within 5 s at most). */
+static void conn_shutdown(struct md_http_conn *c)
+{
+	set_state(c, C_SHUTDOWN);
+	c->shutdown_req.data = c;
+	timer_arm(c, 5.0, false);
+	if (uv_shutdown(&c->shutdown_req, (uv_stream_t *)&c->tcp, on_shutdown))
+		conn_close(c);
+}
+
+/* Buffers sized by one large request are not kept by a connection that then sits idle. */
+static void trim_buffers(struct md_http_conn *c)
+{
+	if (c->body_cap > 65536) {
+		free(c->body);
+		c->body = NULL;
+		c->body_cap = 0;
+	}
+	if (c->pending_len == 0 && c->pending_cap > 65536) {
+		free(c->pending);
+		c->pending = NULL;
+		c->pending_cap = 0;
+	}
+}
+
+/* After the last byte of a response: close, or go back to idle and parse what is buffered.
+ * A client that shut down its side after sending (peer_eof) gets the answers to what it sent,
+ * then our FIN. */
 static void finish_request(struct md_http_conn *c)
 {
 	if (c->state == C_CLOSING)
@@ -385,15 +456,13 @@ static void finish_request(struct md_http_conn *c)
 	c->hdata = NULL;
 	c->abort_cb = NULL;
 	c->tick_cb = NULL;
-	if (c->close_after || !c->keep_alive || c->srv->draining) {
-		c->state = C_SHUTDOWN;
-		c->shutdown_req.data = c;
-		timer_arm(c, 5.0, false);
-		if (uv_shutdown(&c->shutdown_req, (uv_stream_t *)&c->tcp, on_shutdown))
-			conn_close(c);
+	if (c->close_after || !c->keep_alive || c->srv->draining ||
+	    (c->peer_eof && c->pending_len == 0)) {
+		conn_shutdown(c);
 		return;
 	}
-	c->state = C_IDLE;
+	trim_buffers(c);
+	set_state(c, C_IDLE);
 	llhttp_resume(&c->parser);
 	timer_arm(c, c->srv->lim.idle_timeout, false);
 	if (!c->in_pump)
@@ -523,7 +592,7 @@ static void reject(struct md_http_conn *c, int status, const char *msg)
 	c->close_after = true;
 	c->keep_alive = false;
 	if (c->state != C_BUSY) {
-		c->state = C_BUSY;
+		set_state(c, C_BUSY);
 		c->srv->n_busy++;
 	}
 	md_log_access("-", c->url ? c->url : "-", status, (unsigned long)c->req.id, 0, 0, 0,
@@ -559,7 +628,8 @@ static void dispatch(struct md_http_conn *c)
 	c->req.body = c->body;
 	c->req.body_len = c->body_len;
 	c->status = 0;
-	c->state = C_BUSY;
+	c->n_requests++;
+	set_state(c, C_BUSY);
 	s->n_busy++;
 	uv_timer_stop(&c->timer);
 	s->cb(s->cb_arg, c, &c->req);
@@ -571,7 +641,7 @@ static void conn_pump(struct md_http_conn *c)
 	c->in_pump = true;
 	while ((c->state == C_IDLE || c->state == C_READING) && c->pending_len > 0) {
 		if (c->state == C_IDLE) {
-			c->state = C_READING;
+			set_state(c, C_READING);
 			c->req.id = ++c->srv->next_req_id;
 			c->req.t_start = md_http_now();
 			c->err_status = 0;
@@ -609,12 +679,16 @@ static void conn_pump(struct md_http_conn *c)
 		break;
 	}
 	c->in_pump = false;
+	if (c->peer_eof && c->state == C_IDLE)
+		conn_shutdown(c); /* everything it sent has been answered */
+	else if (c->peer_eof && c->state == C_READING)
+		conn_close(c);    /* a request cut short: nothing will complete it */
 }
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
 	struct md_http_conn *c = h->data;
-	*buf = uv_buf_init(c->rbuf, sizeof(c->rbuf));
+	*buf = uv_buf_init(c->srv->rbuf, sizeof(c->srv->rbuf));
 }
 
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
@@ -622,10 +696,16 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 	struct md_http_conn *c = st->data;
 	if (nread == 0)
 		return;
+	if (nread == UV_EOF && c->state == C_BUSY) {
+		/* The client shut down its side with a request in flight: either a half-close
+		 * (it still reads: answer it) or a client that went away, which the next write
+		 * finds out (the peer answers it with a reset, the write after fails, and the
+		 * abort callback runs). TCP cannot tell the two apart here. */
+		c->peer_eof = true;
+		uv_read_stop(st);
+		return;
+	}
 	if (nread < 0) {
-		if (c->state == C_READING && nread == UV_EOF && c->pending_len == 0) {
-			/* a request cut short: nothing to answer */
-		}
 		conn_close(c);
 		return;
 	}
@@ -668,10 +748,141 @@ static void on_timer(uv_timer_t *t)
 	}
 }
 
-static void on_reject_closed(uv_handle_t *h)
+/*
+ * A connection over the cap, when no idle one can make room, is answered rather than reset:
+ * "503 Service Unavailable" with Retry-After, written at once without reading the request,
+ * then our FIN. What the client sends meanwhile is read and dropped until it closes (or for
+ * REFUSE_LINGER_MS at most): closing with unread bytes would send a reset that can destroy
+ * the 503 before the client reads it. At most MAX_REFUSING such connections linger; beyond
+ * that a client is closed without a word, as before.
+ */
+#define REFUSE_LINGER_MS 1000
+#define MAX_REFUSING 256
+
+struct refusal {
+	uv_tcp_t tcp;
+	uv_timer_t timer;
+	uv_write_t w;
+	uv_shutdown_t sd;
+	int open_handles;            /* freed when both handles have closed */
+	struct md_http_server *srv;  /* borrowed */
+	struct refusal *prev, *next; /* the server's list */
+	char data[512];              /* the response */
+};
+
+static void on_refusal_closed(uv_handle_t *h)
+{
+	struct refusal *r = h->data;
+	if (--r->open_handles == 0)
+		free(r);
+}
+
+static void refusal_close(struct refusal *r)
+{
+	if (uv_is_closing((uv_handle_t *)&r->tcp))
+		return;
+	struct md_http_server *s = r->srv;
+	if (r->prev)
+		r->prev->next = r->next;
+	else
+		s->refusals = r->next;
+	if (r->next)
+		r->next->prev = r->prev;
+	s->n_refusing--;
+	uv_close((uv_handle_t *)&r->timer, on_refusal_closed);
+	uv_close((uv_handle_t *)&r->tcp, on_refusal_closed);
+}
+
+static void on_refusal_timer(uv_timer_t *t)
+{
+	refusal_close(t->data);
+}
+
+static void on_refusal_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+	struct refusal *r = h->data;
+	*buf = uv_buf_init(r->srv->rbuf, sizeof(r->srv->rbuf));
+}
+
+static void on_refusal_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+{
+	if (nread < 0)
+		refusal_close(st->data);
+}
+
+static void on_refusal_shutdown(uv_shutdown_t *req, int status)
+{
+}
+
+static void on_refusal_written(uv_write_t *w, int status)
+{
+	struct refusal *r = w->data;
+	if (status < 0) {
+		if (status != UV_ECANCELED)
+			refusal_close(r);
+		return;
+	}
+	r->sd.data = r;
+	if (uv_shutdown(&r->sd, (uv_stream_t *)&r->tcp, on_refusal_shutdown))
+		refusal_close(r);
+}
+
+static void on_plain_closed(uv_handle_t *h)
 {
 	free(h);
 }
+
+/* Accept a connection only to answer it 503 (or, past MAX_REFUSING, to close it). */
+static void refuse(struct md_http_server *s, uv_stream_t *ls, const char *why)
+{
+	s->n_refused++;
+	double now = md_http_now();
+	if (now - s->last_refuse_log >= 1.0) {
+		md_log(MD_LOG_WARN, "%s: refusing client(s) with 503 (%llu so far)", why,
+		       (unsigned long long)s->n_refused);
+		s->last_refuse_log = now;
+	}
+	struct refusal *r = s->n_refusing < MAX_REFUSING ? calloc(1, sizeof(*r)) : NULL;
+	if (!r) {
+		uv_tcp_t *t = malloc(sizeof(*t));
+		if (!t)
+			return;
+		uv_tcp_init(s->loop, t);
+		uv_accept(ls, (uv_stream_t *)t);
+		uv_close((uv_handle_t *)t, on_plain_closed);
+		return;
+	}
+	r->srv = s;
+	uv_tcp_init(s->loop, &r->tcp);
+	uv_timer_init(s->loop, &r->timer);
+	r->tcp.data = r->timer.data = r->w.data = r;
+	r->open_handles = 2;
+	r->next = s->refusals;
+	if (s->refusals)
+		s->refusals->prev = r;
+	s->refusals = r;
+	s->n_refusing++;
+	if (uv_accept(ls, (uv_stream_t *)&r->tcp)) {
+		refusal_close(r);
+		return;
+	}
+	static const char body[] = "{\"error\":{\"message\":\"server at its connection limit, "
+				   "retry later\",\"type\":\"server_error\",\"param\":null,"
+				   "\"code\":503}}";
+	int n = snprintf(r->data, sizeof(r->data),
+			 "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+			 "Content-Length: %zu\r\nRetry-After: %u\r\nConnection: close\r\n\r\n%s",
+			 sizeof(body) - 1, s->lim.retry_after, body);
+	uv_buf_t b = uv_buf_init(r->data, (unsigned)n);
+	if (uv_write(&r->w, (uv_stream_t *)&r->tcp, &b, 1, on_refusal_written) ||
+	    uv_read_start((uv_stream_t *)&r->tcp, on_refusal_alloc, on_refusal_read)) {
+		refusal_close(r);
+		return;
+	}
+	uv_timer_start(&r->timer, on_refusal_timer, REFUSE_LINGER_MS, 0);
+}
+
+static void conn_start(struct md_http_conn *c);
 
 static void on_connection(uv_stream_t *ls, int status)
 {
@@ -680,20 +891,27 @@ static void on_connection(uv_stream_t *ls, int status)
 		md_log(MD_LOG_WARN, "accept failed: %s", uv_strerror(status));
 		return;
 	}
-	if (s->n_conns >= s->lim.max_connections || s->draining) {
-		uv_tcp_t *t = malloc(sizeof(*t));
-		if (!t)
-			return;
-		uv_tcp_init(s->loop, t);
-		if (uv_accept(ls, (uv_stream_t *)t) == 0)
-			md_log(MD_LOG_WARN, "connection limit (%zu) reached, refusing a client",
-			       s->lim.max_connections);
-		uv_close((uv_handle_t *)t, on_reject_closed);
+	if (s->draining) {
+		refuse(s, ls, "draining");
 		return;
 	}
+	if (s->n_conns >= s->lim.max_connections) {
+		/* Make room by closing the connection idle the longest (a keep-alive client
+		 * reconnects; one that never sent a request loses nothing). */
+		if (!s->idle_head) {
+			refuse(s, ls, "connection limit reached, none idle");
+			return;
+		}
+		s->n_evicted++;
+		md_log(MD_LOG_DEBUG, "connection limit (%zu) reached: closing the longest idle one",
+		       s->lim.max_connections);
+		conn_close(s->idle_head);
+	}
 	struct md_http_conn *c = calloc(1, sizeof(*c));
-	if (!c)
+	if (!c) {
+		refuse(s, ls, "out of memory");
 		return;
+	}
 	c->srv = s;
 	uv_tcp_init(s->loop, &c->tcp);
 	uv_timer_init(s->loop, &c->timer);
@@ -701,22 +919,56 @@ static void on_connection(uv_stream_t *ls, int status)
 	c->tcp.data = c;
 	c->timer.data = c;
 	if (uv_accept(ls, (uv_stream_t *)&c->tcp)) {
-		c->state = C_CLOSING;
+		set_state(c, C_CLOSING);
 		uv_close((uv_handle_t *)&c->timer, on_conn_closed);
 		uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
 		return;
 	}
+	conn_start(c);
+}
+
+/* A connected, accepted socket becomes an idle connection, reading. */
+static void conn_start(struct md_http_conn *c)
+{
+	struct md_http_server *s = c->srv;
 	uv_tcp_nodelay(&c->tcp, 1);
 	llhttp_init(&c->parser, HTTP_REQUEST, &s->settings);
 	c->parser.data = c;
-	c->state = C_IDLE;
+	set_state(c, C_IDLE);
 	c->next = s->conns;
 	if (s->conns)
 		s->conns->prev = c;
 	s->conns = c;
 	s->n_conns++;
-	timer_arm(c, s->lim.idle_timeout, false);
+	/* A new connection has header-timeout seconds to send its first request head, not the
+	 * (longer) keep-alive idle timeout: connections that never send cannot pile up. */
+	timer_arm(c, s->lim.header_timeout, false);
 	uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+}
+
+int md_http__adopt(struct md_http_server *s, int fd)
+{
+	struct md_http_conn *c = calloc(1, sizeof(*c));
+	if (!c) {
+		close(fd);
+		return -ENOMEM;
+	}
+	c->srv = s;
+	uv_tcp_init(s->loop, &c->tcp);
+	uv_timer_init(s->loop, &c->timer);
+	c->open_handles = 2;
+	c->tcp.data = c;
+	c->timer.data = c;
+	int rc = uv_tcp_open(&c->tcp, (uv_os_sock_t)fd);
+	if (rc) {
+		close(fd); /* not the handle's */
+		set_state(c, C_CLOSING);
+		uv_close((uv_handle_t *)&c->timer, on_conn_closed);
+		uv_close((uv_handle_t *)&c->tcp, on_conn_closed);
+		return rc;
+	}
+	conn_start(c);
+	return 0;
 }
 
 int md_http_server_new(struct md_http_server **out, uv_loop_t *loop,
@@ -757,7 +1009,9 @@ int md_http_listen(struct md_http_server *s, const char *host, int port, int *po
 		return rc;
 	if ((rc = uv_tcp_bind(&s->listener, (struct sockaddr *)&ss, 0)))
 		return rc;
-	if ((rc = uv_listen((uv_stream_t *)&s->listener, 511, on_connection)))
+	/* The kernel caps the backlog at net.core.somaxconn; ask for enough for a burst of
+	 * thousands of clients. */
+	if ((rc = uv_listen((uv_stream_t *)&s->listener, 4096, on_connection)))
 		return rc;
 	s->listening = true;
 	struct sockaddr_storage got;
@@ -767,6 +1021,27 @@ int md_http_listen(struct md_http_server *s, const char *host, int port, int *po
 		if (got.ss_family == AF_INET)
 			*port_out = ntohs(((struct sockaddr_in *)&got)->sin_port);
 		else
+			*port_out = ntohs(((struct sockaddr_in6 *)&got)->sin6_port);
+	}
+	return 0;
+}
+
+int md_http_listen_fd(struct md_http_server *s, int fd, int *port_out)
+{
+	int rc;
+	if ((rc = uv_tcp_open(&s->listener, (uv_os_sock_t)fd)))
+		return rc;
+	/* listen() again on a listening socket only sets the backlog */
+	if ((rc = uv_listen((uv_stream_t *)&s->listener, 4096, on_connection)))
+		return rc;
+	s->listening = true;
+	struct sockaddr_storage got;
+	int len = sizeof(got);
+	*port_out = 0;
+	if (uv_tcp_getsockname(&s->listener, (struct sockaddr *)&got, &len) == 0) {
+		if (got.ss_family == AF_INET)
+			*port_out = ntohs(((struct sockaddr_in *)&got)->sin_port);
+		else if (got.ss_family == AF_INET6)
 			*port_out = ntohs(((struct sockaddr_in6 *)&got)->sin6_port);
 	}
 	return 0;
@@ -800,6 +1075,8 @@ void md_http_server_close(struct md_http_server *s)
 	}
 	while (s->conns)
 		conn_close(s->conns);
+	while (s->refusals)
+		refusal_close(s->refusals);
 }
 
 void md_http_server_free(struct md_http_server *s)
@@ -815,6 +1092,29 @@ size_t md_http_n_connections(const struct md_http_server *s)
 size_t md_http_n_busy(const struct md_http_server *s)
 {
 	return s->n_busy;
+}
+
+size_t md_http_raise_fd_limit(void)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl))
+		return 0;
+	if (rl.rlim_cur < rl.rlim_max) {
+		struct rlimit want = { .rlim_cur = rl.rlim_max, .rlim_max = rl.rlim_max };
+		if (setrlimit(RLIMIT_NOFILE, &want) == 0)
+			rl.rlim_cur = rl.rlim_max;
+	}
+	return rl.rlim_cur == RLIM_INFINITY ? SIZE_MAX : (size_t)rl.rlim_cur;
+}
+
+uint64_t md_http_n_evicted(const struct md_http_server *s)
+{
+	return s->n_evicted;
+}
+
+uint64_t md_http_n_refused(const struct md_http_server *s)
+{
+	return s->n_refused;
 }
 
 size_t md_http_n_unflushed(const struct md_http_server *s)

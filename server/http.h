@@ -13,7 +13,18 @@
  *
  * One timer per connection serves three purposes by state: the idle timeout between
  * requests, the read timeout while a request head or body is arriving (slow clients get 408),
- * and the handler's tick (stream heartbeats) while a request is in flight.
+ * and the handler's tick (stream heartbeats) while a request is in flight. A new connection
+ * gets the header timeout, not the idle one, to send its first request.
+ *
+ * A client that shuts down its sending side after a whole request (half-close) still gets
+ * its response: end-of-file with a request in flight does not abort it. A client that went
+ * away entirely looks the same at that moment; the next write to it fails and aborts the
+ * request then (within a token or a heartbeat for a stream).
+ *
+ * Connections are capped (max_connections) and cheap while idle (no per-connection read
+ * buffer). At the cap a new connection displaces the one idle the longest (an idle list kept
+ * in order by every state change); when none is idle it is answered 503 with Retry-After and
+ * closed, so that clients and proxies see a status rather than a reset.
  */
 
 #include <stdbool.h>
@@ -44,6 +55,7 @@ struct md_http_limits {
 	double header_timeout;  /* seconds */
 	double idle_timeout;
 	size_t max_backlog;     /* unsent bytes before a stream is aborted */
+	unsigned retry_after;   /* seconds, in the 503 a connection over the cap gets */
 };
 
 /* Handles one request. The handler answers later or at once with md_http_respond or a
@@ -58,6 +70,9 @@ int md_http_server_new(struct md_http_server **out, uv_loop_t *loop,
 		       const struct md_http_limits *lim, md_http_request_cb cb, void *arg);
 /* Bind and listen. Returns 0 or a negative libuv code; *port_out gets the bound port. */
 int md_http_listen(struct md_http_server *s, const char *host, int port, int *port_out);
+/* Serve on a listening socket handed over by the service manager (socket activation). The
+ * server owns fd from then on. Returns 0 or a negative libuv code; *port_out as above. */
+int md_http_listen_fd(struct md_http_server *s, int fd, int *port_out);
 /* Stop accepting; idle connections are closed, busy ones close after their response. */
 void md_http_stop_accepting(struct md_http_server *s);
 /* Close every connection now (aborting in-flight requests) and the listener. Run the loop
@@ -66,6 +81,12 @@ void md_http_server_close(struct md_http_server *s);
 void md_http_server_free(struct md_http_server *s);
 size_t md_http_n_connections(const struct md_http_server *s);
 size_t md_http_n_busy(const struct md_http_server *s);
+/* Connections closed to make room at the cap, and connections refused (503) for want of one. */
+uint64_t md_http_n_evicted(const struct md_http_server *s);
+uint64_t md_http_n_refused(const struct md_http_server *s);
+/* Raise the soft RLIMIT_NOFILE to the hard limit (start-up; each connection is a descriptor).
+ * Returns the soft limit now in force. */
+size_t md_http_raise_fd_limit(void);
 /* Connections with a request in flight or a response still being written and shut down
  * (each of the latter closes within 5 s). */
 size_t md_http_n_unflushed(const struct md_http_server *s);
@@ -89,5 +110,10 @@ void md_http_stream_end(struct md_http_conn *c);
 int md_http_status(const struct md_http_conn *c);
 double md_http_now(void); /* monotonic seconds */
 const char *md_http_reason(int status);
+
+/* For tests and fuzzing: serve an already connected stream socket (e.g. one end of a
+ * socketpair) as if it had been accepted; the server owns fd from then on. Bypasses the
+ * connection cap. Returns 0 or a negative libuv code (fd is closed either way). */
+int md_http__adopt(struct md_http_server *s, int fd);
 
 #endif

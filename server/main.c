@@ -93,7 +93,10 @@ static void start_drain(struct app *a, const char *why)
 	a->drain_start = md_http_now();
 	md_log(MD_LOG_INFO, "%s: draining %zu request(s), grace %.0fs", why,
 	       md_api_n_active(a->api), a->cfg.drain_timeout);
-	md_notify("STOPPING=1");
+	char st[96];
+	snprintf(st, sizeof(st), "STOPPING=1\nSTATUS=draining %zu request(s)",
+		 md_api_n_active(a->api));
+	md_notify(st);
 	md_api_set_draining(a->api);
 	md_http_stop_accepting(a->http);
 	uv_timer_start(&a->drain_timer, on_drain_tick, 0, 100);
@@ -138,9 +141,66 @@ static void on_state(void *arg, enum md_engine_state st)
 		md_notify("READY=1\nSTATUS=serving");
 	} else if (st == MD_ENGINE_FAILED) {
 		md_log(MD_LOG_ERROR, "%s", md_engine_error(a->eng));
+		char msg[600];
+		snprintf(msg, sizeof(msg), "STATUS=failed: %.500s", md_engine_error(a->eng));
+		md_notify(msg);
 		a->exit_code = 1;
 		close_all(a);
 	}
+}
+
+/* Load progress for the service manager (systemctl status shows it). Runs on the engine
+ * thread: md_notify is one datagram on a socket of its own, safe from any thread. */
+static void on_load_status(void *arg, const char *status)
+{
+	char msg[4300];
+	snprintf(msg, sizeof(msg), "STATUS=%s", status);
+	md_notify(msg);
+}
+
+/* Listen where the service manager says (socket activation), else bind host:port. Returns 0
+ * or 1 (the exit code) after saying why. */
+static int start_listening(struct app *a)
+{
+	int n_fds = 0, port = 0, rc;
+	int fd = md_notify_listen_fd(&n_fds);
+	if (fd < 0) {
+		md_log(MD_LOG_ERROR, "socket activation: descriptor 3 is not a listening stream "
+		       "socket (ListenStream= in the .socket unit)");
+		return 1;
+	}
+	if (fd > 0) {
+		if (n_fds > 1)
+			md_log(MD_LOG_WARN, "socket activation: %d sockets passed; serving the first",
+			       n_fds);
+		if ((rc = md_http_listen_fd(a->http, fd, &port))) {
+			md_log(MD_LOG_ERROR, "socket activation: cannot listen on descriptor %d: %s",
+			       fd, uv_strerror(rc));
+			return 1;
+		}
+		md_log(MD_LOG_INFO, "listening on the socket passed by the service manager (port "
+		       "%d; host and port settings unused) (model loading)", port);
+		return 0;
+	}
+	rc = md_http_listen(a->http, a->cfg.host, (int)a->cfg.port, &port);
+	if (rc) {
+		md_log(MD_LOG_ERROR, "cannot listen on %s:%lld: %s", a->cfg.host,
+		       (long long)a->cfg.port, uv_strerror(rc));
+		return 1;
+	}
+	md_log(MD_LOG_INFO, "listening on http://%s:%d (model loading)", a->cfg.host, port);
+	return 0;
+}
+
+/* Every connection is a descriptor: raise the soft limit to the hard one, and say so when
+ * even that is short of max-connections (clients past it then wait in the listen backlog). */
+static void check_fd_limit(const struct md_config *cfg)
+{
+	size_t have = md_http_raise_fd_limit();
+	size_t want = (size_t)cfg->max_connections + 64; /* model, engine, listener, logs */
+	if (have && have < want)
+		md_log(MD_LOG_WARN, "open-file limit %zu is below max-connections %lld + 64: raise "
+		       "LimitNOFILE (systemd) or ulimit -n", have, (long long)cfg->max_connections);
 }
 
 /* The model to serve when none is configured: $MOED_DEFAULT_MODEL, the one the build made,
@@ -210,6 +270,7 @@ int main(int argc, char **argv)
 		.max_queue = (uint32_t)a->cfg.max_queue,
 		.progress = true,
 		.no_prefix_cache = !a->cfg.prefix_cache,
+		.status_cb = on_load_status,
 	};
 	struct md_http_limits lim = {
 		.max_connections = (size_t)a->cfg.max_connections,
@@ -218,7 +279,9 @@ int main(int argc, char **argv)
 		.header_timeout = a->cfg.header_timeout,
 		.idle_timeout = a->cfg.idle_timeout,
 		.max_backlog = (size_t)a->cfg.sse_backlog_bytes,
+		.retry_after = (unsigned)a->cfg.retry_after,
 	};
+	check_fd_limit(&a->cfg);
 	if ((rc = md_engine_new(&a->eng, &ec, engine_wake, &a->wake)) ||
 	    (rc = md_api_new(&a->api, a->eng, &a->cfg)) ||
 	    (rc = md_http_server_new(&a->http, a->loop, &lim, md_api_on_request, a->api))) {
@@ -227,14 +290,8 @@ int main(int argc, char **argv)
 	}
 	md_api_set_http(a->api, a->http);
 	md_api_set_state_cb(a->api, on_state, a);
-	int port = 0;
-	rc = md_http_listen(a->http, a->cfg.host, (int)a->cfg.port, &port);
-	if (rc) {
-		md_log(MD_LOG_ERROR, "cannot listen on %s:%lld: %s", a->cfg.host,
-		       (long long)a->cfg.port, uv_strerror(rc));
+	if (start_listening(a))
 		return 1;
-	}
-	md_log(MD_LOG_INFO, "listening on http://%s:%d (model loading)", a->cfg.host, port);
 
 	uv_signal_init(a->loop, &a->sigterm);
 	uv_signal_init(a->loop, &a->sigint);

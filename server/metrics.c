@@ -196,6 +196,12 @@ static const struct row registry[] = {
 	      V_SIZE),
 	GAUGE("moed:http_requests_in_flight", "Requests being handled.", SRC_SERVER, SRV, busy,
 	      V_SIZE),
+	COUNTER("moed:http_connections_evicted_total",
+		"Idle connections closed to make room at the connection cap.", SRC_SERVER, SRV,
+		conns_evicted, V_U64),
+	COUNTER("moed:http_connections_refused_total",
+		"Connections answered 503 at the connection cap (none idle) or while draining.",
+		SRC_SERVER, SRV, conns_refused, V_U64),
 	GAUGE("moed:ready", "1 when the model is loaded and the server accepts work.", SRC_SERVER,
 	      SRV, ready, V_INT),
 };

@@ -61,6 +61,7 @@ void md_metrics_http_count(struct md_metrics_http *m, int status);
 /* HTTP server and API state sampled at scrape time. */
 struct md_metrics_server {
 	size_t connections, busy;
+	uint64_t conns_evicted, conns_refused; /* at the connection cap */
 	int ready;  /* 1 when the model is loaded and the server accepts work */
 };
 

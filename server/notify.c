@@ -1,7 +1,10 @@
-/* Service manager notifications (sd_notify): READY, STOPPING, STATUS and watchdog pings. */
+/* Service manager protocol: notifications (sd_notify) and socket activation (sd_listen_fds). */
 #include "server/notify.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
+#include <sys/socket.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +23,17 @@ uint64_t md_notify_watchdog_usec(void)
 {
 	uint64_t usec = 0;
 	return sd_watchdog_enabled(0, &usec) > 0 ? usec : 0;
+}
+
+int md_notify_listen_fd(int *n_fds)
+{
+	int n = sd_listen_fds(1);
+	*n_fds = n > 0 ? n : 0;
+	if (n <= 0)
+		return 0;
+	if (sd_is_socket(SD_LISTEN_FDS_START, AF_UNSPEC, SOCK_STREAM, 1) <= 0)
+		return -ENOTSOCK;
+	return SD_LISTEN_FDS_START;
 }
 #else
 #include <sys/socket.h>
@@ -57,5 +71,28 @@ uint64_t md_notify_watchdog_usec(void)
 	if (pid && (pid_t)strtol(pid, NULL, 10) != getpid())
 		return 0;
 	return strtoull(s, NULL, 10);
+}
+
+/* The protocol: descriptors 3 .. 3+$LISTEN_FDS-1, meant for the process $LISTEN_PID. */
+int md_notify_listen_fd(int *n_fds)
+{
+	const char *pid = getenv("LISTEN_PID"), *fds = getenv("LISTEN_FDS");
+	*n_fds = 0;
+	bool ours = pid && fds && (pid_t)strtol(pid, NULL, 10) == getpid();
+	int n = ours ? (int)strtol(fds, NULL, 10) : 0;
+	unsetenv("LISTEN_PID");
+	unsetenv("LISTEN_FDS");
+	unsetenv("LISTEN_FDNAMES");
+	if (n <= 0)
+		return 0;
+	*n_fds = n;
+	for (int fd = 3; fd < 3 + n; fd++)
+		fcntl(fd, F_SETFD, FD_CLOEXEC);
+	int type = 0, listening = 0;
+	socklen_t l = sizeof(type), l2 = sizeof(listening);
+	if (getsockopt(3, SOL_SOCKET, SO_TYPE, &type, &l) || type != SOCK_STREAM ||
+	    getsockopt(3, SOL_SOCKET, SO_ACCEPTCONN, &listening, &l2) || !listening)
+		return -ENOTSOCK;
+	return 3;
 }
 #endif

@@ -1,4 +1,5 @@
-/* Service manager notifications (sd_notify): READY, STOPPING, STATUS and watchdog pings. */
+/* Service manager protocol: notifications (sd_notify: READY, STOPPING, STATUS, watchdog pings)
+ * and socket activation (sd_listen_fds). */
 #ifndef MD_NOTIFY_H
 #define MD_NOTIFY_H
 
@@ -9,5 +10,11 @@
 int md_notify(const char *state);
 /* Watchdog interval in microseconds requested by the service manager, 0 if none. */
 uint64_t md_notify_watchdog_usec(void);
+/* Socket activation: the first socket passed by the service manager ($LISTEN_FDS, for this
+ * process by $LISTEN_PID), which must be a listening stream socket. Returns the descriptor
+ * (>= 3), 0 when none was passed (bind your own), or -ENOTSOCK when what was passed is not a
+ * listening stream socket. *n_fds gets how many were passed. The variables are unset, so
+ * children do not inherit them. */
+int md_notify_listen_fd(int *n_fds);
 
 #endif

@@ -1,0 +1,285 @@
+"""conf/nginx-moed.conf in front of two moed replicas, on loopback: non-streaming and SSE
+through the proxy (events as they are made, first byte within a few ms of direct), moed's
+limits at the edge, and one replica killed mid-test costing only the requests it was serving.
+
+usage: test_nginx.py MOED MODEL SOURCE_ROOT
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import Server, call, check, curl, finish, free_port  # noqa: E402
+
+moed, model, root = sys.argv[1], sys.argv[2], sys.argv[3]
+NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
+if not NGINX:
+    print("SKIP: nginx is not installed (Debian package nginx; scripts/deps.sh installs it)")
+    sys.exit(77)
+
+
+class Base:
+    def __init__(self, port):
+        self.port = port
+        self.base = "http://127.0.0.1:%d" % port
+
+
+def start_nginx(prefix, port, upstreams, site_text=None):
+    """nginx in the foreground with every path under prefix; the site is conf/nginx-moed.conf
+    with its listen address and upstream servers pointed at this test's ports."""
+    site = site_text or open(os.path.join(root, "conf", "nginx-moed.conf")).read()
+    site = re.sub(r"^\tlisten 80;$", "\tlisten 127.0.0.1:%d;" % port, site, flags=re.M)
+    servers = [l for l in site.splitlines() if re.match(r"^\tserver 127\.0\.0\.1:\d+ ", l)]
+    assert len(servers) == len(upstreams), servers
+    for line, up in zip(servers, upstreams):
+        site = site.replace(line, re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:%d" % up, line))
+    open(os.path.join(prefix, "site.conf"), "w").write(site)
+    for d in ("tmp", "logs"):
+        os.makedirs(os.path.join(prefix, d), exist_ok=True)
+    main = """daemon off;
+worker_processes 1;
+pid %(p)s/nginx.pid;
+error_log %(p)s/logs/error.log warn;
+events { worker_connections 1024; }
+http {
+	access_log %(p)s/logs/access.log;
+	client_body_temp_path %(p)s/tmp/body;
+	proxy_temp_path %(p)s/tmp/proxy;
+	fastcgi_temp_path %(p)s/tmp/fastcgi;
+	uwsgi_temp_path %(p)s/tmp/uwsgi;
+	scgi_temp_path %(p)s/tmp/scgi;
+	include %(p)s/site.conf;
+}
+""" % {"p": prefix}
+    open(os.path.join(prefix, "nginx.conf"), "w").write(main)
+    os.chmod(prefix, 0o755)
+    args = [NGINX, "-p", prefix, "-c", os.path.join(prefix, "nginx.conf"), "-e",
+            os.path.join(prefix, "logs", "error.log")]
+    r = subprocess.run(args + ["-t"], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError("nginx -t failed: " + r.stderr)
+    p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return p
+        except OSError:
+            time.sleep(0.05)
+    p.kill()
+    raise RuntimeError("nginx did not start: " + open(os.path.join(prefix, "logs", "error.log")).read())
+
+
+def stream(port, body, path="/v1/completions", timeout=60):
+    """POST a streaming request on a raw socket. Returns (t_first_byte, [(t, n_events)] per
+    read, raw bytes, status); times from just before the request is sent."""
+    data = json.dumps(body).encode()
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    req = (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           b"Content-Length: %d\r\nConnection: close\r\n\r\n" % (path.encode(), len(data)) + data)
+    t0 = time.perf_counter()
+    s.sendall(req)
+    reads, out, tfb = [], b"", None
+    while True:
+        try:
+            b = s.recv(65536)
+        except (ConnectionResetError, socket.timeout):
+            break
+        if not b:
+            break
+        t = time.perf_counter() - t0
+        if tfb is None:
+            tfb = t
+        n = b.count(b"data: ")
+        if n:
+            reads.append((t, n))
+        out += b
+    s.close()
+    m = re.match(rb"HTTP/1.1 (\d+)", out)
+    return tfb, reads, out, int(m.group(1)) if m else 0
+
+
+tmp = tempfile.mkdtemp(prefix="moed-nginx-")
+# Small steps and frequent heartbeats: a long prompt then makes a slow, steady source of SSE
+# comments (one per 50 ms while it is read), whose arrival times show whether anything on the
+# way holds data back.
+reps = [Server(moed, model, args=["--heartbeat-interval", "0.05", "--step-tokens", "16"])
+        for _ in range(2)]
+nport = free_port()
+ng = None
+try:
+    ng = start_nginx(tmp, nport, [r.port for r in reps])
+    px = Base(nport)
+
+    # ---- plain requests through the proxy ----
+    st, h, d = call(px, "POST", "/v1/chat/completions",
+                    {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8})
+    check(st == 200 and d["choices"][0]["message"]["content"] is not None,
+          "non-streaming chat through nginx", st, d)
+    st, h, d = call(px, "GET", "/v1/models")
+    check(st == 200 and d["data"], "models through nginx", st, d)
+    st, h, b = curl(px, "POST", "/v1/completions", raw=b'{"prompt": "' + b"x" * (5 << 20) + b'"}')
+    check(st == 413, "a body over moed's 4 MiB limit is refused at the edge", st, b[:200])
+    st, h, b = curl(px, "GET", "/health", headers=["X-Big: " + "a" * 20000])
+    check(st in (400, 431, 494), "a head over moed's limit is refused", st)
+
+    # ---- SSE: events arrive as they are made; first byte within a few ms of direct ----
+    req = {"prompt": "Once upon a time", "max_tokens": 300, "temperature": 0,
+           "ignore_eos": True, "stream": True}
+    ttfb_d, ttfb_p, spread_d, spread_p = [], [], [], []
+    for i in range(5):
+        for port, ttfb, spread in ((reps[0].port, ttfb_d, spread_d), (nport, ttfb_p, spread_p)):
+            tfb, reads, out, st = stream(port, req)
+            n_ev = sum(n for _, n in reads)
+            check(st == 200 and out.rstrip().endswith(b"0") and b"data: [DONE]" in out,
+                  "stream complete (%s)" % ("direct" if port != nport else "nginx"), out[-100:])
+            ttfb.append(reads[0][0] if reads else 60.0)  # time to the first event
+            # reads that brought events, against events: 1.0 = one event per read
+            spread.append(len(reads) / max(1, n_ev))
+            if port == nport:
+                last_t = reads[-1][0] if reads else 0
+                first_t = reads[0][0] if reads else 0
+                check(first_t < 0.5 * last_t or last_t < 0.05,
+                      "first event long before the last through nginx", first_t, last_t)
+    med = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
+    print("first event direct %.2f ms, through nginx %.2f ms (medians of 5); events per read: "
+          "direct %.2f, nginx %.2f" % (med(ttfb_d) * 1e3, med(ttfb_p) * 1e3,
+                                       1 / med(spread_d), 1 / med(spread_p)))
+    check(med(ttfb_p) - med(ttfb_d) < 0.010, "first event through nginx within 10 ms of direct",
+          med(ttfb_p), med(ttfb_d))
+    # Buffered, nginx would hand over the stream in 4-8 KiB pieces (dozens of events per
+    # read); unbuffered, it passes on what each read from moed brought.
+    check(med(spread_p) > 0.5 * med(spread_d), "nginx passes events on unbuffered",
+          med(spread_p), med(spread_d))
+
+    # headers that keep any proxy from buffering, and what nginx makes of them
+    tfb, reads, out, st = stream(reps[0].port, dict(req, max_tokens=2))
+    head = out.split(b"\r\n\r\n", 1)[0].decode().lower()
+    check("x-accel-buffering: no" in head and "cache-control: no-cache" in head,
+          "moed's SSE head asks proxies not to buffer", head)
+    tfb, reads, out, st = stream(nport, dict(req, max_tokens=2))
+    head = out.split(b"\r\n\r\n", 1)[0].decode().lower()
+    check("transfer-encoding: chunked" in head and "content-length" not in head and
+          "text/event-stream" in head, "nginx streams the SSE response chunked", head)
+    site = open(os.path.join(root, "conf", "nginx-moed.conf")).read()
+    for d in ("proxy_buffering off;", "proxy_http_version 1.1;", 'proxy_set_header Connection "";',
+              "proxy_read_timeout 600s;", "client_max_body_size 4m;", "least_conn;",
+              "keepalive 64;", "max_fails=2 fail_timeout=10s;",
+              "#hash $http_x_conversation_id consistent;"):
+        check(d in site, "nginx-moed.conf has %s" % d)
+
+    # a slow source: heartbeat comments while a long prompt is read, 50 ms apart
+    st, h, d = call(Base(reps[0].port), "POST", "/tokenize", {"content": "lorem ipsum " * 100})
+    per100 = max(1, len(d["tokens"]))
+    def comment_times(port):
+        # a prompt of its own each time: a repeated one would come from the prefix cache
+        slow = {"prompt": "%d " % port + "lorem ipsum " * (100 * 1000 // per100),
+                "max_tokens": 1, "stream": True}
+        data = json.dumps(slow).encode()
+        s = socket.create_connection(("127.0.0.1", port), timeout=60)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                  b"\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(data) + data)
+        t0, times = time.perf_counter(), []
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            times += [time.perf_counter() - t0] * b.count(b": keep-alive")
+        s.close()
+        return times
+    for port, name in ((reps[0].port, "direct"), (nport, "nginx")):
+        times = comment_times(port)
+        gaps = sorted(b - a for a, b in zip(times, times[1:]))
+        print("%s: %d heartbeat comments over %.2fs, median gap %.1f ms" %
+              (name, len(times), times[-1] if times else 0,
+               gaps[len(gaps) // 2] * 1e3 if gaps else -1))
+        check(len(times) >= 4, "%s: heartbeats during a long prefill" % name, len(times))
+        if len(gaps) >= 3:
+            check(0.02 < gaps[len(gaps) // 2] < 0.2,
+                  "%s: heartbeats arrive one by one, not held back" % name, gaps)
+
+    # ---- one replica killed mid-test: only its requests are lost ----
+    def metric(rep, name):
+        b = curl(rep, "GET", "/metrics")[2].decode()
+        m = re.search(r"^%s(\{[^}]*\})? (\S+)$" % re.escape(name), b, re.M)
+        return float(m.group(2)) if m else None
+
+    long_req = {"prompt": "long", "max_tokens": 1500, "temperature": 0, "ignore_eos": True}
+    results = [None] * 6
+
+    def run(i):
+        if i < 4:
+            results[i] = ("stream",) + stream(nport, dict(long_req, stream=True), timeout=120)[2:]
+        else:
+            st, h, b = curl(px, "POST", "/v1/completions", dict(long_req, max_tokens=1200),
+                            timeout=120)
+            results[i] = ("plain", b, st)
+    threads = []
+    for i in range(6):
+        t = threading.Thread(target=run, args=(i,))
+        t.start()
+        threads.append(t)
+        time.sleep(0.05)
+    for _ in range(100):
+        running = [metric(r, "moed:num_requests_running") or 0 for r in reps]
+        if sum(running) == 6:
+            break
+        time.sleep(0.05)
+    print("running per replica before the kill:", running)
+    check(sum(running) == 6 and min(running) >= 1, "least_conn spreads requests", running)
+    on_a = int(running[0])
+    reps[0].proc.send_signal(signal.SIGKILL)
+    reps[0].proc.wait()
+    # new requests while one replica is dead: all served by the other
+    new = [call(px, "POST", "/v1/completions", {"prompt": "after %d" % i, "max_tokens": 4})
+           for i in range(8)]
+    check(all(st == 200 for st, _, _ in new), "new requests after the kill all succeed",
+          [st for st, _, _ in new])
+    for t in threads:
+        t.join(180)
+    lost = ok = 0
+    for kind, out, st in results:
+        if kind == "stream":
+            if st == 200 and b"data: [DONE]" in out:
+                ok += 1
+            else:
+                lost += 1
+                # cut mid-stream: started, no [DONE]
+                check(st == 200 and b"data: " in out and b"[DONE]" not in out,
+                      "a cut stream started and ends without [DONE]", st, out[-200:])
+        else:
+            if st == 200:
+                ok += 1
+            else:
+                lost += 1
+                try:
+                    err = json.loads(out)["error"]
+                except ValueError:
+                    err = None
+                check(st == 502 and err and err["code"] == 502,
+                      "an interrupted request gets a clean JSON 502", st, out[:200])
+    print("in flight at the kill: %d on the killed replica; lost %d, completed %d" %
+          (on_a, lost, ok))
+    check(lost == on_a, "only the killed replica's requests are lost", lost, on_a)
+    check(ok == 6 - on_a, "the other replica's requests complete", ok, 6 - on_a)
+    check(metric(reps[1], "moed:num_requests_running") == 0, "survivor idle afterwards")
+finally:
+    if ng:
+        ng.terminate()
+        try:
+            ng.wait(10)
+        except subprocess.TimeoutExpired:
+            ng.kill()
+    for r in reps:
+        r.stop()
+    shutil.rmtree(tmp, ignore_errors=True)
+finish()
