@@ -80,6 +80,7 @@ struct md_engine {
 	bool model_loaded;
 	struct md_text text;
 	bool text_loaded;
+	struct md_gvocab *gvocab;        /* owned: the vocabulary as grammars see it */
 	struct md_forward_ctx *fw;       /* owned */
 	struct md_kv_cache kv;
 	bool kv_ready;
@@ -224,6 +225,8 @@ void md_engine_req_free(struct md_engine_req *r)
 	if (!r)
 		return;
 	md_sampling_release(&r->sampling);
+	md_gmatch_free(r->_gm);
+	md_grammar_unref(r->grammar);
 	free(r->_done);
 	free(r->prompt);
 	free(r);
@@ -307,21 +310,49 @@ static void seq_finish(struct md_engine *e, struct md_seq *s, enum md_finish f, 
 	md_seq_free(s);
 }
 
+/* Constrained decoding: sample under the grammar's mask (the matcher is made on the first
+ * token) and advance the matcher by the token. *complete: the grammar allows nothing after
+ * it but the end, so the sequence can stop without another forward pass. */
+static int sample_grammar(struct md_engine *e, struct md_seq *s, const float *row,
+			  struct md_sample_out *so, bool *complete)
+{
+	struct md_engine_req *r = s->req;
+	const uint32_t *allowed;
+	int rc = r->_gm ? 0 : md_gmatch_new(&r->_gm, r->grammar, e->gvocab);
+	if (!rc)
+		rc = md_gmatch_mask(r->_gm, &allowed);
+	if (rc)
+		return rc;
+	struct md_sampler_ctx ctx = {
+		.prompt = s->toks, .n_prompt = s->n_prompt, .gen = s->toks + s->n_prompt,
+		.n_gen = s->n_toks - s->n_prompt, .allowed = allowed,
+	};
+	rc = md_sampler_sample_ctx(&s->sm, &r->sampling, row, &ctx, so);
+	if (!rc)
+		rc = md_gmatch_accept(r->_gm, so->token);
+	*complete = !rc && md_gmatch_is_final(r->_gm);
+	return rc;
+}
+
 /* Sample the next token of s from its logits row; post events; finish when done.
  * Returns true when the sequence finished (it is then off the lists and freed). */
 static bool sample_seq(struct md_engine *e, struct md_seq *s, float *row)
 {
 	struct md_sample_out so;
 	const struct md_engine_req *r = s->req;
-	int rc = md_sampler_sample(&s->sm, &r->sampling, row, s->toks, s->n_prompt,
-				   s->toks + s->n_prompt, s->n_toks - s->n_prompt, &so);
+	bool complete = false;
+	int rc = r->grammar ? sample_grammar(e, s, row, &so, &complete)
+			    : md_sampler_sample(&s->sm, &r->sampling, row, s->toks, s->n_prompt,
+						s->toks + s->n_prompt, s->n_toks - s->n_prompt, &so);
 	if (rc) {
 		md_sched_remove(&e->sched, s);
 		seq_finish(e, s, MD_FINISH_ERROR, rc);
 		return true;
 	}
 	s->n_gen++;
-	if (md_tokenizer_is_eog(e->text.tok, so.token) && !r->ignore_eos) {
+	/* Under a grammar the end token means the grammar is complete: it ends even with
+	 * ignore_eos, since nothing may follow it. */
+	if (md_tokenizer_is_eog(e->text.tok, so.token) && (!r->ignore_eos || r->grammar)) {
 		md_sched_remove(&e->sched, s);
 		seq_finish(e, s, MD_FINISH_STOP, 0);
 		return true;
@@ -339,6 +370,11 @@ static bool sample_seq(struct md_engine *e, struct md_seq *s, float *row)
 	}
 	ev_stage(e, ev);
 	md_sched_append(&e->sched, s, so.token);
+	if (complete) {
+		md_sched_remove(&e->sched, s);
+		seq_finish(e, s, MD_FINISH_STOP, 0);
+		return true;
+	}
 	if (s->n_gen >= r->max_tokens || s->n_toks >= e->n_ctx || s->n_toks >= s->cap) {
 		md_sched_remove(&e->sched, s);
 		seq_finish(e, s, MD_FINISH_LENGTH, 0);
@@ -533,6 +569,10 @@ static int load(struct md_engine *e)
 			 hp->n_vocab);
 		return -EINVAL;
 	}
+	if (md_gvocab_new(&e->gvocab, e->text.tok)) {
+		snprintf(e->err, sizeof(e->err), "out of memory indexing the vocabulary");
+		return -ENOMEM;
+	}
 	/* Like llama.cpp, a context longer than the training context is allowed (RoPE works at any
 	 * position) but warned about: quality past the training length is the model's business. */
 	e->n_ctx = c->n_ctx ? c->n_ctx : hp->n_ctx_train;
@@ -697,6 +737,7 @@ void md_engine_free(struct md_engine *e)
 		md_forward_free(e->fw);
 	if (e->kv_ready)
 		md_kv_release(&e->kv);
+	md_gvocab_free(e->gvocab);
 	if (e->text_loaded)
 		md_text_release(&e->text);
 	if (e->model_loaded)
@@ -731,6 +772,11 @@ uint32_t md_engine_n_ctx(const struct md_engine *e)
 uint32_t md_engine_n_vocab(const struct md_engine *e)
 {
 	return e->n_vocab;
+}
+
+const struct md_gvocab *md_engine_gvocab(const struct md_engine *e)
+{
+	return e->gvocab;
 }
 
 int md_engine_tokenize(const struct md_engine *e, const char *text, size_t len, bool add_bos,

@@ -1360,9 +1360,14 @@ static int expand(struct md_gmatch *m, uint32_t pos, int32_t parent, bool *accep
 			parent = m->nodes[parent].parent;
 			continue; /* a pop: no deeper recursion */
 		default: {
+			/* A reference in tail position returns straight to the parent (the END
+			 * after it would only pop): without this, each turn of a right-recursive
+			 * repetition would push a frame, and no two string characters would share
+			 * a state or a cached mask. */
 			uint32_t r = EL_VAL(e);
-			int32_t ret = node_intern(m, pos + 1, parent);
-			if (ret < 0)
+			int32_t ret = EL_TYPE(g->el[pos + 1]) == EL_END ? parent
+								       : node_intern(m, pos + 1, parent);
+			if (ret < -1)
 				return ret;
 			for (uint32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++) {
 				int rc = expand(m, g->alt_start[a], ret, accept, depth + 1);
