@@ -311,7 +311,8 @@ static void seq_finish(struct md_engine *e, struct md_seq *s, enum md_finish f, 
 }
 
 /* Constrained decoding: sample under the grammar's mask (the matcher is made on the first
- * token) and advance the matcher by the token. *complete: the grammar allows nothing after
+ * token; near max_tokens the mask keeps only tokens after which the grammar can still be
+ * completed, so the output closes rather than being cut) and advance the matcher by the token. *complete: the grammar allows nothing after
  * it but the end, so the sequence can stop without another forward pass. */
 static int sample_grammar(struct md_engine *e, struct md_seq *s, const float *row,
 			  struct md_sample_out *so, bool *complete)
@@ -320,7 +321,7 @@ static int sample_grammar(struct md_engine *e, struct md_seq *s, const float *ro
 	const uint32_t *allowed;
 	int rc = r->_gm ? 0 : md_gmatch_new(&r->_gm, r->grammar, e->gvocab);
 	if (!rc)
-		rc = md_gmatch_mask(r->_gm, &allowed);
+		rc = md_gmatch_mask_budget(r->_gm, r->max_tokens - s->n_gen, &allowed);
 	if (rc)
 		return rc;
 	struct md_sampler_ctx ctx = {

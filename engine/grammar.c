@@ -49,7 +49,16 @@ struct md_grammar {
 	uint32_t n_el;
 	uint32_t (*sets)[8];  /* owned (n_sets): 256-bit byte sets */
 	uint32_t n_sets;
+	uint32_t *suffix_min; /* owned (n_el): fewest bytes that complete the alternative from
+			       * each element on (MIN_INF when it cannot complete) */
 };
+
+#define MIN_INF (1u << 30)
+
+static uint32_t sat_add(uint32_t a, uint32_t b)
+{
+	return a + b >= MIN_INF ? MIN_INF : a + b;
+}
 
 /* ---- growable arrays ---- */
 
@@ -949,7 +958,50 @@ static void grammar_free(struct md_grammar *g)
 	free(g->alt_start);
 	free(g->el);
 	free(g->sets);
+	free(g->suffix_min);
 	free(g);
+}
+
+/* Fewest bytes each rule can match (a fixpoint), then every element's suffix minimum: what a
+ * budget-limited sequence needs to finish from any position (md_gmatch_mask_budget). */
+static int compute_min_lengths(struct md_grammar *g)
+{
+	uint32_t *rmin = malloc(sizeof(uint32_t) * (g->n_rules ? g->n_rules : 1));
+	g->suffix_min = malloc(sizeof(uint32_t) * (g->n_el ? g->n_el : 1));
+	if (!rmin || !g->suffix_min) {
+		free(rmin);
+		return -ENOMEM;
+	}
+	for (uint32_t r = 0; r < g->n_rules; r++)
+		rmin[r] = MIN_INF;
+	for (bool changed = true; changed;) {
+		changed = false;
+		for (uint32_t r = 0; r < g->n_rules; r++) {
+			for (uint32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++) {
+				uint32_t c = 0;
+				for (const uint32_t *e = g->el + g->alt_start[a]; EL_TYPE(*e) != EL_END; e++)
+					c = sat_add(c, EL_TYPE(*e) == EL_BYTES ? 1 : rmin[EL_VAL(*e)]);
+				if (c < rmin[r]) {
+					rmin[r] = c;
+					changed = true;
+				}
+			}
+		}
+	}
+	for (uint32_t a = 0; a < g->n_alts; a++) {
+		uint32_t end = g->alt_start[a];
+		while (EL_TYPE(g->el[end]) != EL_END)
+			end++;
+		uint32_t c = 0;
+		g->suffix_min[end] = 0;
+		for (uint32_t i = end; i-- > g->alt_start[a];) {
+			uint32_t e = g->el[i];
+			c = sat_add(c, EL_TYPE(e) == EL_BYTES ? 1 : rmin[EL_VAL(e)]);
+			g->suffix_min[i] = c;
+		}
+	}
+	free(rmin);
+	return 0;
 }
 
 static int flatten(struct builder *b, struct md_grammar **out)
@@ -1010,7 +1062,9 @@ int md_grammar_parse(const char *text, size_t len, struct md_grammar **out, char
 			fail_at(&b, b.rules[r].first_use, "undefined rule '%s'", b.rules[r].name);
 	if (!b.rc && flatten(&b, &g) == 0) {
 		g->root = (uint32_t)root;
-		if (check_left_recursion(&b, g)) {
+		if (compute_min_lengths(g))
+			oom(&b);
+		if (b.rc || check_left_recursion(&b, g)) {
 			grammar_free(g);
 			g = NULL;
 		}
@@ -1247,11 +1301,14 @@ out:
 struct gnode {
 	uint32_t pos;      /* element index: the next element of this frame */
 	int32_t parent;    /* node id, -1 at the bottom */
+	uint32_t cost;     /* fewest bytes that complete this stack (this frame and below) */
 };
 
 struct gstate {
 	uint32_t off, n;   /* node ids: pool[off .. off + n), sorted */
 	bool accept;
+	uint32_t min_left; /* fewest bytes that complete the grammar from here (0 when accepting) */
+	uint32_t max_next; /* largest min_left after one allowed token (set with mask) */
 	int32_t *trans;    /* owned (256) or NULL: -2 unknown, -1 dead, else a state id */
 	uint32_t *mask;    /* owned (words) or NULL until asked */
 };
@@ -1270,6 +1327,7 @@ struct md_gmatch {
 	uint32_t *state_ht;          /* owned (state_ht_cap): state id + 1, 0 = free */
 	uint32_t state_ht_cap;
 	struct u32vec scratch;       /* owned: a state being built */
+	uint32_t *budget_mask;       /* owned (words): md_gmatch_mask_budget's filtered mask */
 	int32_t *walk;               /* owned (max_depth + 1): trie walk, state per depth */
 	int32_t cur;
 };
@@ -1329,7 +1387,8 @@ static int32_t node_intern(struct md_gmatch *m, uint32_t pos, int32_t parent)
 		m->nodes = nn;
 		m->cap_nodes = nc;
 	}
-	m->nodes[m->n_nodes] = (struct gnode){ pos, parent };
+	uint32_t cost = sat_add(m->g->suffix_min[pos], parent >= 0 ? m->nodes[parent].cost : 0);
+	m->nodes[m->n_nodes] = (struct gnode){ pos, parent, cost };
 	m->node_ht[j] = m->n_nodes + 1;
 	return (int32_t)m->n_nodes++;
 }
@@ -1473,8 +1532,12 @@ static int32_t state_intern(struct md_gmatch *m, bool accept, int *err)
 		m->cap_pool = nc;
 	}
 	memcpy(m->pool + m->n_pool, sc->a, sizeof(uint32_t) * sc->n);
+	uint32_t min_left = accept ? 0 : MIN_INF;
+	for (uint32_t i = 0; i < sc->n; i++)
+		if (m->nodes[sc->a[i]].cost < min_left)
+			min_left = m->nodes[sc->a[i]].cost;
 	m->states[m->n_states] = (struct gstate){ .off = (uint32_t)m->n_pool, .n = sc->n,
-						  .accept = accept };
+						  .accept = accept, .min_left = min_left };
 	m->n_pool += sc->n;
 	m->state_ht[j] = m->n_states + 1;
 	return (int32_t)m->n_states++;
@@ -1561,19 +1624,22 @@ void md_gmatch_free(struct md_gmatch *m)
 	free(m->nodes);
 	free(m->node_ht);
 	free(m->scratch.a);
+	free(m->budget_mask);
 	free(m->walk);
 	md_grammar_unref(m->g);
 	free(m);
 }
 
-/* Compute the mask of state s with one walk of the trie. */
-static int compute_mask(struct md_gmatch *m, int32_t s)
+/* One walk of the trie from state s: set in bits (zeroed here) every token allowed there
+ * whose end state can still complete in at most limit bytes; *max_next gets the largest
+ * min_left among the allowed tokens' end states. */
+static int walk_trie(struct md_gmatch *m, int32_t s, uint32_t limit, uint32_t *bits,
+		     uint32_t *max_next)
 {
 	const struct md_gvocab *v = m->v;
-	uint32_t *bits = calloc(v->words ? v->words : 1, sizeof(uint32_t));
-	if (!bits)
-		return -ENOMEM;
 	int32_t *walk = m->walk;
+	uint32_t mx = 0;
+	memset(bits, 0, sizeof(uint32_t) * v->words);
 	walk[0] = s;
 	const struct tnode *nodes = v->nodes;
 	for (uint32_t i = 0; i < v->n_nodes;) {
@@ -1584,18 +1650,21 @@ static int compute_mask(struct md_gmatch *m, int32_t s)
 		if (t == -2) {
 			int err;
 			t = advance(m, ps, nd->byte, &err);
-			if (err) {
-				free(bits);
+			if (err)
 				return err;
-			}
 		}
 		if (t < 0) {
 			i = nd->skip;
 			continue;
 		}
-		for (uint32_t k = 0; k < nd->tok_n; k++) {
-			int32_t id = v->toks[nd->tok_off + k];
-			bits[id >> 5] |= 1u << (id & 31);
+		uint32_t left = m->states[t].min_left;
+		if (nd->tok_n && left <= limit) {
+			if (left > mx)
+				mx = left;
+			for (uint32_t k = 0; k < nd->tok_n; k++) {
+				int32_t id = v->toks[nd->tok_off + k];
+				bits[id >> 5] |= 1u << (id & 31);
+			}
 		}
 		walk[nd->depth] = t;
 		i++;
@@ -1603,7 +1672,24 @@ static int compute_mask(struct md_gmatch *m, int32_t s)
 	if (m->states[s].accept)
 		for (uint32_t w = 0; w < v->words; w++)
 			bits[w] |= v->eog[w];
+	*max_next = mx;
+	return 0;
+}
+
+/* Compute the mask of state s. */
+static int compute_mask(struct md_gmatch *m, int32_t s)
+{
+	const struct md_gvocab *v = m->v;
+	uint32_t *bits = malloc(sizeof(uint32_t) * (v->words ? v->words : 1)), mx;
+	if (!bits)
+		return -ENOMEM;
+	int rc = walk_trie(m, s, UINT32_MAX, bits, &mx);
+	if (rc) {
+		free(bits);
+		return rc;
+	}
 	m->states[s].mask = bits;
+	m->states[s].max_next = mx;
 	return 0;
 }
 
@@ -1616,6 +1702,31 @@ int md_gmatch_mask(struct md_gmatch *m, const uint32_t **bits)
 	}
 	*bits = m->states[m->cur].mask;
 	return 0;
+}
+
+int md_gmatch_mask_budget(struct md_gmatch *m, uint32_t budget, const uint32_t **bits)
+{
+	int rc = md_gmatch_mask(m, bits);
+	if (rc || budget == 0 || m->states[m->cur].max_next <= budget - 1)
+		return rc;
+	const struct md_gvocab *v = m->v;
+	if (!m->budget_mask && !(m->budget_mask = malloc(sizeof(uint32_t) * (v->words ? v->words : 1))))
+		return -ENOMEM;
+	uint32_t mx;
+	if ((rc = walk_trie(m, m->cur, budget - 1, m->budget_mask, &mx)))
+		return rc;
+	bool any = false;
+	for (uint32_t w = 0; w < v->words && !any; w++)
+		any = m->budget_mask[w] != 0;
+	/* nothing fits (the budget was short from the start): the plain mask, and the sequence
+	 * will end at its length limit */
+	*bits = any ? m->budget_mask : m->states[m->cur].mask;
+	return 0;
+}
+
+uint32_t md_gmatch_min_left(const struct md_gmatch *m)
+{
+	return m->states[m->cur].min_left;
 }
 
 int md_gmatch_accept_bytes(struct md_gmatch *m, const char *s, size_t n)

@@ -112,6 +112,19 @@ void md_gmatch_free(struct md_gmatch *m);
  * be all zero when the state is dead (only after md_gmatch_accept was bypassed).
  */
 int md_gmatch_mask(struct md_gmatch *m, const uint32_t **bits);
+/*
+ * md_gmatch_mask for a sequence that may generate at most budget more tokens (this one
+ * included): tokens after which the grammar could no longer be completed within the rest of
+ * the budget are removed, so a constrained output closes (its strings, arrays, objects)
+ * instead of being cut off at max_tokens. The completion estimate counts bytes, so it is
+ * exact for vocabularies where every byte is a token (byte-level BPE, SentencePiece with
+ * byte fallback). Costs nothing extra while the budget is loose (each state records how far
+ * its tokens can push the completion), one more trie walk per token near the end. When no
+ * token fits (a budget too short from the start) this is the plain mask. Same returns.
+ */
+int md_gmatch_mask_budget(struct md_gmatch *m, uint32_t budget, const uint32_t **bits);
+/* Fewest bytes that complete the grammar from the current state (0 when it may end). */
+uint32_t md_gmatch_min_left(const struct md_gmatch *m);
 /* Advance by one token. Returns 0, -EINVAL when the grammar does not allow it (state
  * unchanged), -ENOMEM or -E2BIG. An end-of-generation token is accepted only at an accepting
  * state and leaves the state as it is. */

@@ -746,6 +746,7 @@ static struct md_engine_req *req_new(const struct md_oai_params *p, size_t i,
 	er->sampling = p->s;
 	er->sampling.logit_bias = NULL;
 	er->sampling.n_logit_bias = 0;
+	er->grammar = p->grammar ? md_grammar_ref(p->grammar) : NULL;
 	if (p->s.has_seed)
 		er->sampling.seed = p->s.seed + i;
 	if (!(er->prompt = malloc(sizeof(int32_t) * len)))
@@ -762,6 +763,7 @@ static struct md_engine_req *req_new(const struct md_oai_params *p, size_t i,
 free_prompt:
 	free(er->prompt);
 free_req:
+	md_grammar_unref(er->grammar);
 	free(er);
 	return NULL;
 }

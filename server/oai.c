@@ -11,6 +11,7 @@
 
 #include "common/assert.h"
 #include "common/log.h"
+#include "server/json_schema.h"
 
 /* ---- replies ---- */
 
@@ -435,6 +436,108 @@ static int p_logit_bias(const struct param *row, struct pctx *x, cJSON *lb)
 	return 0;
 }
 
+/* ---- constrained decoding: response_format and the raw grammar extension ---- */
+
+/* Compile grammar text into p->grammar; a failure is answered as a 400 on param. */
+static int set_grammar(struct pctx *x, const char *param, const char *text, size_t len)
+{
+	char err[300];
+	struct md_grammar *g;
+	if (x->p->grammar) {
+		bad_request(x->o, param, "'grammar' and a JSON 'response_format' cannot be combined");
+		return -1;
+	}
+	int rc = md_grammar_parse(text, len, &g, err, sizeof(err));
+	if (rc == -ENOMEM) {
+		out_of_memory(x->o);
+		return -1;
+	}
+	if (rc) {
+		md_oai_error(x->o, 400, "invalid_request_error", param, "invalid_value",
+			     "invalid grammar: %s", err);
+		return -1;
+	}
+	x->p->grammar = g;
+	return 0;
+}
+
+static int p_response_format(const struct param *row, struct pctx *x, cJSON *rf)
+{
+	const struct md_oai_reply *o = x->o;
+	if (cJSON_IsNull(rf))
+		return 0;
+	cJSON *type = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
+	if (!cJSON_IsString(type)) {
+		bad_request(o, "response_format", "'response_format' must be an object with a 'type' "
+			    "of 'text', 'json_object' or 'json_schema'");
+		return -1;
+	}
+	const char *t = type->valuestring;
+	if (strcmp(t, "text") == 0)
+		return 0;
+	if (strcmp(t, "json_object") == 0) {
+		const char *g = md_json_object_grammar();
+		return set_grammar(x, "response_format", g, strlen(g));
+	}
+	if (strcmp(t, "json_schema") != 0) {
+		md_oai_error(o, 400, "invalid_request_error", "response_format", "invalid_value",
+			     "unsupported response_format type '%.40s' (text, json_object, "
+			     "json_schema)", t);
+		return -1;
+	}
+	cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+	if (!cJSON_IsObject(js)) {
+		bad_request(o, "response_format", "'response_format.json_schema' must be an object "
+			    "with 'name' and 'schema'");
+		return -1;
+	}
+	cJSON *name = cJSON_GetObjectItemCaseSensitive(js, "name");
+	cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict");
+	cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
+	if (name && !cJSON_IsString(name)) {
+		bad_request(o, "response_format", "'response_format.json_schema.name' must be a "
+			    "string");
+		return -1;
+	}
+	if (strict && !cJSON_IsNull(strict) && !cJSON_IsBool(strict)) {
+		bad_request(o, "response_format", "'response_format.json_schema.strict' must be a "
+			    "boolean");
+		return -1;
+	}
+	if (!schema || cJSON_IsNull(schema)) {
+		const char *g = md_json_object_grammar();
+		return set_grammar(x, "response_format", g, strlen(g));
+	}
+	/* strict or not, the output follows the schema: the grammar enforces it either way */
+	char err[300], *text;
+	int rc = md_json_schema_grammar(schema, &text, err, sizeof(err));
+	if (rc == -ENOMEM) {
+		out_of_memory(o);
+		return -1;
+	}
+	if (rc) {
+		md_oai_error(o, 400, "invalid_request_error", "response_format", "invalid_value",
+			     "response_format.json_schema.schema: %s", err);
+		return -1;
+	}
+	rc = set_grammar(x, "response_format", text, strlen(text));
+	free(text);
+	return rc;
+}
+
+/* moed's extension: "grammar" holds grammar text (engine/grammar.h, documented in
+ * proto/openapi.yaml). */
+static int p_grammar(const struct param *row, struct pctx *x, cJSON *g)
+{
+	if (cJSON_IsNull(g))
+		return 0;
+	if (!cJSON_IsString(g)) {
+		bad_request(x->o, "grammar", "'grammar' must be a string of grammar rules");
+		return -1;
+	}
+	return set_grammar(x, "grammar", g->valuestring, strlen(g->valuestring));
+}
+
 /*
  * Every parameter moed reads, in the order they are checked (the first bad one is the one
  * answered). A new parameter is one row: a plain number, integer or boolean needs no code;
@@ -464,6 +567,8 @@ static const struct param params[] = {
 	CUSTOM("echo", MD_OAI_COMPLETIONS, p_echo),
 	CUSTOM("stop", GEN_EPS, p_stop),
 	CUSTOM("logit_bias", GEN_EPS, p_logit_bias),
+	CUSTOM("response_format", GEN_EPS, p_response_format),
+	CUSTOM("grammar", GEN_EPS, p_grammar),
 	BOOL("add_special", MD_OAI_TOKENIZE, add_special),
 	BOOL("with_pieces", MD_OAI_TOKENIZE, with_pieces),
 };
@@ -538,6 +643,8 @@ int md_oai_parse_params(const struct md_oai_reply *o, const struct md_oai_limits
 void md_oai_params_release(struct md_oai_params *p)
 {
 	md_sampling_release(&p->s);
+	md_grammar_unref(p->grammar);
+	p->grammar = NULL;
 	for (size_t i = 0; i < p->n_stops; i++)
 		free(p->stops[i]);
 	free(p->stops);

@@ -86,6 +86,8 @@ struct md_oai_params {
 	bool want_lp;                /* logprobs asked */
 	int lp_top;                  /* alternatives per token (0..MD_ENGINE_MAX_TOP) */
 	bool add_special, with_pieces; /* /tokenize */
+	struct md_grammar *grammar;  /* owned reference, or NULL: from response_format (json_object,
+				      * json_schema) or moed's raw "grammar" extension */
 	/* raw values, combined into the fields above once every row is read */
 	int64_t _top_k, _seed, _lp_n, _top_lp;
 	bool _lp_on, _lp_n_set, _top_lp_set;
