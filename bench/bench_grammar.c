@@ -201,7 +201,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "%s\n", md_engine_error(e));
 		return 1;
 	}
-	struct md_engine_msg msg = { "user", "Reply with a JSON object describing a king." };
+	struct md_engine_msg msg = { .role = "user",
+				     .content = "Reply with a JSON object describing a king." };
 	int32_t *prompt;
 	int np = md_engine_chat_tokenize(e, &msg, 1, &prompt);
 	if (np <= 0) {

@@ -804,14 +804,33 @@ bool md_engine_token_is_eog(const struct md_engine *e, int32_t id)
 int md_engine_chat_tokenize(const struct md_engine *e, const struct md_engine_msg *msgs,
 			    size_t n, int32_t **ids)
 {
-	struct md_chat_msg *cm = malloc(sizeof(*cm) * (n ? n : 1));
-	if (!cm)
-		return -ENOMEM;
-	for (size_t i = 0; i < n; i++) {
+	return md_engine_chat_tokenize_tools(e, msgs, n, NULL, 0, ids);
+}
+
+int md_engine_chat_tokenize_tools(const struct md_engine *e, const struct md_engine_msg *msgs,
+				  size_t n, const char *const *tools, size_t n_tools, int32_t **ids)
+{
+	size_t n_calls = 0;
+	for (size_t i = 0; i < n; i++)
+		n_calls += msgs[i].n_tool_calls;
+	struct md_chat_msg *cm = calloc(n ? n : 1, sizeof(*cm));
+	struct md_chat_tool_call *calls = calloc(n_calls ? n_calls : 1, sizeof(*calls));
+	int rc = -ENOMEM;
+	if (!cm || !calls)
+		goto out;
+	for (size_t i = 0, k = 0; i < n; i++) {
 		cm[i].role = msgs[i].role;
 		cm[i].content = msgs[i].content;
+		cm[i].tool_calls = calls + k;
+		cm[i].n_tool_calls = msgs[i].n_tool_calls;
+		for (size_t j = 0; j < msgs[i].n_tool_calls; j++, k++) {
+			calls[k].name = msgs[i].tool_calls[j].name;
+			calls[k].arguments = msgs[i].tool_calls[j].arguments;
+		}
 	}
-	int rc = md_text_chat_tokenize(&e->text, cm, n, ids);
+	rc = md_text_chat_tokenize_tools(&e->text, cm, n, tools, n_tools, ids);
+out:
+	free(calls);
 	free(cm);
 	return rc;
 }

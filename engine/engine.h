@@ -171,9 +171,23 @@ bool md_engine_token_is_eog(const struct md_engine *e, int32_t id);
  * adding BOS only where the model wants one and the template did not write it. Returns the
  * token count with a malloc'd array in *ids, -EINVAL when the template rejects the messages
  * (roles that do not alternate, ...), or another negative code. */
-struct md_engine_msg { const char *role; const char *content; };
+struct md_engine_tool_call {
+	const char *name;      /* borrowed */
+	const char *arguments; /* borrowed: JSON text as the client sent it */
+};
+struct md_engine_msg {
+	const char *role;      /* system, user, assistant or tool */
+	const char *content;
+	const struct md_engine_tool_call *tool_calls; /* borrowed (n_tool_calls): assistant */
+	size_t n_tool_calls;
+};
 int md_engine_chat_tokenize(const struct md_engine *e, const struct md_engine_msg *msgs,
 			    size_t n, int32_t **ids);
+/* The same with the request's tools, each as the chat template's `tool | tojson` writes it
+ * (n_tools may be 0). -ENOTSUP when the model's chat template has no tool format and the
+ * request has tools, tool calls or tool messages. */
+int md_engine_chat_tokenize_tools(const struct md_engine *e, const struct md_engine_msg *msgs,
+				  size_t n, const char *const *tools, size_t n_tools, int32_t **ids);
 
 /* Incremental detokenizer that yields only complete UTF-8 (one per choice). */
 struct md_engine_detok; /* opaque */

@@ -1631,14 +1631,14 @@ void md_gmatch_free(struct md_gmatch *m)
 }
 
 /* One walk of the trie from state s: set in bits (zeroed here) every token allowed there
- * whose end state can still complete in at most limit bytes; *max_next gets the largest
- * min_left among the allowed tokens' end states. */
+ * whose end state can still complete in at most limit bytes; *max_next and *min_next get the
+ * largest and smallest min_left among the end states of all the tokens allowed there. */
 static int walk_trie(struct md_gmatch *m, int32_t s, uint32_t limit, uint32_t *bits,
-		     uint32_t *max_next)
+		     uint32_t *max_next, uint32_t *min_next)
 {
 	const struct md_gvocab *v = m->v;
 	int32_t *walk = m->walk;
-	uint32_t mx = 0;
+	uint32_t mx = 0, mn = MIN_INF;
 	memset(bits, 0, sizeof(uint32_t) * v->words);
 	walk[0] = s;
 	const struct tnode *nodes = v->nodes;
@@ -1658,9 +1658,13 @@ static int walk_trie(struct md_gmatch *m, int32_t s, uint32_t limit, uint32_t *b
 			continue;
 		}
 		uint32_t left = m->states[t].min_left;
-		if (nd->tok_n && left <= limit) {
+		if (nd->tok_n) {
 			if (left > mx)
 				mx = left;
+			if (left < mn)
+				mn = left;
+		}
+		if (nd->tok_n && left <= limit) {
 			for (uint32_t k = 0; k < nd->tok_n; k++) {
 				int32_t id = v->toks[nd->tok_off + k];
 				bits[id >> 5] |= 1u << (id & 31);
@@ -1673,6 +1677,7 @@ static int walk_trie(struct md_gmatch *m, int32_t s, uint32_t limit, uint32_t *b
 		for (uint32_t w = 0; w < v->words; w++)
 			bits[w] |= v->eog[w];
 	*max_next = mx;
+	*min_next = mn;
 	return 0;
 }
 
@@ -1680,10 +1685,10 @@ static int walk_trie(struct md_gmatch *m, int32_t s, uint32_t limit, uint32_t *b
 static int compute_mask(struct md_gmatch *m, int32_t s)
 {
 	const struct md_gvocab *v = m->v;
-	uint32_t *bits = malloc(sizeof(uint32_t) * (v->words ? v->words : 1)), mx;
+	uint32_t *bits = malloc(sizeof(uint32_t) * (v->words ? v->words : 1)), mx, mn;
 	if (!bits)
 		return -ENOMEM;
-	int rc = walk_trie(m, s, UINT32_MAX, bits, &mx);
+	int rc = walk_trie(m, s, UINT32_MAX, bits, &mx, &mn);
 	if (rc) {
 		free(bits);
 		return rc;
@@ -1712,15 +1717,17 @@ int md_gmatch_mask_budget(struct md_gmatch *m, uint32_t budget, const uint32_t *
 	const struct md_gvocab *v = m->v;
 	if (!m->budget_mask && !(m->budget_mask = malloc(sizeof(uint32_t) * (v->words ? v->words : 1))))
 		return -ENOMEM;
-	uint32_t mx;
-	if ((rc = walk_trie(m, m->cur, budget - 1, m->budget_mask, &mx)))
+	uint32_t mx, mn;
+	if ((rc = walk_trie(m, m->cur, budget - 1, m->budget_mask, &mx, &mn)))
 		return rc;
-	bool any = false;
+	bool any = m->states[m->cur].accept;
 	for (uint32_t w = 0; w < v->words && !any; w++)
 		any = m->budget_mask[w] != 0;
-	/* nothing fits (the budget was short from the start): the plain mask, and the sequence
-	 * will end at its length limit */
-	*bits = any ? m->budget_mask : m->states[m->cur].mask;
+	/* Nothing fits in bytes (a budget short from the start; tokens often hold several
+	 * bytes, so it may still fit): the tokens that bring the end nearest. */
+	if (!any && mn < MIN_INF && (rc = walk_trie(m, m->cur, mn, m->budget_mask, &mx, &mn)))
+		return rc;
+	*bits = m->budget_mask;
 	return 0;
 }
 

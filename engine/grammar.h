@@ -120,7 +120,9 @@ int md_gmatch_mask(struct md_gmatch *m, const uint32_t **bits);
  * exact for vocabularies where every byte is a token (byte-level BPE, SentencePiece with
  * byte fallback). Costs nothing extra while the budget is loose (each state records how far
  * its tokens can push the completion), one more trie walk per token near the end. When no
- * token fits (a budget too short from the start) this is the plain mask. Same returns.
+ * token fits by that estimate (a budget short from the start) the mask keeps the tokens that
+ * bring the end nearest, which usually still closes in time, since tokens hold several bytes.
+ * Same returns.
  */
 int md_gmatch_mask_budget(struct md_gmatch *m, uint32_t budget, const uint32_t **bits);
 /* Fewest bytes that complete the grammar from the current state (0 when it may end). */

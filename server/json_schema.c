@@ -1224,29 +1224,82 @@ done:
 	return x->rc;
 }
 
-int md_json_schema_grammar(const cJSON *schema, char **out, char *err, size_t errlen)
+/* ---- the builder ---- */
+
+struct md_jgrammar {
+	struct jctx x;
+};
+
+struct md_jgrammar *md_jgrammar_new(void)
 {
-	struct jctx x = { .root = schema, .err = err, .errlen = errlen };
-	char root[32];
-	*out = NULL;
+	return calloc(1, sizeof(struct md_jgrammar));
+}
+
+void md_jgrammar_free(struct md_jgrammar *b)
+{
+	if (!b)
+		return;
+	for (int i = 0; i < b->x.n_defs; i++)
+		free(b->x.defs[i].ref);
+	free(b->x.out.s);
+	free(b);
+}
+
+int md_jgrammar_add(struct md_jgrammar *b, const cJSON *schema, char *rule, size_t cap,
+		    char *err, size_t errlen)
+{
+	struct jctx *x = &b->x;
+	/* $refs resolve within this schema: targets of an earlier one are other rules */
+	for (int i = 0; i < x->n_defs; i++)
+		free(x->defs[i].ref);
+	x->n_defs = 0;
+	x->root = schema;
+	x->err = err;
+	x->errlen = errlen;
+	x->rc = 0;
+	x->depth = 0;
 	if (err && errlen)
 		err[0] = 0;
-	gen(&x, schema, "$", root, sizeof(root));
-	if (!x.rc) {
-		sb_printf(&x.out, "root ::= %s\n", root);
-		sb_add(&x.out, FIXED_RULES);
-	}
-	for (int i = 0; i < x.n_defs; i++)
-		free(x.defs[i].ref);
-	if (!x.rc && x.out.oom) {
-		x.rc = -ENOMEM;
+	gen(x, schema, "$", rule, cap);
+	if (!x->rc && x->out.oom) {
+		x->rc = -ENOMEM;
 		if (err && errlen)
 			snprintf(err, errlen, "out of memory translating the schema");
 	}
-	if (x.rc) {
-		free(x.out.s);
-		return x.rc;
+	return x->rc;
+}
+
+int md_jgrammar_finish(struct md_jgrammar *b, const char *root_body, char **out)
+{
+	struct sb o = { 0 };
+	*out = NULL;
+	sb_printf(&o, "root ::= ");
+	sb_add(&o, root_body);
+	sb_add(&o, "\n");
+	if (b->x.out.s)
+		sb_add(&o, b->x.out.s);
+	sb_add(&o, FIXED_RULES);
+	if (o.oom || b->x.out.oom) {
+		free(o.s);
+		return -ENOMEM;
 	}
-	*out = x.out.s;
+	*out = o.s;
 	return 0;
+}
+
+int md_json_schema_grammar(const cJSON *schema, char **out, char *err, size_t errlen)
+{
+	struct md_jgrammar *b = md_jgrammar_new();
+	char root[32];
+	*out = NULL;
+	if (!b) {
+		if (err && errlen)
+			snprintf(err, errlen, "out of memory translating the schema");
+		return -ENOMEM;
+	}
+	int rc = md_jgrammar_add(b, schema, root, sizeof(root), err, errlen);
+	if (!rc && (rc = md_jgrammar_finish(b, root, out)) && err && errlen)
+		snprintf(err, errlen, "out of memory translating the schema");
+	md_jgrammar_free(b);
+	return rc;
 }

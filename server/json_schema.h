@@ -37,4 +37,17 @@ const char *md_json_object_grammar(void);
  * $.properties.tags"), or -ENOMEM. */
 int md_json_schema_grammar(const cJSON *schema, char **out, char *err, size_t errlen);
 
+/*
+ * Several schemas in one grammar (tool calls: one arguments schema per tool). Each add writes
+ * the rules of one schema ($refs resolve within it) and names, in rule, the rule that matches
+ * it; finish writes "root ::= root_body" (which may use those names), the rules and the fixed
+ * rules into a malloc'd *out. add returns like md_json_schema_grammar; finish 0 or -ENOMEM.
+ */
+struct md_jgrammar; /* opaque */
+struct md_jgrammar *md_jgrammar_new(void);
+int md_jgrammar_add(struct md_jgrammar *b, const cJSON *schema, char *rule, size_t cap,
+		    char *err, size_t errlen);
+int md_jgrammar_finish(struct md_jgrammar *b, const char *root_body, char **out);
+void md_jgrammar_free(struct md_jgrammar *b);
+
 #endif
