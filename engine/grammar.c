@@ -37,7 +37,7 @@ enum { EL_BYTES = 0, EL_REF = 1, EL_END = 2 };
 
 #define MAX_ELEMENTS (1u << 22) /* elements of one grammar, after expansion */
 #define MAX_RULES (1u << 20)
-#define MAX_EXPAND_DEPTH 100000
+#define MAX_EXPAND_DEPTH 10000 /* nested references expanded at once (C stack) */
 
 struct md_grammar {
 	_Atomic int refs;
@@ -106,6 +106,9 @@ struct builder {
 	uint32_t n_rules, cap_rules;
 	uint32_t (*sets)[8];    /* owned (n_sets) */
 	uint32_t n_sets, cap_sets;
+	uint32_t *set_ht;       /* owned (ht_cap): set index + 1, 0 = free */
+	uint32_t *name_ht;      /* owned (ht_cap): named rule id + 1, 0 = free */
+	uint32_t ht_cap, n_named;
 	uint64_t n_el;          /* elements so far (bound) */
 	int rc;                 /* first error */
 	char *err;              /* borrowed (errlen) */
@@ -161,6 +164,49 @@ static int too_big(struct builder *b)
 	return b->rc;
 }
 
+/* FNV-1a over bytes, for the builder's two hash tables (set contents, rule names). */
+static uint32_t hash_bytes(const void *p, size_t n)
+{
+	const unsigned char *c = p;
+	uint32_t h = 2166136261u;
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ c[i]) * 16777619u;
+	return h;
+}
+
+/* Both tables share one capacity, a power of two at least twice the larger count. Rebuilt on
+ * growth from the sets and the named rules. Returns 0 or -ENOMEM. */
+static int ht_grow(struct builder *b)
+{
+	uint32_t nc = b->ht_cap ? b->ht_cap * 2 : 256;
+	uint32_t *s = calloc(nc, sizeof(uint32_t)), *r = calloc(nc, sizeof(uint32_t));
+	if (!s || !r) {
+		free(s);
+		free(r);
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < b->n_sets; i++) {
+		uint32_t j = hash_bytes(b->sets[i], 32) & (nc - 1);
+		while (s[j])
+			j = (j + 1) & (nc - 1);
+		s[j] = i + 1;
+	}
+	for (uint32_t i = 0; i < b->n_rules; i++) {
+		if (!b->rules[i].name)
+			continue;
+		uint32_t j = hash_bytes(b->rules[i].name, strlen(b->rules[i].name)) & (nc - 1);
+		while (r[j])
+			j = (j + 1) & (nc - 1);
+		r[j] = i + 1;
+	}
+	free(b->set_ht);
+	free(b->name_ht);
+	b->set_ht = s;
+	b->name_ht = r;
+	b->ht_cap = nc;
+	return 0;
+}
+
 /* A new rule (name NULL: auxiliary). Returns its id or -1 (b->rc set). */
 static int32_t rule_new(struct builder *b, const char *name, size_t nlen)
 {
@@ -182,20 +228,32 @@ static int32_t rule_new(struct builder *b, const char *name, size_t nlen)
 	memset(r, 0, sizeof(*r));
 	if (name) {
 		r->name = strndup(name, nlen);
-		if (!r->name) {
+		if (!r->name || ((b->n_named + 1) * 2 > b->ht_cap && ht_grow(b))) {
+			free(r->name);
+			r->name = NULL;
 			oom(b);
 			return -1;
 		}
+		uint32_t j = hash_bytes(name, nlen) & (b->ht_cap - 1);
+		while (b->name_ht[j])
+			j = (j + 1) & (b->ht_cap - 1);
+		b->name_ht[j] = b->n_rules + 1;
+		b->n_named++;
 	}
 	return (int32_t)b->n_rules++;
 }
 
 static int32_t rule_find(struct builder *b, const char *name, size_t nlen)
 {
-	for (uint32_t i = 0; i < b->n_rules; i++)
-		if (b->rules[i].name && strlen(b->rules[i].name) == nlen &&
-		    memcmp(b->rules[i].name, name, nlen) == 0)
-			return (int32_t)i;
+	if (!b->ht_cap)
+		return -1;
+	uint32_t j = hash_bytes(name, nlen) & (b->ht_cap - 1);
+	while (b->name_ht[j]) {
+		const char *rn = b->rules[b->name_ht[j] - 1].name;
+		if (strlen(rn) == nlen && memcmp(rn, name, nlen) == 0)
+			return (int32_t)(b->name_ht[j] - 1);
+		j = (j + 1) & (b->ht_cap - 1);
+	}
 	return -1;
 }
 
@@ -224,9 +282,18 @@ static int rule_add_alt(struct builder *b, int32_t r, const struct u32vec *alt)
 /* Intern a byte set; returns its index or -1. */
 static int32_t set_intern(struct builder *b, const uint32_t set[8])
 {
-	for (uint32_t i = 0; i < b->n_sets; i++)
-		if (memcmp(b->sets[i], set, 32) == 0)
-			return (int32_t)i;
+	if (b->ht_cap) {
+		uint32_t j = hash_bytes(set, 32) & (b->ht_cap - 1);
+		while (b->set_ht[j]) {
+			if (memcmp(b->sets[b->set_ht[j] - 1], set, 32) == 0)
+				return (int32_t)(b->set_ht[j] - 1);
+			j = (j + 1) & (b->ht_cap - 1);
+		}
+	}
+	if ((b->n_sets + 1) * 2 > b->ht_cap && ht_grow(b)) {
+		oom(b);
+		return -1;
+	}
 	if (b->n_sets == b->cap_sets) {
 		uint32_t nc = b->cap_sets ? b->cap_sets * 2 : 64;
 		uint32_t (*ns)[8] = realloc(b->sets, sizeof(*ns) * nc);
@@ -238,6 +305,10 @@ static int32_t set_intern(struct builder *b, const uint32_t set[8])
 		b->cap_sets = nc;
 	}
 	memcpy(b->sets[b->n_sets], set, 32);
+	uint32_t j = hash_bytes(set, 32) & (b->ht_cap - 1);
+	while (b->set_ht[j])
+		j = (j + 1) & (b->ht_cap - 1);
+	b->set_ht[j] = b->n_sets + 1;
 	return (int32_t)b->n_sets++;
 }
 
@@ -870,77 +941,139 @@ static const uint32_t *alt_el(const struct md_grammar *g, uint32_t a)
 	return g->el + g->alt_start[a];
 }
 
-/* Refuse rules that can reach themselves without consuming a byte. */
+/* Which rules can match the empty string: a worklist over "alternatives whose references are
+ * not yet known nullable", so the cost is linear in the grammar whatever the rule order. */
+static int find_nullable(const struct md_grammar *g, bool *nullable)
+{
+	uint32_t R = g->n_rules, A = g->n_alts;
+	uint32_t *left = calloc(A ? A : 1, sizeof(uint32_t));   /* per alt: refs not yet nullable */
+	uint32_t *owner = malloc(sizeof(uint32_t) * (A ? A : 1));
+	uint32_t *occ_off = calloc(R + 1, sizeof(uint32_t));     /* per rule: where it is used */
+	uint32_t *occ = NULL, *queue = malloc(sizeof(uint32_t) * (R ? R : 1));
+	uint32_t n_occ = 0, qh = 0, qt = 0;
+	int rc = -ENOMEM;
+	if (!left || !owner || !occ_off || !queue)
+		goto out;
+	for (uint32_t r = 0; r < R; r++)
+		for (uint32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++)
+			owner[a] = r;
+	for (uint32_t a = 0; a < A; a++) {
+		bool bytes = false;
+		for (const uint32_t *e = alt_el(g, a); EL_TYPE(*e) != EL_END; e++)
+			bytes |= EL_TYPE(*e) == EL_BYTES;
+		if (bytes) {
+			left[a] = UINT32_MAX; /* never nullable */
+			continue;
+		}
+		for (const uint32_t *e = alt_el(g, a); EL_TYPE(*e) != EL_END; e++) {
+			left[a]++;
+			occ_off[EL_VAL(*e) + 1]++;
+			n_occ++;
+		}
+	}
+	for (uint32_t r = 0; r < R; r++)
+		occ_off[r + 1] += occ_off[r];
+	occ = malloc(sizeof(uint32_t) * (n_occ ? n_occ : 1));
+	if (!occ)
+		goto out;
+	for (uint32_t a = 0; a < A; a++) {
+		if (left[a] == UINT32_MAX)
+			continue;
+		for (const uint32_t *e = alt_el(g, a); EL_TYPE(*e) != EL_END; e++)
+			occ[occ_off[EL_VAL(*e)]++] = a;
+	}
+	for (uint32_t r = R; r > 0; r--) /* back to the starts */
+		occ_off[r] = occ_off[r - 1];
+	occ_off[0] = 0;
+	for (uint32_t a = 0; a < A; a++)
+		if (left[a] == 0 && !nullable[owner[a]]) {
+			nullable[owner[a]] = true;
+			queue[qt++] = owner[a];
+		}
+	while (qh < qt) {
+		uint32_t r = queue[qh++];
+		for (uint32_t k = occ_off[r]; k < occ_off[r + 1]; k++) {
+			uint32_t a = occ[k];
+			if (--left[a] == 0 && !nullable[owner[a]]) {
+				nullable[owner[a]] = true;
+				queue[qt++] = owner[a];
+			}
+		}
+	}
+	rc = 0;
+out:
+	free(left);
+	free(owner);
+	free(occ_off);
+	free(occ);
+	free(queue);
+	return rc;
+}
+
+/* Refuse rules that can reach themselves without consuming a byte: a depth-first search over
+ * left-corner references (the references an alternative reaches before its first byte), each
+ * frame a cursor (rule, alternative, element), so every element is looked at once. */
 static int check_left_recursion(struct builder *b, struct md_grammar *g)
 {
 	uint32_t R = g->n_rules;
 	bool *nullable = calloc(R ? R : 1, sizeof(bool));
 	uint8_t *color = calloc(R ? R : 1, 1);
-	uint32_t *stk = malloc(sizeof(uint32_t) * 2 * (R ? R : 1));
-	if (!nullable || !color || !stk) {
+	uint32_t *stk = malloc(sizeof(uint32_t) * 3 * (R ? R : 1));
+	if (!nullable || !color || !stk || find_nullable(g, nullable)) {
 		free(nullable);
 		free(color);
 		free(stk);
 		return oom(b);
 	}
-	for (bool changed = true; changed;) {
-		changed = false;
-		for (uint32_t r = 0; r < R; r++) {
-			if (nullable[r])
-				continue;
-			for (uint32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1] && !nullable[r]; a++) {
-				const uint32_t *e = alt_el(g, a);
-				while (EL_TYPE(*e) == EL_REF && nullable[EL_VAL(*e)])
-					e++;
-				if (EL_TYPE(*e) == EL_END) {
-					nullable[r] = true;
-					changed = true;
-				}
-			}
-		}
-	}
-	/* Iterative DFS over left-corner edges; stk holds (rule, next alternative/element). */
+	const uint32_t START = UINT32_MAX;
 	for (uint32_t s = 0; s < R && !b->rc; s++) {
 		if (color[s])
 			continue;
-		/* Each frame: rule and a cursor over its left-corner references. */
 		uint32_t sp = 0;
 		stk[sp++] = s;
-		stk[sp++] = 0;
+		stk[sp++] = g->rule_alt[s];
+		stk[sp++] = START;
 		color[s] = 1;
 		while (sp && !b->rc) {
-			uint32_t r = stk[sp - 2], cur = stk[sp - 1];
-			/* Enumerate left-corner references of r in order: cursor counts them. */
-			uint32_t k = 0, next = UINT32_MAX;
-			for (uint32_t a = g->rule_alt[r]; a < g->rule_alt[r + 1] && next == UINT32_MAX;
-			     a++) {
-				for (const uint32_t *e = alt_el(g, a); EL_TYPE(*e) == EL_REF; e++) {
-					if (k++ == cur) {
-						next = EL_VAL(*e);
-						break;
+			uint32_t r = stk[sp - 3], a = stk[sp - 2], e = stk[sp - 1];
+			uint32_t next = UINT32_MAX;
+			while (a < g->rule_alt[r + 1]) {
+				if (e == START)
+					e = g->alt_start[a];
+				uint32_t el = g->el[e];
+				if (EL_TYPE(el) == EL_REF) {
+					next = EL_VAL(el);
+					if (nullable[next]) {
+						e++;
+					} else {
+						a++;
+						e = START;
 					}
-					if (!nullable[EL_VAL(*e)])
-						break;
+					break;
 				}
+				a++;
+				e = START;
 			}
+			stk[sp - 2] = a;
+			stk[sp - 1] = e;
 			if (next == UINT32_MAX) {
 				color[r] = 2;
-				sp -= 2;
+				sp -= 3;
 				continue;
 			}
-			stk[sp - 1] = cur + 1;
 			if (color[next] == 1) {
-				const char *nm = b->rules[next].name ? b->rules[next].name : NULL;
-				for (uint32_t i = sp; !nm && i >= 2; i -= 2)
-					nm = b->rules[stk[i - 2]].name;
+				const char *nm = b->rules[next].name;
+				for (uint32_t i = sp; !nm && i >= 3; i -= 3)
+					nm = b->rules[stk[i - 3]].name;
 				b->rc = -EINVAL;
 				if (b->err && b->errlen)
 					snprintf(b->err, b->errlen, "rule '%s' is left-recursive (it can "
-					 "reach itself without matching a character)", nm ? nm : "?");
+						 "reach itself without matching a character)", nm ? nm : "?");
 			} else if (color[next] == 0) {
 				color[next] = 1;
 				stk[sp++] = next;
-				stk[sp++] = 0;
+				stk[sp++] = g->rule_alt[next];
+				stk[sp++] = START;
 			}
 		}
 	}
@@ -1077,6 +1210,8 @@ int md_grammar_parse(const char *text, size_t len, struct md_grammar **out, char
 	}
 	free(b.rules);
 	free(b.sets);
+	free(b.set_ht);
+	free(b.name_ht);
 	if (b.rc)
 		return b.rc;
 	*out = g;

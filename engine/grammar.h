@@ -54,7 +54,7 @@
 struct md_tokenizer;
 
 #define MD_GRAMMAR_MAX_STACKS 4096
-#define MD_GRAMMAR_MAX_STATES 200000
+#define MD_GRAMMAR_MAX_STATES 50000
 #define MD_GRAMMAR_MAX_REPEAT 10000 /* largest bound in x{m,n} */
 
 /*

@@ -256,6 +256,30 @@ static void test_bounds(void)
 	CHECK_EQ_I(md_gmatch_accept_bytes(m, a, sizeof(a)), 0);
 	md_gmatch_free(m);
 	md_grammar_unref(g);
+
+	/* 20000 rules, each reachable before any byte (r_i ::= r_{i+1}? "a"): compiles (the
+	 * checks are linear), but expanding it at once is refused, not a stack overflow */
+	size_t cap = 20000 * 40 + 100, len = 0;
+	char *text = malloc(cap);
+	len += (size_t)snprintf(text + len, cap - len, "root ::= r0\n");
+	for (int i = 0; i < 20000; i++)
+		len += (size_t)snprintf(text + len, cap - len, "r%d ::= r%d? \"a\"\n", i, i + 1);
+	len += (size_t)snprintf(text + len, cap - len, "r20000 ::= \"z\"");
+	char err[200];
+	REQUIRE(CHECK_EQ_I(md_grammar_parse(text, len, &g, err, sizeof(err)), 0));
+	CHECK_EQ_I(md_gmatch_new(&m, g, v), -E2BIG);
+	md_grammar_unref(g);
+	free(text);
+
+	/* nested ambiguous repetitions: the stack sets outgrow their bound, reported as -E2BIG */
+	g = compile("root ::= (((\"a\"{1,50}){1,50}){1,50})");
+	REQUIRE(CHECK_EQ_I(md_gmatch_new(&m, g, v), 0));
+	int rc = 0;
+	for (int i = 0; i < 200 && rc == 0; i++)
+		rc = md_gmatch_accept_bytes(m, "a", 1);
+	CHECK(rc == 0 || rc == -E2BIG);
+	md_gmatch_free(m);
+	md_grammar_unref(g);
 	md_gvocab_free(v);
 }
 
