@@ -14,8 +14,10 @@
  * @huggingface/jinja. Detection is deliberately strict: a template is recognised only when the
  * pieces that decide its output are all present, so a variant we do not reproduce (another
  * default system prompt, a date header, thinking tags) fails at load instead of silently
- * drifting from what the model was trained on. Tool calls, tool roles and multimodal content
- * are outside the message model here (role + text).
+ * drifting from what the model was trained on. Tools, assistant tool calls and tool results
+ * are rendered by the families with a tool format (chat_template.h, md_chat_family_has_tools)
+ * from text the caller prepared (each tool as `tool | tojson`, each call's arguments as sent),
+ * so this file needs no JSON library; multimodal content is outside the message model.
  */
 
 static const char *const family_names[MD_CHAT_FAMILY_COUNT] = {
@@ -455,7 +457,7 @@ static void sb_puts(struct sbuf *b, const char *s)
 	sb_put(b, s, strlen(s));
 }
 
-enum role { R_SYSTEM, R_USER, R_ASSISTANT };
+enum role { R_SYSTEM, R_USER, R_ASSISTANT, R_TOOL };
 
 /* A borrowed slice of a message string. */
 struct span {
@@ -569,12 +571,73 @@ static struct span py_strip(struct span s)
 	return s;
 }
 
+/* The Hermes/Qwen3 tool block that opens the system turn. */
+static void tools_prologue(struct sbuf *b, const struct md_chat_msg *m, const enum role *r,
+			   const struct md_chat_opts *o)
+{
+	sb_puts(b, "<|im_start|>system\n");
+	if (r[0] == R_SYSTEM) {
+		sb_puts(b, m[0].content);
+		sb_puts(b, "\n\n");
+	}
+	sb_puts(b, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+		   "You are provided with function signatures within <tools></tools> XML tags:\n"
+		   "<tools>");
+	for (size_t i = 0; i < o->n_tools; i++) {
+		sb_puts(b, "\n");
+		sb_puts(b, o->tools[i]);
+	}
+	sb_puts(b, "\n</tools>\n\nFor each function call, return a json object with function name "
+		   "and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+		   "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>"
+		   "<|im_end|>\n");
+}
+
+/* An assistant turn's tool calls, after its content (content_set: the content is not empty). */
+static void tool_calls_hermes(struct sbuf *b, const struct md_chat_msg *m, bool content_set)
+{
+	for (size_t k = 0; k < m->n_tool_calls; k++) {
+		if (k > 0 || content_set)
+			sb_puts(b, "\n");
+		sb_puts(b, "<tool_call>\n{\"name\": \"");
+		sb_puts(b, m->tool_calls[k].name);
+		sb_puts(b, "\", \"arguments\": ");
+		sb_puts(b, m->tool_calls[k].arguments);
+		sb_puts(b, "}\n</tool_call>");
+	}
+}
+
+/* A tool result: consecutive tool messages share one user turn. */
+static void tool_response_hermes(struct sbuf *b, const struct md_chat_msg *m, const enum role *r,
+				 size_t n, size_t i)
+{
+	if (i == 0 || r[i - 1] != R_TOOL)
+		sb_puts(b, "<|im_start|>user");
+	sb_puts(b, "\n<tool_response>\n");
+	sb_puts(b, m[i].content);
+	sb_puts(b, "\n</tool_response>");
+	if (i + 1 == n || r[i + 1] != R_TOOL)
+		sb_puts(b, "<|im_end|>\n");
+}
+
+static void render_qwen3(struct sbuf *b, const struct md_chat_msg *m, const enum role *r,
+                         size_t n, const struct md_chat_opts *o, bool reasoning_blocks);
+
 static void render_chatml(struct sbuf *b, const struct md_chat_msg *m, const enum role *r,
                           size_t n, const struct md_chat_opts *o, bool bos,
                           const char *default_system)
 {
 	if (bos)
 		sb_puts(b, o->bos_text);
+	if (!default_system) {
+		bool tools = o->n_tools > 0;
+		for (size_t i = 0; i < n && !tools; i++)
+			tools = r[i] == R_TOOL || m[i].n_tool_calls > 0;
+		if (tools) {
+			render_qwen3(b, m, r, n, o, false);
+			return;
+		}
+	}
 	for (size_t i = 0; i < n; i++) {
 		if (i == 0 && default_system && r[0] != R_SYSTEM) {
 			sb_puts(b, "<|im_start|>system\n");
@@ -634,13 +697,17 @@ static void render_qwen25(struct sbuf *b, const struct md_chat_msg *m, const enu
  * Qwen3: assistant turns after the last real user query keep their reasoning as a
  * <think> block (the final turn always gets one, possibly empty); earlier turns lose it.
  * A "user" message wrapped in <tool_response>...</tool_response> does not count as a query.
+ * Tools, tool calls and tool results in the Hermes format. Without reasoning_blocks (chatml
+ * with tools) assistant turns are written as they are.
  */
 static void render_qwen3(struct sbuf *b, const struct md_chat_msg *m, const enum role *r,
-                         size_t n, const struct md_chat_opts *o)
+                         size_t n, const struct md_chat_opts *o, bool reasoning_blocks)
 {
 	size_t last_query = n - 1;
 
-	if (r[0] == R_SYSTEM) {
+	if (o->n_tools > 0) {
+		tools_prologue(b, m, r, o);
+	} else if (r[0] == R_SYSTEM) {
 		sb_puts(b, "<|im_start|>system\n");
 		sb_puts(b, m[0].content);
 		sb_puts(b, "<|im_end|>\n");
@@ -661,10 +728,12 @@ static void render_qwen3(struct sbuf *b, const struct md_chat_msg *m, const enum
 			sb_puts(b, "\n");
 			sb_puts(b, m[i].content);
 			sb_puts(b, "<|im_end|>\n");
+		} else if (r[i] == R_TOOL) {
+			tool_response_hermes(b, m, r, n, i);
 		} else if (r[i] == R_ASSISTANT) {
 			struct span content = span_of(m[i].content);
 			struct span reasoning = { "", 0 };
-			const char *end = find(content, "</think>", false);
+			const char *end = reasoning_blocks ? find(content, "</think>", false) : NULL;
 
 			if (end) {
 				const char *last_end = find(content, "</think>", true);
@@ -683,19 +752,21 @@ static void render_qwen3(struct sbuf *b, const struct md_chat_msg *m, const enum
 				content = lstrip_nl(content);
 			}
 			sb_puts(b, "<|im_start|>assistant\n");
-			if (i > last_query && (i + 1 == n || reasoning.n > 0)) {
+			bool content_set = content.n > 0; /* the template tests its variable */
+			if (reasoning_blocks && i > last_query && (i + 1 == n || reasoning.n > 0)) {
 				sb_puts(b, "<think>\n");
 				sb_span(b, lstrip_nl(rstrip_nl(reasoning)));
 				sb_puts(b, "\n</think>\n\n");
 				content = lstrip_nl(content);
 			}
 			sb_span(b, content);
+			tool_calls_hermes(b, &m[i], content_set);
 			sb_puts(b, "<|im_end|>\n");
 		}
 	}
 	if (o->add_generation_prompt) {
 		sb_puts(b, "<|im_start|>assistant\n");
-		if (o->enable_thinking == 0)
+		if (reasoning_blocks && o->enable_thinking == 0)
 			sb_puts(b, "<think>\n\n</think>\n\n");
 	}
 }
@@ -857,10 +928,26 @@ int md_chat_render_opts(enum md_chat_family f, const struct md_chat_msg *msgs, s
 			r[i] = R_USER;
 		} else if (strcmp(msgs[i].role, "assistant") == 0) {
 			r[i] = R_ASSISTANT;
+		} else if (strcmp(msgs[i].role, "tool") == 0) {
+			r[i] = R_TOOL;
 		} else {
 			rc = -EINVAL;
 			goto out_free_roles;
 		}
+		if ((r[i] == R_TOOL || msgs[i].n_tool_calls > 0) && !md_chat_family_has_tools(f)) {
+			rc = -ENOTSUP;
+			goto out_free_roles;
+		}
+		for (size_t k = 0; k < msgs[i].n_tool_calls; k++)
+			if (r[i] != R_ASSISTANT || !msgs[i].tool_calls[k].name ||
+			    !msgs[i].tool_calls[k].arguments) {
+				rc = -EINVAL;
+				goto out_free_roles;
+			}
+	}
+	if (o.n_tools > 0 && !md_chat_family_has_tools(f)) {
+		rc = -ENOTSUP;
+		goto out_free_roles;
 	}
 	switch (f) {
 	case MD_CHAT_CHATML:
@@ -879,7 +966,7 @@ int md_chat_render_opts(enum md_chat_family f, const struct md_chat_msg *msgs, s
 		render_qwen25(&b, msgs, r, n, &o);
 		break;
 	case MD_CHAT_QWEN3:
-		render_qwen3(&b, msgs, r, n, &o);
+		render_qwen3(&b, msgs, r, n, &o, true);
 		break;
 	case MD_CHAT_MISTRAL:
 		rc = render_mistral(&b, msgs, r, n, &o);
@@ -923,6 +1010,11 @@ int md_chat_render_opts(enum md_chat_family f, const struct md_chat_msg *msgs, s
 out_free_roles:
 	free(r);
 	return rc;
+}
+
+bool md_chat_family_has_tools(enum md_chat_family f)
+{
+	return f == MD_CHAT_QWEN3 || f == MD_CHAT_CHATML;
 }
 
 int md_chat_render(enum md_chat_family f, const struct md_chat_msg *msgs, size_t n,

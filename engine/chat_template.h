@@ -26,11 +26,20 @@ enum md_chat_family {
 	MD_CHAT_FAMILY_COUNT
 };
 
-/* One message. Both strings are borrowed for the duration of the call and must be non-NULL;
- * role is "system", "user" or "assistant" (anything else is -EINVAL). */
+/* A tool call of an earlier assistant turn (OpenAI's tool_calls[i].function). */
+struct md_chat_tool_call {
+	const char *name;      /* borrowed */
+	const char *arguments; /* borrowed: the arguments' JSON text as the client sent it */
+};
+
+/* One message. role and content are borrowed for the duration of the call and must be
+ * non-NULL; role is "system", "user", "assistant" or "tool" (anything else is -EINVAL).
+ * An assistant message may carry tool calls; a tool message is a tool's result. */
 struct md_chat_msg {
 	const char *role;
 	const char *content;
+	const struct md_chat_tool_call *tool_calls; /* borrowed (n_tool_calls), assistant only */
+	size_t n_tool_calls;
 };
 
 /* Knobs a template reads beyond the messages (the Jinja context variables). */
@@ -42,7 +51,22 @@ struct md_chat_opts {
 	int enable_thinking;
 	const char *bos_text; /* borrowed: bos_token as text, NULL = "" (only where used) */
 	const char *eos_text; /* borrowed: eos_token as text, NULL = "" (only where used) */
+	/* The request's tools, each as the template's `tool | tojson` writes it (JSON with ", "
+	 * and ": " separators, keys in the client's order, non-ASCII unescaped). Borrowed
+	 * (n_tools). */
+	const char *const *tools;
+	size_t n_tools;
 };
+
+/*
+ * Tools: the families whose templates render tools do so in their own format (qwen3: the
+ * Hermes format, a "# Tools" system block with <tools></tools>, calls as
+ * <tool_call>{"name": ..., "arguments": ...}</tool_call>, results as <tool_response> in a user
+ * turn). chatml's own template has no tool format; with tools, tool calls or tool messages it
+ * renders them as Qwen3 does (without Qwen3's reasoning blocks), the format the default model's
+ * family uses. Every other family refuses tools and tool messages with -ENOTSUP.
+ */
+bool md_chat_family_has_tools(enum md_chat_family f);
 
 /*
  * Recognise the GGUF's tokenizer.chat_template. Matching is by distinctive pieces of the
@@ -74,7 +98,8 @@ const char *md_chat_template_names(void);
  * bos_token / eos_token: when the text starts with bos_text the caller must not add BOS again.
  * Returns 0, -EINVAL where the model's template raises an error (roles that do not alternate
  * in the Mistral templates, a system message for mistral-v1) or for n == 0, a NULL string or
- * an unknown role, -ENOMEM. On failure *out is NULL.
+ * an unknown role, -ENOTSUP for tools in a family without a tool format, -ENOMEM. On failure
+ * *out is NULL.
  */
 int md_chat_render_opts(enum md_chat_family f, const struct md_chat_msg *msgs, size_t n,
                         const struct md_chat_opts *opts, char **out, size_t *out_len);

@@ -80,6 +80,7 @@ struct md_engine {
 	bool model_loaded;
 	struct md_text text;
 	bool text_loaded;
+	struct md_gvocab *gvocab;        /* owned: the vocabulary as grammars see it */
 	struct md_forward_ctx *fw;       /* owned */
 	struct md_kv_cache kv;
 	bool kv_ready;
@@ -224,6 +225,8 @@ void md_engine_req_free(struct md_engine_req *r)
 	if (!r)
 		return;
 	md_sampling_release(&r->sampling);
+	md_gmatch_free(r->_gm);
+	md_grammar_unref(r->grammar);
 	free(r->_done);
 	free(r->prompt);
 	free(r);
@@ -308,21 +311,50 @@ static void seq_finish(struct md_engine *e, struct md_seq *s, enum md_finish f, 
 	md_seq_free(s);
 }
 
+/* Constrained decoding: sample under the grammar's mask (the matcher is made on the first
+ * token; near max_tokens the mask keeps only tokens after which the grammar can still be
+ * completed, so the output closes rather than being cut) and advance the matcher by the token. *complete: the grammar allows nothing after
+ * it but the end, so the sequence can stop without another forward pass. */
+static int sample_grammar(struct md_engine *e, struct md_seq *s, const float *row,
+			  struct md_sample_out *so, bool *complete)
+{
+	struct md_engine_req *r = s->req;
+	const uint32_t *allowed;
+	int rc = r->_gm ? 0 : md_gmatch_new(&r->_gm, r->grammar, e->gvocab);
+	if (!rc)
+		rc = md_gmatch_mask_budget(r->_gm, r->max_tokens - s->n_gen, &allowed);
+	if (rc)
+		return rc;
+	struct md_sampler_ctx ctx = {
+		.prompt = s->toks, .n_prompt = s->n_prompt, .gen = s->toks + s->n_prompt,
+		.n_gen = s->n_toks - s->n_prompt, .allowed = allowed,
+	};
+	rc = md_sampler_sample_ctx(&s->sm, &r->sampling, row, &ctx, so);
+	if (!rc)
+		rc = md_gmatch_accept(r->_gm, so->token);
+	*complete = !rc && md_gmatch_is_final(r->_gm);
+	return rc;
+}
+
 /* Sample the next token of s from its logits row; post events; finish when done.
  * Returns true when the sequence finished (it is then off the lists and freed). */
 static bool sample_seq(struct md_engine *e, struct md_seq *s, float *row)
 {
 	struct md_sample_out so;
 	const struct md_engine_req *r = s->req;
-	int rc = md_sampler_sample(&s->sm, &r->sampling, row, s->toks, s->n_prompt,
-				   s->toks + s->n_prompt, s->n_toks - s->n_prompt, &so);
+	bool complete = false;
+	int rc = r->grammar ? sample_grammar(e, s, row, &so, &complete)
+			    : md_sampler_sample(&s->sm, &r->sampling, row, s->toks, s->n_prompt,
+						s->toks + s->n_prompt, s->n_toks - s->n_prompt, &so);
 	if (rc) {
 		md_sched_remove(&e->sched, s);
 		seq_finish(e, s, MD_FINISH_ERROR, rc);
 		return true;
 	}
 	s->n_gen++;
-	if (md_tokenizer_is_eog(e->text.tok, so.token) && !r->ignore_eos) {
+	/* Under a grammar the end token means the grammar is complete: it ends even with
+	 * ignore_eos, since nothing may follow it. */
+	if (md_tokenizer_is_eog(e->text.tok, so.token) && (!r->ignore_eos || r->grammar)) {
 		md_sched_remove(&e->sched, s);
 		seq_finish(e, s, MD_FINISH_STOP, 0);
 		return true;
@@ -340,6 +372,11 @@ static bool sample_seq(struct md_engine *e, struct md_seq *s, float *row)
 	}
 	ev_stage(e, ev);
 	md_sched_append(&e->sched, s, so.token);
+	if (complete) {
+		md_sched_remove(&e->sched, s);
+		seq_finish(e, s, MD_FINISH_STOP, 0);
+		return true;
+	}
 	if (s->n_gen >= r->max_tokens || s->n_toks >= e->n_ctx || s->n_toks >= s->cap) {
 		md_sched_remove(&e->sched, s);
 		seq_finish(e, s, MD_FINISH_LENGTH, 0);
@@ -553,6 +590,10 @@ static int load(struct md_engine *e)
 			 hp->n_vocab);
 		return -EINVAL;
 	}
+	if (md_gvocab_new(&e->gvocab, e->text.tok)) {
+		snprintf(e->err, sizeof(e->err), "out of memory indexing the vocabulary");
+		return -ENOMEM;
+	}
 	/* Like llama.cpp, a context longer than the training context is allowed (RoPE works at any
 	 * position) but warned about: quality past the training length is the model's business. */
 	e->n_ctx = c->n_ctx ? c->n_ctx : hp->n_ctx_train;
@@ -717,6 +758,7 @@ void md_engine_free(struct md_engine *e)
 		md_forward_free(e->fw);
 	if (e->kv_ready)
 		md_kv_release(&e->kv);
+	md_gvocab_free(e->gvocab);
 	if (e->text_loaded)
 		md_text_release(&e->text);
 	if (e->model_loaded)
@@ -753,6 +795,11 @@ uint32_t md_engine_n_vocab(const struct md_engine *e)
 	return e->n_vocab;
 }
 
+const struct md_gvocab *md_engine_gvocab(const struct md_engine *e)
+{
+	return e->gvocab;
+}
+
 int md_engine_tokenize(const struct md_engine *e, const char *text, size_t len, bool add_bos,
 		       bool parse_special, int32_t **ids)
 {
@@ -777,14 +824,33 @@ bool md_engine_token_is_eog(const struct md_engine *e, int32_t id)
 int md_engine_chat_tokenize(const struct md_engine *e, const struct md_engine_msg *msgs,
 			    size_t n, int32_t **ids)
 {
-	struct md_chat_msg *cm = malloc(sizeof(*cm) * (n ? n : 1));
-	if (!cm)
-		return -ENOMEM;
-	for (size_t i = 0; i < n; i++) {
+	return md_engine_chat_tokenize_tools(e, msgs, n, NULL, 0, ids);
+}
+
+int md_engine_chat_tokenize_tools(const struct md_engine *e, const struct md_engine_msg *msgs,
+				  size_t n, const char *const *tools, size_t n_tools, int32_t **ids)
+{
+	size_t n_calls = 0;
+	for (size_t i = 0; i < n; i++)
+		n_calls += msgs[i].n_tool_calls;
+	struct md_chat_msg *cm = calloc(n ? n : 1, sizeof(*cm));
+	struct md_chat_tool_call *calls = calloc(n_calls ? n_calls : 1, sizeof(*calls));
+	int rc = -ENOMEM;
+	if (!cm || !calls)
+		goto out;
+	for (size_t i = 0, k = 0; i < n; i++) {
 		cm[i].role = msgs[i].role;
 		cm[i].content = msgs[i].content;
+		cm[i].tool_calls = calls + k;
+		cm[i].n_tool_calls = msgs[i].n_tool_calls;
+		for (size_t j = 0; j < msgs[i].n_tool_calls; j++, k++) {
+			calls[k].name = msgs[i].tool_calls[j].name;
+			calls[k].arguments = msgs[i].tool_calls[j].arguments;
+		}
 	}
-	int rc = md_text_chat_tokenize(&e->text, cm, n, ids);
+	rc = md_text_chat_tokenize_tools(&e->text, cm, n, tools, n_tools, ids);
+out:
+	free(calls);
 	free(cm);
 	return rc;
 }

@@ -33,6 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/grammar.h"
 #include "engine/sampler.h"
 
 struct md_engine; /* opaque */
@@ -68,7 +69,7 @@ enum md_engine_state {
 
 enum md_finish {
 	MD_FINISH_NONE = 0,
-	MD_FINISH_STOP,      /* end-of-generation token */
+	MD_FINISH_STOP,      /* end-of-generation token, or the grammar is complete */
 	MD_FINISH_LENGTH,    /* max_tokens or the context limit */
 	MD_FINISH_CANCELLED, /* md_engine_cancel or shutdown */
 	MD_FINISH_ERROR,     /* engine error; see err */
@@ -82,6 +83,9 @@ struct md_engine_req {
 	uint32_t max_tokens;         /* >= 1; the engine also stops at its context limit */
 	bool ignore_eos;
 	struct md_sampling sampling; /* owns its logit_bias array */
+	struct md_grammar *grammar;  /* owned reference, or NULL: constrained decoding; the
+					engine masks every sampled token with it (grammar.h) */
+	struct md_gmatch *_gm;       /* owned: the grammar's matcher, made by the engine thread */
 	struct md_engine_req *_next; /* queue link */
 	struct md_engine_event *_done; /* owned: the DONE event, allocated by md_engine_submit so
 					  that a request always gets one */
@@ -159,6 +163,8 @@ const char *md_engine_model_name(const struct md_engine *e); /* general.name or 
 const char *md_engine_model_path(const struct md_engine *e);
 uint32_t md_engine_n_ctx(const struct md_engine *e);
 uint32_t md_engine_n_vocab(const struct md_engine *e);
+/* The vocabulary as grammars see it (grammar.h), for md_gmatch outside the engine. */
+const struct md_gvocab *md_engine_gvocab(const struct md_engine *e);
 
 /* Encode text (add_bos: prepend BOS where the model wants it; parse_special: match special
  * tokens). Returns the count (>= 0) with a malloc'd array in *ids, or a negative code. */
@@ -174,9 +180,23 @@ bool md_engine_token_is_eog(const struct md_engine *e, int32_t id);
  * adding BOS only where the model wants one and the template did not write it. Returns the
  * token count with a malloc'd array in *ids, -EINVAL when the template rejects the messages
  * (roles that do not alternate, ...), or another negative code. */
-struct md_engine_msg { const char *role; const char *content; };
+struct md_engine_tool_call {
+	const char *name;      /* borrowed */
+	const char *arguments; /* borrowed: JSON text as the client sent it */
+};
+struct md_engine_msg {
+	const char *role;      /* system, user, assistant or tool */
+	const char *content;
+	const struct md_engine_tool_call *tool_calls; /* borrowed (n_tool_calls): assistant */
+	size_t n_tool_calls;
+};
 int md_engine_chat_tokenize(const struct md_engine *e, const struct md_engine_msg *msgs,
 			    size_t n, int32_t **ids);
+/* The same with the request's tools, each as the chat template's `tool | tojson` writes it
+ * (n_tools may be 0). -ENOTSUP when the model's chat template has no tool format and the
+ * request has tools, tool calls or tool messages. */
+int md_engine_chat_tokenize_tools(const struct md_engine *e, const struct md_engine_msg *msgs,
+				  size_t n, const char *const *tools, size_t n_tools, int32_t **ids);
 
 /* Incremental detokenizer that yields only complete UTF-8 (one per choice). */
 struct md_engine_detok; /* opaque */

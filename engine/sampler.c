@@ -591,11 +591,17 @@ int md_sampler_sample(struct md_sampler *sm, const struct md_sampling *p, const 
 		      const int32_t *prompt, uint32_t n_prompt, const int32_t *gen, uint32_t n_gen,
 		      struct md_sample_out *out)
 {
-	struct md_sampler_dist *d = &sm->dist;
 	struct md_sampler_ctx ctx = {
 		.prompt = prompt, .n_prompt = n_prompt, .gen = gen, .n_gen = n_gen,
 	};
-	int rc = md_sampler_transform(sm, p, &ctx, logits, d->w);
+	return md_sampler_sample_ctx(sm, p, logits, &ctx, out);
+}
+
+int md_sampler_sample_ctx(struct md_sampler *sm, const struct md_sampling *p, const float *logits,
+			  const struct md_sampler_ctx *ctx, struct md_sample_out *out)
+{
+	struct md_sampler_dist *d = &sm->dist;
+	int rc = md_sampler_transform(sm, p, ctx, logits, d->w);
 	if (rc)
 		return rc;
 	rc = md_sampler_dist_build(d, p, d->w);

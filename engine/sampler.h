@@ -192,6 +192,11 @@ int md_sampler_sample(struct md_sampler *sm, const struct md_sampling *p, const 
 		      const int32_t *prompt, uint32_t n_prompt, const int32_t *gen, uint32_t n_gen,
 		      struct md_sample_out *out);
 
+/* md_sampler_sample with the transforms' context given whole, mask included (ctx->allowed;
+ * ctx may be NULL): the path of a sequence under a grammar. Same returns. */
+int md_sampler_sample_ctx(struct md_sampler *sm, const struct md_sampling *p, const float *logits,
+			  const struct md_sampler_ctx *ctx, struct md_sample_out *out);
+
 /* A well-mixed 64-bit value (splitmix64) for seeding. */
 uint64_t md_sampler_mix(uint64_t x);
 

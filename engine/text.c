@@ -67,9 +67,19 @@ void md_text_release(struct md_text *t)
 int md_text_chat_tokenize(const struct md_text *t, const struct md_chat_msg *msgs, size_t n,
 			  int32_t **ids)
 {
+	return md_text_chat_tokenize_tools(t, msgs, n, NULL, 0, ids);
+}
+
+int md_text_chat_tokenize_tools(const struct md_text *t, const struct md_chat_msg *msgs, size_t n,
+				const char *const *tools, size_t n_tools, int32_t **ids)
+{
 	char *text = NULL;
 	size_t len = 0;
-	int rc = md_chat_render(t->chat, msgs, n, true, t->bos_text, t->eos_text, &text, &len);
+	struct md_chat_opts o = {
+		.add_generation_prompt = true, .enable_thinking = -1, .bos_text = t->bos_text,
+		.eos_text = t->eos_text, .tools = tools, .n_tools = n_tools,
+	};
+	int rc = md_chat_render_opts(t->chat, msgs, n, &o, &text, &len);
 	if (rc)
 		return rc;
 	bool has_bos = t->bos_text[0] && strncmp(text, t->bos_text, strlen(t->bos_text)) == 0;

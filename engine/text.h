@@ -36,5 +36,9 @@ void md_text_release(struct md_text *t);
  * *ids, -EINVAL when the template rejects the messages, or another negative code. */
 int md_text_chat_tokenize(const struct md_text *t, const struct md_chat_msg *msgs, size_t n,
 			  int32_t **ids);
+/* The same with tools (chat_template.h md_chat_opts.tools; n_tools may be 0); -ENOTSUP when
+ * the template has no tool format and the chat uses tools. */
+int md_text_chat_tokenize_tools(const struct md_text *t, const struct md_chat_msg *msgs, size_t n,
+				const char *const *tools, size_t n_tools, int32_t **ids);
 
 #endif

@@ -21,6 +21,14 @@ struct lp_ent {
 
 struct md_gen;
 
+/* A tool call of a choice (its id for the stream, all of it for the whole response). */
+struct tcall {
+	char id[40];
+	char name[72];
+	char *args;                     /* owned (args_cap): whole response only */
+	size_t args_len, args_cap;
+};
+
 struct choice {
 	struct md_gen *g;               /* borrowed: the owner */
 	uint64_t eng_id;
@@ -39,6 +47,11 @@ struct choice {
 	uint32_t cached_tokens;         /* prompt tokens the engine took from its prefix cache */
 	const char *finish;             /* static string once finished */
 	double t_last;
+	struct md_tool_parser tp;       /* stage 3 when the generation has tools */
+	const struct lp_ent *tp_ents;   /* logprobs the parser's next emission carries */
+	size_t tp_k;
+	struct tcall *calls;            /* owned (n_calls) */
+	size_t n_calls;
 };
 
 struct md_gen {
@@ -47,6 +60,7 @@ struct md_gen {
 	struct md_gen *prev, *next;     /* the context's list, once linked */
 	bool linked;
 	bool stream, include_usage, want_lp;
+	bool tools_on;                  /* parse tool calls out of the output (server/tools.h) */
 	struct md_oai_ident ident;      /* strings point into id and the context's model */
 	char id[64];
 	char **stops;                   /* owned (n_stops) */
@@ -223,6 +237,10 @@ static void gen_free(struct md_gen *g)
 			choice_detach(ch);
 		md_engine_detok_free(ch->detok);
 		md_stop_release(&ch->stop);
+		md_tool_parser_release(&ch->tp);
+		for (size_t k = 0; k < ch->n_calls; k++)
+			free(ch->calls[k].args);
+		free(ch->calls);
 		free(ch->ents);
 		free(ch->text);
 		cJSON_Delete(ch->lp);
@@ -373,12 +391,92 @@ static void stage_emit(struct choice *ch, const char *text, size_t n, const stru
 	ch->text_offset += n;
 }
 
-/* Stage 3, tool calls: the slot where a parser would take the model's tool-call text out of
- * the content (and hold it while a call is incomplete). Without one, text passes through. */
+/* The logprobs object of the entries a tool-call chunk carries (NULL: none or not asked). */
+static cJSON *tool_lp(struct choice *ch)
+{
+	struct md_gen *g = ch->g;
+	if (!g->want_lp || !ch->tp_k)
+		return NULL;
+	cJSON *lp = md_oai_logprobs_new(true);
+	for (size_t i = 0; i < ch->tp_k; i++)
+		md_oai_logprobs_add(lp, true, g->x->eng, &ch->tp_ents[i].lp,
+				    ch->text_offset + ch->tp_ents[i].off);
+	return lp;
+}
+
+/* The tool-call parser's output (md_tool_emit_cb): content goes on to stage 4; a call's start
+ * and its argument pieces become tool_calls deltas, or parts of the whole response. */
+static void tool_emit(void *arg, enum md_tool_ev ev, int index, const char *s, size_t n)
+{
+	struct choice *ch = arg;
+	struct md_gen *g = ch->g;
+	const struct lp_ent *ents = ch->tp_ents;
+	size_t k = ch->tp_k;
+	if (ev == MD_TOOL_EV_CONTENT) {
+		ch->tp_ents = NULL;
+		ch->tp_k = 0;
+		stage_emit(ch, s, n, ents, k);
+		return;
+	}
+	if (ev == MD_TOOL_EV_BEGIN) {
+		struct tcall *nc = realloc(ch->calls, (ch->n_calls + 1) * sizeof(*nc));
+		if (!nc)
+			return; /* the call is lost; its arguments are dropped below */
+		ch->calls = nc;
+		struct tcall *c = &ch->calls[ch->n_calls++];
+		memset(c, 0, sizeof(*c));
+		md_tools_call_id(c->id, sizeof(c->id));
+		snprintf(c->name, sizeof(c->name), "%.*s", (int)n, s);
+		if (g->stream)
+			sse_choice(g, md_oai_choice_tool_delta(ch->index, index, c->id, c->name, "", 0,
+							       tool_lp(ch)));
+	} else {
+		if (index < 0 || (size_t)index >= ch->n_calls)
+			return;
+		struct tcall *c = &ch->calls[index];
+		if (g->stream) {
+			sse_choice(g, md_oai_choice_tool_delta(ch->index, index, NULL, NULL, s, n,
+							       tool_lp(ch)));
+		} else if (n > 0) {
+			if (c->args_len + n + 1 > c->args_cap) {
+				size_t cap = c->args_cap ? c->args_cap * 2 : 64;
+				while (cap < c->args_len + n + 1)
+					cap *= 2;
+				char *na = realloc(c->args, cap);
+				if (!na)
+					return; /* the piece is lost */
+				c->args = na;
+				c->args_cap = cap;
+			}
+			memcpy(c->args + c->args_len, s, n);
+			c->args_len += n;
+		}
+	}
+	if (!g->stream && g->want_lp)
+		for (size_t i = 0; i < k; i++)
+			md_oai_logprobs_add(ch->lp, true, g->x->eng, &ents[i].lp,
+					    ch->text_offset + ents[i].off);
+	ch->tp_ents = NULL;
+	ch->tp_k = 0;
+}
+
+/* Stage 3, tool calls: with tools, the parser (server/tools.h) takes the model's tool calls
+ * out of the content, holding text while it may still be the start of one; logprob entries
+ * travel with the parser's next emission. Without tools, text passes through. */
 static void stage_tools(struct choice *ch, const char *text, size_t n, const struct lp_ent *ents,
 			size_t k)
 {
-	stage_emit(ch, text, n, ents, k);
+	if (!ch->g->tools_on) {
+		stage_emit(ch, text, n, ents, k);
+		return;
+	}
+	ch->tp_ents = ents;
+	ch->tp_k = k;
+	md_tool_parser_push(&ch->tp, text, n);
+	if (ch->tp_k && ch->g->want_lp) /* all text held: the entries go out now, without text */
+		stage_emit(ch, "", 0, ch->tp_ents, ch->tp_k);
+	ch->tp_ents = NULL;
+	ch->tp_k = 0;
 }
 
 /* Move the first n pending bytes down the chain with the logprob entries of the tokens whose
@@ -573,10 +671,20 @@ static void respond_whole(struct md_gen *g, uint32_t comp, double ttft)
 	cJSON *choices, *doc = md_oai_doc_new(&g->ident, true, &choices);
 	for (size_t i = 0; doc && i < g->n_ch; i++) {
 		struct choice *ch = &g->ch[i];
-		cJSON_AddItemToArray(choices,
-				     md_oai_choice_whole(&g->ident, ch->index, ch->text ? ch->text : "",
-							 ch->lp, ch->finish ? ch->finish : "stop"));
+		cJSON *c0 = md_oai_choice_whole(&g->ident, ch->index, ch->text ? ch->text : "", ch->lp,
+						ch->finish ? ch->finish : "stop");
 		ch->lp = NULL;
+		if (ch->n_calls) {
+			cJSON *calls = cJSON_CreateArray();
+			for (size_t k = 0; k < ch->n_calls; k++) {
+				struct tcall *c = &ch->calls[k];
+				char *a = strndup(c->args ? c->args : "", c->args_len);
+				cJSON_AddItemToArray(calls, md_oai_tool_call(c->id, c->name, a ? a : ""));
+				free(a);
+			}
+			md_oai_choice_set_tool_calls(c0, calls);
+		}
+		cJSON_AddItemToArray(choices, c0);
 	}
 	if (doc)
 		cJSON_AddItemToObject(doc, "usage", md_oai_usage(g->prompt_tokens, comp, cached_tokens(g)));
@@ -641,6 +749,11 @@ static void choice_finish(struct choice *ch, const char *reason, bool cancel_eng
 	if (!ch->active)
 		return;
 	MD_ASSERT(g->n_open > 0);
+	if (g->tools_on) {
+		md_tool_parser_finish(&ch->tp);
+		if (ch->n_calls > 0 && strcmp(reason, "stop") == 0)
+			reason = "tool_calls";
+	}
 	ch->active = false;
 	map_del(x, ch->eng_id);
 	if (cancel_engine)
@@ -651,6 +764,8 @@ static void choice_finish(struct choice *ch, const char *reason, bool cancel_eng
 		f = MD_METRICS_FIN_STOP;
 	else if (strcmp(reason, "length") == 0)
 		f = MD_METRICS_FIN_LENGTH;
+	else if (strcmp(reason, "tool_calls") == 0)
+		f = MD_METRICS_FIN_STOP;
 	else if (strcmp(reason, "abort") == 0)
 		f = MD_METRICS_FIN_ABORT;
 	x->m.finished[f]++;
@@ -730,6 +845,9 @@ static struct md_gen *gen_new(struct md_gen_ctx *x, const struct md_oai_reply *o
 			goto free_gen;
 	}
 	/* nothing can fail from here on */
+	g->tools_on = p->tools.n > 0 && p->tools.choice != MD_TOOL_CHOICE_NONE;
+	for (size_t i = 0; i < n_ch; i++)
+		md_tool_parser_init(&g->ch[i].tp, tool_emit, &g->ch[i]);
 	g->stream = p->stream;
 	g->include_usage = p->include_usage;
 	g->want_lp = p->want_lp;
@@ -766,6 +884,7 @@ static struct md_engine_req *req_new(const struct md_oai_params *p, size_t i,
 	er->sampling = p->s;
 	er->sampling.logit_bias = NULL;
 	er->sampling.n_logit_bias = 0;
+	er->grammar = p->grammar ? md_grammar_ref(p->grammar) : NULL;
 	if (p->s.has_seed)
 		er->sampling.seed = p->s.seed + i;
 	if (!(er->prompt = malloc(sizeof(int32_t) * len)))
@@ -782,6 +901,7 @@ static struct md_engine_req *req_new(const struct md_oai_params *p, size_t i,
 free_prompt:
 	free(er->prompt);
 free_req:
+	md_grammar_unref(er->grammar);
 	free(er);
 	return NULL;
 }
@@ -909,9 +1029,14 @@ void md_gen_chat(struct md_gen_ctx *x, const struct md_oai_reply *o, cJSON *body
 		goto release_params;
 	if (md_oai_parse_messages(o, body, &m) < 0)
 		goto release_params;
-	int n = md_engine_chat_tokenize(x->eng, m.msgs, m.n, &ids);
+	int n = md_engine_chat_tokenize_tools(x->eng, m.msgs, m.n, (const char *const *)p.tools.json,
+					      p.tools.n, &ids);
 	md_oai_msgs_release(&m);
-	if (n == -EINVAL) {
+	if (n == -ENOTSUP) {
+		md_oai_error(o, 400, "invalid_request_error", "tools", "unsupported",
+			     "this model's chat template has no tool format: tools, tool calls "
+			     "and tool messages are not supported with it");
+	} else if (n == -EINVAL) {
 		md_oai_error(o, 400, "invalid_request_error", "messages", "invalid_value",
 			     "the model's chat template rejects these messages (roles must "
 			     "alternate user/assistant where the template requires it)");

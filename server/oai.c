@@ -11,6 +11,7 @@
 
 #include "common/assert.h"
 #include "common/log.h"
+#include "server/json_schema.h"
 
 /* ---- replies ---- */
 
@@ -435,6 +436,153 @@ static int p_logit_bias(const struct param *row, struct pctx *x, cJSON *lb)
 	return 0;
 }
 
+/* ---- constrained decoding: response_format and the raw grammar extension ---- */
+
+/* Compile grammar text into p->grammar; a failure is answered as a 400 on param. */
+static int set_grammar(struct pctx *x, const char *param, const char *text, size_t len)
+{
+	char err[300];
+	struct md_grammar *g;
+	if (x->p->grammar) {
+		bad_request(x->o, param, "only one of 'grammar', a JSON 'response_format' and a forced "
+			    "tool call ('tool_choice' required or a function) may be given");
+		return -1;
+	}
+	int rc = md_grammar_parse(text, len, &g, err, sizeof(err));
+	if (rc == -ENOMEM) {
+		out_of_memory(x->o);
+		return -1;
+	}
+	if (rc) {
+		md_oai_error(x->o, 400, "invalid_request_error", param, "invalid_value",
+			     "invalid grammar: %s", err);
+		return -1;
+	}
+	x->p->grammar = g;
+	return 0;
+}
+
+static int p_response_format(const struct param *row, struct pctx *x, cJSON *rf)
+{
+	const struct md_oai_reply *o = x->o;
+	if (cJSON_IsNull(rf))
+		return 0;
+	cJSON *type = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
+	if (!cJSON_IsString(type)) {
+		bad_request(o, "response_format", "'response_format' must be an object with a 'type' "
+			    "of 'text', 'json_object' or 'json_schema'");
+		return -1;
+	}
+	const char *t = type->valuestring;
+	if (strcmp(t, "text") == 0)
+		return 0;
+	if (strcmp(t, "json_object") == 0) {
+		const char *g = md_json_object_grammar();
+		return set_grammar(x, "response_format", g, strlen(g));
+	}
+	if (strcmp(t, "json_schema") != 0) {
+		md_oai_error(o, 400, "invalid_request_error", "response_format", "invalid_value",
+			     "unsupported response_format type '%.40s' (text, json_object, "
+			     "json_schema)", t);
+		return -1;
+	}
+	cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+	if (!cJSON_IsObject(js)) {
+		bad_request(o, "response_format", "'response_format.json_schema' must be an object "
+			    "with 'name' and 'schema'");
+		return -1;
+	}
+	cJSON *name = cJSON_GetObjectItemCaseSensitive(js, "name");
+	cJSON *strict = cJSON_GetObjectItemCaseSensitive(js, "strict");
+	cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
+	if (name && !cJSON_IsString(name)) {
+		bad_request(o, "response_format", "'response_format.json_schema.name' must be a "
+			    "string");
+		return -1;
+	}
+	if (strict && !cJSON_IsNull(strict) && !cJSON_IsBool(strict)) {
+		bad_request(o, "response_format", "'response_format.json_schema.strict' must be a "
+			    "boolean");
+		return -1;
+	}
+	if (!schema || cJSON_IsNull(schema)) {
+		const char *g = md_json_object_grammar();
+		return set_grammar(x, "response_format", g, strlen(g));
+	}
+	/* strict or not, the output follows the schema: the grammar enforces it either way */
+	char err[300], *text;
+	int rc = md_json_schema_grammar(schema, &text, err, sizeof(err));
+	if (rc == -ENOMEM) {
+		out_of_memory(o);
+		return -1;
+	}
+	if (rc) {
+		md_oai_error(o, 400, "invalid_request_error", "response_format", "invalid_value",
+			     "response_format.json_schema.schema: %s", err);
+		return -1;
+	}
+	rc = set_grammar(x, "response_format", text, strlen(text));
+	free(text);
+	return rc;
+}
+
+static int p_tools(const struct param *row, struct pctx *x, cJSON *t)
+{
+	char err[300];
+	md_tools_release(&x->p->tools);
+	int rc = md_tools_parse(&x->p->tools, t, err, sizeof(err));
+	if (rc == -ENOMEM) {
+		out_of_memory(x->o);
+		return -1;
+	}
+	if (rc) {
+		md_oai_error(x->o, 400, "invalid_request_error", "tools", "invalid_value", "%s", err);
+		return -1;
+	}
+	return 0;
+}
+
+/* After tools and parallel_tool_calls: a forced call (required, named) becomes a grammar. */
+static int p_tool_choice(const struct param *row, struct pctx *x, cJSON *c)
+{
+	char err[400], *text;
+	struct md_tools *t = &x->p->tools;
+	if (cJSON_IsNull(c))
+		return 0;
+	if (md_tools_set_choice(t, c, err, sizeof(err))) {
+		md_oai_error(x->o, 400, "invalid_request_error", "tool_choice", "invalid_value", "%s",
+			     err);
+		return -1;
+	}
+	int rc = md_tools_grammar(t, &text, err, sizeof(err));
+	if (rc == -ENOMEM) {
+		out_of_memory(x->o);
+		return -1;
+	}
+	if (rc) {
+		md_oai_error(x->o, 400, "invalid_request_error", "tools", "invalid_value", "%s", err);
+		return -1;
+	}
+	if (!text)
+		return 0;
+	rc = set_grammar(x, "tool_choice", text, strlen(text));
+	free(text);
+	return rc;
+}
+
+/* moed's extension: "grammar" holds grammar text (engine/grammar.h, documented in
+ * proto/openapi.yaml). */
+static int p_grammar(const struct param *row, struct pctx *x, cJSON *g)
+{
+	if (cJSON_IsNull(g))
+		return 0;
+	if (!cJSON_IsString(g)) {
+		bad_request(x->o, "grammar", "'grammar' must be a string of grammar rules");
+		return -1;
+	}
+	return set_grammar(x, "grammar", g->valuestring, strlen(g->valuestring));
+}
+
 /*
  * Every parameter moed reads, in the order they are checked (the first bad one is the one
  * answered). A new parameter is one row: a plain number, integer or boolean needs no code;
@@ -464,6 +612,11 @@ static const struct param params[] = {
 	CUSTOM("echo", MD_OAI_COMPLETIONS, p_echo),
 	CUSTOM("stop", GEN_EPS, p_stop),
 	CUSTOM("logit_bias", GEN_EPS, p_logit_bias),
+	CUSTOM("response_format", GEN_EPS, p_response_format),
+	CUSTOM("grammar", GEN_EPS, p_grammar),
+	CUSTOM("tools", MD_OAI_CHAT, p_tools),
+	BOOL("parallel_tool_calls", MD_OAI_CHAT, tools.parallel),
+	CUSTOM("tool_choice", MD_OAI_CHAT, p_tool_choice),
 	BOOL("add_special", MD_OAI_TOKENIZE, add_special),
 	BOOL("with_pieces", MD_OAI_TOKENIZE, with_pieces),
 };
@@ -511,6 +664,7 @@ int md_oai_parse_params(const struct md_oai_reply *o, const struct md_oai_limits
 	p->n = 1;
 	p->add_special = true;
 	p->_top_k = p->s.top_k;
+	p->tools.parallel = true;
 	struct pctx x = { .o = o, .lim = lim, .p = p };
 	for (size_t i = 0; i < N_PARAMS; i++) {
 		const struct param *row = &params[i];
@@ -538,6 +692,9 @@ int md_oai_parse_params(const struct md_oai_reply *o, const struct md_oai_limits
 void md_oai_params_release(struct md_oai_params *p)
 {
 	md_sampling_release(&p->s);
+	md_grammar_unref(p->grammar);
+	p->grammar = NULL;
+	md_tools_release(&p->tools);
 	for (size_t i = 0; i < p->n_stops; i++)
 		free(p->stops[i]);
 	free(p->stops);
@@ -553,6 +710,7 @@ void md_oai_msgs_release(struct md_oai_msgs *m)
 		free(m->owned[i]);
 	free(m->owned);
 	free(m->msgs);
+	free(m->calls);
 	memset(m, 0, sizeof(*m));
 }
 
@@ -603,16 +761,22 @@ int md_oai_parse_messages(const struct md_oai_reply *o, cJSON *body, struct md_o
 		bad_request(o, "messages", "'messages' must be a non-empty array");
 		return -1;
 	}
-	size_t n = (size_t)cJSON_GetArraySize(arr), i = 0;
+	size_t n = (size_t)cJSON_GetArraySize(arr), i = 0, n_calls = 0, at_call = 0;
+	cJSON *msg;
+	cJSON_ArrayForEach(msg, arr) {
+		cJSON *tc = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls");
+		if (cJSON_IsArray(tc))
+			n_calls += (size_t)cJSON_GetArraySize(tc);
+	}
 	struct md_oai_msgs m = { .msgs = calloc(n, sizeof(*m.msgs)),
-				 .owned = calloc(n, sizeof(char *)) };
+				 .owned = calloc(n + n_calls, sizeof(char *)),
+				 .calls = calloc(n_calls ? n_calls : 1, sizeof(*m.calls)) };
 	char param[64];
-	if (!m.msgs || !m.owned) {
+	if (!m.msgs || !m.owned || !m.calls) {
 		md_oai_msgs_release(&m);
 		out_of_memory(o);
 		return -1;
 	}
-	cJSON *msg;
 	cJSON_ArrayForEach(msg, arr) {
 		if (!cJSON_IsObject(msg)) {
 			snprintf(param, sizeof(param), "messages[%zu]", i);
@@ -628,12 +792,48 @@ int md_oai_parse_messages(const struct md_oai_reply *o, cJSON *body, struct md_o
 		const char *rs = role->valuestring;
 		if (strcmp(rs, "developer") == 0)
 			rs = "system";
-		if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant")) {
+		if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant") &&
+		    strcmp(rs, "tool")) {
 			snprintf(param, sizeof(param), "messages[%zu].role", i);
 			md_oai_error(o, 400, "invalid_request_error", param, "invalid_value",
-				     "unsupported role '%.64s' (system, developer, user, assistant)",
-				     role->valuestring);
+				     "unsupported role '%.64s' (system, developer, user, assistant, "
+				     "tool)", role->valuestring);
 			goto fail;
+		}
+		cJSON *tc = cJSON_GetObjectItemCaseSensitive(msg, "tool_calls");
+		if (tc && !cJSON_IsNull(tc)) {
+			snprintf(param, sizeof(param), "messages[%zu].tool_calls", i);
+			if (strcmp(rs, "assistant") != 0 || !cJSON_IsArray(tc)) {
+				bad_request(o, param, "'tool_calls' must be an array, on assistant "
+					    "messages only");
+				goto fail;
+			}
+			m.msgs[i].tool_calls = m.calls + at_call;
+			cJSON *call;
+			cJSON_ArrayForEach(call, tc) {
+				cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
+				cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+				cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+				if (!cJSON_IsString(name) || !(cJSON_IsString(args) || cJSON_IsObject(args))) {
+					bad_request(o, param, "each tool call needs 'function' with a 'name' "
+						    "and 'arguments' (a JSON string)");
+					goto fail;
+				}
+				struct md_engine_tool_call *c = &m.calls[at_call++];
+				c->name = name->valuestring;
+				if (cJSON_IsString(args)) {
+					c->arguments = args->valuestring;
+				} else {
+					char *a = md_tools_tojson(args);
+					if (!a) {
+						out_of_memory(o);
+						goto fail;
+					}
+					m.owned[m.n_owned++] = a;
+					c->arguments = a;
+				}
+				m.msgs[i].n_tool_calls++;
+			}
 		}
 		m.msgs[i].role = rs;
 		cJSON *content = cJSON_GetObjectItemCaseSensitive(msg, "content");
@@ -858,6 +1058,58 @@ cJSON *md_oai_usage(uint32_t prompt_tokens, uint32_t completion_tokens, uint32_t
 	if (d)
 		cJSON_AddNumberToObject(d, "cached_tokens", cached_tokens);
 	return u;
+}
+
+cJSON *md_oai_tool_call(const char *id, const char *name, const char *arguments)
+{
+	cJSON *c = cJSON_CreateObject();
+	cJSON_AddStringToObject(c, "id", id);
+	cJSON_AddStringToObject(c, "type", "function");
+	cJSON *fn = cJSON_AddObjectToObject(c, "function");
+	cJSON_AddStringToObject(fn, "name", name);
+	cJSON_AddStringToObject(fn, "arguments", arguments);
+	return c;
+}
+
+cJSON *md_oai_choice_tool_delta(uint32_t index, int call_index, const char *id, const char *name,
+				const char *args, size_t args_len, cJSON *logprobs)
+{
+	cJSON *c0 = cJSON_CreateObject();
+	cJSON_AddNumberToObject(c0, "index", index);
+	cJSON *delta = cJSON_AddObjectToObject(c0, "delta");
+	cJSON *calls = cJSON_AddArrayToObject(delta, "tool_calls");
+	cJSON *tc = cJSON_CreateObject();
+	cJSON_AddItemToArray(calls, tc);
+	cJSON_AddNumberToObject(tc, "index", call_index);
+	if (id) {
+		cJSON_AddStringToObject(tc, "id", id);
+		cJSON_AddStringToObject(tc, "type", "function");
+	}
+	cJSON *fn = cJSON_AddObjectToObject(tc, "function");
+	if (name)
+		cJSON_AddStringToObject(fn, "name", name);
+	char *a = strndup(args ? args : "", args ? args_len : 0);
+	cJSON_AddStringToObject(fn, "arguments", a ? a : "");
+	free(a);
+	if (logprobs)
+		cJSON_AddItemToObject(c0, "logprobs", logprobs);
+	else
+		cJSON_AddNullToObject(c0, "logprobs");
+	cJSON_AddNullToObject(c0, "finish_reason");
+	return c0;
+}
+
+void md_oai_choice_set_tool_calls(cJSON *choice, cJSON *calls)
+{
+	cJSON *msg = cJSON_GetObjectItemCaseSensitive(choice, "message");
+	if (!msg) {
+		cJSON_Delete(calls);
+		return;
+	}
+	cJSON *content = cJSON_GetObjectItemCaseSensitive(msg, "content");
+	if (cJSON_IsString(content) && content->valuestring[0] == 0)
+		cJSON_ReplaceItemInObjectCaseSensitive(msg, "content", cJSON_CreateNull());
+	cJSON_AddItemToObject(msg, "tool_calls", calls);
 }
 
 long md_oai_sse_event(cJSON *doc, char **out)

@@ -21,6 +21,7 @@
 #include "engine/engine.h"
 #include "server/http.h"
 #include "server/metrics.h"
+#include "server/tools.h"
 
 /* ---- replies ---- */
 
@@ -86,6 +87,10 @@ struct md_oai_params {
 	bool want_lp;                /* logprobs asked */
 	int lp_top;                  /* alternatives per token (0..MD_ENGINE_MAX_TOP) */
 	bool add_special, with_pieces; /* /tokenize */
+	struct md_grammar *grammar;  /* owned reference, or NULL: from response_format (json_object,
+				      * json_schema), moed's raw "grammar" extension, or forced tool
+				      * calls (tool_choice required or named) */
+	struct md_tools tools;       /* tools, tool_choice, parallel_tool_calls (chat) */
 	/* raw values, combined into the fields above once every row is read */
 	int64_t _top_k, _seed, _lp_n, _top_lp;
 	bool _lp_on, _lp_n_set, _top_lp_set;
@@ -101,12 +106,14 @@ void md_oai_params_release(struct md_oai_params *p);
 /* ---- chat messages ---- */
 
 /* Chat "messages" parsed for md_engine_chat_tokenize: strings are borrowed from the request
- * body, except joined content parts, which are owned here. */
+ * body, except joined content parts and tool-call arguments given as objects, which are owned
+ * here. Roles: system (and developer), user, assistant (with tool_calls), tool. */
 struct md_oai_msgs {
 	struct md_engine_msg *msgs;  /* owned (n) */
 	size_t n;
 	char **owned;                /* owned (n_owned) */
 	size_t n_owned;
+	struct md_engine_tool_call *calls; /* owned: every assistant message's tool calls */
 };
 
 /* Returns 0, or -1 after answering 400 (naming the message) or 500; m is empty then. */
@@ -155,6 +162,16 @@ cJSON *md_oai_choice_finish(const struct md_oai_ident *id, uint32_t index, const
 cJSON *md_oai_choice_whole(const struct md_oai_ident *id, uint32_t index, const char *text,
 			   cJSON *logprobs, const char *reason);
 cJSON *md_oai_usage(uint32_t prompt_tokens, uint32_t completion_tokens, uint32_t cached_tokens);
+/* One tool call of a whole response: {"id","type":"function","function":{"name","arguments"}}. */
+cJSON *md_oai_tool_call(const char *id, const char *name, const char *arguments);
+/* A chunk choice carrying one tool-call delta: the call's start (id and name set, arguments
+ * "") or a piece of its arguments (id and name NULL), as OpenAI streams them. logprobs is
+ * consumed (NULL for null). */
+cJSON *md_oai_choice_tool_delta(uint32_t index, int call_index, const char *id, const char *name,
+				const char *args, size_t args_len, cJSON *logprobs);
+/* Give a whole response's choice its tool calls (calls consumed): content becomes null when
+ * it is empty, as OpenAI answers a call without text. */
+void md_oai_choice_set_tool_calls(cJSON *choice, cJSON *calls);
 /* Frame doc (consumed) as one SSE event "data: <json>\n\n" in a malloc'd *out. Returns the
  * length, or -ENOMEM (nothing allocated). */
 long md_oai_sse_event(cJSON *doc, char **out);

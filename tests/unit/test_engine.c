@@ -129,6 +129,51 @@ int main(int argc, char **argv)
 		CHECK_EQ_I(done.finish, MD_FINISH_LENGTH);
 		CHECK_EQ_U(n_tok, 4);
 	}
+	/* 4. Constrained decoding: every output matches the grammar and ends where the grammar
+	 * does (STOP, even with ignore_eos); temperature 1 with seeds, so the mask decides. */
+	static const char gtext[] = "root ::= \"{\\\"n\\\": \" [1-9] [0-9]{0,2} \", \\\"w\\\": \\\"\" "
+				    "[a-z ]{1,8} \"\\\"}\"";
+	char gerr[200];
+	struct md_grammar *g;
+	REQUIRE(CHECK_EQ_I(md_grammar_parse(gtext, strlen(gtext), &g, gerr, sizeof(gerr)), 0));
+	for (uint64_t k = 0; k < 6; k++) {
+		uint64_t id = 40 + k;
+		r = mkreq(id, 40);
+		r->sampling.temperature = 1;
+		r->sampling.seed = k;
+		r->sampling.has_seed = true;
+		r->grammar = md_grammar_ref(g);
+		CHECK_EQ_I(md_engine_submit(e, r), 0);
+		char text[512];
+		size_t tl = 0;
+		struct md_engine_detok *dt = md_engine_detok_new(e, true);
+		bool fin = false;
+		double until = now_s() + 30;
+		while (!fin && now_s() < until) {
+			struct md_engine_event *l = md_engine_poll(e);
+			for (struct md_engine_event *ev = l; ev; ev = ev->next) {
+				if (ev->req_id != id)
+					continue;
+				if (ev->kind == MD_EV_TOKEN && tl + 256 < sizeof(text))
+					tl += (size_t)md_engine_detok_push(dt, ev->token, text + tl, 256);
+				if (ev->kind == MD_EV_DONE) {
+					fin = true;
+					CHECK_EQ_I(ev->finish, MD_FINISH_STOP);
+				}
+			}
+			md_engine_events_free(l);
+			usleep(2000);
+		}
+		md_engine_detok_free(dt);
+		text[tl] = 0;
+		CHECK(fin);
+		struct md_gmatch *m;
+		REQUIRE(CHECK_EQ_I(md_gmatch_new(&m, g, md_engine_gvocab(e)), 0));
+		CHECK_MSG(md_gmatch_accept_bytes(m, text, tl) == 0 && md_gmatch_is_final(m),
+			  "output does not match the grammar: %s", text);
+		md_gmatch_free(m);
+	}
+	md_grammar_unref(g);
 	md_engine_free(e);
 	if (failures)
 		fprintf(stderr, "%d checks failed\n", failures);

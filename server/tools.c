@@ -1,0 +1,571 @@
+/* Tool calling: the request's tools and tool_choice, the grammar of forced calls, and the
+ * parser that turns a model's tool-call text into OpenAI tool calls. */
+#include "server/tools.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/sampler.h"
+#include "server/json_schema.h"
+
+#define MAX_TOOLS 128
+#define MAX_NAME 64
+
+/* ---- tojson ---- */
+
+struct buf {
+	char *s;
+	size_t n, cap;
+	bool oom;
+};
+
+static void put(struct buf *b, const char *s, size_t n)
+{
+	if (b->oom)
+		return;
+	if (b->n + n + 1 > b->cap) {
+		size_t nc = b->cap ? b->cap * 2 : 128;
+		while (nc < b->n + n + 1)
+			nc *= 2;
+		char *ns = realloc(b->s, nc);
+		if (!ns) {
+			b->oom = true;
+			return;
+		}
+		b->s = ns;
+		b->cap = nc;
+	}
+	memcpy(b->s + b->n, s, n);
+	b->n += n;
+	b->s[b->n] = 0;
+}
+
+static void puts_(struct buf *b, const char *s)
+{
+	put(b, s, strlen(s));
+}
+
+/* A leaf (number, string) as cJSON prints it: the same escapes as JSON.stringify and Python's
+ * json.dumps(ensure_ascii=False) for valid UTF-8. */
+static void leaf(struct buf *b, const cJSON *v)
+{
+	char *t = cJSON_PrintUnformatted(v);
+	if (!t) {
+		b->oom = true;
+		return;
+	}
+	puts_(b, t);
+	free(t);
+}
+
+static void tojson(struct buf *b, const cJSON *v, int depth)
+{
+	if (depth > 100) {
+		b->oom = true;
+		return;
+	}
+	if (cJSON_IsArray(v)) {
+		puts_(b, "[");
+		for (const cJSON *c = v->child; c; c = c->next) {
+			tojson(b, c, depth + 1);
+			if (c->next)
+				puts_(b, ", ");
+		}
+		puts_(b, "]");
+	} else if (cJSON_IsObject(v)) {
+		puts_(b, "{");
+		for (const cJSON *c = v->child; c; c = c->next) {
+			cJSON *k = cJSON_CreateString(c->string ? c->string : "");
+			if (!k) {
+				b->oom = true;
+				return;
+			}
+			leaf(b, k);
+			cJSON_Delete(k);
+			puts_(b, ": ");
+			tojson(b, c, depth + 1);
+			if (c->next)
+				puts_(b, ", ");
+		}
+		puts_(b, "}");
+	} else {
+		leaf(b, v);
+	}
+}
+
+char *md_tools_tojson(const cJSON *v)
+{
+	struct buf b = { 0 };
+	tojson(&b, v, 0);
+	if (b.oom) {
+		free(b.s);
+		return NULL;
+	}
+	return b.s;
+}
+
+/* ---- the request ---- */
+
+void md_tools_release(struct md_tools *t)
+{
+	for (size_t i = 0; i < t->n; i++) {
+		free(t->json[i]);
+		free(t->names[i]);
+	}
+	free(t->json);
+	free(t->names);
+	cJSON_Delete(t->params);
+	memset(t, 0, sizeof(*t));
+}
+
+static bool valid_name(const char *s)
+{
+	size_t n = strlen(s);
+	if (n == 0 || n > MAX_NAME)
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		char c = s[i];
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+		      c == '_' || c == '-'))
+			return false;
+	}
+	return true;
+}
+
+int md_tools_parse(struct md_tools *t, const cJSON *tools, char *err, size_t errlen)
+{
+	memset(t, 0, sizeof(*t));
+	t->parallel = true;
+	if (!tools || cJSON_IsNull(tools))
+		return 0;
+	if (!cJSON_IsArray(tools)) {
+		snprintf(err, errlen, "'tools' must be an array of function tools");
+		return -EINVAL;
+	}
+	size_t n = (size_t)cJSON_GetArraySize(tools);
+	if (n > MAX_TOOLS) {
+		snprintf(err, errlen, "at most %d tools", MAX_TOOLS);
+		return -EINVAL;
+	}
+	t->json = calloc(n ? n : 1, sizeof(char *));
+	t->names = calloc(n ? n : 1, sizeof(char *));
+	t->params = cJSON_CreateArray();
+	if (!t->json || !t->names || !t->params)
+		return -ENOMEM;
+	size_t i = 0;
+	const cJSON *tool;
+	cJSON_ArrayForEach(tool, tools) {
+		const cJSON *type = cJSON_GetObjectItemCaseSensitive(tool, "type");
+		const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tool, "function");
+		const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+		const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+		if (!cJSON_IsObject(tool) || !cJSON_IsString(type) ||
+		    strcmp(type->valuestring, "function") != 0 || !cJSON_IsObject(fn)) {
+			snprintf(err, errlen, "tools[%zu] must be {\"type\": \"function\", \"function\": "
+				 "{...}}", i);
+			return -EINVAL;
+		}
+		if (!cJSON_IsString(name) || !valid_name(name->valuestring)) {
+			snprintf(err, errlen, "tools[%zu].function.name must be 1 to %d letters, digits, "
+				 "'_' or '-'", i, MAX_NAME);
+			return -EINVAL;
+		}
+		for (size_t k = 0; k < i; k++)
+			if (strcmp(t->names[k], name->valuestring) == 0) {
+				snprintf(err, errlen, "tools[%zu]: the name '%s' is used twice", i,
+					 name->valuestring);
+				return -EINVAL;
+			}
+		if (params && !cJSON_IsNull(params) && !cJSON_IsObject(params)) {
+			snprintf(err, errlen, "tools[%zu].function.parameters must be a JSON Schema "
+				 "object", i);
+			return -EINVAL;
+		}
+		cJSON *pc = params && !cJSON_IsNull(params) ? cJSON_Duplicate(params, true)
+							    : cJSON_CreateNull();
+		if (!pc)
+			return -ENOMEM;
+		cJSON_AddItemToArray(t->params, pc);
+		t->json[i] = md_tools_tojson(tool);
+		t->names[i] = strdup(name->valuestring);
+		t->n = i + 1;
+		if (!t->json[i] || !t->names[i])
+			return -ENOMEM;
+		i++;
+	}
+	return 0;
+}
+
+int md_tools_set_choice(struct md_tools *t, const cJSON *choice, char *err, size_t errlen)
+{
+	t->choice = MD_TOOL_CHOICE_AUTO;
+	if (!choice || cJSON_IsNull(choice))
+		return 0;
+	if (cJSON_IsString(choice)) {
+		const char *s = choice->valuestring;
+		if (strcmp(s, "auto") == 0)
+			t->choice = MD_TOOL_CHOICE_AUTO;
+		else if (strcmp(s, "none") == 0)
+			t->choice = MD_TOOL_CHOICE_NONE;
+		else if (strcmp(s, "required") == 0)
+			t->choice = MD_TOOL_CHOICE_REQUIRED;
+		else {
+			snprintf(err, errlen, "'tool_choice' must be 'auto', 'none', 'required' or "
+				 "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+			return -EINVAL;
+		}
+	} else {
+		const cJSON *fn = cJSON_GetObjectItemCaseSensitive(choice, "function");
+		const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+		if (!cJSON_IsObject(choice) || !cJSON_IsString(name)) {
+			snprintf(err, errlen, "'tool_choice' must be 'auto', 'none', 'required' or "
+				 "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+			return -EINVAL;
+		}
+		size_t k;
+		for (k = 0; k < t->n; k++)
+			if (strcmp(t->names[k], name->valuestring) == 0)
+				break;
+		if (k == t->n) {
+			snprintf(err, errlen, "'tool_choice' names '%.64s', which is not in 'tools'",
+				 name->valuestring);
+			return -EINVAL;
+		}
+		t->choice = MD_TOOL_CHOICE_NAMED;
+		t->named = k;
+	}
+	if (t->n == 0 && t->choice != MD_TOOL_CHOICE_AUTO && t->choice != MD_TOOL_CHOICE_NONE) {
+		snprintf(err, errlen, "'tool_choice' requires 'tools'");
+		return -EINVAL;
+	}
+	return 0;
+}
+
+int md_tools_grammar(const struct md_tools *t, char **text, char *err, size_t errlen)
+{
+	*text = NULL;
+	if (t->n == 0 || (t->choice != MD_TOOL_CHOICE_REQUIRED && t->choice != MD_TOOL_CHOICE_NAMED))
+		return 0;
+	struct md_jgrammar *b = md_jgrammar_new();
+	struct buf call = { 0 }, root = { 0 };
+	int rc = -ENOMEM;
+	if (!b)
+		return -ENOMEM;
+	puts_(&call, "( \"<tool_call>\\n{\\\"name\\\": \\\"\" ( ");
+	bool first = true;
+	for (size_t i = 0; i < t->n; i++) {
+		if (t->choice == MD_TOOL_CHOICE_NAMED && i != t->named)
+			continue;
+		const cJSON *params = cJSON_GetArrayItem(t->params, (int)i);
+		char rule[32] = "j-object", e2[300];
+		if (!cJSON_IsNull(params)) {
+			rc = md_jgrammar_add(b, params, rule, sizeof(rule), e2, sizeof(e2));
+			if (rc) {
+				snprintf(err, errlen, "tools[%zu].function.parameters: %s", i, e2);
+				goto out;
+			}
+		}
+		if (!first)
+			puts_(&call, " | ");
+		puts_(&call, "\"");
+		puts_(&call, t->names[i]); /* letters, digits, '_', '-': nothing to escape */
+		puts_(&call, "\\\", \\\"arguments\\\": \" ");
+		puts_(&call, rule);
+		first = false;
+	}
+	puts_(&call, " ) \"}\\n</tool_call>\" )");
+	puts_(&root, call.s ? call.s : "");
+	if (t->parallel && t->choice == MD_TOOL_CHOICE_REQUIRED) {
+		puts_(&root, " ( \"\\n\" ");
+		puts_(&root, call.s ? call.s : "");
+		puts_(&root, " )*");
+	}
+	rc = -ENOMEM;
+	if (!call.oom && !root.oom)
+		rc = md_jgrammar_finish(b, root.s, text);
+	if (rc == -ENOMEM)
+		snprintf(err, errlen, "out of memory");
+out:
+	free(call.s);
+	free(root.s);
+	md_jgrammar_free(b);
+	return rc;
+}
+
+void md_tools_call_id(char *out, size_t cap)
+{
+	static const char al[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+	static uint64_t counter;
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	uint64_t seed = md_sampler_mix((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^
+				       (++counter << 52)), x = 0;
+	size_t n = 0;
+	if (cap < 6)
+		return;
+	memcpy(out, "call_", 5);
+	n = 5;
+	/* 8 letters per 64-bit draw (62^8 < 2^48), each draw from its own mix of the seed */
+	for (int i = 0; i < 24 && n + 1 < cap; i++) {
+		if (i % 8 == 0)
+			x = md_sampler_mix(seed + 0x9e3779b97f4a7c15ull * (uint64_t)(i / 8 + 1));
+		out[n++] = al[x % 62];
+		x /= 62;
+	}
+	out[n] = 0;
+}
+
+/* ---- the output parser ---- */
+
+enum { ST_TEXT, ST_HEAD, ST_ARGS, ST_RAW };
+
+static const char open_tag[] = "<tool_call>";
+static const char close_tag[] = "</tool_call>";
+
+void md_tool_parser_init(struct md_tool_parser *p, md_tool_emit_cb emit, void *arg)
+{
+	memset(p, 0, sizeof(*p));
+	p->emit = emit;
+	p->arg = arg;
+}
+
+void md_tool_parser_release(struct md_tool_parser *p)
+{
+	free(p->buf);
+	p->buf = NULL;
+	p->n = p->cap = 0;
+}
+
+static void consume(struct md_tool_parser *p, size_t k)
+{
+	memmove(p->buf, p->buf + k, p->n - k);
+	p->n -= k;
+}
+
+static bool is_ws(char c)
+{
+	return c == ' ' || c == '\n' || c == '\t' || c == '\r';
+}
+
+/* The longest tail of s[0..n) that is a proper prefix of tag. */
+static size_t partial_tail(const char *s, size_t n, const char *tag)
+{
+	size_t tl = strlen(tag);
+	for (size_t k = tl - 1; k > 0; k--)
+		if (k <= n && memcmp(s + n - k, tag, k) == 0)
+			return k;
+	return 0;
+}
+
+static const char *find(const char *s, size_t n, const char *tag)
+{
+	size_t tl = strlen(tag);
+	for (size_t i = 0; i + tl <= n; i++)
+		if (memcmp(s + i, tag, tl) == 0)
+			return s + i;
+	return NULL;
+}
+
+/* Match `{ "name" : "NAME" , "arguments" :` with any spacing at the start of s. Returns 1 with
+ * the name and the bytes used, 0 when s ends before a decision, -1 for another shape. */
+static int match_head(const char *s, size_t n, char *name, size_t *used)
+{
+	static const char *const parts[] = { "{", "\"name\"", ":", "\"", NULL, "\"", ",",
+					     "\"arguments\"", ":" };
+	size_t i = 0;
+	for (size_t k = 0; k < sizeof(parts) / sizeof(parts[0]); k++) {
+		if (k != 4 && k != 5) /* no spacing inside the name's quotes */
+			while (i < n && is_ws(s[i]))
+				i++;
+		if (!parts[k]) {
+			size_t l = 0;
+			while (i < n && s[i] != '"') {
+				if (s[i] == '\\' || l >= MAX_NAME)
+					return -1;
+				name[l++] = s[i++];
+			}
+			name[l] = 0;
+			if (i >= n)
+				return 0;
+			if (l == 0)
+				return -1;
+			continue;
+		}
+		size_t pl = strlen(parts[k]);
+		for (size_t j = 0; j < pl; j++, i++) {
+			if (i >= n)
+				return 0;
+			if (s[i] != parts[k][j])
+				return -1;
+		}
+	}
+	while (i < n && is_ws(s[i]))
+		i++;
+	if (i >= n)
+		return 0; /* the arguments' first byte decides nothing, but wait for it */
+	*used = i;
+	return 1;
+}
+
+/* A whole call read with cJSON (the fallback). */
+static void raw_call(struct md_tool_parser *p, size_t len)
+{
+	cJSON *o = cJSON_ParseWithLength(p->buf, len);
+	const cJSON *name = cJSON_GetObjectItemCaseSensitive(o, "name");
+	const cJSON *args = cJSON_GetObjectItemCaseSensitive(o, "arguments");
+	if (cJSON_IsObject(o) && cJSON_IsString(name) && valid_name(name->valuestring) &&
+	    (!args || cJSON_IsObject(args) || cJSON_IsString(args))) {
+		char *a = !args ? strdup("{}") : cJSON_IsString(args) ? strdup(args->valuestring)
+								      : cJSON_PrintUnformatted(args);
+		int idx = p->n_calls++;
+		p->emit(p->arg, MD_TOOL_EV_BEGIN, idx, name->valuestring, strlen(name->valuestring));
+		if (a)
+			p->emit(p->arg, MD_TOOL_EV_ARGS, idx, a, strlen(a));
+		free(a);
+	} else {
+		if (p->n_ws)
+			p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, p->ws, p->n_ws);
+		p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, open_tag, sizeof(open_tag) - 1);
+		p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, p->buf, len + sizeof(close_tag) - 1);
+	}
+	p->n_ws = 0;
+	cJSON_Delete(o);
+}
+
+static void process(struct md_tool_parser *p)
+{
+	for (;;) {
+		const char *hit;
+		size_t e;
+		switch (p->state) {
+		case ST_TEXT:
+			if ((hit = find(p->buf, p->n, open_tag))) {
+				size_t i = (size_t)(hit - p->buf);
+				for (e = i; e > 0 && is_ws(p->buf[e - 1]) && i - e < sizeof(p->ws); e--)
+					;
+				if (e)
+					p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, p->buf, e);
+				p->n_ws = i - e; /* held: dropped if a call follows */
+				memcpy(p->ws, p->buf + e, p->n_ws);
+				consume(p, i + sizeof(open_tag) - 1);
+				p->state = ST_HEAD;
+				continue;
+			}
+			e = p->n - partial_tail(p->buf, p->n, open_tag);
+			while (e > 0 && is_ws(p->buf[e - 1]))
+				e--;
+			if (e) {
+				p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, p->buf, e);
+				consume(p, e);
+			}
+			return;
+		case ST_HEAD: {
+			char name[MAX_NAME + 1];
+			size_t used = 0;
+			int r = match_head(p->buf, p->n, name, &used);
+			if (r == 0 && p->n < 1024)
+				return;
+			/* arguments given as a JSON string need decoding: read the call whole */
+			if (r <= 0 || p->buf[used] == '"') {
+				p->state = ST_RAW;
+				continue;
+			}
+			p->n_ws = 0;
+			p->emit(p->arg, MD_TOOL_EV_BEGIN, p->n_calls++, name, strlen(name));
+			consume(p, used);
+			p->state = ST_ARGS;
+			continue;
+		}
+		case ST_ARGS:
+			if ((hit = find(p->buf, p->n, close_tag))) {
+				size_t j = (size_t)(hit - p->buf);
+				for (e = j; e > 0 && is_ws(p->buf[e - 1]); e--)
+					;
+				if (e > 0 && p->buf[e - 1] == '}')
+					e--; /* the call's own closing brace */
+				while (e > 0 && is_ws(p->buf[e - 1]))
+					e--;
+				if (e)
+					p->emit(p->arg, MD_TOOL_EV_ARGS, p->n_calls - 1, p->buf, e);
+				consume(p, j + sizeof(close_tag) - 1);
+				p->state = ST_TEXT;
+				continue;
+			}
+			/* everything before the last '}' is arguments for sure */
+			e = p->n;
+			while (e > 0 && p->buf[e - 1] != '}')
+				e--;
+			e = e > 0 ? e - 1 : p->n - partial_tail(p->buf, p->n, close_tag);
+			if (e) {
+				p->emit(p->arg, MD_TOOL_EV_ARGS, p->n_calls - 1, p->buf, e);
+				consume(p, e);
+			}
+			return;
+		default: /* ST_RAW */
+			if (!(hit = find(p->buf, p->n, close_tag)))
+				return;
+			raw_call(p, (size_t)(hit - p->buf));
+			consume(p, (size_t)(hit - p->buf) + sizeof(close_tag) - 1);
+			p->state = ST_TEXT;
+			continue;
+		}
+	}
+}
+
+int md_tool_parser_push(struct md_tool_parser *p, const char *s, size_t n)
+{
+	if (p->failed) {
+		if (n)
+			p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, s, n);
+		return 0;
+	}
+	if (p->n + n + 1 > p->cap) {
+		size_t nc = p->cap ? p->cap * 2 : 256;
+		while (nc < p->n + n + 1)
+			nc *= 2;
+		char *nb = realloc(p->buf, nc);
+		if (!nb) {
+			/* pass on what is held and everything after as content */
+			p->failed = true;
+			if (p->n)
+				p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, p->buf, p->n);
+			p->n = 0;
+			if (n)
+				p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, s, n);
+			return -ENOMEM;
+		}
+		p->buf = nb;
+		p->cap = nc;
+	}
+	memcpy(p->buf + p->n, s, n);
+	p->n += n;
+	process(p);
+	return 0;
+}
+
+void md_tool_parser_finish(struct md_tool_parser *p)
+{
+	if (p->failed || (p->n == 0 && (p->state == ST_TEXT || p->state == ST_ARGS)))
+		return;
+	switch (p->state) {
+	case ST_TEXT:
+		p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, p->buf, p->n);
+		break;
+	case ST_ARGS:
+		p->emit(p->arg, MD_TOOL_EV_ARGS, p->n_calls - 1, p->buf, p->n);
+		break;
+	default:
+		if (p->n_ws)
+			p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, p->ws, p->n_ws);
+		p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, open_tag, sizeof(open_tag) - 1);
+		p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, p->buf, p->n);
+		break;
+	}
+	p->n_ws = 0;
+	p->n = 0;
+	p->state = ST_TEXT;
+}

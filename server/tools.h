@@ -1,0 +1,100 @@
+/* Tool calling: the request's tools and tool_choice, the grammar of forced calls, and the
+ * parser that turns a model's tool-call text into OpenAI tool calls. */
+#ifndef MD_TOOLS_H
+#define MD_TOOLS_H
+
+/*
+ * DESIGN
+ * Format: the Hermes/Qwen3 one the chat templates render (engine/chat_template.h): a call is
+ *   <tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call>
+ * and parallel calls follow each other separated by a newline.
+ *
+ * Request side (md_tools_*): tools are read into their `tool | tojson` text (what the template
+ * writes), names and parameter schemas. tool_choice "auto" lets the model choose (nothing is
+ * forced; the parser picks up calls it writes); "none" renders the tools but parses nothing;
+ * "required" and a named function compile a grammar of one call (or, with parallel_tool_calls,
+ * one or more) whose arguments follow the tool's parameter schema (server/json_schema.h), so
+ * even a model that never saw the format produces valid calls.
+ *
+ * Output side (md_tool_parser): text arrives in pieces (after stop strings). Outside a call it
+ * is content, except a tail that could begin "<tool_call>" (held) and whitespace right before
+ * a call (dropped). Inside a call the head up to `"arguments": ` is matched (any spacing), and
+ * then the arguments stream out as they come, holding back only the text from the last '}' on
+ * (it may be the call's own closing brace); "</tool_call>" ends the call. A call whose head
+ * does not have that shape is buffered whole and read with cJSON at its end; one that still
+ * does not parse goes out as content. So streamed argument fragments concatenate to exactly
+ * the arguments of the whole response.
+ *
+ * Loop thread (cJSON).
+ */
+
+#include <cjson/cJSON.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+enum md_tool_choice {
+	MD_TOOL_CHOICE_AUTO = 0,
+	MD_TOOL_CHOICE_NONE,
+	MD_TOOL_CHOICE_REQUIRED,
+	MD_TOOL_CHOICE_NAMED,
+};
+
+struct md_tools {
+	size_t n;
+	char **json;          /* owned (n): each tool as `tool | tojson` */
+	char **names;         /* owned (n) */
+	cJSON *params;        /* owned: array of the tools' parameter schemas (null: none) */
+	enum md_tool_choice choice;
+	size_t named;         /* MD_TOOL_CHOICE_NAMED: the tool */
+	bool parallel;        /* parallel_tool_calls (default true) */
+};
+
+/* Read "tools" (an array of {"type":"function","function":{"name",...}}). Returns 0, or
+ * -EINVAL with a message in err, or -ENOMEM. t must be released either way. */
+int md_tools_parse(struct md_tools *t, const cJSON *tools, char *err, size_t errlen);
+/* Read "tool_choice" (after md_tools_parse). Returns 0 or -EINVAL with a message. */
+int md_tools_set_choice(struct md_tools *t, const cJSON *choice, char *err, size_t errlen);
+/* Grammar text that forces the calls tool_choice asks for (required or named): *text is
+ * malloc'd, or NULL when nothing is forced (auto, none, no tools). Returns 0, -EINVAL (a
+ * parameter schema moed cannot enforce, named in err) or -ENOMEM. */
+int md_tools_grammar(const struct md_tools *t, char **text, char *err, size_t errlen);
+void md_tools_release(struct md_tools *t);
+
+/* v as Jinja's tojson writes it (", " and ": " separators, key order kept, non-ASCII as is):
+ * a malloc'd string or NULL when out of memory. */
+char *md_tools_tojson(const cJSON *v);
+
+/* ---- the output parser ---- */
+
+enum md_tool_ev {
+	MD_TOOL_EV_CONTENT,   /* text (s, n) is content */
+	MD_TOOL_EV_BEGIN,     /* call index begins: s is its name (NUL-terminated) */
+	MD_TOOL_EV_ARGS,      /* more arguments text (s, n) of call index */
+};
+
+typedef void (*md_tool_emit_cb)(void *arg, enum md_tool_ev ev, int index, const char *s,
+				size_t n);
+
+struct md_tool_parser {
+	md_tool_emit_cb emit;
+	void *arg;            /* borrowed */
+	int state;
+	char *buf;            /* owned (cap): text not yet passed on */
+	size_t n, cap;
+	int n_calls;
+	bool failed;          /* out of memory: text is passed through as content */
+	char ws[64];          /* whitespace before a call, given back if the call is not one */
+	size_t n_ws;
+};
+
+void md_tool_parser_init(struct md_tool_parser *p, md_tool_emit_cb emit, void *arg);
+void md_tool_parser_release(struct md_tool_parser *p);
+/* More output text. Returns 0 or -ENOMEM (the parser then passes text on as content). */
+int md_tool_parser_push(struct md_tool_parser *p, const char *s, size_t n);
+/* The end of the output: pass on what is held (an unfinished call keeps what it has). */
+void md_tool_parser_finish(struct md_tool_parser *p);
+
+/* A fresh tool call id ("call_" and 24 letters and digits) into out (cap >= 32). */
+void md_tools_call_id(char *out, size_t cap);
+
+#endif

@@ -1,0 +1,217 @@
+/* Unit tests for server/tools.c: the tool-call parser gives the same content and calls however
+ * the text is split into pieces (every split point, and byte by byte), streams arguments,
+ * falls back to reading a call whole, and leaves malformed calls as content; tojson matches
+ * the template engine's format; tools and tool_choice are checked. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "server/tools.h"
+#include "tests/check.h"
+
+/* What the parser emitted, flattened: content, then per call "name(args)". */
+struct out {
+	char content[2048];
+	char calls[8][512];
+	char names[8][80];
+	int n_calls;
+	int n_args_events;
+};
+
+static void on_emit(void *arg, enum md_tool_ev ev, int index, const char *s, size_t n)
+{
+	struct out *o = arg;
+	if (ev == MD_TOOL_EV_CONTENT) {
+		strncat(o->content, s, n);
+	} else if (ev == MD_TOOL_EV_BEGIN) {
+		CHECK_EQ_I(index, o->n_calls);
+		snprintf(o->names[o->n_calls++], 80, "%.*s", (int)n, s);
+	} else {
+		REQUIRE(CHECK(index >= 0 && index < o->n_calls));
+		strncat(o->calls[index], s, n);
+		o->n_args_events++;
+	}
+}
+
+/* Parse text cut at the given split points (sorted, within the text). */
+static void parse_split(const char *text, const size_t *cuts, size_t n_cuts, struct out *o)
+{
+	struct md_tool_parser p;
+	memset(o, 0, sizeof(*o));
+	md_tool_parser_init(&p, on_emit, o);
+	size_t at = 0, len = strlen(text);
+	for (size_t i = 0; i <= n_cuts; i++) {
+		size_t end = i < n_cuts ? cuts[i] : len;
+		CHECK_EQ_I(md_tool_parser_push(&p, text + at, end - at), 0);
+		at = end;
+	}
+	md_tool_parser_finish(&p);
+	md_tool_parser_release(&p);
+}
+
+static void same(const struct out *a, const struct out *b, const char *what)
+{
+	CHECK_MSG(strcmp(a->content, b->content) == 0, "%s: content '%s' vs '%s'", what, a->content,
+		  b->content);
+	CHECK_MSG(a->n_calls == b->n_calls, "%s: %d vs %d calls", what, a->n_calls, b->n_calls);
+	for (int i = 0; i < a->n_calls && i < b->n_calls; i++) {
+		CHECK_STR_EQ(a->names[i], b->names[i]);
+		CHECK_STR_EQ(a->calls[i], b->calls[i]);
+	}
+}
+
+/* The whole text at once, then every single split point, then byte by byte. */
+static void check_text(const char *text, const char *content, int n_calls, const char *const *names,
+		       const char *const *args)
+{
+	struct out whole, part;
+	parse_split(text, NULL, 0, &whole);
+	CHECK_STR_EQ(whole.content, content);
+	CHECK_EQ_I(whole.n_calls, n_calls);
+	for (int i = 0; i < n_calls && i < whole.n_calls; i++) {
+		CHECK_STR_EQ(whole.names[i], names[i]);
+		CHECK_STR_EQ(whole.calls[i], args[i]);
+	}
+	size_t len = strlen(text);
+	for (size_t c = 1; c < len; c++) {
+		parse_split(text, &c, 1, &part);
+		CHECK_CONTEXT("split at %zu of '%s'", c, text);
+		same(&part, &whole, "one split");
+		CHECK_CONTEXT_CLEAR();
+	}
+	size_t *cuts = malloc(sizeof(size_t) * len);
+	for (size_t c = 1; c < len; c++)
+		cuts[c - 1] = c;
+	parse_split(text, cuts, len ? len - 1 : 0, &part);
+	same(&part, &whole, "byte by byte");
+	free(cuts);
+}
+
+static void test_parser(void)
+{
+	/* plain content, including things that look like the start of a tag */
+	check_text("Hello <tool and <b> world", "Hello <tool and <b> world", 0, NULL, NULL);
+	/* one call, Hermes spacing, nothing else */
+	{
+		const char *n[] = { "get_weather" };
+		const char *a[] = { "{\"city\": \"Paris\", \"unit\": \"c\"}" };
+		check_text("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", "
+			   "\"unit\": \"c\"}}\n</tool_call>", "", 1, n, a);
+	}
+	/* content before, two parallel calls, nested braces in the arguments */
+	{
+		const char *n[] = { "a", "b-2" };
+		const char *a[] = { "{\"x\": {\"y\": [1, {\"z\": \"}\"}]}}", "{}" };
+		check_text("Let me look.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": {\"y\": [1, "
+			   "{\"z\": \"}\"}]}}}\n</tool_call>\n<tool_call>\n{\"name\":\"b-2\",\"arguments\":{}}"
+			   "\n</tool_call>", "Let me look.", 2, n, a);
+	}
+	/* another key order: read whole with cJSON; arguments given as a string pass as they are */
+	{
+		const char *n[] = { "f", "g" };
+		const char *a[] = { "{\"k\":1}", "{\"s\": 2}" };
+		check_text("<tool_call>{\"arguments\": {\"k\": 1}, \"name\": \"f\"}</tool_call>"
+			   "<tool_call>{\"name\": \"g\", \"arguments\": \"{\\\"s\\\": 2}\"}</tool_call>",
+			   "", 2, n, a);
+	}
+	/* malformed calls stay content */
+	check_text("x <tool_call>not json</tool_call> y", "x <tool_call>not json</tool_call> y", 0,
+		   NULL, NULL);
+	/* an unfinished call at the end: what arrived of it */
+	{
+		struct out o;
+		parse_split("ok <tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1", NULL, 0, &o);
+		CHECK_STR_EQ(o.content, "ok");
+		CHECK_EQ_I(o.n_calls, 1);
+		CHECK_STR_EQ(o.calls[0], "{\"a\": 1");
+		parse_split("ok <tool_call>\n{\"na", NULL, 0, &o);
+		CHECK_STR_EQ(o.content, "ok <tool_call>\n{\"na");
+		parse_split("ok\n<tool_call>", NULL, 0, &o);
+		CHECK_STR_EQ(o.content, "ok\n<tool_call>");
+		CHECK_EQ_I(o.n_calls, 0);
+	}
+	/* arguments stream: pushed in pieces, they come out before the call ends */
+	{
+		struct md_tool_parser p;
+		struct out o = { 0 };
+		md_tool_parser_init(&p, on_emit, &o);
+		const char *head = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"q\": \"abc";
+		md_tool_parser_push(&p, head, strlen(head));
+		CHECK_EQ_I(o.n_calls, 1);
+		CHECK_STR_EQ(o.calls[0], "{\"q\": \"abc");
+		md_tool_parser_push(&p, "def\"}", 5);
+		CHECK_STR_EQ(o.calls[0], "{\"q\": \"abcdef\""); /* the '}' may be the call's */
+		md_tool_parser_push(&p, "}\n</tool_call>", 14);
+		CHECK_STR_EQ(o.calls[0], "{\"q\": \"abcdef\"}");
+		md_tool_parser_finish(&p);
+		md_tool_parser_release(&p);
+	}
+}
+
+static void test_tojson(void)
+{
+	cJSON *v = cJSON_Parse("{\"a\":1,\"b\":[1,\"\\u00e9\\\"\\\\\\n<\"],\"c\":{\"d\":null,\"e\":true,"
+			       "\"f\":1.5,\"h\":0.1},\"g\":[]}");
+	char *s = md_tools_tojson(v);
+	/* what @huggingface/jinja and transformers write for `x | tojson` */
+	CHECK_STR_EQ(s, "{\"a\": 1, \"b\": [1, \"\xc3\xa9\\\"\\\\\\n<\"], \"c\": {\"d\": null, \"e\": true, "
+		     "\"f\": 1.5, \"h\": 0.1}, \"g\": []}");
+	free(s);
+	cJSON_Delete(v);
+}
+
+static void test_request(void)
+{
+	char err[300];
+	struct md_tools t;
+	cJSON *tools = cJSON_Parse("[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":"
+				   "{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"integer\"}},"
+				   "\"required\":[\"x\"]}}},{\"type\":\"function\",\"function\":"
+				   "{\"name\":\"g\"}}]");
+	REQUIRE(CHECK_EQ_I(md_tools_parse(&t, tools, err, sizeof(err)), 0));
+	CHECK_EQ_U(t.n, 2);
+	CHECK_STR_EQ(t.names[1], "g");
+	CHECK_STR_EQ(t.json[1], "{\"type\": \"function\", \"function\": {\"name\": \"g\"}}");
+	char *g = NULL;
+	CHECK_EQ_I(md_tools_grammar(&t, &g, err, sizeof(err)), 0);
+	CHECK(g == NULL); /* auto forces nothing */
+	cJSON *req = cJSON_CreateString("required");
+	CHECK_EQ_I(md_tools_set_choice(&t, req, err, sizeof(err)), 0);
+	CHECK_EQ_I(md_tools_grammar(&t, &g, err, sizeof(err)), 0);
+	CHECK(g && strstr(g, "<tool_call>") && strstr(g, "\"f\\\", \\\"arguments\\\": \""));
+	free(g);
+	cJSON *named = cJSON_Parse("{\"type\":\"function\",\"function\":{\"name\":\"zz\"}}");
+	CHECK_EQ_I(md_tools_set_choice(&t, named, err, sizeof(err)), -EINVAL);
+	CHECK(strstr(err, "'zz'") != NULL);
+	cJSON *bad = cJSON_CreateString("sometimes");
+	CHECK_EQ_I(md_tools_set_choice(&t, bad, err, sizeof(err)), -EINVAL);
+	md_tools_release(&t);
+	cJSON *dup = cJSON_Parse("[{\"type\":\"function\",\"function\":{\"name\":\"f\"}},"
+				 "{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]");
+	CHECK_EQ_I(md_tools_parse(&t, dup, err, sizeof(err)), -EINVAL);
+	CHECK(strstr(err, "twice") != NULL);
+	md_tools_release(&t);
+	cJSON_Delete(tools);
+	cJSON_Delete(req);
+	cJSON_Delete(named);
+	cJSON_Delete(bad);
+	cJSON_Delete(dup);
+
+	char id1[40], id2[40];
+	md_tools_call_id(id1, sizeof(id1));
+	md_tools_call_id(id2, sizeof(id2));
+	CHECK_EQ_U(strlen(id1), 29);
+	CHECK(strncmp(id1, "call_", 5) == 0 && strcmp(id1, id2) != 0);
+	CHECK(strcmp(id1 + 15, id2 + 15) != 0); /* the tail varies too */
+}
+
+int main(void)
+{
+	test_parser();
+	test_tojson();
+	test_request();
+	return failures ? 1 : 0;
+}
