@@ -52,6 +52,8 @@ struct md_engine_config {
 	uint32_t step_tokens;       /* token budget of one forward step */
 	uint32_t max_queue;         /* waiting requests before submit answers -EAGAIN */
 	bool progress;              /* print load progress on stderr */
+	const char *trace_routing;  /* borrowed, may be NULL: write a routing trace to this file
+				     * (engine/route_trace.h) */
 };
 
 enum md_engine_state {

@@ -113,6 +113,8 @@ static const struct opt options[] = {
 	  "requests waiting for admission before new ones get 429" },
 	{ "engine", "max-tokens-cap", 0, OPT_INT, OFF(max_tokens_cap), "4096", 1, 1 << 24, NULL,
 	  false, "largest max_tokens a request may ask for (400 above)" },
+	{ "engine", "trace-routing", 0, OPT_STRING, OFF(trace_routing), "", 0, 0, NULL, false,
+	  "write every MoE layer's expert choices to this file (empty: off; bench/README.md)" },
 	{ "log", "log-level", 0, OPT_STRING, OFF(log_level), "info", 0, 0, v_log_level, true,
 	  "error, warn, info or debug; re-read from the config file on SIGHUP" },
 	{ "log", "log-format", 0, OPT_STRING, OFF(log_format), "text", 0, 0, v_log_format, true,

@@ -34,6 +34,7 @@ struct md_config {
 	int64_t step_tokens;
 	int64_t max_queue;
 	int64_t max_tokens_cap;
+	char *trace_routing;        /* owned; "" = no routing trace */
 	/* [log] */
 	char *log_level;            /* owned */
 	char *log_format;           /* owned */

@@ -209,6 +209,7 @@ int main(int argc, char **argv)
 		.step_tokens = (uint32_t)a->cfg.step_tokens,
 		.max_queue = (uint32_t)a->cfg.max_queue,
 		.progress = true,
+		.trace_routing = a->cfg.trace_routing,
 	};
 	struct md_http_limits lim = {
 		.max_connections = (size_t)a->cfg.max_connections,
