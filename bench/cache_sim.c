@@ -377,7 +377,7 @@ int md_csim_replay(const struct md_csim *s, enum md_epol_kind kind, uint32_t cap
 				continue;
 			if (md_epol_n_resident(p) >= capacity) {
 				int64_t v = md_epol_victim(p, evictable, &iu, now - 1);
-				if (v < 0)
+				if (v < 0 || !md_epol_admit(p, u, (uint32_t)v, now - 1))
 					continue;
 				md_epol_remove(p, (uint32_t)v);
 			}
@@ -406,8 +406,10 @@ int md_csim_replay(const struct md_csim *s, enum md_epol_kind kind, uint32_t cap
 				continue;
 			if (md_epol_n_resident(p) >= capacity) {
 				int64_t v = md_epol_victim(p, evictable, &iu, now);
-				if (v < 0)
-					continue; /* everything resident is in use: stream it */
+				/* everything resident in use, or the policy would rather keep the
+				 * victim: stream the unit through */
+				if (v < 0 || !md_epol_admit(p, u, (uint32_t)v, now))
+					continue;
 				md_epol_remove(p, (uint32_t)v);
 			}
 			md_epol_insert(p, u, now);

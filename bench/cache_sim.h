@@ -9,8 +9,9 @@
  *
  * A cache of C units replays the groups under an md_epol policy (engine/expert_policy.h, the
  * store's own code): a unit of the group that is resident is a hit, others are misses and are
- * inserted, evicting the policy's victim among units the group does not use (they are in use);
- * when every resident unit is in use the missing unit streams through uncached. Belady's MIN is
+ * inserted, evicting the policy's victim among units the group does not use (they are in use)
+ * if the policy admits the unit (md_epol_admit); when every resident unit is in use, or the
+ * policy would rather keep its victim, the missing unit streams through uncached. Belady's MIN is
  * the offline limit on the same groups: after each group the cache keeps the C units, among
  * those resident and those just used, whose next use is nearest (a unit not used again is
  * kept last); no online policy can hit more. All units have the same size (every layer's

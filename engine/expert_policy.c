@@ -38,7 +38,11 @@
  * The victim is the unit with the lowest cost(u) / T(u) (ties: least recently used). The
  * layer term is what neither lru nor lfu knows: right after layer l ran, its units are the
  * ones needed last, so among units of equal rate pred drops those first; lru drops the
- * units of the layer about to run, whose last use is the oldest.
+ * units of the layer about to run, whose last use is the oldest. The same value decides
+ * admission (md_epol_admit): a unit that just missed is cached only if it is worth more than
+ * the victim, as Belady's MIN with bypass would; when a step's layer uses more experts than
+ * the cache holds, lru and lfu evict the next layers' experts for units needed again only a
+ * cycle later, and hit nothing.
  */
 #include "engine/expert_policy.h"
 
@@ -232,6 +236,13 @@ int64_t md_epol_victim(struct md_epol *p, md_epol_evictable_fn ok, void *arg, ui
 		}
 	}
 	return best;
+}
+
+bool md_epol_admit(struct md_epol *p, uint32_t unit, uint32_t victim, uint64_t now)
+{
+	if (p->kind != MD_EPOL_PRED || unit >= p->n_units || victim >= p->n_units)
+		return true;
+	return pred_value(p, unit, now) > pred_value(p, victim, now);
 }
 
 bool md_epol_resident(const struct md_epol *p, uint32_t unit)

@@ -54,6 +54,13 @@ void md_epol_set_cost(struct md_epol *p, uint32_t unit, float cost);
 /* The resident unit to evict next among those ok(arg, unit) allows; -1 when none may go. */
 int64_t md_epol_victim(struct md_epol *p, md_epol_evictable_fn ok, void *arg, uint64_t now);
 
+/* Admission: should a unit that just missed take victim's place (the victim md_epol_victim
+ * chose), or go through uncached? lru and lfu always admit; pred admits it when it is worth
+ * more than the victim by its own measure (a unit just used is needed again only after a whole
+ * cycle of layers, so when a step uses more experts than the cache holds pred keeps what the
+ * next layers need rather than churning). */
+bool md_epol_admit(struct md_epol *p, uint32_t unit, uint32_t victim, uint64_t now);
+
 bool md_epol_resident(const struct md_epol *p, uint32_t unit);
 uint32_t md_epol_n_resident(const struct md_epol *p);
 

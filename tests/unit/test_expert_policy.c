@@ -100,6 +100,16 @@ static void test_pred(void)
 	}
 	CHECK_EQ_I(md_epol_victim(pr, layer3_busy, NULL, 8), 4);
 	CHECK_EQ_I(md_epol_victim(lru, layer3_busy, NULL, 8), 0);
+	/* Admission: expert 1 of layer 3 missed at tick 8 for the first time; it is needed again
+	 * a whole cycle later at best and is rarer than the victim: pred streams it, lru caches
+	 * it. A resident unit never used is worth less than anything that was. */
+	md_epol_access(pr, 7, 8);
+	md_epol_access(lru, 7, 8);
+	CHECK(!md_epol_admit(pr, 7, 4, 8));
+	CHECK(md_epol_admit(lru, 7, 0, 8));
+	md_epol_insert(pr, 1, 8);
+	CHECK_EQ_I(md_epol_victim(pr, layer3_busy, NULL, 8), 1);
+	CHECK(md_epol_admit(pr, 7, 1, 8));
 	md_epol_free(lru);
 	md_epol_free(pr);
 
