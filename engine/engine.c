@@ -90,6 +90,7 @@ struct md_engine {
 	struct md_engine_event *out_head, *out_tail; /* events of the current step */
 	struct md_route_trace *trace;    /* owned, NULL: no --trace-routing */
 	uint64_t *trace_seq;             /* owned (step_tokens): request id of each batch row */
+	uint64_t moe_layer_steps, moe_distinct; /* routing statistics, engine thread */
 
 	/* published at READY, read-only afterwards */
 	char name[256];
@@ -363,6 +364,9 @@ static void publish_stats(struct md_engine *e)
 	e->stats.prompt_tokens = ss->prompt_tokens;
 	e->stats.gen_tokens = ss->gen_tokens;
 	e->stats.recomputed_tokens = ss->recomputed_tokens;
+	e->stats.moe_layer_steps = e->moe_layer_steps;
+	e->stats.moe_distinct_experts = e->moe_distinct;
+	e->stats.expert_selections = ss->expert_selections;
 	pthread_mutex_unlock(&e->st_mu);
 	atomic_store(&e->n_waiting, md_sched_n_waiting(&e->sched));
 	atomic_store(&e->n_running, md_sched_n_running(&e->sched));
@@ -378,12 +382,16 @@ static void finish_all(struct md_engine *e, enum md_finish f, int err)
 
 /* ---- routing observers ---- */
 
-/* Every MoE layer's routing, on the engine thread during md_forward: the routing trace. */
+/* Every MoE layer's routing, on the engine thread during md_forward: the routing trace, the
+ * scheduler's expert predictions, the distinct-experts statistics. */
 static void on_route(void *ud, uint32_t layer, const struct md_routing *r)
 {
 	struct md_engine *e = ud;
 	if (e->trace)
 		md_route_trace_layer(e->trace, layer, r);
+	md_sched_note_routing(&e->sched, layer, r);
+	e->moe_layer_steps++;
+	e->moe_distinct += (uint64_t)r->n_active;
 }
 
 /* Name each row of the planned batch for the trace: its request id and position. */
@@ -597,6 +605,8 @@ static int load(struct md_engine *e)
 		return rc;
 	struct md_sched_config sc = {
 		.max_seqs = c->max_seqs, .step_tokens = c->step_tokens, .n_ctx = e->n_ctx,
+		.n_layer = hp->n_expert ? hp->n_layer : 0, .n_expert = hp->n_expert,
+		.expert_aware = c->expert_batching,
 	};
 	rc = md_sched_init(&e->sched, &sc, &e->kv);
 	if (rc) {

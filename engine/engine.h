@@ -54,6 +54,7 @@ struct md_engine_config {
 	bool progress;              /* print load progress on stderr */
 	const char *trace_routing;  /* borrowed, may be NULL: write a routing trace to this file
 				     * (engine/route_trace.h) */
+	bool expert_batching;       /* expert-aware batching (sched.h) when decoders exceed a step */
 };
 
 enum md_engine_state {
@@ -114,6 +115,9 @@ struct md_engine_stats {
 	uint64_t steps, preemptions;
 	uint64_t prompt_tokens, gen_tokens; /* processed in forward passes, each once */
 	uint64_t recomputed_tokens;         /* computed again after a preemption */
+	uint64_t moe_layer_steps;           /* MoE layers computed (steps x MoE layers) */
+	uint64_t moe_distinct_experts;      /* distinct experts they computed, summed */
+	uint64_t expert_selections;         /* steps whose decoders were chosen by experts */
 };
 
 /* Create an engine (does not start the thread). Returns 0 or -ENOMEM / -EINVAL. */

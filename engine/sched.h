@@ -28,6 +28,19 @@
  * completion. The rejected alternative, decoders always first in admission order, starved
  * every sequence past the budget until the ones in front had finished.
  *
+ * Expert-aware batching (cfg.n_layer/n_expert set and cfg.expert_aware): when more sequences
+ * decode than the step has room for, the step takes the set that touches the fewest distinct
+ * experts, predicted from each sequence's last routed token (md_sched_note_routing keeps, per
+ * KV slot, a bitmap of its last token's experts at every MoE layer; a trained router's next
+ * choices overlap its last ones, and sequences on one topic route alike). Greedy: first every
+ * sequence that has waited md_sched_config.expert_age steps or more (oldest first), so
+ * nothing waits longer than expert_age + ceil(decoders / room) steps; then, one at a time,
+ * the sequence that adds the fewest experts to the union (least recently served on ties; a
+ * sequence with no routing yet counts as adding all of its k per layer). The chosen ones go
+ * first in the service order, the rest follow as before. With room for everyone (the usual
+ * case) nothing changes. Rejected: the exact minimum (set cover, exponential) and clustering
+ * by topic (needs a model of topics; the bitmaps are that model).
+ *
  * Preemption by recompute: a preempted sequence frees its KV and returns to the front of the
  * queue; its generated tokens become part of what it prefills when readmitted, its sampler
  * state stays. Tokens computed again are counted as recomputed, not as prompt tokens.
@@ -42,6 +55,7 @@
 #include "common/assert.h"
 #include "engine/engine.h"
 #include "engine/kv_cache.h"
+#include "engine/router.h"
 #include "engine/sampler.h"
 
 /* One request in the engine: its tokens and where it stands. */
@@ -75,6 +89,10 @@ struct md_sched_config {
 	uint32_t n_ctx;        /* longest sequence */
 	uint32_t max_logits;   /* logits rows in one step; 0 = max_seqs (drafts are trimmed to
 				  fit: the caller's logits buffer has this many rows) */
+	/* Expert-aware batching (see DESIGN); off when n_layer or n_expert is 0. */
+	uint32_t n_layer, n_expert;
+	bool expert_aware;
+	uint32_t expert_age;   /* steps a sequence may wait before it must go; 0 = 4 */
 };
 
 /* What one sequence contributes to a step: n_tok tokens at batch rows [row, row + n_tok),
@@ -104,6 +122,7 @@ struct md_sched_stats {
 	uint64_t prompt_tokens;       /* prompt tokens computed the first time */
 	uint64_t recomputed_tokens;   /* tokens computed again after a preemption */
 	uint64_t gen_tokens;          /* decode tokens (one per generated token fed back) */
+	uint64_t expert_selections;   /* steps whose decoders were chosen by their experts */
 };
 
 struct md_sched {
@@ -115,6 +134,14 @@ struct md_sched {
 	uint64_t admit_counter, step_no;
 	struct md_plan plan;
 	struct md_seq **order;         /* owned (max_seqs): scratch for the service order */
+	uint64_t *exp_bits;            /* owned (max_seqs * n_layer * exp_words): per KV slot, the
+					  experts of its last routed token at each layer */
+	uint8_t *exp_known;            /* owned (max_seqs): the slot has routing since admission */
+	uint64_t *exp_union;           /* owned (n_layer * exp_words): selection scratch */
+	uint8_t *exp_pick;             /* owned (max_seqs): selection scratch */
+	uint32_t *exp_pop;             /* owned (n_layer * exp_words * 64): decoders per expert */
+	struct md_seq **exp_tmp;       /* owned (max_seqs): selection scratch */
+	uint32_t exp_words;            /* 64-bit words per layer bitmap */
 	struct md_sched_stats stats;
 	struct md_thread_owner owner;  /* the engine thread, once it claims it */
 };
@@ -139,6 +166,12 @@ uint32_t md_sched_plan(struct md_sched *s);
 /* The forward pass of the plan succeeded: advance each item's KV length by its tokens, less
  * the drafted tokens it did not accept (accepted: per item, NULL = all). */
 void md_sched_commit(struct md_sched *s, const uint32_t *accepted);
+
+/* Record one MoE layer's routing of the current plan (call between md_sched_plan and
+ * md_sched_commit, from the forward pass's route observer): each item's last real token's
+ * experts become its sequence's prediction at that layer. No-op unless expert-aware batching
+ * is configured. */
+void md_sched_note_routing(struct md_sched *s, uint32_t layer, const struct md_routing *r);
 
 /* Append a sampled token to a running sequence (room is guaranteed while n_toks < cap). */
 void md_sched_append(struct md_sched *s, struct md_seq *q, int32_t token);

@@ -210,6 +210,7 @@ int main(int argc, char **argv)
 		.max_queue = (uint32_t)a->cfg.max_queue,
 		.progress = true,
 		.trace_routing = a->cfg.trace_routing,
+		.expert_batching = a->cfg.expert_batching != 0,
 	};
 	struct md_http_limits lim = {
 		.max_connections = (size_t)a->cfg.max_connections,
