@@ -80,9 +80,10 @@ int md_sched_init(struct md_sched *s, const struct md_sched_config *cfg, struct 
 		s->exp_union = calloc(per, sizeof(*s->exp_union));
 		s->exp_pick = calloc(S, 1);
 		s->exp_pop = calloc(per * 64, sizeof(*s->exp_pop));
+		s->exp_share = calloc(S, sizeof(*s->exp_share));
 		s->exp_tmp = calloc(S, sizeof(*s->exp_tmp));
 		if (!s->exp_bits || !s->exp_known || !s->exp_union || !s->exp_pick || !s->exp_tmp ||
-		    !s->exp_pop) {
+		    !s->exp_pop || !s->exp_share) {
 			md_sched_release(s);
 			return -ENOMEM;
 		}
@@ -119,6 +120,7 @@ void md_sched_release(struct md_sched *s)
 	free(s->exp_union);
 	free(s->exp_pick);
 	free(s->exp_pop);
+	free(s->exp_share);
 	free(s->exp_tmp);
 	memset(s, 0, sizeof(*s));
 }
@@ -398,6 +400,9 @@ static void select_by_experts(struct md_sched *s, uint32_t room)
 	for (uint32_t i = 0; i < n; i++)
 		if (!pick[i] && is_decoding(s->order[i]))
 			pop_add(s, s->order[i]);
+	for (uint32_t i = 0; i < n; i++)
+		s->exp_share[i] = pick[i] || !is_decoding(s->order[i]) ? 0
+			: shared_experts(s, s->order[i]);
 	while (chosen < room) {
 		int best = -1;
 		uint32_t best_add = 0, best_share = 0;
@@ -407,7 +412,7 @@ static void select_by_experts(struct md_sched *s, uint32_t room)
 			uint32_t a = added_experts(s, s->order[i]);
 			if (best >= 0 && a > best_add)
 				continue;
-			uint32_t sh = shared_experts(s, s->order[i]);
+			uint32_t sh = s->exp_share[i];
 			if (best < 0 || a < best_add || sh > best_share) {
 				best = (int)i;
 				best_add = a;

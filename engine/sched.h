@@ -140,6 +140,7 @@ struct md_sched {
 	uint64_t *exp_union;           /* owned (n_layer * exp_words): selection scratch */
 	uint8_t *exp_pick;             /* owned (max_seqs): selection scratch */
 	uint32_t *exp_pop;             /* owned (n_layer * exp_words * 64): decoders per expert */
+	uint32_t *exp_share;           /* owned (max_seqs): selection scratch */
 	struct md_seq **exp_tmp;       /* owned (max_seqs): selection scratch */
 	uint32_t exp_words;            /* 64-bit words per layer bitmap */
 	struct md_sched_stats stats;
