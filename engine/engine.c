@@ -14,7 +14,9 @@
  * chunked prefill), the forward pass computes it, the scheduler commits it, and every logits
  * row is sampled; tokens and finished requests become events, staged during the step and
  * handed over under one lock at its end. Cancellation is a message: the sequence leaves at
- * the next step and its blocks return to the pool.
+ * the next step and its blocks return to the pool. The forward pass reports every MoE
+ * layer's routing to on_route, which feeds the routing trace (--trace-routing), the
+ * scheduler's expert predictions (expert-aware batching) and the distinct-experts counters.
  *
  * Every request carries its DONE event from submission (allocated on the caller's thread), so
  * running out of memory later can drop a token event but never leaves a request hanging.

@@ -1,6 +1,8 @@
 /* Routing traces: the engine, serving two greedy requests at once with --trace-routing, writes
  * one record per (token, layer) whose experts and weights are the router's (checked against a
  * separate forward pass over the same tokens); the reader refuses malformed traces by line.
+ * And the engine's other routing observer, expert-aware batching: same greedy output on and
+ * off, with the distinct-experts counters.
  *
  * Usage: test_route_trace MODEL.gguf (a MoE model). */
 #include <errno.h>
@@ -69,12 +71,14 @@ static void on_route(void *ud, uint32_t layer, const struct md_routing *r)
 		}
 }
 
-/* Run the engine on two requests with a trace; fill outs with their tokens. */
-static void run_engine(const char *model, const char *trace, struct req_out *outs)
+/* Run the engine on n requests (a trace when trace is set); fill outs with their tokens. */
+static void run_engine_n(const char *model, const char *trace, struct req_out *outs, int n,
+			 uint32_t step_tokens, bool expert_batching, struct md_engine_stats *st)
 {
 	struct md_engine_config cfg = {
 		.model_path = model, .n_threads = 2, .n_ctx = MAX_TOK, .kv_mem_mb = 16,
-		.max_seqs = 4, .step_tokens = 16, .max_queue = 16, .trace_routing = trace,
+		.max_seqs = 8, .step_tokens = step_tokens, .max_queue = 16, .trace_routing = trace,
+		.expert_batching = expert_batching,
 	};
 	struct md_engine *e;
 	REQUIRE(CHECK_EQ_I(md_engine_new(&e, &cfg, NULL, NULL), 0));
@@ -84,14 +88,14 @@ static void run_engine(const char *model, const char *trace, struct req_out *out
 		usleep(10000);
 	REQUIRE(CHECK_EQ_I(md_engine_state(e), MD_ENGINE_READY));
 	md_engine_events_free(md_engine_poll(e));
-	for (int i = 0; i < N_REQ; i++)
+	for (int i = 0; i < n; i++)
 		REQUIRE(CHECK_EQ_I(md_engine_submit(e, mkreq(&outs[i])), 0));
 	end = now_s() + 60;
 	int n_done = 0;
-	while (n_done < N_REQ && now_s() < end) {
+	while (n_done < n && now_s() < end) {
 		struct md_engine_event *l = md_engine_poll(e);
 		for (struct md_engine_event *ev = l; ev; ev = ev->next)
-			for (int i = 0; i < N_REQ; i++) {
+			for (int i = 0; i < n; i++) {
 				struct req_out *o = &outs[i];
 				if (ev->req_id != o->id)
 					continue;
@@ -105,11 +109,50 @@ static void run_engine(const char *model, const char *trace, struct req_out *out
 		md_engine_events_free(l);
 		usleep(2000);
 	}
+	if (st)
+		md_engine_get_stats(e, st);
 	md_engine_free(e); /* closes the trace */
-	for (int i = 0; i < N_REQ; i++) {
+	for (int i = 0; i < n; i++) {
 		CHECK(outs[i].done);
 		CHECK_EQ_U(outs[i].n, outs[i].n_prompt + MAX_GEN);
 	}
+}
+
+static void run_engine(const char *model, const char *trace, struct req_out *outs)
+{
+	run_engine_n(model, trace, outs, N_REQ, 16, false, NULL);
+}
+
+/* Expert-aware batching changes which sequences share a step, never what they generate:
+ * six greedy requests with room for four per step give the same tokens with it on and off,
+ * and only "on" chose steps by experts. */
+static void test_expert_batching_same_output(const char *model)
+{
+	struct req_out on[6], off[6];
+	for (int i = 0; i < 6; i++) {
+		memset(&on[i], 0, sizeof(on[i]));
+		on[i].id = 10 + (uint64_t)i;
+		on[i].n_prompt = 3 + (uint32_t)i;
+		for (uint32_t k = 0; k < on[i].n_prompt; k++)
+			on[i].toks[k] = (int32_t)(100 + 37 * i + 11 * k);
+		on[i].n = on[i].n_prompt;
+		off[i] = on[i];
+	}
+	struct md_engine_stats st_on, st_off;
+	run_engine_n(model, NULL, on, 6, 4, true, &st_on);
+	run_engine_n(model, NULL, off, 6, 4, false, &st_off);
+	for (int i = 0; i < 6; i++) {
+		CHECK_CONTEXT("request %d", i);
+		CHECK_EQ_U(on[i].n, off[i].n);
+		CHECK_MEM_EQ(on[i].toks, off[i].toks, sizeof(int32_t) * on[i].n);
+	}
+	CHECK_CONTEXT_CLEAR();
+	CHECK(st_on.expert_selections > 0);
+	CHECK_EQ_U(st_off.expert_selections, 0);
+	/* every MoE layer (moe64: 6) of every step counted, 1 to 4 tokens x k = 4 experts each */
+	CHECK(st_on.moe_layer_steps == st_on.steps * 6);
+	CHECK(st_on.moe_distinct_experts <= st_on.moe_layer_steps * 4 * 4);
+	CHECK(st_on.moe_distinct_experts >= st_on.moe_layer_steps * 4);
 }
 
 static void test_engine_trace(const char *model, const char *trace)
@@ -272,6 +315,7 @@ int main(int argc, char **argv)
 	close(fd);
 	test_engine_trace(argv[1], trace);
 	test_reader_errors(trace);
+	test_expert_batching_same_output(argv[1]);
 	unlink(trace);
 	if (failures)
 		fprintf(stderr, "route-trace: %d checks failed\n", failures);
