@@ -2,14 +2,15 @@
 """Expert-aware batching on and off, alternating, against the real server on 127.0.0.1.
 
 For each stream count, starts moed (MOED binary, MODEL) with --step-tokens STEP and
---expert-batching 1 and 0, RUNS times each, alternating (on-off, off-on, ...); each run sends one streaming
-completion per stream at once (King James prompts in turn, temperature 0.8, fixed seeds,
-ignore_eos, TOKENS tokens) and measures: tokens/s (completion tokens / wall time), tokens per
-CPU second of the server process (steadier than wall time on a shared machine), p99 of the
-inter-token gaps of all streams, engine steps, the steps between a stream's tokens (p50, p99;
-from a routing trace written during the run: machine load cannot move it), and distinct experts per MoE layer and step (from /metrics:
-moed:moe_distinct_experts_total / moed:moe_layer_steps_total over the run). Prints one line per
-run and a table of medians with the on/off ratio.
+--expert-batching 1 and 0, RUNS times each, alternating (on-off, off-on, ...); each run sends
+one streaming completion per stream at once (King James prompts in turn, temperature 0.8,
+fixed seeds, ignore_eos, TOKENS tokens) and measures: tokens/s (completion tokens / wall
+time), tokens per CPU second of the server process (steadier than wall time on a shared
+machine), p99 of the inter-token gaps of all streams, engine steps, the steps between a
+stream's tokens (p50, p99; from a routing trace written during the run: machine load cannot
+move it), and distinct experts per MoE layer and step (from /metrics:
+moed:moe_distinct_experts_total / moed:moe_layer_steps_total over the run). Prints one line
+per run and a table of medians with the on/off ratio.
 
 usage: bench_expert_batching.py MOED MODEL [--streams 16,64] [--step 16] [--tokens 64]
                                 [--runs 3] [--port 18533] [--threads 2]"""

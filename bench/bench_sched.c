@@ -98,7 +98,8 @@ int main(int argc, char **argv)
 		v[i - 1] = (uint32_t)strtoul(argv[i], NULL, 10);
 	uint32_t S = v[0], R = v[1], L = v[2], E = v[3], K = v[4], steps = v[5];
 	if (!S || !R || !L || !E || !K || K > E || !steps) {
-		fprintf(stderr, "usage: bench_sched [SEQS] [ROOM] [LAYERS] [EXPERTS] [TOPK] [STEPS]\n");
+		fprintf(stderr,
+			"usage: bench_sched [SEQS] [ROOM] [LAYERS] [EXPERTS] [TOPK] [STEPS]\n");
 		return 2;
 	}
 	enum { REPS = 5 };

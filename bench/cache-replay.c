@@ -23,7 +23,8 @@
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: cache-replay TRACE [--svg FILE] [--title TEXT] [--half-life STEPS]\n");
+	fprintf(stderr,
+		"usage: cache-replay TRACE [--svg FILE] [--title TEXT] [--half-life STEPS]\n");
 }
 
 static double pct(uint64_t a, uint64_t b)
@@ -36,18 +37,31 @@ struct curve {
 	double y[N_BUDGETS];
 };
 
-/* Hit rate (%) against budget (%) for every curve, 10..100% on x, 0..100% on y. */
-static int write_svg(const char *path, const char *title, const struct curve *c, int n_curves)
+/* The stroke-dasharray attribute of a curve ("" for a solid line) into buf. */
+static const char *dash_attr(const struct curve *c, char *buf, size_t len)
 {
-	FILE *f = fopen(path, "w");
-	if (!f)
-		return -errno;
-	const double W = 640, H = 420, x0 = 60, y0 = 360, pw = 540, ph = 300;
-	fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-		"font-family=\"sans-serif\" font-size=\"12\">\n", W, H);
-	fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-	fprintf(f, "<text x=\"%.0f\" y=\"24\" font-size=\"14\" text-anchor=\"middle\">", W / 2);
-	for (const char *t = title; *t; t++) {
+	if (!c->dash)
+		return "";
+	snprintf(buf, len, " stroke-dasharray=\"%s\"", c->dash);
+	return buf;
+}
+
+static void svg_line(FILE *f, double x1, double y1, double x2, double y2, const char *color,
+		     int width, const char *extra)
+{
+	fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" "
+		"stroke-width=\"%d\"%s/>\n", x1, y1, x2, y2, color, width, extra);
+}
+
+/* Opens a text element; the caller writes its content and </text>. */
+static void svg_text(FILE *f, double x, double y, const char *anchor)
+{
+	fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"%s\">", x, y, anchor);
+}
+
+static void put_escaped(FILE *f, const char *t)
+{
+	for (; *t; t++) {
 		if (*t == '<')
 			fputs("&lt;", f);
 		else if (*t == '&')
@@ -55,37 +69,50 @@ static int write_svg(const char *path, const char *title, const struct curve *c,
 		else
 			fputc(*t, f);
 	}
+}
+
+/* Hit rate (%) against budget (%) for every curve, 10..100% on x, 0..100% on y. */
+static int write_svg(const char *path, const char *title, const struct curve *c, int n_curves)
+{
+	FILE *f = fopen(path, "w");
+	if (!f)
+		return -errno;
+	const double W = 640, H = 420, x0 = 60, y0 = 360, pw = 540, ph = 300;
+	char dash[64];
+	fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+		"font-family=\"sans-serif\" font-size=\"12\">\n", W, H);
+	fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
+	svg_text(f, W / 2, 24.0, "middle");
+	put_escaped(f, title);
 	fprintf(f, "</text>\n");
 	for (int i = 0; i <= 10; i++) {
 		double gx = x0 + pw * i / 10.0, gy = y0 - ph * i / 10.0;
-		fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n",
-			x0, gy, x0 + pw, gy);
-		fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n",
-			gx, y0, gx, y0 - ph);
-		fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%d%%</text>\n", x0 - 6,
-			gy + 4, i * 10);
-		fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%d%%</text>\n", gx,
-			y0 + 18, i * 10);
+		svg_line(f, x0, gy, x0 + pw, gy, "#ddd", 1, "");
+		svg_line(f, gx, y0, gx, y0 - ph, "#ddd", 1, "");
+		svg_text(f, x0 - 6, gy + 4, "end");
+		fprintf(f, "%d%%</text>\n", i * 10);
+		svg_text(f, gx, y0 + 18, "middle");
+		fprintf(f, "%d%%</text>\n", i * 10);
 	}
 	fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" "
 		"stroke=\"black\"/>\n", x0, y0 - ph, pw, ph);
-	fprintf(f, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">cache budget (share of expert "
-		"bytes)</text>\n", x0 + pw / 2, y0 + 40);
-	fprintf(f, "<text x=\"16\" y=\"%.0f\" text-anchor=\"middle\" transform=\"rotate(-90 16 %.0f)"
-		"\">hit rate</text>\n", y0 - ph / 2, y0 - ph / 2);
+	svg_text(f, x0 + pw / 2, y0 + 40, "middle");
+	fprintf(f, "cache budget (share of expert bytes)</text>\n");
+	fprintf(f, "<text x=\"16\" y=\"%.0f\" text-anchor=\"middle\" "
+		"transform=\"rotate(-90 16 %.0f)\">hit rate</text>\n", y0 - ph / 2, y0 - ph / 2);
 	for (int k = 0; k < n_curves; k++) {
-		fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\"%s%s%s points=\"",
-			c[k].color, c[k].dash ? " stroke-dasharray=\"" : "", c[k].dash ? c[k].dash : "",
-			c[k].dash ? "\"" : "");
+		fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\"%s points=\"",
+			c[k].color, dash_attr(&c[k], dash, sizeof(dash)));
 		for (int b = 0; b < N_BUDGETS; b++)
-			fprintf(f, "%.1f,%.1f ", x0 + pw * (b + 1) / 10.0, y0 - ph * c[k].y[b] / 100.0);
+			fprintf(f, "%.1f,%.1f ", x0 + pw * (b + 1) / 10.0,
+				y0 - ph * c[k].y[b] / 100.0);
 		fprintf(f, "\"/>\n");
 		double ly = y0 - ph + 18 + 18 * k;
-		fprintf(f, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"%s\" "
-			"stroke-width=\"2\"%s%s%s/>\n", x0 + 12, ly, x0 + 40, ly, c[k].color,
-			c[k].dash ? " stroke-dasharray=\"" : "", c[k].dash ? c[k].dash : "",
-			c[k].dash ? "\"" : "");
-		fprintf(f, "<text x=\"%.0f\" y=\"%.0f\">%s</text>\n", x0 + 46, ly + 4, c[k].name);
+		svg_line(f, x0 + 12, ly, x0 + 40, ly, c[k].color, 2,
+			 dash_attr(&c[k], dash, sizeof(dash)));
+		svg_text(f, x0 + 46, ly + 4, "start");
+		put_escaped(f, c[k].name);
+		fprintf(f, "</text>\n");
 	}
 	fprintf(f, "</svg>\n");
 	return fclose(f) ? -errno : 0;
@@ -158,7 +185,8 @@ int main(int argc, char **argv)
 	static const char *colors[] = { "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b" };
 	int n_cv = 0;
 	for (int k = 0; k < MD_EPOL_KIND_COUNT; k++, n_cv++) {
-		cv[n_cv] = (struct curve){ md_epol_name((enum md_epol_kind)k), colors[k % 5], NULL, {0} };
+		cv[n_cv] = (struct curve){ md_epol_name((enum md_epol_kind)k), colors[k % 5], NULL,
+					   { 0 } };
 	}
 	int i_pf = n_cv, i_static = n_cv + 1, i_bel = n_cv + 2;
 	cv[n_cv++] = (struct curve){ "pred + cooc prefetch", "#d62728", "2,3", {0} };
@@ -168,8 +196,8 @@ int main(int argc, char **argv)
 	printf("\n| budget | units |");
 	for (int k = 0; k < MD_EPOL_KIND_COUNT; k++)
 		printf(" %s |", md_epol_name((enum md_epol_kind)k));
-	printf(" pred + prefetch | prefetch wasted | best fixed set | Belady | best policy - Belady "
-	       "|\n| ---: | ---: |");
+	printf(" pred + prefetch | prefetch wasted | best fixed set | Belady | "
+	       "best policy - Belady |\n| ---: | ---: |");
 	for (int k = 0; k < MD_EPOL_KIND_COUNT + 5; k++)
 		printf(" ---: |");
 	printf("\n");
@@ -179,8 +207,8 @@ int main(int argc, char **argv)
 		double best = 0;
 		for (int k = 0; k < MD_EPOL_KIND_COUNT; k++) {
 			struct md_csim_result r;
-			if (md_csim_replay(&sim, (enum md_epol_kind)k, cap, MD_CSIM_HINTS, half_life,
-					   &r)) {
+			if (md_csim_replay(&sim, (enum md_epol_kind)k, cap, MD_CSIM_HINTS,
+					   half_life, &r)) {
 				fprintf(stderr, "cache-replay: out of memory\n");
 				return 1;
 			}

@@ -18,9 +18,9 @@
  * Why 128 steps: one step's routing is noise (k experts of E per token), so a count must
  * average over many steps; on the moe64 traces of bench/README.md (bench/cache-replay
  * --half-life) lfu's hit rate moves by at most 1.3 points anywhere from 32 to 4096 steps and
- * is 1-7 points lower at 8, and 128 was as good as any. Those traces do not shift traffic; 128 steps
- * (a request or two of output) is short enough to forget an earlier workload in a few hundred
- * tokens. Counts are kept for units that are not resident too (every access counts), so an
+ * is 1-7 points lower at 8, and 128 was as good as any. Those traces do not shift traffic;
+ * 128 steps (a request or two of output) is short enough to forget an earlier workload in a
+ * few hundred tokens. Counts are kept for units that are not resident too (every access counts), so an
  * expert evicted and wanted again comes back with its history.
  *
  * pred (ours): evict the unit whose miss costs least per tick of the time until it is used

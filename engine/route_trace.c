@@ -22,7 +22,8 @@ struct md_route_trace *md_route_trace_open(const char *path, uint32_t n_layer, u
 					   uint32_t n_used, char *err, size_t errlen)
 {
 	if (n_used == 0 || n_used > MD_ROUTE_TRACE_MAX_USED || n_used > n_expert) {
-		snprintf(err, errlen, "cannot trace routing with %u of %u experts", n_used, n_expert);
+		snprintf(err, errlen, "cannot trace routing with %u of %u experts", n_used,
+			 n_expert);
 		return NULL;
 	}
 	struct md_route_trace *t = calloc(1, sizeof(*t));
@@ -77,8 +78,8 @@ void md_route_trace_layer(struct md_route_trace *t, uint32_t layer, const struct
 	for (int i = 0; i < r->n_tokens && (uint32_t)i < t->n_rows; i++) {
 		/* One record in a local buffer, then one fwrite: ~40 bytes at k = 4. */
 		char line[64 + MD_ROUTE_TRACE_MAX_USED * 24];
-		int n = snprintf(line, sizeof(line), "%" PRIu64 " %u %" PRIu64 " %d", t->step, layer,
-				 t->seq[i], t->pos[i]);
+		int n = snprintf(line, sizeof(line), "%" PRIu64 " %u %" PRIu64 " %d", t->step,
+				 layer, t->seq[i], t->pos[i]);
 		for (int j = 0; j < k && j < MD_ROUTE_TRACE_MAX_USED; j++)
 			n += snprintf(line + n, sizeof(line) - (size_t)n, " %d", r->ids[i * k + j]);
 		for (int j = 0; j < k && j < MD_ROUTE_TRACE_MAX_USED; j++)
@@ -192,8 +193,9 @@ int md_route_log_read(struct md_route_log *log, const char *path, char *err, siz
 				}
 				have_magic = true;
 			} else if (!have_shape) {
-				if (sscanf(buf, "# n_layer %u n_expert %u n_used %u", &a, &b, &c) != 3 ||
-				    a == 0 || b == 0 || c == 0 || c > b ||
+				int nf = sscanf(buf, "# n_layer %u n_expert %u n_used %u", &a, &b,
+						&c);
+				if (nf != 3 || a == 0 || b == 0 || c == 0 || c > b ||
 				    c > MD_ROUTE_TRACE_MAX_USED) {
 					rc = fail(log, -EINVAL, err, errlen, path, lineno,
 						  "bad shape line (n_layer, n_expert, n_used)");
@@ -209,7 +211,8 @@ int md_route_log_read(struct md_route_log *log, const char *path, char *err, siz
 		if (rest_blank(buf))
 			continue;
 		if (!have_shape) {
-			rc = fail(log, -EINVAL, err, errlen, path, lineno, "record before the header");
+			rc = fail(log, -EINVAL, err, errlen, path, lineno,
+				  "record before the header");
 			break;
 		}
 		if (log->n_rec == cap && (rc = grow(log, &cap)) != 0) {

@@ -129,6 +129,14 @@ static void test_two_seqs(void)
 	md_route_log_release(&log);
 }
 
+/* An expert of 8, half the time one of the first three. */
+static int skewed(uint64_t *x)
+{
+	*x = *x * 6364136223846793005ull + 1442695040888963407ull;
+	uint32_t r = (uint32_t)(*x >> 33) % 64;
+	return r < 32 ? (int)(r % 3) : (int)(r % 8);
+}
+
 /* A random trace with skewed popularity: Belady is an upper bound at every capacity, every
  * hit count grows with capacity, and at full capacity only first uses miss. */
 static void test_random(void)
@@ -142,15 +150,13 @@ static void test_random(void)
 		for (int l = 0; l < 3; l++)
 			for (int q = 0; q < 3; q++) {
 				int e[2];
-				for (int j = 0; j < 2; j++) {
-					do {
-						x = x * 6364136223846793005ull + 1442695040888963407ull;
-						uint32_t r = (uint32_t)(x >> 33) % 64;
-						e[j] = r < 32 ? (int)(r % 3) : (int)(r % 8); /* 0..2 hot */
-					} while (j == 1 && e[1] == e[0]);
-				}
-				n += (size_t)snprintf(text + n, cap - n, "%d %d %d %d %d %d 0.5 0.5\n",
-						      step, l, q, step - 1, e[0], e[1]);
+				for (int j = 0; j < 2; j++)
+					do
+						e[j] = skewed(&x); /* experts 0..2 hot */
+					while (j == 1 && e[1] == e[0]);
+				n += (size_t)snprintf(text + n, cap - n,
+						      "%d %d %d %d %d %d 0.5 0.5\n", step, l, q,
+						      step - 1, e[0], e[1]);
 			}
 	struct md_route_log log;
 	load(&log, text);
