@@ -81,9 +81,10 @@ int md_sched_init(struct md_sched *s, const struct md_sched_config *cfg, struct 
 		s->exp_pick = calloc(S, 1);
 		s->exp_pop = calloc(per * 64, sizeof(*s->exp_pop));
 		s->exp_share = calloc(S, sizeof(*s->exp_share));
+		s->exp_res = calloc(per, sizeof(*s->exp_res));
 		s->exp_tmp = calloc(S, sizeof(*s->exp_tmp));
 		if (!s->exp_bits || !s->exp_known || !s->exp_union || !s->exp_pick || !s->exp_tmp ||
-		    !s->exp_pop || !s->exp_share) {
+		    !s->exp_pop || !s->exp_share || !s->exp_res) {
 			md_sched_release(s);
 			return -ENOMEM;
 		}
@@ -121,6 +122,7 @@ void md_sched_release(struct md_sched *s)
 	free(s->exp_pick);
 	free(s->exp_pop);
 	free(s->exp_share);
+	free(s->exp_res);
 	free(s->exp_tmp);
 	memset(s, 0, sizeof(*s));
 }
@@ -325,16 +327,40 @@ void md_sched_note_routing(struct md_sched *s, uint32_t layer, const struct md_r
 	}
 }
 
-/* Experts q would add to the union (all of them when its routing is unknown). */
+void md_sched_set_resident(struct md_sched *s, md_sched_resident_fn fn, void *arg)
+{
+	s->resident = fn;
+	s->resident_arg = arg;
+}
+
+/* What the experts q would add to the union cost: one each, MD_SCHED_MISS_WEIGHT for those
+ * not resident when residency is known; every expert when q's routing is unknown. */
 static uint32_t added_experts(const struct md_sched *s, const struct md_seq *q)
 {
+	uint32_t miss_w = s->resident ? MD_SCHED_MISS_WEIGHT : 1;
 	if (!s->exp_known[q->kv_seq])
-		return s->cfg.n_layer * s->cfg.n_expert;
+		return s->cfg.n_layer * s->cfg.n_expert * miss_w;
 	const uint64_t *b = slot_bits(s, q->kv_seq);
 	uint32_t n = 0;
-	for (size_t w = 0; w < (size_t)s->cfg.n_layer * s->exp_words; w++)
-		n += (uint32_t)__builtin_popcountll(b[w] & ~s->exp_union[w]);
+	for (size_t w = 0; w < (size_t)s->cfg.n_layer * s->exp_words; w++) {
+		uint64_t add = b[w] & ~s->exp_union[w];
+		if (s->resident)
+			n += (uint32_t)__builtin_popcountll(add & s->exp_res[w]) +
+			     miss_w * (uint32_t)__builtin_popcountll(add & ~s->exp_res[w]);
+		else
+			n += (uint32_t)__builtin_popcountll(add);
+	}
 	return n;
+}
+
+/* The residency bitmap of this step, from the caller's predicate. */
+static void load_residency(struct md_sched *s)
+{
+	memset(s->exp_res, 0, sizeof(*s->exp_res) * s->cfg.n_layer * s->exp_words);
+	for (uint32_t l = 0; l < s->cfg.n_layer; l++)
+		for (uint32_t e = 0; e < s->cfg.n_expert; e++)
+			if (s->resident(s->resident_arg, l, e))
+				s->exp_res[(size_t)l * s->exp_words + e / 64] |= 1ull << (e % 64);
 }
 
 /* How many decoders (counted in exp_pop) share q's experts, summed over them: the tie-break
@@ -380,6 +406,8 @@ static void select_by_experts(struct md_sched *s, uint32_t room)
 		n_dec += is_decoding(s->order[i]);
 	if (n_dec <= room)
 		return;
+	if (s->resident)
+		load_residency(s);
 	uint8_t *pick = s->exp_pick; /* pick[i]: order[i] is chosen */
 	memset(pick, 0, n);
 	memset(s->exp_union, 0, sizeof(*s->exp_union) * s->cfg.n_layer * s->exp_words);

@@ -33,13 +33,18 @@
  * experts, predicted from each sequence's last routed token (md_sched_note_routing keeps, per
  * KV slot, a bitmap of its last token's experts at every MoE layer; a trained router's next
  * choices overlap its last ones, and sequences on one topic route alike). Greedy: first every
- * sequence that has waited md_sched_config.expert_age steps or more (oldest first), so
- * nothing waits longer than expert_age + ceil(decoders / room) steps; then, one at a time,
- * the sequence that adds the fewest experts to the union (least recently served on ties; a
- * sequence with no routing yet counts as adding all of its k per layer). The chosen ones go
- * first in the service order, the rest follow as before. With room for everyone (the usual
- * case) nothing changes. Rejected: the exact minimum (set cover, exponential) and clustering
- * by topic (needs a model of topics; the bitmaps are that model).
+ * sequence that has waited md_sched_config.expert_age steps or more (oldest first), so in
+ * steps that serve decoders nothing waits much longer than expert_age + ceil(decoders /
+ * room); then, one at a time, the sequence that adds the fewest experts to the union (ties:
+ * the one whose experts most other decoders share, so the first pick lands in the biggest
+ * cluster; then least recently served; a sequence with no routing yet counts as adding every
+ * expert). The chosen ones take the decoders' first places in the service order, the rest
+ * follow; prefilling sequences keep their places. With room for everyone (the usual case)
+ * nothing changes. Under an expert cache (md_sched_set_resident) only misses cost reads: an
+ * added expert that is not resident counts MD_SCHED_MISS_WEIGHT, a resident one 1, so the
+ * step prefers sequences whose experts are already in fast memory. Rejected: the exact
+ * minimum (set cover, exponential) and clustering by topic (needs a model of topics; the
+ * bitmaps are that model).
  *
  * Preemption by recompute: a preempted sequence frees its KV and returns to the front of the
  * queue; its generated tokens become part of what it prefills when readmitted, its sampler
@@ -117,6 +122,10 @@ struct md_plan {
 					  never fit (prompt beyond the KV pool), list via next */
 };
 
+/* Is expert e of layer l resident in fast memory? Asked for every (layer, expert) once per
+ * step that selects by experts. */
+typedef bool (*md_sched_resident_fn)(void *arg, uint32_t layer, uint32_t expert);
+
 struct md_sched_stats {
 	uint64_t steps, preemptions;
 	uint64_t prompt_tokens;       /* prompt tokens computed the first time */
@@ -141,6 +150,9 @@ struct md_sched {
 	uint8_t *exp_pick;             /* owned (max_seqs): selection scratch */
 	uint32_t *exp_pop;             /* owned (n_layer * exp_words * 64): decoders per expert */
 	uint32_t *exp_share;           /* owned (max_seqs): selection scratch */
+	uint64_t *exp_res;             /* owned (n_layer * exp_words): resident experts, per step */
+	md_sched_resident_fn resident; /* NULL: residency unknown */
+	void *resident_arg;            /* borrowed */
 	struct md_seq **exp_tmp;       /* owned (max_seqs): selection scratch */
 	uint32_t exp_words;            /* 64-bit words per layer bitmap */
 	struct md_sched_stats stats;
@@ -167,6 +179,12 @@ uint32_t md_sched_plan(struct md_sched *s);
 /* The forward pass of the plan succeeded: advance each item's KV length by its tokens, less
  * the drafted tokens it did not accept (accepted: per item, NULL = all). */
 void md_sched_commit(struct md_sched *s, const uint32_t *accepted);
+
+/* Where experts live, for expert-aware batching (md_sched_resident_fn above); NULL (the
+ * default): all alike. arg is borrowed until replaced. */
+void md_sched_set_resident(struct md_sched *s, md_sched_resident_fn fn, void *arg);
+
+#define MD_SCHED_MISS_WEIGHT 8 /* a miss reads megabytes; a resident expert only computes */
 
 /* Record one MoE layer's routing of the current plan (call between md_sched_plan and
  * md_sched_commit, from the forward pass's route observer): each item's last real token's

@@ -315,7 +315,9 @@ static void test_fairness(void)
  * age bound (expert_age 4, 6 decoders, room 2: a skip of at most 4 + 3 steps). */
 static double run_expert_batching(bool aware, uint32_t *max_skip_out, uint64_t *selections)
 {
-	static const int32_t ex[6][2] = { { 0, 1 }, { 1, 0 }, { 0, 1 }, { 2, 3 }, { 4, 5 }, { 6, 7 } };
+	static const int32_t ex[6][2] = {
+		{ 0, 1 }, { 1, 0 }, { 0, 1 }, { 2, 3 }, { 4, 5 }, { 6, 7 },
+	};
 	struct rig g;
 	CHECK_EQ_I(md_kv_init(&g.kv, 1, 4, 200, 6), 0);
 	struct md_sched_config c = { .max_seqs = 6, .step_tokens = 2, .n_ctx = 256,
@@ -401,6 +403,60 @@ static void test_expert_batching(void)
 	rig_release(&g);
 }
 
+static bool layer0_45_resident(void *arg, uint32_t layer, uint32_t expert)
+{
+	(*(int *)arg)++;
+	return expert == 4 || expert == 5;
+}
+
+/* Under an expert cache: sequences 0-2 share experts {0,1}, 3 and 4 share {4,5}, which are
+ * resident, 5 uses {6,7}; room for two. Without residency the step takes two of the bigger
+ * cluster 0-2; with it, 3 and 4 (no miss at all). */
+static void test_expert_batching_resident(void)
+{
+	static const int32_t ex[6][2] = {
+		{ 0, 1 }, { 0, 1 }, { 1, 0 }, { 4, 5 }, { 5, 4 }, { 6, 7 },
+	};
+	for (int with = 0; with < 2; with++) {
+		struct rig g;
+		CHECK_EQ_I(md_kv_init(&g.kv, 1, 4, 100, 6), 0);
+		struct md_sched_config c = { .max_seqs = 6, .step_tokens = 6, .n_ctx = 256,
+					     .n_layer = 1, .n_expert = 8, .expert_aware = true,
+					     .expert_age = 100 };
+		REQUIRE(CHECK_EQ_I(md_sched_init(&g.sc, &c, &g.kv), 0));
+		int calls = 0;
+		if (with)
+			md_sched_set_resident(&g.sc, layer0_45_resident, &calls);
+		for (uint64_t i = 0; i < 6; i++)
+			md_sched_enqueue(&g.sc, mkseq(i, 1, 50));
+		/* step 1: room for all six (their prompts); it teaches the routing */
+		REQUIRE(CHECK_EQ_U(md_sched_plan(&g.sc), 6));
+		int32_t ids[12];
+		for (uint32_t i = 0; i < g.sc.plan.n_items; i++) {
+			const struct md_plan_item *it = &g.sc.plan.items[i];
+			memcpy(&ids[it->row * 2], ex[it->seq->req->id], sizeof(ex[0]));
+		}
+		struct md_routing r = { .n_tokens = 6, .n_expert = 8, .n_used = 2, .ids = ids };
+		md_sched_note_routing(&g.sc, 0, &r);
+		finish_step(&g);
+		/* step 2 with room for two */
+		g.sc.cfg.step_tokens = 2;
+		REQUIRE(CHECK_EQ_U(md_sched_plan(&g.sc), 2));
+		uint64_t a = g.sc.plan.items[0].seq->req->id, b = g.sc.plan.items[1].seq->req->id;
+		CHECK_CONTEXT("with residency %d: chose %llu and %llu", with, (unsigned long long)a,
+			      (unsigned long long)b);
+		if (with) {
+			CHECK((a == 3 && b == 4) || (a == 4 && b == 3));
+			CHECK_EQ_I(calls, 8); /* every expert of the layer, once */
+		} else {
+			CHECK(a <= 2 && b <= 2);
+		}
+		CHECK_CONTEXT_CLEAR();
+		md_sched_commit(&g.sc, NULL);
+		rig_release(&g);
+	}
+}
+
 /* max_tokens far beyond the context: the sequence's capacity is bounded by the context and
  * nothing wraps. */
 static void test_huge_max_tokens(void)
@@ -423,6 +479,7 @@ int main(void)
 	test_drafts();
 	test_fairness();
 	test_expert_batching();
+	test_expert_batching_resident();
 	test_huge_max_tokens();
 	if (failures)
 		fprintf(stderr, "%d checks failed\n", failures);
