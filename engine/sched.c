@@ -71,8 +71,6 @@ int md_sched_init(struct md_sched *s, const struct md_sched_config *cfg, struct 
 		return -ENOMEM;
 	}
 	if (cfg->n_layer && cfg->n_expert) {
-		if (s->cfg.expert_age == 0)
-			s->cfg.expert_age = 4;
 		s->exp_words = (cfg->n_expert + 63) / 64;
 		size_t per = (size_t)cfg->n_layer * s->exp_words;
 		s->exp_bits = calloc(S * per, sizeof(*s->exp_bits));
@@ -408,6 +406,8 @@ static void select_by_experts(struct md_sched *s, uint32_t room)
 		return;
 	if (s->resident)
 		load_residency(s);
+	/* the age bound: as configured, or one step more than the fair order's longest wait */
+	uint32_t age = s->cfg.expert_age ? s->cfg.expert_age : (n_dec + room - 1) / room;
 	uint8_t *pick = s->exp_pick; /* pick[i]: order[i] is chosen */
 	memset(pick, 0, n);
 	memset(s->exp_union, 0, sizeof(*s->exp_union) * s->cfg.n_layer * s->exp_words);
@@ -415,7 +415,7 @@ static void select_by_experts(struct md_sched *s, uint32_t room)
 	/* 1. the sequences that waited too long, oldest first */
 	for (uint32_t i = 0; i < n && chosen < room; i++) {
 		struct md_seq *q = s->order[i];
-		if (is_decoding(q) && s->step_no - 1 - q->last_served >= s->cfg.expert_age) {
+		if (is_decoding(q) && s->step_no - 1 - q->last_served >= age) {
 			pick[i] = 1;
 			union_add(s, q);
 			chosen++;

@@ -33,9 +33,9 @@
  * experts, predicted from each sequence's last routed token (md_sched_note_routing keeps, per
  * KV slot, a bitmap of its last token's experts at every MoE layer; a trained router's next
  * choices overlap its last ones, and sequences on one topic route alike). Greedy: first every
- * sequence that has waited md_sched_config.expert_age steps or more (oldest first), so in
- * steps that serve decoders nothing waits much longer than expert_age + ceil(decoders /
- * room); then, one at a time, the sequence that adds the fewest experts to the union (ties:
+ * sequence that has skipped A steps or more (oldest first), A = md_sched_config.expert_age or
+ * by default ceil(decoders / room), one more than the fair order's longest skip, so in steps
+ * that serve decoders nothing waits much longer than A + ceil(decoders / room); then, one at a time, the sequence that adds the fewest experts to the union (ties:
  * the one whose experts most other decoders share, so the first pick lands in the biggest
  * cluster; then least recently served; a sequence with no routing yet counts as adding every
  * expert). The chosen ones take the decoders' first places in the service order, the rest
@@ -97,7 +97,8 @@ struct md_sched_config {
 	/* Expert-aware batching (see DESIGN); off when n_layer or n_expert is 0. */
 	uint32_t n_layer, n_expert;
 	bool expert_aware;
-	uint32_t expert_age;   /* steps a sequence may wait before it must go; 0 = 4 */
+	uint32_t expert_age;   /* steps a sequence may skip before it must go; 0: one more than
+				  the fair order's longest skip, ceil(decoders / room) */
 };
 
 /* What one sequence contributes to a step: n_tok tokens at batch rows [row, row + n_tok),

@@ -313,7 +313,8 @@ static void test_fairness(void)
  * {0,1} at both layers, 3, 4 and 5 to experts of their own. Run 60 steps with the routing the
  * engine would report; returns the mean distinct experts per layer and step, and checks the
  * age bound (expert_age 4, 6 decoders, room 2: a skip of at most 4 + 3 steps). */
-static double run_expert_batching(bool aware, uint32_t *max_skip_out, uint64_t *selections)
+static double run_expert_batching(bool aware, uint32_t age, uint32_t *max_skip_out,
+				  uint64_t *selections)
 {
 	static const int32_t ex[6][2] = {
 		{ 0, 1 }, { 1, 0 }, { 0, 1 }, { 2, 3 }, { 4, 5 }, { 6, 7 },
@@ -322,16 +323,16 @@ static double run_expert_batching(bool aware, uint32_t *max_skip_out, uint64_t *
 	CHECK_EQ_I(md_kv_init(&g.kv, 1, 4, 200, 6), 0);
 	struct md_sched_config c = { .max_seqs = 6, .step_tokens = 2, .n_ctx = 256,
 				     .max_logits = 6, .n_layer = 2, .n_expert = 8,
-				     .expert_aware = aware, .expert_age = 4 };
+				     .expert_aware = aware, .expert_age = age };
 	REQUIRE(CHECK_EQ_I(md_sched_init(&g.sc, &c, &g.kv), 0));
 	for (uint64_t i = 0; i < 6; i++)
 		md_sched_enqueue(&g.sc, mkseq(i, 1, 200));
 	uint32_t last[6] = { 0 }, max_skip = 0, n_steps = 0, distinct = 0;
 	for (uint32_t step = 1; step <= 60; step++) {
-		/* who must go this step: waited expert_age steps or more (all routed by step 4) */
+		/* who must go this step: skipped age steps or more (all routed by step 4) */
 		bool aged = false;
 		for (uint32_t i = 0; i < g.sc.n_running; i++)
-			aged |= g.sc.step_no - g.sc.running[i]->last_served >= 4;
+			aged |= g.sc.step_no - g.sc.running[i]->last_served >= (age ? age : 3);
 		REQUIRE(CHECK(md_sched_plan(&g.sc) == 2));
 		const struct md_plan *p = &g.sc.plan;
 		int32_t ids[2 * 2];
@@ -375,8 +376,8 @@ static void test_expert_batching(void)
 {
 	uint32_t skip_on, skip_off;
 	uint64_t sel_on, sel_off;
-	double on = run_expert_batching(true, &skip_on, &sel_on);
-	double off = run_expert_batching(false, &skip_off, &sel_off);
+	double on = run_expert_batching(true, 4, &skip_on, &sel_on);
+	double off = run_expert_batching(false, 4, &skip_off, &sel_off);
 	fprintf(stderr, "expert batching: %.2f distinct experts per layer and step (off: %.2f), "
 		"longest wait %u steps (off: %u)\n", on, off, skip_on, skip_off);
 	/* off: pairs in rotation, (0,1) (2,3) (4,5): 2, 4, 4 experts; on: mostly 2 */
@@ -386,6 +387,14 @@ static void test_expert_batching(void)
 	CHECK_EQ_U(skip_off, 2);
 	CHECK(sel_on >= 59);
 	CHECK_EQ_U(sel_off, 0);
+	/* the default age bound, ceil(6 / 2) = 3: one skip more than the fair order's 2 */
+	uint32_t skip_def;
+	uint64_t sel_def;
+	double def = run_expert_batching(true, 0, &skip_def, &sel_def);
+	fprintf(stderr, "expert batching, default age bound: %.2f distinct experts, longest wait "
+		"%u steps\n", def, skip_def);
+	CHECK(def < off - 0.3);
+	CHECK(skip_def <= 3 + 3);
 
 	/* Room for everyone: no selection, plain rotation. */
 	struct rig g;
