@@ -9,9 +9,12 @@
  *
  * lru: the unit used longest ago.
  *
- * lfu: the unit with the lowest use count, where counts halve every half-life ticks (kept
- * lazily: a count and the time it was last brought up to date, decayed by 2^(-dt/half-life)
- * when read). Why aging: plain LFU never forgets, so experts that were hot for an earlier
+ * lfu: the unit with the lowest use count, where counts halve every half-life ticks. Counts
+ * are kept relative to an epoch: a use at time t adds 2^((t - epoch)/half-life), and the
+ * count at time now is the sum times 2^(-(now - epoch)/half-life), a factor common to every
+ * unit, so comparing counts needs no arithmetic per unit and pred computes the factor once
+ * per victim search (the epoch moves forward, rescaling every sum, before the terms could
+ * overflow a double: every 256 half-lives). Why aging: plain LFU never forgets, so experts that were hot for an earlier
  * burst of requests (another language, another task) sit in the cache for ever while the
  * current traffic misses; with a half-life a count is about the uses in the last
  * half-life / ln 2 ticks, so the cache follows a shift in traffic within a few half-lives.
@@ -60,8 +63,9 @@ struct md_epol {
 	uint64_t half_life;   /* ticks */
 	uint8_t *resident;    /* owned (n_units) */
 	uint64_t *last_use;   /* owned (n_units): time of the last access or insert */
-	double *count;        /* owned (n_units): use count as of count_t */
-	uint64_t *count_t;    /* owned (n_units) */
+	double *wcount;       /* owned (n_units): use count scaled to the epoch (see lfu) */
+	uint64_t epoch;       /* time the scaled counts refer to */
+	uint64_t t_last;      /* latest time seen */
 	float *hint_p;        /* owned (n_units): probability of the latest hint */
 	uint64_t *hint_t;     /* owned (n_units): its time; 0 = none */
 	float *cost;          /* owned (n_units): relative cost of a miss */
@@ -90,14 +94,13 @@ struct md_epol *md_epol_new(enum md_epol_kind kind, uint32_t n_layer, uint32_t n
 	size_t n = p->n_units;
 	p->resident = calloc(n, 1);
 	p->last_use = calloc(n, sizeof(*p->last_use));
-	p->count = calloc(n, sizeof(*p->count));
-	p->count_t = calloc(n, sizeof(*p->count_t));
+	p->wcount = calloc(n, sizeof(*p->wcount));
 	p->hint_p = calloc(n, sizeof(*p->hint_p));
 	p->hint_t = calloc(n, sizeof(*p->hint_t));
 	p->cost = malloc(n * sizeof(*p->cost));
 	p->layer_last = calloc(n_layer, sizeof(*p->layer_last));
 	p->layer_seen = calloc(n_layer, 1);
-	if (!p->resident || !p->last_use || !p->count || !p->count_t || !p->hint_p || !p->hint_t ||
+	if (!p->resident || !p->last_use || !p->wcount || !p->hint_p || !p->hint_t ||
 	    !p->cost || !p->layer_last || !p->layer_seen) {
 		md_epol_free(p);
 		return NULL;
@@ -114,8 +117,7 @@ void md_epol_free(struct md_epol *p)
 		return;
 	free(p->resident);
 	free(p->last_use);
-	free(p->count);
-	free(p->count_t);
+	free(p->wcount);
 	free(p->hint_p);
 	free(p->hint_t);
 	free(p->cost);
@@ -124,8 +126,22 @@ void md_epol_free(struct md_epol *p)
 	free(p);
 }
 
+/* Move the epoch to now: every scaled count becomes its value at now. */
+static void rebase(struct md_epol *p, uint64_t now)
+{
+	if (now <= p->epoch)
+		return;
+	double f = exp2(-(double)(now - p->epoch) / (double)p->half_life);
+	for (uint32_t u = 0; u < p->n_units; u++)
+		p->wcount[u] *= f;
+	p->epoch = now;
+}
+
 void md_epol_set_half_life(struct md_epol *p, uint64_t ticks)
 {
+	/* Counts so far decay with the old half-life up to the latest time seen. */
+	if (p->half_life)
+		rebase(p, p->t_last);
 	p->half_life = ticks ? ticks : (uint64_t)DEFAULT_HALF_LIFE_STEPS * p->n_layer;
 }
 
@@ -135,13 +151,11 @@ void md_epol_set_cost(struct md_epol *p, uint32_t unit, float cost)
 		p->cost[unit] = cost;
 }
 
-/* The unit's use count decayed to time now. */
-static double count_at(const struct md_epol *p, uint32_t u, uint64_t now)
+/* The factor that turns scaled counts into counts at time now. */
+static double count_scale(const struct md_epol *p, uint64_t now)
 {
-	if (p->count[u] == 0)
-		return 0;
-	uint64_t dt = now > p->count_t[u] ? now - p->count_t[u] : 0;
-	return p->count[u] * exp2(-(double)dt / (double)p->half_life);
+	double dt = (double)now - (double)p->epoch;
+	return exp2(-dt / (double)p->half_life);
 }
 
 void md_epol_insert(struct md_epol *p, uint32_t unit, uint64_t now)
@@ -166,8 +180,11 @@ void md_epol_access(struct md_epol *p, uint32_t unit, uint64_t now)
 	if (unit >= p->n_units)
 		return;
 	p->last_use[unit] = now;
-	p->count[unit] = count_at(p, unit, now) + 1.0;
-	p->count_t[unit] = now;
+	if (now > p->t_last)
+		p->t_last = now;
+	if (now > p->epoch && now - p->epoch > 256 * p->half_life)
+		rebase(p, now);
+	p->wcount[unit] += 1.0 / count_scale(p, now);
 	uint32_t l = unit / p->n_expert;
 	p->layer_last[l] = now;
 	p->layer_seen[l] = 1;
@@ -186,12 +203,14 @@ void md_epol_hint(struct md_epol *p, uint32_t unit, float prob, uint64_t now)
 	p->hint_t[unit] = now ? now : 1;
 }
 
-/* pred's keep value of a unit: cost of its miss per tick until its expected next use. */
-static double pred_value(const struct md_epol *p, uint32_t u, uint64_t now)
+/* pred's keep value of a unit: cost of its miss per tick until its expected next use. scale:
+ * count_scale(p, now), rate: 1 - 2^(-P/half-life) (computed once per search). */
+static double pred_value(const struct md_epol *p, uint32_t u, uint64_t now, double scale,
+			 double rate)
 {
 	uint32_t l = u / p->n_expert;
-	double P = p->n_layer, H = (double)p->half_life;
-	double q = count_at(p, u, now) * (1.0 - exp2(-P / H));
+	double P = p->n_layer;
+	double q = p->wcount[u] * scale * rate;
 	bool hint_live = p->hint_t[u] && (p->hint_t[u] > p->layer_last[l] || !p->layer_seen[l]);
 	if (hint_live && p->hint_p[u] > q)
 		q = p->hint_p[u];
@@ -208,13 +227,21 @@ static double pred_value(const struct md_epol *p, uint32_t u, uint64_t now)
 	return (double)p->cost[u] / (d + P * (1.0 / q - 1.0));
 }
 
-static double score(const struct md_epol *p, uint32_t u, uint64_t now)
+static double pred_rate(const struct md_epol *p)
+{
+	return 1.0 - exp2(-(double)p->n_layer / (double)p->half_life);
+}
+
+/* The victim has the lowest score. lfu: the scaled count (the common factor does not change
+ * the order). */
+static double score(const struct md_epol *p, uint32_t u, uint64_t now, double scale,
+		    double rate)
 {
 	switch (p->kind) {
 	case MD_EPOL_LFU:
-		return count_at(p, u, now);
+		return p->wcount[u];
 	case MD_EPOL_PRED:
-		return pred_value(p, u, now);
+		return pred_value(p, u, now, scale, rate);
 	case MD_EPOL_LRU:
 	default:
 		return (double)p->last_use[u];
@@ -224,11 +251,11 @@ static double score(const struct md_epol *p, uint32_t u, uint64_t now)
 int64_t md_epol_victim(struct md_epol *p, md_epol_evictable_fn ok, void *arg, uint64_t now)
 {
 	int64_t best = -1;
-	double best_s = 0;
+	double best_s = 0, scale = count_scale(p, now), rate = pred_rate(p);
 	for (uint32_t u = 0; u < p->n_units; u++) {
 		if (!p->resident[u] || (ok && !ok(arg, u)))
 			continue;
-		double s = score(p, u, now);
+		double s = score(p, u, now, scale, rate);
 		if (best < 0 || s < best_s ||
 		    (s == best_s && p->last_use[u] < p->last_use[best])) {
 			best = u;
@@ -242,7 +269,8 @@ bool md_epol_admit(struct md_epol *p, uint32_t unit, uint32_t victim, uint64_t n
 {
 	if (p->kind != MD_EPOL_PRED || unit >= p->n_units || victim >= p->n_units)
 		return true;
-	return pred_value(p, unit, now) > pred_value(p, victim, now);
+	double scale = count_scale(p, now), rate = pred_rate(p);
+	return pred_value(p, unit, now, scale, rate) > pred_value(p, victim, now, scale, rate);
 }
 
 bool md_epol_resident(const struct md_epol *p, uint32_t unit)

@@ -72,6 +72,22 @@ static void test_lfu(void)
 	CHECK(v != 5 && v >= 0);
 	CHECK_EQ_I(md_epol_victim(p, not_unit3, NULL, 52), v); /* 3 not resident: no effect */
 	md_epol_free(p);
+
+	/* Long runs: thousands of half-lives (the scaled counts are rebased, never overflow). */
+	p = md_epol_new(MD_EPOL_LFU, 1, 2);
+	REQUIRE(CHECK(p != NULL));
+	md_epol_set_half_life(p, 2);
+	md_epol_insert(p, 0, 1);
+	md_epol_insert(p, 1, 1);
+	for (uint64_t t = 1; t < 20000; t += 7) {
+		md_epol_access(p, 0, t);
+		md_epol_access(p, 0, t);
+		md_epol_access(p, 1, t);
+	}
+	CHECK_EQ_I(md_epol_victim(p, NULL, NULL, 20000), 1); /* 0 used twice as often */
+	md_epol_access(p, 1, 20100);                         /* 50 half-lives later */
+	CHECK_EQ_I(md_epol_victim(p, NULL, NULL, 20100), 0);
+	md_epol_free(p);
 }
 
 static bool layer3_busy(void *arg, uint32_t unit)
