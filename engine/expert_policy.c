@@ -3,9 +3,9 @@
  * DESIGN. One struct for every kind: per-unit arrays (resident flag, last use, aged use count,
  * the latest hint, the cost of a miss) that each kind reads as it needs, and a victim search
  * that scans the resident units for the lowest score. The scan is O(units) per eviction: for
- * a 48-layer, 128-expert model's 6144 units bench/bench_epol measured 30 us (lru), 44 (lfu)
- * and 102 (pred) on the 2-core development machine, against a miss that costs a disk read of
- * megabytes (about a millisecond); an ordered structure is worth it only if evictions ever
+ * a 48-layer, 128-expert model's 6144 units bench/bench_epol measured 30-48 us (lru), 44-53
+ * (lfu) and 102-157 (pred) in two runs on the loaded 2-core development machine, against a
+ * miss that costs a disk read of megabytes (about a millisecond); an ordered structure is worth it only if evictions ever
  * show in a profile.
  *
  * lru: the unit used longest ago.
