@@ -185,8 +185,10 @@ static void test_engine_trace(const char *model, const char *trace)
 		want += (uint64_t)(outs[i].n - 1) * m.hp.n_layer;
 	CHECK_EQ_U(log.n_rec, want);
 
-	/* Steps: the budget of 16 rows is never exceeded; step 1 is 16 tokens of the long prompt,
-	 * step 2 the short prompt and the long one's last 4, then one decode step per token. */
+	/* Steps: the budget of 16 rows is never exceeded. When both requests are in before the
+	 * first step: 16 tokens of the long prompt, then the short prompt and the long one's last
+	 * 4, then one decode step per token (8 steps); when the engine thread starts on the
+	 * first alone, the short one trails by a step or two. */
 	uint64_t rows_in_step = 0, step = 0, max_rows = 0, n_steps = 0;
 	for (uint64_t r = 0; r < log.n_rec; r++) {
 		if (log.rec[r].layer != 0)
@@ -200,7 +202,7 @@ static void test_engine_trace(const char *model, const char *trace)
 			max_rows = rows_in_step;
 	}
 	CHECK(max_rows <= 16);
-	CHECK_EQ_U(n_steps, MAX_GEN + 1);
+	CHECK(n_steps >= MAX_GEN + 1 && n_steps <= MAX_GEN + 3);
 
 	/* The experts and weights of each record are the router's: a reference forward pass per
 	 * request, prompt in one batch then one token at a time as the engine fed them. */
