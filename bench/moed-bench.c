@@ -5,7 +5,10 @@
  * context grows from empty). With -b B, B sequences decode together (B tokens per step) and
  * the aggregate rate is reported. Each test runs once to warm up, then -r times; the table
  * shows the median and the spread (min..max) of the repetitions. Token ids are pseudo-random
- * with a fixed seed. */
+ * with a fixed seed. With -T FILE every MoE layer's routing goes to a routing trace
+ * (engine/route_trace.h): a sequence is named run * 1024 + its KV slot, run counting the
+ * pp and tg runs from 1, warm-ups included, and steps count every forward pass. Random tokens route unlike text: for cache studies
+ * trace the server on real prompts (bench/README.md). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +20,7 @@
 #include "engine/forward.h"
 #include "engine/kv_cache.h"
 #include "engine/model.h"
+#include "engine/route_trace.h"
 
 static double now_s(void)
 {
@@ -33,6 +37,7 @@ static void usage(void)
 		"  -n  generated tokens per tg test (default 64; 0 skips)\n"
 		"  -r  repetitions after one warm-up run (default 5)\n"
 		"  -b  sequences decoding together in tg (default 1)\n"
+		"  -T  write a routing trace to FILE (--trace-routing FILE too)\n"
 		"  env MOED_KERNELS=ref|scalar|avx2|avx512 selects the kernels\n");
 }
 
@@ -49,7 +54,31 @@ struct bench {
 	float *logits;
 	int32_t *tok, *seq, *pos;
 	uint64_t rng;
+	struct md_route_trace *trace; /* owned, NULL: no -T */
+	uint64_t *trace_seq;          /* owned (max tokens): sequence of each row */
+	uint64_t step, run;
 };
+
+static void on_route(void *ud, uint32_t layer, const struct md_routing *r)
+{
+	struct bench *b = ud;
+	md_route_trace_layer(b->trace, layer, r);
+}
+
+/* md_forward, traced when -T asked for it; sequence numbers are the KV slots. */
+static int forward(struct bench *b, int n)
+{
+	if (b->trace) {
+		for (int i = 0; i < n; i++)
+			b->trace_seq[i] = b->run * 1024 + (uint64_t)b->seq[i];
+		md_route_trace_step(b->trace, ++b->step, (uint32_t)n, b->trace_seq, b->pos);
+	}
+	struct md_batch batch = { n, b->tok, b->seq, b->pos, NULL };
+	int rc = md_forward(b->fw, &b->kv, &batch, b->logits);
+	if (b->trace)
+		md_route_trace_flush(b->trace);
+	return rc;
+}
 
 static int32_t rand_tok(struct bench *b)
 {
@@ -60,6 +89,7 @@ static int32_t rand_tok(struct bench *b)
 /* One pp run: seconds, or a negative value on error. */
 static double run_pp(struct bench *b, int n)
 {
+	b->run++;
 	int s = md_kv_seq_new(&b->kv);
 	if (s < 0 || md_kv_reserve(&b->kv, s, (uint32_t)n))
 		return -1;
@@ -68,9 +98,8 @@ static double run_pp(struct bench *b, int n)
 		b->seq[i] = s;
 		b->pos[i] = i;
 	}
-	struct md_batch batch = { n, b->tok, b->seq, b->pos, NULL };
 	double t0 = now_s();
-	int rc = md_forward(b->fw, &b->kv, &batch, b->logits);
+	int rc = forward(b, n);
 	double t = now_s() - t0;
 	md_kv_seq_free(&b->kv, s);
 	return rc < 0 ? -1 : t;
@@ -80,6 +109,7 @@ static double run_pp(struct bench *b, int n)
 static double run_tg(struct bench *b, int n, int n_seq)
 {
 	int ids[256];
+	b->run++;
 	for (int s = 0; s < n_seq; s++) {
 		ids[s] = md_kv_seq_new(&b->kv);
 		if (ids[s] < 0 || md_kv_reserve(&b->kv, ids[s], (uint32_t)n))
@@ -93,8 +123,7 @@ static double run_tg(struct bench *b, int n, int n_seq)
 			b->seq[s] = ids[s];
 			b->pos[s] = step;
 		}
-		struct md_batch batch = { n_seq, b->tok, b->seq, b->pos, NULL };
-		rc = md_forward(b->fw, &b->kv, &batch, b->logits);
+		rc = forward(b, n_seq);
 	}
 	double t = now_s() - t0;
 	for (int s = 0; s < n_seq; s++)
@@ -104,7 +133,7 @@ static double run_tg(struct bench *b, int n, int n_seq)
 
 int main(int argc, char **argv)
 {
-	const char *path = NULL;
+	const char *path = NULL, *trace_path = NULL;
 	int n_threads = 2, n_prompt = 128, n_gen = 64, reps = 5, n_seq = 1;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
@@ -125,6 +154,8 @@ int main(int argc, char **argv)
 			reps = atoi(v);
 		else if (strcmp(a, "-b") == 0)
 			n_seq = atoi(v);
+		else if (strcmp(a, "-T") == 0 || strcmp(a, "--trace-routing") == 0)
+			trace_path = v;
 		else {
 			usage();
 			return 2;
@@ -159,6 +190,16 @@ int main(int argc, char **argv)
 	if (!b.fw || !b.logits || !b.tok || !b.seq || !b.pos) {
 		fprintf(stderr, "moed-bench: out of memory\n");
 		return 1;
+	}
+	if (trace_path) {
+		b.trace = md_route_trace_open(trace_path, model.hp.n_layer, model.hp.n_expert,
+					      model.hp.n_expert_used, err, sizeof(err));
+		b.trace_seq = malloc((size_t)max_tok * sizeof(uint64_t));
+		if (!b.trace || !b.trace_seq) {
+			fprintf(stderr, "moed-bench: %s\n", b.trace ? "out of memory" : err);
+			return 1;
+		}
+		md_forward_set_route_cb(b.fw, on_route, &b);
 	}
 
 	struct stat st;
@@ -203,6 +244,11 @@ int main(int argc, char **argv)
 	free(b.seq);
 	free(b.pos);
 	md_forward_free(b.fw);
+	if (md_route_trace_close(b.trace) < 0) {
+		fprintf(stderr, "moed-bench: writing '%s' failed\n", trace_path);
+		return 1;
+	}
+	free(b.trace_seq);
 	md_kv_release(&b.kv);
 	md_model_free(&model);
 	return 0;

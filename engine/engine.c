@@ -14,7 +14,9 @@
  * chunked prefill), the forward pass computes it, the scheduler commits it, and every logits
  * row is sampled; tokens and finished requests become events, staged during the step and
  * handed over under one lock at its end. Cancellation is a message: the sequence leaves at
- * the next step and its blocks return to the pool.
+ * the next step and its blocks return to the pool. The forward pass reports every MoE
+ * layer's routing to on_route, which feeds the routing trace (--trace-routing), the
+ * scheduler's expert predictions (expert-aware batching) and the distinct-experts counters.
  *
  * Every request carries its DONE event from submission (allocated on the caller's thread), so
  * running out of memory later can drop a token event but never leaves a request hanging.
@@ -39,6 +41,7 @@
 #include "engine/forward.h"
 #include "engine/kv_cache.h"
 #include "engine/model.h"
+#include "engine/route_trace.h"
 #include "engine/sched.h"
 #include "engine/text.h"
 
@@ -88,6 +91,9 @@ struct md_engine {
 	bool sched_ready;
 	float *logits;                   /* owned: (max_seqs, n_vocab) */
 	struct md_engine_event *out_head, *out_tail; /* events of the current step */
+	struct md_route_trace *trace;    /* owned, NULL: no --trace-routing */
+	uint64_t *trace_seq;             /* owned (step_tokens): request id of each batch row */
+	uint64_t moe_layer_steps, moe_distinct; /* routing statistics, engine thread */
 
 	/* published at READY, read-only afterwards */
 	char name[256];
@@ -112,6 +118,8 @@ int md_engine_new(struct md_engine **out, const struct md_engine_config *cfg,
 	e->cfg = *cfg;
 	e->cfg.model_path = dup_or_null(cfg->model_path);
 	e->cfg.chat_template = dup_or_null(cfg->chat_template);
+	e->cfg.trace_routing = cfg->trace_routing && cfg->trace_routing[0]
+		? strdup(cfg->trace_routing) : NULL;
 	e->wake = wake;
 	e->wake_arg = wake_arg;
 	e->owner._name = "engine";
@@ -401,6 +409,9 @@ static void publish_stats(struct md_engine *e)
 	e->stats.prefix_hit_tokens = ss->prefix_hit_tokens;
 	e->stats.prefix_blocks = e->kv_ready ? md_kv_prefix_blocks(&e->kv) : 0;
 	e->stats.prefix_evictions = e->kv_ready ? md_kv_prefix_evictions(&e->kv) : 0;
+	e->stats.moe_layer_steps = e->moe_layer_steps;
+	e->stats.moe_distinct_experts = e->moe_distinct;
+	e->stats.expert_selections = ss->expert_selections;
 	pthread_mutex_unlock(&e->st_mu);
 	atomic_store(&e->n_waiting, md_sched_n_waiting(&e->sched));
 	atomic_store(&e->n_running, md_sched_n_running(&e->sched));
@@ -412,6 +423,52 @@ static void finish_all(struct md_engine *e, enum md_finish f, int err)
 	struct md_seq *s;
 	while ((s = md_sched_pop_any(&e->sched)))
 		seq_finish(e, s, f, err);
+}
+
+/* ---- routing observers ---- */
+
+/* Every MoE layer's routing, on the engine thread during md_forward: the routing trace, the
+ * scheduler's expert predictions, the distinct-experts statistics. */
+static void on_route(void *ud, uint32_t layer, const struct md_routing *r)
+{
+	struct md_engine *e = ud;
+	if (e->trace)
+		md_route_trace_layer(e->trace, layer, r);
+	md_sched_note_routing(&e->sched, layer, r);
+	e->moe_layer_steps++;
+	e->moe_distinct += (uint64_t)r->n_active;
+}
+
+/* Name each row of the planned batch for the trace: its request id and position. */
+static void trace_step_begin(struct md_engine *e, const struct md_plan *p)
+{
+	if (!e->trace)
+		return;
+	for (uint32_t i = 0; i < p->n_items; i++)
+		for (uint32_t k = 0; k < p->items[i].n_tok; k++)
+			e->trace_seq[p->items[i].row + k] = p->items[i].seq->req->id;
+	md_route_trace_step(e->trace, e->sched.step_no, p->n_tokens, e->trace_seq, p->pos);
+}
+
+static int setup_trace(struct md_engine *e)
+{
+	const struct md_hparams *hp = &e->model.hp;
+	if (!e->cfg.trace_routing)
+		return 0;
+	if (hp->n_expert == 0) {
+		snprintf(e->err, sizeof(e->err), "trace-routing: the model has no experts");
+		return -EINVAL;
+	}
+	e->trace_seq = malloc(sizeof(*e->trace_seq) * e->cfg.step_tokens);
+	if (!e->trace_seq)
+		return -ENOMEM;
+	e->trace = md_route_trace_open(e->cfg.trace_routing, hp->n_layer, hp->n_expert,
+				       hp->n_expert_used, e->err, sizeof(e->err));
+	if (!e->trace)
+		return -EINVAL;
+	if (e->cfg.progress)
+		md_log(MD_LOG_INFO, "tracing routing to '%s'", e->cfg.trace_routing);
+	return 0;
 }
 
 /* One scheduler step. Returns true when it did work. */
@@ -434,7 +491,10 @@ static bool step(struct md_engine *e)
 		.n_tokens = (int32_t)n, .tokens = p->tokens, .seq = p->seq, .pos = p->pos,
 		.want_logits = p->want_logits,
 	};
+	trace_step_begin(e, p);
 	int rows = md_forward(e->fw, &e->kv, &b, e->logits);
+	if (e->trace)
+		md_route_trace_flush(e->trace);
 	if (rows < 0 || (uint32_t)rows != p->n_logits) {
 		md_log(MD_LOG_ERROR, "engine step failed (%d); failing %u sequences", rows,
 		       md_sched_n_running(sc));
@@ -608,6 +668,8 @@ static int load(struct md_engine *e)
 		return rc;
 	struct md_sched_config sc = {
 		.max_seqs = c->max_seqs, .step_tokens = c->step_tokens, .n_ctx = e->n_ctx,
+		.n_layer = hp->n_expert ? hp->n_layer : 0, .n_expert = hp->n_expert,
+		.expert_aware = c->expert_batching,
 	};
 	rc = md_sched_init(&e->sched, &sc, &e->kv);
 	if (rc) {
@@ -625,6 +687,10 @@ static int load(struct md_engine *e)
 		snprintf(e->err, sizeof(e->err), "out of memory setting up the engine");
 		return -ENOMEM;
 	}
+	md_forward_set_route_cb(e->fw, on_route, e);
+	rc = setup_trace(e);
+	if (rc)
+		return rc;
 	pthread_mutex_lock(&e->st_mu);
 	e->stats.kv_blocks_total = md_kv_blocks_total(&e->kv);
 	pthread_mutex_unlock(&e->st_mu);
@@ -756,6 +822,10 @@ void md_engine_free(struct md_engine *e)
 		md_sched_release(&e->sched);
 	if (e->fw)
 		md_forward_free(e->fw);
+	if (md_route_trace_close(e->trace) < 0)
+		md_log(MD_LOG_WARN, "routing trace '%s' is incomplete: a write failed",
+		       e->cfg.trace_routing);
+	free(e->trace_seq);
 	if (e->kv_ready)
 		md_kv_release(&e->kv);
 	md_gvocab_free(e->gvocab);
@@ -766,6 +836,7 @@ void md_engine_free(struct md_engine *e)
 	free(e->logits);
 	free((char *)e->cfg.model_path);
 	free((char *)e->cfg.chat_template);
+	free((char *)e->cfg.trace_routing);
 	pthread_mutex_destroy(&e->sub_mu);
 	pthread_cond_destroy(&e->sub_cv);
 	pthread_mutex_destroy(&e->ev_mu);

@@ -58,6 +58,9 @@ struct md_engine_config {
 	 * loading (for the service manager's STATUS=); NULL for none. Must be thread-safe. */
 	void (*status_cb)(void *arg, const char *status);
 	void *status_arg;           /* borrowed: passed to status_cb */
+	const char *trace_routing;  /* borrowed, may be NULL: write a routing trace to this file
+				     * (engine/route_trace.h) */
+	bool expert_batching;       /* expert-aware batching (sched.h) when decoders exceed a step */
 };
 
 enum md_engine_state {
@@ -125,6 +128,9 @@ struct md_engine_stats {
 	uint64_t prefix_queries, prefix_hits, prefix_hit_tokens; /* see md_sched_stats */
 	uint32_t prefix_blocks;             /* KV blocks registered in the prefix cache */
 	uint64_t prefix_evictions;          /* registered blocks reused for other content */
+	uint64_t moe_layer_steps;           /* MoE layers computed (steps x MoE layers) */
+	uint64_t moe_distinct_experts;      /* distinct experts they computed, summed */
+	uint64_t expert_selections;         /* steps whose decoders were chosen by experts */
 };
 
 /* Create an engine (does not start the thread). Returns 0 or -ENOMEM / -EINVAL. */

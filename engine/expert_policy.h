@@ -18,6 +18,9 @@
 
 enum md_epol_kind {
 	MD_EPOL_LRU,  /* least recently used */
+	MD_EPOL_LFU,  /* least frequently used, counts halving every half-life (default 128 steps) */
+	MD_EPOL_PRED, /* "pred": least expected miss cost per tick until the next use, from the
+		       * aged frequency, the router's hints and the layer order (expert_policy.c) */
 	MD_EPOL_KIND_COUNT,
 };
 
@@ -40,13 +43,28 @@ void md_epol_access(struct md_epol *p, uint32_t unit, uint64_t now);
  * recent routing). Policies that do not use predictions ignore it. */
 void md_epol_hint(struct md_epol *p, uint32_t unit, float prob, uint64_t now);
 
+/* Tuning (all kinds accept them; those a kind does not use are kept and ignored).
+ * Half-life of the use counts of lfu and pred, in ticks; 0 restores the default, 128 ticks per
+ * layer (128 steps when the caller ticks once per MoE layer). */
+void md_epol_set_half_life(struct md_epol *p, uint64_t ticks);
+/* What a miss of unit costs, relative to others (default 1 each): bytes over the bandwidth of
+ * the tier it comes from. pred keeps what is costly to fetch again. */
+void md_epol_set_cost(struct md_epol *p, uint32_t unit, float cost);
+
 /* The resident unit to evict next among those ok(arg, unit) allows; -1 when none may go. */
 int64_t md_epol_victim(struct md_epol *p, md_epol_evictable_fn ok, void *arg, uint64_t now);
+
+/* Admission: should a unit that just missed take victim's place (the victim md_epol_victim
+ * chose), or go through uncached? lru and lfu always admit; pred admits it when it is worth
+ * more than the victim by its own measure (a unit just used is needed again only after a whole
+ * cycle of layers, so when a step uses more experts than the cache holds pred keeps what the
+ * next layers need rather than churning). */
+bool md_epol_admit(struct md_epol *p, uint32_t unit, uint32_t victim, uint64_t now);
 
 bool md_epol_resident(const struct md_epol *p, uint32_t unit);
 uint32_t md_epol_n_resident(const struct md_epol *p);
 
-/* "lru", ...; NULL for an unknown kind. */
+/* "lru", "lfu", "pred"; NULL for an unknown kind. */
 const char *md_epol_name(enum md_epol_kind kind);
 /* Parse a name as md_epol_name writes it; -EINVAL for an unknown one. */
 int md_epol_parse(const char *name, enum md_epol_kind *out);

@@ -70,6 +70,23 @@ int md_sched_init(struct md_sched *s, const struct md_sched_config *cfg, struct 
 		md_sched_release(s);
 		return -ENOMEM;
 	}
+	if (cfg->n_layer && cfg->n_expert) {
+		s->exp_words = (cfg->n_expert + 63) / 64;
+		size_t per = (size_t)cfg->n_layer * s->exp_words;
+		s->exp_bits = calloc(S * per, sizeof(*s->exp_bits));
+		s->exp_known = calloc(S, 1);
+		s->exp_union = calloc(per, sizeof(*s->exp_union));
+		s->exp_pick = calloc(S, 1);
+		s->exp_pop = calloc(per * 64, sizeof(*s->exp_pop));
+		s->exp_share = calloc(S, sizeof(*s->exp_share));
+		s->exp_res = calloc(per, sizeof(*s->exp_res));
+		s->exp_tmp = calloc(S, sizeof(*s->exp_tmp));
+		if (!s->exp_bits || !s->exp_known || !s->exp_union || !s->exp_pick || !s->exp_tmp ||
+		    !s->exp_pop || !s->exp_share || !s->exp_res) {
+			md_sched_release(s);
+			return -ENOMEM;
+		}
+	}
 	return 0;
 }
 
@@ -97,6 +114,14 @@ void md_sched_release(struct md_sched *s)
 	free(s->plan.seq);
 	free(s->plan.pos);
 	free(s->plan.want_logits);
+	free(s->exp_bits);
+	free(s->exp_known);
+	free(s->exp_union);
+	free(s->exp_pick);
+	free(s->exp_pop);
+	free(s->exp_share);
+	free(s->exp_res);
+	free(s->exp_tmp);
 	memset(s, 0, sizeof(*s));
 }
 
@@ -230,6 +255,8 @@ static void admit(struct md_sched *s)
 		s->stats.prefix_hit_tokens += cached;
 		if (q->n_kv > q->n_kv_max)
 			q->n_kv_max = q->n_kv;
+		if (s->exp_known)
+			s->exp_known[ks] = 0;
 		q->admit_no = ++s->admit_counter;
 		q->last_served = s->step_no;
 		s->running[s->n_running++] = q;
@@ -280,6 +307,177 @@ static int by_service(const void *a, const void *b)
 	return x->admit_no < y->admit_no ? -1 : x->admit_no > y->admit_no;
 }
 
+/* ---- expert-aware batching ---- */
+
+static uint64_t *slot_bits(const struct md_sched *s, int kv_seq)
+{
+	return s->exp_bits + (size_t)kv_seq * s->cfg.n_layer * s->exp_words;
+}
+
+void md_sched_note_routing(struct md_sched *s, uint32_t layer, const struct md_routing *r)
+{
+	if (!s->exp_bits || layer >= s->cfg.n_layer)
+		return;
+	const struct md_plan *p = &s->plan;
+	for (uint32_t i = 0; i < p->n_items; i++) {
+		const struct md_plan_item *it = &p->items[i];
+		uint32_t n_real = it->n_tok - it->n_draft;
+		if (n_real == 0 || it->row + n_real > (uint32_t)r->n_tokens)
+			continue;
+		int ks = it->seq->kv_seq;
+		uint64_t *b = slot_bits(s, ks) + (size_t)layer * s->exp_words;
+		memset(b, 0, sizeof(*b) * s->exp_words);
+		const int32_t *ids = r->ids + (size_t)(it->row + n_real - 1) * r->n_used;
+		for (int j = 0; j < r->n_used; j++)
+			if (ids[j] >= 0 && (uint32_t)ids[j] < s->cfg.n_expert)
+				b[ids[j] / 64] |= 1ull << (ids[j] % 64);
+		if (layer == s->cfg.n_layer - 1)
+			s->exp_known[ks] = 1;
+	}
+}
+
+void md_sched_set_resident(struct md_sched *s, md_sched_resident_fn fn, void *arg)
+{
+	s->resident = fn;
+	s->resident_arg = arg;
+}
+
+/* What the experts q would add to the union cost: one each, MD_SCHED_MISS_WEIGHT for those
+ * not resident when residency is known; every expert when q's routing is unknown. */
+static uint32_t added_experts(const struct md_sched *s, const struct md_seq *q)
+{
+	uint32_t miss_w = s->resident ? MD_SCHED_MISS_WEIGHT : 1;
+	if (!s->exp_known[q->kv_seq])
+		return s->cfg.n_layer * s->cfg.n_expert * miss_w;
+	const uint64_t *b = slot_bits(s, q->kv_seq);
+	uint32_t n = 0;
+	for (size_t w = 0; w < (size_t)s->cfg.n_layer * s->exp_words; w++) {
+		uint64_t add = b[w] & ~s->exp_union[w];
+		if (s->resident)
+			n += (uint32_t)__builtin_popcountll(add & s->exp_res[w]) +
+			     miss_w * (uint32_t)__builtin_popcountll(add & ~s->exp_res[w]);
+		else
+			n += (uint32_t)__builtin_popcountll(add);
+	}
+	return n;
+}
+
+/* The residency bitmap of this step, from the caller's predicate. */
+static void load_residency(struct md_sched *s)
+{
+	memset(s->exp_res, 0, sizeof(*s->exp_res) * s->cfg.n_layer * s->exp_words);
+	for (uint32_t l = 0; l < s->cfg.n_layer; l++)
+		for (uint32_t e = 0; e < s->cfg.n_expert; e++)
+			if (s->resident(s->resident_arg, l, e))
+				s->exp_res[(size_t)l * s->exp_words + e / 64] |= 1ull << (e % 64);
+}
+
+/* How many decoders (counted in exp_pop) share q's experts, summed over them: the tie-break
+ * that makes the first pick a sequence in the biggest cluster. */
+static uint32_t shared_experts(const struct md_sched *s, const struct md_seq *q)
+{
+	if (!s->exp_known[q->kv_seq])
+		return 0;
+	const uint64_t *b = slot_bits(s, q->kv_seq);
+	uint32_t n = 0;
+	for (size_t w = 0; w < (size_t)s->cfg.n_layer * s->exp_words; w++)
+		for (uint64_t x = b[w]; x; x &= x - 1)
+			n += s->exp_pop[w * 64 + (uint32_t)__builtin_ctzll(x)];
+	return n;
+}
+
+static void pop_add(struct md_sched *s, const struct md_seq *q)
+{
+	if (!s->exp_known[q->kv_seq])
+		return;
+	const uint64_t *b = slot_bits(s, q->kv_seq);
+	for (size_t w = 0; w < (size_t)s->cfg.n_layer * s->exp_words; w++)
+		for (uint64_t x = b[w]; x; x &= x - 1)
+			s->exp_pop[w * 64 + (uint32_t)__builtin_ctzll(x)]++;
+}
+
+static void union_add(struct md_sched *s, const struct md_seq *q)
+{
+	if (!s->exp_known[q->kv_seq])
+		return;
+	const uint64_t *b = slot_bits(s, q->kv_seq);
+	for (size_t w = 0; w < (size_t)s->cfg.n_layer * s->exp_words; w++)
+		s->exp_union[w] |= b[w];
+}
+
+/* s->order holds the running sequences least recently served first. When more of them
+ * decode than room allows, refill the decoders' places in that order with the chosen set
+ * first (see DESIGN); prefilling sequences keep their places. */
+static void select_by_experts(struct md_sched *s, uint32_t room)
+{
+	uint32_t n = s->n_running, n_dec = 0;
+	for (uint32_t i = 0; i < n; i++)
+		n_dec += is_decoding(s->order[i]);
+	if (n_dec <= room)
+		return;
+	if (s->resident)
+		load_residency(s);
+	/* the age bound: as configured, or one step more than the fair order's longest wait */
+	uint32_t age = s->cfg.expert_age ? s->cfg.expert_age : (n_dec + room - 1) / room;
+	uint8_t *pick = s->exp_pick; /* pick[i]: order[i] is chosen */
+	memset(pick, 0, n);
+	memset(s->exp_union, 0, sizeof(*s->exp_union) * s->cfg.n_layer * s->exp_words);
+	uint32_t chosen = 0;
+	/* 1. the sequences that waited too long, oldest first */
+	for (uint32_t i = 0; i < n && chosen < room; i++) {
+		struct md_seq *q = s->order[i];
+		if (is_decoding(q) && s->step_no - 1 - q->last_served >= age) {
+			pick[i] = 1;
+			union_add(s, q);
+			chosen++;
+		}
+	}
+	/* 2. greedily, the fewest experts added; ties (always at the first pick): the one whose
+	 * experts most other decoders share, then least recently served */
+	size_t n_bits = (size_t)s->cfg.n_layer * s->exp_words * 64;
+	memset(s->exp_pop, 0, sizeof(*s->exp_pop) * n_bits);
+	for (uint32_t i = 0; i < n; i++)
+		if (!pick[i] && is_decoding(s->order[i]))
+			pop_add(s, s->order[i]);
+	for (uint32_t i = 0; i < n; i++)
+		s->exp_share[i] = pick[i] || !is_decoding(s->order[i]) ? 0
+			: shared_experts(s, s->order[i]);
+	while (chosen < room) {
+		int best = -1;
+		uint32_t best_add = 0, best_share = 0;
+		for (uint32_t i = 0; i < n; i++) {
+			if (pick[i] || !is_decoding(s->order[i]))
+				continue;
+			uint32_t a = added_experts(s, s->order[i]);
+			if (best >= 0 && a > best_add)
+				continue;
+			uint32_t sh = s->exp_share[i];
+			if (best < 0 || a < best_add || sh > best_share) {
+				best = (int)i;
+				best_add = a;
+				best_share = sh;
+			}
+		}
+		if (best < 0)
+			break;
+		pick[best] = 1;
+		union_add(s, s->order[best]);
+		chosen++;
+	}
+	/* 3. refill the decoders' places: chosen first, then the others, each in order */
+	struct md_seq **tmp = s->exp_tmp;
+	uint32_t k = 0;
+	for (int pass = 1; pass >= 0; pass--)
+		for (uint32_t i = 0; i < n; i++)
+			if (is_decoding(s->order[i]) && pick[i] == pass)
+				tmp[k++] = s->order[i];
+	k = 0;
+	for (uint32_t i = 0; i < n; i++)
+		if (is_decoding(s->order[i]))
+			s->order[i] = tmp[k++];
+	s->stats.expert_selections++;
+}
+
 static void plan_token(struct md_plan *p, const struct md_seq *q, int32_t tok, uint32_t pos)
 {
 	uint32_t n = p->n_tokens++;
@@ -303,6 +501,11 @@ uint32_t md_sched_plan(struct md_sched *s)
 
 	memcpy(s->order, s->running, sizeof(*s->order) * s->n_running);
 	qsort(s->order, s->n_running, sizeof(*s->order), by_service);
+	if (s->exp_bits && s->cfg.expert_aware) {
+		uint32_t room = s->cfg.step_tokens < s->cfg.max_logits ? s->cfg.step_tokens
+									 : s->cfg.max_logits;
+		select_by_experts(s, room);
+	}
 
 	uint32_t budget = s->cfg.step_tokens;
 	for (uint32_t i = 0; i < s->n_running && budget > 0; i++) {

@@ -33,6 +33,23 @@
  * the sequence starts computing after it; every commit registers the sequence's newly full
  * blocks, prompt and generated tokens alike, so a later turn of a conversation, a retry, or a
  * preempted sequence coming back finds them.
+ * Expert-aware batching (cfg.n_layer/n_expert set and cfg.expert_aware): when more sequences
+ * decode than the step has room for, the step takes the set that touches the fewest distinct
+ * experts, predicted from each sequence's last routed token (md_sched_note_routing keeps, per
+ * KV slot, a bitmap of its last token's experts at every MoE layer; a trained router's next
+ * choices overlap its last ones, and sequences on one topic route alike). Greedy: first every
+ * sequence that has skipped A steps or more (oldest first), A = md_sched_config.expert_age or
+ * by default ceil(decoders / room), one more than the fair order's longest skip, so in steps
+ * that serve decoders nothing waits much longer than A + ceil(decoders / room); then, one at a time, the sequence that adds the fewest experts to the union (ties:
+ * the one whose experts most other decoders share, so the first pick lands in the biggest
+ * cluster; then least recently served; a sequence with no routing yet counts as adding every
+ * expert). The chosen ones take the decoders' first places in the service order, the rest
+ * follow; prefilling sequences keep their places. With room for everyone (the usual case)
+ * nothing changes. Under an expert cache (md_sched_set_resident) only misses cost reads: an
+ * added expert that is not resident counts MD_SCHED_MISS_WEIGHT, a resident one 1, so the
+ * step prefers sequences whose experts are already in fast memory. Rejected: the exact
+ * minimum (set cover, exponential) and clustering by topic (needs a model of topics; the
+ * bitmaps are that model).
  *
  * Preemption by recompute: a preempted sequence frees its KV and returns to the front of the
  * queue; its generated tokens become part of what it prefills when readmitted, its sampler
@@ -48,6 +65,7 @@
 #include "common/assert.h"
 #include "engine/engine.h"
 #include "engine/kv_cache.h"
+#include "engine/router.h"
 #include "engine/sampler.h"
 
 /* One request in the engine: its tokens and where it stands. */
@@ -82,6 +100,11 @@ struct md_sched_config {
 	uint32_t n_ctx;        /* longest sequence */
 	uint32_t max_logits;   /* logits rows in one step; 0 = max_seqs (drafts are trimmed to
 				  fit: the caller's logits buffer has this many rows) */
+	/* Expert-aware batching (see DESIGN); off when n_layer or n_expert is 0. */
+	uint32_t n_layer, n_expert;
+	bool expert_aware;
+	uint32_t expert_age;   /* steps a sequence may skip before it must go; 0: one more than
+				  the fair order's longest skip, ceil(decoders / room) */
 };
 
 /* What one sequence contributes to a step: n_tok tokens at batch rows [row, row + n_tok),
@@ -106,6 +129,10 @@ struct md_plan {
 					  never fit (prompt beyond the KV pool), list via next */
 };
 
+/* Is expert e of layer l resident in fast memory? Asked for every (layer, expert) once per
+ * step that selects by experts. */
+typedef bool (*md_sched_resident_fn)(void *arg, uint32_t layer, uint32_t expert);
+
 struct md_sched_stats {
 	uint64_t steps, preemptions;
 	uint64_t prompt_tokens;       /* prompt tokens computed the first time */
@@ -114,6 +141,7 @@ struct md_sched_stats {
 	uint64_t prefix_queries;      /* admissions that looked up the prefix cache */
 	uint64_t prefix_hits;         /* ... and attached at least one block */
 	uint64_t prefix_hit_tokens;   /* positions attached instead of computed */
+	uint64_t expert_selections;   /* steps whose decoders were chosen by their experts */
 };
 
 struct md_sched {
@@ -125,6 +153,18 @@ struct md_sched {
 	uint64_t admit_counter, step_no;
 	struct md_plan plan;
 	struct md_seq **order;         /* owned (max_seqs): scratch for the service order */
+	uint64_t *exp_bits;            /* owned (max_seqs * n_layer * exp_words): per KV slot, the
+					  experts of its last routed token at each layer */
+	uint8_t *exp_known;            /* owned (max_seqs): the slot has routing since admission */
+	uint64_t *exp_union;           /* owned (n_layer * exp_words): selection scratch */
+	uint8_t *exp_pick;             /* owned (max_seqs): selection scratch */
+	uint32_t *exp_pop;             /* owned (n_layer * exp_words * 64): decoders per expert */
+	uint32_t *exp_share;           /* owned (max_seqs): selection scratch */
+	uint64_t *exp_res;             /* owned (n_layer * exp_words): resident experts, per step */
+	md_sched_resident_fn resident; /* NULL: residency unknown */
+	void *resident_arg;            /* borrowed */
+	struct md_seq **exp_tmp;       /* owned (max_seqs): selection scratch */
+	uint32_t exp_words;            /* 64-bit words per layer bitmap */
 	struct md_sched_stats stats;
 	struct md_thread_owner owner;  /* the engine thread, once it claims it */
 };
@@ -149,6 +189,18 @@ uint32_t md_sched_plan(struct md_sched *s);
 /* The forward pass of the plan succeeded: advance each item's KV length by its tokens, less
  * the drafted tokens it did not accept (accepted: per item, NULL = all). */
 void md_sched_commit(struct md_sched *s, const uint32_t *accepted);
+
+/* Where experts live, for expert-aware batching (md_sched_resident_fn above); NULL (the
+ * default): all alike. arg is borrowed until replaced. */
+void md_sched_set_resident(struct md_sched *s, md_sched_resident_fn fn, void *arg);
+
+#define MD_SCHED_MISS_WEIGHT 8 /* a miss reads megabytes; a resident expert only computes */
+
+/* Record one MoE layer's routing of the current plan (call between md_sched_plan and
+ * md_sched_commit, from the forward pass's route observer): each item's last real token's
+ * experts become its sequence's prediction at that layer. No-op unless expert-aware batching
+ * is configured. */
+void md_sched_note_routing(struct md_sched *s, uint32_t layer, const struct md_routing *r);
 
 /* Append a sampled token to a running sequence (room is guaranteed while n_toks < cap). */
 void md_sched_append(struct md_sched *s, struct md_seq *q, int32_t token);

@@ -35,6 +35,8 @@ struct md_config {
 	int64_t max_queue;
 	int64_t max_tokens_cap;
 	int64_t prefix_cache;       /* 0 or 1 */
+	char *trace_routing;        /* owned; "" = no routing trace */
+	int64_t expert_batching;    /* 1 on, 0 off */
 	/* [log] */
 	char *log_level;            /* owned */
 	char *log_format;           /* owned */

@@ -271,6 +271,8 @@ int main(int argc, char **argv)
 		.progress = true,
 		.no_prefix_cache = !a->cfg.prefix_cache,
 		.status_cb = on_load_status,
+		.trace_routing = a->cfg.trace_routing,
+		.expert_batching = a->cfg.expert_batching != 0,
 	};
 	struct md_http_limits lim = {
 		.max_connections = (size_t)a->cfg.max_connections,

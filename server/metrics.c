@@ -192,6 +192,14 @@ static const struct row registry[] = {
 		SRC_ENGINE, ENG, prefix_evictions, V_U64),
 	GAUGE("moed:prefix_cache_blocks", "KV blocks registered in the prefix cache.", SRC_ENGINE,
 	      ENG, prefix_blocks, V_U32),
+	COUNTER("moed:moe_layer_steps_total", "MoE layers computed (steps x MoE layers).",
+		SRC_ENGINE, ENG, moe_layer_steps, V_U64),
+	COUNTER("moed:moe_distinct_experts_total", "Distinct experts computed, summed over MoE "
+		"layers and steps (divide by moe_layer_steps_total for experts per layer and step).",
+		SRC_ENGINE, ENG, moe_distinct_experts, V_U64),
+	COUNTER("moed:expert_batching_selections_total", "Steps whose decoding sequences were "
+		"chosen by shared experts (expert-batching).", SRC_ENGINE, ENG, expert_selections,
+		V_U64),
 	GAUGE("moed:http_connections", "Open client connections.", SRC_SERVER, SRV, connections,
 	      V_SIZE),
 	GAUGE("moed:http_requests_in_flight", "Requests being handled.", SRC_SERVER, SRV, busy,

@@ -309,6 +309,163 @@ static void test_fairness(void)
 	rig_release(&g);
 }
 
+/* Expert-aware batching: six decoders, room for two per step. Sequences 0-2 route to experts
+ * {0,1} at both layers, 3, 4 and 5 to experts of their own. Run 60 steps with the routing the
+ * engine would report; returns the mean distinct experts per layer and step, and checks the
+ * age bound (expert_age 4, 6 decoders, room 2: a skip of at most 4 + 3 steps). */
+static double run_expert_batching(bool aware, uint32_t age, uint32_t *max_skip_out,
+				  uint64_t *selections)
+{
+	static const int32_t ex[6][2] = {
+		{ 0, 1 }, { 1, 0 }, { 0, 1 }, { 2, 3 }, { 4, 5 }, { 6, 7 },
+	};
+	struct rig g;
+	CHECK_EQ_I(md_kv_init(&g.kv, 1, 4, 200, 6), 0);
+	struct md_sched_config c = { .max_seqs = 6, .step_tokens = 2, .n_ctx = 256,
+				     .max_logits = 6, .n_layer = 2, .n_expert = 8,
+				     .expert_aware = aware, .expert_age = age };
+	REQUIRE(CHECK_EQ_I(md_sched_init(&g.sc, &c, &g.kv), 0));
+	for (uint64_t i = 0; i < 6; i++)
+		md_sched_enqueue(&g.sc, mkseq(i, 1, 200));
+	uint32_t last[6] = { 0 }, max_skip = 0, n_steps = 0, distinct = 0;
+	for (uint32_t step = 1; step <= 60; step++) {
+		/* who must go this step: skipped age steps or more (all routed by step 4) */
+		bool aged = false;
+		for (uint32_t i = 0; i < g.sc.n_running; i++)
+			aged |= g.sc.step_no - g.sc.running[i]->last_served >= (age ? age : 3);
+		REQUIRE(CHECK(md_sched_plan(&g.sc) == 2));
+		const struct md_plan *p = &g.sc.plan;
+		int32_t ids[2 * 2];
+		uint8_t used[8] = { 0 };
+		bool all_shared = true;
+		for (uint32_t i = 0; i < p->n_items; i++) {
+			uint64_t id = p->items[i].seq->req->id;
+			uint32_t skip = last[id] ? step - last[id] - 1 : step - 1;
+			if (skip > max_skip)
+				max_skip = skip;
+			last[id] = step;
+			all_shared &= id <= 2;
+			for (int j = 0; j < 2; j++) {
+				ids[p->items[i].row * 2 + j] = ex[id][j];
+				used[ex[id][j]] = 1;
+			}
+		}
+		for (int e = 0; e < 8; e++)
+			distinct += used[e];
+		n_steps++;
+		if (aware && step > 8 && !aged) {
+			CHECK_CONTEXT("step %u", step);
+			CHECK(all_shared); /* nobody is due: two of the sharing three */
+			CHECK_CONTEXT_CLEAR();
+		}
+		struct md_routing r = { .n_tokens = (int)p->n_tokens, .n_expert = 8, .n_used = 2,
+					.ids = ids };
+		md_sched_note_routing(&g.sc, 0, &r);
+		md_sched_note_routing(&g.sc, 1, &r);
+		finish_step(&g);
+	}
+	for (int i = 0; i < 6; i++)
+		CHECK(last[i] > 50); /* everyone served lately */
+	*max_skip_out = max_skip;
+	*selections = g.sc.stats.expert_selections;
+	rig_release(&g);
+	return (double)distinct / n_steps;
+}
+
+static void test_expert_batching(void)
+{
+	uint32_t skip_on, skip_off;
+	uint64_t sel_on, sel_off;
+	double on = run_expert_batching(true, 4, &skip_on, &sel_on);
+	double off = run_expert_batching(false, 4, &skip_off, &sel_off);
+	fprintf(stderr, "expert batching: %.2f distinct experts per layer and step (off: %.2f), "
+		"longest wait %u steps (off: %u)\n", on, off, skip_on, skip_off);
+	/* off: pairs in rotation, (0,1) (2,3) (4,5): 2, 4, 4 experts; on: mostly 2 */
+	CHECK(off > 3.2);
+	CHECK(on < off - 0.5);
+	CHECK(skip_on <= 4 + 3);
+	CHECK_EQ_U(skip_off, 2);
+	CHECK(sel_on >= 59);
+	CHECK_EQ_U(sel_off, 0);
+	/* the default age bound, ceil(6 / 2) = 3: one skip more than the fair order's 2 */
+	uint32_t skip_def;
+	uint64_t sel_def;
+	double def = run_expert_batching(true, 0, &skip_def, &sel_def);
+	fprintf(stderr, "expert batching, default age bound: %.2f distinct experts, longest wait "
+		"%u steps\n", def, skip_def);
+	CHECK(def < off - 0.3);
+	CHECK(skip_def <= 3 + 3);
+
+	/* Room for everyone: no selection, plain rotation. */
+	struct rig g;
+	CHECK_EQ_I(md_kv_init(&g.kv, 1, 4, 200, 4), 0);
+	struct md_sched_config c = { .max_seqs = 4, .step_tokens = 4, .n_ctx = 256,
+				     .n_layer = 2, .n_expert = 8, .expert_aware = true };
+	REQUIRE(CHECK_EQ_I(md_sched_init(&g.sc, &c, &g.kv), 0));
+	for (uint64_t i = 0; i < 3; i++)
+		md_sched_enqueue(&g.sc, mkseq(i, 1, 200));
+	for (int step = 0; step < 5; step++) {
+		CHECK_EQ_U(md_sched_plan(&g.sc), 3);
+		finish_step(&g);
+	}
+	CHECK_EQ_U(g.sc.stats.expert_selections, 0);
+	rig_release(&g);
+}
+
+static bool layer0_45_resident(void *arg, uint32_t layer, uint32_t expert)
+{
+	(*(int *)arg)++;
+	return expert == 4 || expert == 5;
+}
+
+/* Under an expert cache: sequences 0-2 share experts {0,1}, 3 and 4 share {4,5}, which are
+ * resident, 5 uses {6,7}; room for two. Without residency the step takes two of the bigger
+ * cluster 0-2; with it, 3 and 4 (no miss at all). */
+static void test_expert_batching_resident(void)
+{
+	static const int32_t ex[6][2] = {
+		{ 0, 1 }, { 0, 1 }, { 1, 0 }, { 4, 5 }, { 5, 4 }, { 6, 7 },
+	};
+	for (int with = 0; with < 2; with++) {
+		struct rig g;
+		CHECK_EQ_I(md_kv_init(&g.kv, 1, 4, 100, 6), 0);
+		struct md_sched_config c = { .max_seqs = 6, .step_tokens = 6, .n_ctx = 256,
+					     .n_layer = 1, .n_expert = 8, .expert_aware = true,
+					     .expert_age = 100 };
+		REQUIRE(CHECK_EQ_I(md_sched_init(&g.sc, &c, &g.kv), 0));
+		int calls = 0;
+		if (with)
+			md_sched_set_resident(&g.sc, layer0_45_resident, &calls);
+		for (uint64_t i = 0; i < 6; i++)
+			md_sched_enqueue(&g.sc, mkseq(i, 1, 50));
+		/* step 1: room for all six (their prompts); it teaches the routing */
+		REQUIRE(CHECK_EQ_U(md_sched_plan(&g.sc), 6));
+		int32_t ids[12];
+		for (uint32_t i = 0; i < g.sc.plan.n_items; i++) {
+			const struct md_plan_item *it = &g.sc.plan.items[i];
+			memcpy(&ids[it->row * 2], ex[it->seq->req->id], sizeof(ex[0]));
+		}
+		struct md_routing r = { .n_tokens = 6, .n_expert = 8, .n_used = 2, .ids = ids };
+		md_sched_note_routing(&g.sc, 0, &r);
+		finish_step(&g);
+		/* step 2 with room for two */
+		g.sc.cfg.step_tokens = 2;
+		REQUIRE(CHECK_EQ_U(md_sched_plan(&g.sc), 2));
+		uint64_t a = g.sc.plan.items[0].seq->req->id, b = g.sc.plan.items[1].seq->req->id;
+		CHECK_CONTEXT("with residency %d: chose %llu and %llu", with, (unsigned long long)a,
+			      (unsigned long long)b);
+		if (with) {
+			CHECK((a == 3 && b == 4) || (a == 4 && b == 3));
+			CHECK_EQ_I(calls, 8); /* every expert of the layer, once */
+		} else {
+			CHECK(a <= 2 && b <= 2);
+		}
+		CHECK_CONTEXT_CLEAR();
+		md_sched_commit(&g.sc, NULL);
+		rig_release(&g);
+	}
+}
+
 /* max_tokens far beyond the context: the sequence's capacity is bounded by the context and
  * nothing wraps. */
 static void test_huge_max_tokens(void)
@@ -330,6 +487,8 @@ int main(void)
 	test_cancel();
 	test_drafts();
 	test_fairness();
+	test_expert_batching();
+	test_expert_batching_resident();
 	test_huge_max_tokens();
 	if (failures)
 		fprintf(stderr, "%d checks failed\n", failures);

@@ -1,0 +1,188 @@
+#!/usr/bin/python3
+"""Expert-aware batching on and off, alternating, against the real server on 127.0.0.1.
+
+For each stream count, starts moed (MOED binary, MODEL) with --step-tokens STEP and
+--expert-batching 1 and 0, RUNS times each, alternating (on-off, off-on, ...); each run sends
+one streaming completion per stream at once (King James prompts in turn, temperature 0.8,
+fixed seeds, ignore_eos, TOKENS tokens) and measures: tokens/s (completion tokens / wall
+time), tokens per CPU second of the server process (steadier than wall time on a shared
+machine), p99 of the inter-token gaps of all streams, engine steps, the steps between a
+stream's tokens (p50, p99; from a routing trace written during the run: machine load cannot
+move it), and distinct experts per MoE layer and step (from /metrics:
+moed:moe_distinct_experts_total / moed:moe_layer_steps_total over the run). Prints one line
+per run and a table of medians with the on/off ratio.
+
+usage: bench_expert_batching.py MOED MODEL [--streams 16,64] [--step 16] [--tokens 64]
+                                [--runs 3] [--port 18533] [--threads 2]"""
+import argparse, http.client, json, os, statistics, subprocess, tempfile, threading, time
+
+PROMPTS = [
+    "In the beginning God created the heaven and the earth. And the earth was",
+    "And it came to pass, when the king heard the words of the book of the law,",
+    "Blessed are the poor in spirit: for theirs is the kingdom of heaven. Blessed are",
+    "The LORD is my shepherd; I shall not want. He maketh me",
+    "Now the serpent was more subtil than any beast of the field which",
+    "And Jesus answering said unto them, Go your way, and tell John what things",
+    "Then spake Jesus again unto them, saying, I am the light of the world:",
+    "And the children of Israel journeyed from Rameses to Succoth, about",
+    "Hear, O Israel: The LORD our God is one LORD: And thou shalt love",
+    "For God so loved the world, that he gave his only begotten Son,",
+    "And David said unto Saul, Let no man's heart fail because of him;",
+    "Wisdom is the principal thing; therefore get wisdom: and with all thy getting",
+]
+
+ap = argparse.ArgumentParser()
+ap.add_argument("moed")
+ap.add_argument("model")
+ap.add_argument("--streams", default="16,64")
+ap.add_argument("--step", type=int, default=16)
+ap.add_argument("--tokens", type=int, default=64)
+ap.add_argument("--runs", type=int, default=3)
+ap.add_argument("--port", type=int, default=18533)
+ap.add_argument("--threads", type=int, default=2)
+a = ap.parse_args()
+
+
+def get(path):
+    c = http.client.HTTPConnection("127.0.0.1", a.port, timeout=10)
+    c.request("GET", path)
+    r = c.getresponse()
+    body = r.read()
+    c.close()
+    return r.status, body
+
+
+def metrics():
+    _, body = get("/metrics")
+    out = {}
+    for line in body.decode().splitlines():
+        if line.startswith(("moed:moe_", "moed:expert_batching", "moed:engine_steps")):
+            k, v = line.rsplit(" ", 1)
+            out[k.split("{")[0]] = float(v)
+    return out
+
+
+def cpu_s(pid):
+    """User + system CPU seconds of a process (/proc/PID/stat fields 14 and 15)."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def stream(i, gaps, toks, lock):
+    body = json.dumps({"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": a.tokens,
+                       "temperature": 0.8, "seed": 1000 + i, "ignore_eos": True, "stream": True,
+                       "stream_options": {"include_usage": True}})
+    c = http.client.HTTPConnection("127.0.0.1", a.port, timeout=900)
+    c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    r = c.getresponse()
+    last, mine, got = None, [], 0
+    while True:
+        line = r.readline()
+        if not line:
+            break
+        if not line.startswith(b"data: ") or b"[DONE]" in line:
+            continue
+        now = time.perf_counter()
+        ev = json.loads(line[6:])
+        if ev.get("usage"):
+            got = ev["usage"]["completion_tokens"]
+        if not ev.get("choices"):
+            continue
+        if last is not None:
+            mine.append(now - last)
+        last = now
+    c.close()
+    with lock:
+        gaps.extend(mine)
+        toks[0] += got
+
+
+def step_gaps(trace):
+    """Steps between a sequence's successive tokens, from a routing trace (layer 0 records)."""
+    last, gaps = {}, []
+    with open(trace) as f:
+        for line in f:
+            if line[0] == "#":
+                continue
+            step, layer, seq = line.split(None, 3)[:3]
+            if layer != "0":
+                continue
+            step = int(step)
+            if seq in last and last[seq] != step:
+                gaps.append(step - last[seq])
+            last[seq] = step
+    return sorted(gaps)
+
+
+def run(streams, on):
+    trace = tempfile.NamedTemporaryFile(prefix="moed-eb-", suffix=".trace", delete=False).name
+    srv = subprocess.Popen([a.moed, "-m", a.model, "-p", str(a.port), "-t", str(a.threads),
+                            "--step-tokens", str(a.step), "--max-seqs", str(max(streams, 1)),
+                            "--expert-batching", "1" if on else "0", "--trace-routing", trace],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(600):
+            try:
+                if get("/health")[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.05)
+        m0 = metrics()
+        c0 = cpu_s(srv.pid)
+        gaps, toks, lock = [], [0], threading.Lock()
+        ths = [threading.Thread(target=stream, args=(i, gaps, toks, lock)) for i in range(streams)]
+        t0 = time.perf_counter()
+        [t.start() for t in ths]
+        [t.join() for t in ths]
+        wall = time.perf_counter() - t0
+        m1 = metrics()
+        cpu = cpu_s(srv.pid) - c0
+    finally:
+        srv.terminate()
+        srv.wait()
+    gaps.sort()
+    sg = step_gaps(trace)
+    os.unlink(trace)
+    d = m1["moed:moe_distinct_experts_total"] - m0["moed:moe_distinct_experts_total"]
+    n = m1["moed:moe_layer_steps_total"] - m0["moed:moe_layer_steps_total"]
+    sel = m1["moed:expert_batching_selections_total"] - m0["moed:expert_batching_selections_total"]
+    return {"tok_s": toks[0] / wall, "p99_ms": 1000 * gaps[int(0.99 * (len(gaps) - 1))],
+            "experts": d / n if n else 0.0, "selections": sel, "tok_cpu_s": toks[0] / cpu,
+            "steps": m1["moed:engine_steps_total"] - m0["moed:engine_steps_total"],
+            "gap_p50": sg[len(sg) // 2], "gap_p99": sg[int(0.99 * (len(sg) - 1))]}
+
+
+print("moed %s, model %s, step-tokens %d, %d tokens per stream, %d alternating runs"
+      % (a.moed, a.model, a.step, a.tokens, a.runs))
+rows = []
+for s in [int(x) for x in a.streams.split(",")]:
+    res = {True: [], False: []}
+    for r in range(a.runs):
+        for on in ((True, False) if r % 2 == 0 else (False, True)):  # ABBA: no order bias
+            x = run(s, on)
+            res[on].append(x)
+            print("streams %d expert-batching %d run %d: %.1f tok/s, %.1f tok per CPU s, p99 ITL "
+                  "%.1f ms, %.2f experts per layer-step, %d steps, %d selected by experts, "
+                  "steps between tokens p50 %d p99 %d"
+                  % (s, on, r + 1, x["tok_s"], x["tok_cpu_s"], x["p99_ms"], x["experts"],
+                     x["steps"], x["selections"], x["gap_p50"], x["gap_p99"]),
+                  flush=True)
+    med = {on: {k: statistics.median(v[k] for v in res[on]) for k in res[on][0]}
+           for on in res}
+    rows.append((s, med))
+
+print("\n| streams | expert-batching | distinct experts per layer and step | steps | tok/s | "
+      "tokens per CPU second | p99 inter-token latency (ms) | steps between tokens, p50 / p99 |"
+      "\n| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+for s, med in rows:
+    for on in (False, True):
+        m = med[on]
+        print("| %d | %s | %.2f | %d | %.1f | %.1f | %.1f | %d / %d |"
+              % (s, "on" if on else "off", m["experts"], m["steps"], m["tok_s"], m["tok_cpu_s"],
+                 m["p99_ms"], m["gap_p50"], m["gap_p99"]))
+    r = {k: med[True][k] / med[False][k] for k in med[True] if med[False][k]}
+    print("| %d | on / off | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f / %.2f |"
+          % (s, r["experts"], r["steps"], r["tok_s"], r["tok_cpu_s"], r["p99_ms"],
+             r["gap_p50"], r["gap_p99"]))
