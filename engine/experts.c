@@ -150,6 +150,22 @@ size_t md_expert_store_slot_bytes(const struct md_model *m)
 	return span[0] + span[1] + span[2];
 }
 
+uint64_t md_expert_store_expert_bytes(const struct md_model *m)
+{
+	uint64_t sum = 0;
+	if (!m->hp.n_expert)
+		return 0;
+	for (uint32_t l = 0; l < m->hp.n_layer; l++)
+		for (int p = 0; p < 3; p++) {
+			const struct md_tensor *t = part_tensor(&m->layers[l], p);
+			if (t) {
+				struct md_mat x = md_mat_of(t, 0);
+				sum += (uint64_t)mat_bytes(&x) * m->hp.n_expert;
+			}
+		}
+	return sum;
+}
+
 static uint32_t max_active(const struct md_model *m, int max_tokens)
 {
 	uint64_t k = (uint64_t)(max_tokens > 0 ? max_tokens : 1) * m->hp.n_expert_used;

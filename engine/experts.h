@@ -75,6 +75,9 @@ struct md_expert_store; /* opaque */
  * when m has no routed experts. */
 size_t md_expert_store_slot_bytes(const struct md_model *m);
 
+/* Bytes of all routed experts of model m as the file holds them (0: none). */
+uint64_t md_expert_store_expert_bytes(const struct md_model *m);
+
 /* Smallest host budget that serves batches of up to max_tokens tokens: one slot per expert a
  * layer may use at once. */
 size_t md_expert_store_min_bytes(const struct md_model *m, int max_tokens);

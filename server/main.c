@@ -209,6 +209,11 @@ int main(int argc, char **argv)
 		.step_tokens = (uint32_t)a->cfg.step_tokens,
 		.max_queue = (uint32_t)a->cfg.max_queue,
 		.progress = true,
+		.expert_cache_mb = a->cfg.expert_cache_mb,
+		.device_expert_mb = a->cfg.device_expert_mb,
+		.expert_policy = a->cfg.expert_policy,
+		.no_expert_prefetch = !a->cfg.expert_prefetch,
+		.state_dir = a->cfg.state_dir[0] ? a->cfg.state_dir : NULL,
 	};
 	struct md_http_limits lim = {
 		.max_connections = (size_t)a->cfg.max_connections,
