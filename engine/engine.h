@@ -53,7 +53,7 @@ struct md_engine_config {
 	uint32_t max_queue;         /* waiting requests before submit answers -EAGAIN */
 	bool progress;              /* print load progress on stderr */
 	/* Expert store (engine/experts.h, engine/mem_plan.h); zeroes give the defaults. */
-	int64_t expert_cache_mb;    /* host budget for experts: 0 auto (the store only when the
+	double expert_cache_mb;     /* host budget for experts: 0 auto (the store only when the
 				     * file exceeds 80% of the memory limit), -1 never, > 0 MiB */
 	int64_t device_expert_mb;   /* device tier budget (no device tier yet: warned, unused) */
 	const char *expert_policy;  /* borrowed (copied at start), NULL: "lru" */

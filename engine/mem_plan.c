@@ -1,7 +1,6 @@
 /* The start-up memory plan (mem_plan.h). */
 #include "engine/mem_plan.h"
 
-#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,8 +119,8 @@ void md_mem_plan_make(const struct md_mem_plan_in *in, struct md_mem_plan *out)
 	}
 	if (in->cache_mb > 0) {
 		out->store = true;
-		out->cache_bytes = (uint64_t)in->cache_mb << 20;
-		snprintf(out->why, sizeof(out->why), "expert-cache-mb is %" PRId64, in->cache_mb);
+		out->cache_bytes = (uint64_t)(in->cache_mb * MIB);
+		snprintf(out->why, sizeof(out->why), "expert-cache-mb is %g", in->cache_mb);
 		return;
 	}
 	if (in->limit == 0 || in->file_bytes <= usable) {

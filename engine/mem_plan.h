@@ -31,7 +31,7 @@ struct md_mem_plan_in {
 	uint64_t expert_bytes; /* routed experts' bytes in it (0: a dense model) */
 	uint64_t kv_bytes;     /* the KV budget configured */
 	uint64_t min_cache;    /* the store's smallest budget (md_expert_store_min_bytes) */
-	int64_t cache_mb;      /* expert-cache-mb: 0 auto, -1 never the store, > 0 that budget */
+	double cache_mb;       /* expert-cache-mb: 0 auto, -1 never the store, > 0 that budget */
 };
 
 struct md_mem_plan {

@@ -111,7 +111,7 @@ static const struct opt options[] = {
 	  "token budget of one engine step (decode tokens plus prefill chunks)" },
 	{ "engine", "max-queue", 0, OPT_INT, OFF(max_queue), "256", 1, 1 << 20, NULL, false,
 	  "requests waiting for admission before new ones get 429" },
-	{ "engine", "expert-cache-mb", 0, OPT_INT, OFF(expert_cache_mb), "0", -1, 1 << 30, NULL,
+	{ "engine", "expert-cache-mb", 0, OPT_DOUBLE, OFF(expert_cache_mb), "0", -1, 1 << 30, NULL,
 	  false, "host RAM for routed experts read from the file (0 = auto: only when the file "
 	  "exceeds 80% of the memory limit; -1 = never, keep the mapping)" },
 	{ "engine", "device-expert-mb", 0, OPT_INT, OFF(device_expert_mb), "0", 0, 1 << 30, NULL,

@@ -34,7 +34,7 @@ struct md_config {
 	int64_t step_tokens;
 	int64_t max_queue;
 	int64_t max_tokens_cap;
-	int64_t expert_cache_mb;    /* 0 auto, -1 never, > 0 MiB */
+	double expert_cache_mb;     /* 0 auto, -1 never, > 0 MiB */
 	int64_t device_expert_mb;
 	char *expert_policy;        /* owned */
 	int64_t expert_prefetch;    /* 0 or 1 */
