@@ -430,6 +430,7 @@ static int setup_experts(struct md_engine *e)
 		.host_bytes = plan.cache_bytes,
 		.policy = pol,
 		.max_tokens = (int)c->step_tokens,
+		.prefetch = !c->no_expert_prefetch,
 	};
 	char err[400];
 	int rc = md_expert_store_new(&e->store, m, &sc, err, sizeof(err));

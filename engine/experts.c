@@ -576,6 +576,14 @@ static const struct md_expert_src_ops store_ops = {
 	.prefetch = st_prefetch,
 };
 
+/* The same without prefetch: the forward pass then does not predict. */
+static const struct md_expert_src_ops store_ops_nopf = {
+	.name = "store",
+	.plan = st_plan,
+	.get = st_get,
+	.release = st_release,
+};
+
 /* ---- lifecycle ---- */
 
 struct md_expert_src *md_expert_store_src(struct md_expert_store *s)
@@ -727,7 +735,7 @@ int md_expert_store_new(struct md_expert_store **out, const struct md_model *m,
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
-	s->base.ops = &store_ops;
+	s->base.ops = c->prefetch ? &store_ops : &store_ops_nopf;
 	s->m = m;
 	s->n_layer = m->hp.n_layer;
 	s->n_expert = m->hp.n_expert;

@@ -46,6 +46,8 @@ struct md_expert_store_config {
 	int max_tokens;           /* the largest batch of a forward pass using the store: one
 				   * layer may hold min(n_expert, max_tokens * n_expert_used) */
 	bool buffered;            /* never try O_DIRECT (diagnostics) */
+	bool prefetch;            /* offer the prefetch op (the forward pass then predicts the
+				   * next layer's experts and the store reads them ahead) */
 };
 
 /* Counters since the store was made; a consistent-enough snapshot (each counter atomic). */

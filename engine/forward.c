@@ -20,7 +20,9 @@
  *          may say that the first ones are resident: those run first, as one wave, while it
  *          fetches the others, which run as a second wave. Each wave's experts are laid out
  *          in get order (ex_off, ex_tok), and ex_pos maps the routing's slots to that layout;
- *          with one wave in ascending order it is the routing's own layout;
+ *          with one wave in ascending order it is the routing's own layout. A source that
+ *          prefetches is told, after this layer's plan, the experts layer l+1's router picks
+ *          on this layer's input (pre-gating, prefetch_next);
  *       4. scatter-add the weighted outputs back in slot order, plus the shared expert with
  *          its sigmoid gate where the architecture has one; residual add.
  *   Commit: each sequence's new length (md_kv_commit) once every layer ran; then the final
@@ -52,6 +54,8 @@ struct md_forward_ctx {
 	float *att;   /* (T, H*D) attention output before Wo */
 	float *tmp;   /* (T, N) sub-layer output */
 	struct md_router router; /* owned (MoE only): logits (T, E), routing of the current layer */
+	struct md_router pre_router; /* owned (MoE only): the next layer's predicted routing */
+	float *pre_x; /* (T, N) the residual stream normed with the next layer's FFN norm */
 	float *xe;    /* (T, N) gathered inputs of one expert */
 	float *ge;    /* (T * k, Fmax) gate activations, one row per routing slot */
 	float *ue;    /* (T * k, Fmax) up activations */
@@ -95,6 +99,8 @@ void md_forward_free(struct md_forward_ctx *f)
 	free(f->att);
 	free(f->tmp);
 	md_router_release(&f->router);
+	md_router_release(&f->pre_router);
+	free(f->pre_x);
 	free(f->xe);
 	free(f->ge);
 	free(f->ue);
@@ -155,8 +161,10 @@ struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, i
 	f->ye = xalloc(T * K * N * sizeof(float), &fail);
 	if (hp->n_expert) {
 		size_t in_ex = N > F ? N : F;
-		if (md_router_init(&f->router, hp, max_tokens))
+		if (md_router_init(&f->router, hp, max_tokens) ||
+		    md_router_init(&f->pre_router, hp, max_tokens))
 			fail = 1;
+		f->pre_x = xalloc(T * N * sizeof(float), &fail);
 		f->ex_scratch = xalloc(md_matmul_experts_scratch_bytes((int64_t)in_ex, (int)T, (int)(T * K)), &fail);
 		f->ex_got = xalloc(E * sizeof(struct md_expert_w), &fail);
 		f->ex_w = xalloc(3 * E * sizeof(struct md_mat), &fail);
@@ -467,8 +475,28 @@ static void experts_layout(struct md_forward_ctx *f, const struct md_routing *r)
 	f->ex_off[r->n_active] = p;
 }
 
-/* Step 3: plan, then per wave get its experts and run them; release all. Returns 0, or the
- * source's error with nothing held. */
+/* Pre-gating, for sources that prefetch: layer il+1's router applied to the residual stream
+ * entering layer il's FFN (normed with layer il+1's FFN norm, as if layer il+1's attention and
+ * layer il's FFN changed little) predicts layer il+1's experts; the source may read them while
+ * layer il computes. The cost is one router matmul: n * n_embd * n_expert. */
+static void prefetch_next(struct md_forward_ctx *f, uint32_t il, int n)
+{
+	const struct md_hparams *hp = &f->m->hp;
+	if (!f->src->ops->prefetch || il + 1 >= hp->n_layer)
+		return;
+	const struct md_layer *L = &f->m->layers[il + 1];
+	const int64_t N = hp->n_embd;
+	for (int t = 0; t < n; t++)
+		rmsnorm(f->pre_x + (size_t)t * N, f->x + (size_t)t * N, L->ffn_norm->data, N,
+			hp->rms_eps);
+	struct md_mat wr = md_mat_of(L->gate_inp, 0);
+	md_matmul(f->pool, &wr, f->pre_x, n, f->pre_router.logits, f->mm_scratch);
+	const struct md_routing *p = md_router_route(&f->pre_router, n);
+	md_expert_src_prefetch(f->src, il + 1, p->active, p->n_active);
+}
+
+/* Step 3: plan, predict the next layer for a prefetching source, then per wave get its
+ * experts and run them; release all. Returns 0, or the source's error with nothing held. */
 static int moe_experts(struct md_forward_ctx *f, uint32_t il, const struct md_routing *r, int n)
 {
 	const int na = r->n_active;
@@ -477,6 +505,7 @@ static int moe_experts(struct md_forward_ctx *f, uint32_t il, const struct md_ro
 		return n_ready;
 	if (n_ready == 0 || n_ready > na)
 		n_ready = na;
+	prefetch_next(f, il, n);
 	experts_layout(f, r);
 	int got = 0;
 	for (int g0 = 0; g0 < na;) {

@@ -83,7 +83,7 @@ static void fw_close(struct fw *w)
 }
 
 static struct md_expert_store *store_new(const struct md_model *m, size_t slots, bool buffered,
-					 char *err, int *rc)
+					 bool prefetch, char *err, int *rc)
 {
 	struct md_expert_store_config c = {
 		.host_bytes = slots * md_expert_store_slot_bytes(m),
@@ -91,6 +91,7 @@ static struct md_expert_store *store_new(const struct md_model *m, size_t slots,
 		.io_threads = 3,
 		.max_tokens = BATCH,
 		.buffered = buffered,
+		.prefetch = prefetch,
 	};
 	struct md_expert_store *s = NULL;
 	*rc = md_expert_store_new(&s, m, &c, err, 256);
@@ -157,10 +158,12 @@ static void test_budgets(const char *path, float *ref, float *got)
 
 	const size_t budgets[] = { need, units / 10, units / 2, units };
 	for (int bi = 0; bi < 4; bi++)
-		for (int buffered = 0; buffered < 2; buffered++) {
+		for (int mode = 0; mode < 3; mode++) { /* O_DIRECT, buffered, O_DIRECT + prefetch */
+			bool buffered = mode == 1, prefetch = mode == 2;
 			char err[256] = "";
 			int rc;
-			struct md_expert_store *s = store_new(&w.m, budgets[bi], buffered, err, &rc);
+			struct md_expert_store *s = store_new(&w.m, budgets[bi], buffered, prefetch,
+							      err, &rc);
 			CHECK_EQ_I(rc, 0);
 			if (!s) {
 				fprintf(stderr, "store: %s\n", err);
@@ -191,7 +194,21 @@ static void test_budgets(const char *path, float *ref, float *got)
 				CHECK_EQ_U(st.bytes_read, bytes);
 				CHECK_EQ_U(st.stall_ns, stall);
 			}
-			if (bi == 0 && !buffered)
+			if (prefetch) {
+				/* Two of the three layers get a prediction each pass. */
+				CHECK(st.predicted_total > 0 && st.predicted_used > 0);
+				CHECK(st.predicted_used <= st.predicted_total);
+				CHECK(bi == 3 || st.prefetch_issued > 0);
+				printf("experts: %zu slots: prefetch accuracy %.2f, %llu issued, %llu "
+				       "used, %.2f MiB wasted\n", budgets[bi],
+				       (double)st.predicted_used / (double)st.predicted_total,
+				       (unsigned long long)st.prefetch_issued,
+				       (unsigned long long)st.prefetch_used,
+				       st.prefetch_wasted_bytes / 1048576.0);
+			} else {
+				CHECK_EQ_U(st.predicted_total, 0);
+			}
+			if (bi == 0 && mode == 0)
 				printf("experts: reads %s; smallest budget: %llu misses, %llu hits, "
 				       "%llu evictions, %.1f MiB read\n",
 				       st.direct ? "O_DIRECT" : "buffered (O_DIRECT refused here)",
@@ -204,7 +221,7 @@ static void test_budgets(const char *path, float *ref, float *got)
 	/* One slot short of a layer's active experts for a full step: refused, with the numbers. */
 	char err[256] = "";
 	int rc;
-	struct md_expert_store *s = store_new(&w.m, need - 1, false, err, &rc);
+	struct md_expert_store *s = store_new(&w.m, need - 1, false, false, err, &rc);
 	CHECK(s == NULL);
 	CHECK_EQ_I(rc, -EINVAL);
 	CHECK(strstr(err, "expert-cache-mb") != NULL);
@@ -242,7 +259,7 @@ static void test_in_use(const char *path)
 	}
 	char err[256];
 	int rc;
-	struct md_expert_store *s = store_new(&w.m, 4, false, err, &rc);
+	struct md_expert_store *s = store_new(&w.m, 4, false, true, err, &rc);
 	CHECK(s != NULL);
 	if (!s) {
 		fw_close(&w);
@@ -355,7 +372,7 @@ static void test_truncated(const char *path, const float *ref, float *got)
 	char err[256];
 	int rc;
 	uint32_t units = w.m.hp.n_layer * w.m.hp.n_expert;
-	struct md_expert_store *s = store_new(&w.m, units, false, err, &rc);
+	struct md_expert_store *s = store_new(&w.m, units, false, false, err, &rc);
 	CHECK(s != NULL);
 	const struct md_tensor *d = w.m.layers[2].down_exps;
 	off_t size = (off_t)w.m.gguf.size;
