@@ -183,7 +183,7 @@ static void test_budgets(const char *path, float *ref, float *got)
 				CHECK(!st.direct);
 			if (budgets[bi] < units / 2)
 				CHECK(st.evictions > 0);
-			/* The whole model cached: a second pass reads nothing and stalls never. */
+			/* The whole model cached: a second pass misses nothing. */
 			if (budgets[bi] == units) {
 				CHECK_EQ_U(st.evictions, 0);
 				uint64_t misses = st.misses, bytes = st.bytes_read, stall = st.stall_ns;
@@ -191,8 +191,10 @@ static void test_budgets(const char *path, float *ref, float *got)
 				CHECK(memcmp(got, ref, ROWS * w.V * sizeof(float)) == 0);
 				md_expert_store_get_stats(s, &st);
 				CHECK_EQ_U(st.misses, misses);
-				CHECK_EQ_U(st.bytes_read, bytes);
-				CHECK_EQ_U(st.stall_ns, stall);
+				if (!prefetch) { /* a prefetch may read a guess the first pass never used */
+					CHECK_EQ_U(st.bytes_read, bytes);
+					CHECK_EQ_U(st.stall_ns, stall);
+				}
 			}
 			if (prefetch) {
 				/* Two of the three layers get a prediction each pass. */
