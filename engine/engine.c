@@ -394,6 +394,46 @@ static void populate_dense(struct md_engine *e)
 	       locked ? " and locked" : " (not locked: RLIMIT_MEMLOCK)");
 }
 
+/* The hot-set file of the state directory (warm restart), or "" without one. */
+static void hot_path(const struct md_engine *e, char *buf, size_t cap)
+{
+	buf[0] = 0;
+	if (e->cfg.state_dir && e->cfg.state_dir[0])
+		snprintf(buf, cap, "%s/hot-experts", e->cfg.state_dir);
+}
+
+/* Queue reads of the experts the last clean shutdown found hot. */
+static void warm_start(struct md_engine *e)
+{
+	char path[4200];
+	uint32_t n = 0;
+	hot_path(e, path, sizeof(path));
+	if (!path[0])
+		return;
+	int rc = md_expert_store_warm(e->store, path, &n);
+	if (rc == -ENOENT)
+		md_log(MD_LOG_INFO, "experts: no hot set in '%s' yet (cold start)", path);
+	else if (rc)
+		md_log(MD_LOG_WARN, "experts: hot set '%s' not used: %s", path,
+		       rc == -EINVAL ? "another model's, or malformed" : strerror(-rc));
+	else
+		md_log(MD_LOG_INFO, "experts: warm start, reading %u hot experts from '%s'", n, path);
+}
+
+/* On a clean shutdown: write the hot set for the next start. */
+static void save_hot(struct md_engine *e)
+{
+	char path[4200];
+	hot_path(e, path, sizeof(path));
+	if (!e->store || !path[0])
+		return;
+	int rc = md_expert_store_save(e->store, path);
+	if (rc)
+		md_log(MD_LOG_WARN, "experts: cannot write the hot set '%s': %s", path, strerror(-rc));
+	else
+		md_log(MD_LOG_INFO, "experts: hot set written to '%s'", path);
+}
+
 /* Choose the mode from the memory limit (mem_plan.h), size the KV budget with it, and make
  * the store when experts go through it. Logs one line naming the mode, budgets and why. */
 static int setup_experts(struct md_engine *e)
@@ -438,6 +478,7 @@ static int setup_experts(struct md_engine *e)
 		snprintf(e->err, sizeof(e->err), "cannot set up the expert store: %s", err);
 		return rc;
 	}
+	warm_start(e);
 	struct md_expert_store_stats st;
 	md_expert_store_get_stats(e->store, &st);
 	md_log(MD_LOG_INFO, "experts: store, host cache %.0f MiB (%u of %u experts, %.2f MiB "
@@ -783,6 +824,8 @@ static void *engine_main(void *arg)
 		}
 		ev_flush(e);
 	}
+	if (!rc)
+		save_hot(e);
 	atomic_store(&e->state, MD_ENGINE_STOPPED);
 	md_owner_release(&e->owner);
 	if (e->sched_ready)

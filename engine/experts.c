@@ -64,6 +64,7 @@ struct md_expert_store {
 	uint32_t step_distinct;
 	uint8_t *predicted;        /* owned (n_units): named by the layer's last prediction */
 	uint8_t *has_pred;         /* owned (n_layer) */
+	uint64_t *last_use;        /* owned (n_units): policy time of the last plan naming it */
 
 	int fd_direct;             /* owned, -1 when O_DIRECT is refused */
 	int fd_buf;                /* owned: buffered reads */
@@ -490,8 +491,10 @@ static int st_plan(struct md_expert_src *src, uint32_t layer, const int32_t *exp
 		pin(s, sl);
 		atomic_fetch_add(&s->misses, 1);
 	}
-	for (int i = 0; i < n; i++)
+	for (int i = 0; i < n; i++) {
 		md_epol_access(s->pol, layer * s->n_expert + (uint32_t)experts[i], s->now);
+		s->last_use[layer * s->n_expert + (uint32_t)experts[i]] = s->now;
+	}
 	return n_ready;
 }
 
@@ -654,7 +657,85 @@ void md_expert_store_free(struct md_expert_store *s)
 	free(s->step_seen);
 	free(s->predicted);
 	free(s->has_pred);
+	free(s->last_use);
 	free(s);
+}
+
+/* ---- warm restart ---- */
+
+#define HOT_MAGIC "moed-hot-experts 1"
+
+static int cmp_recent(const void *a, const void *b, void *arg)
+{
+	const uint64_t *t = arg;
+	uint64_t x = t[*(const uint32_t *)a], y = t[*(const uint32_t *)b];
+	return x < y ? 1 : x > y ? -1 : 0;
+}
+
+int md_expert_store_save(struct md_expert_store *s, const char *path)
+{
+	uint32_t *u = malloc(s->n_units * sizeof(*u));
+	if (!u)
+		return -ENOMEM;
+	uint32_t n = 0;
+	for (uint32_t i = 0; i < s->n_units; i++)
+		if (s->unit_slot[i] >= 0 && md_expert_store_resident(s, i / s->n_expert,
+								      i % s->n_expert))
+			u[n++] = i;
+	qsort_r(u, n, sizeof(*u), cmp_recent, s->last_use);
+	char tmp[4200];
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	FILE *f = fopen(tmp, "w");
+	if (!f) {
+		int rc = -errno;
+		free(u);
+		return rc;
+	}
+	fprintf(f, "%s\nlayers %u experts %u file-bytes %zu\n", HOT_MAGIC, s->n_layer,
+		s->n_expert, s->m->gguf.size);
+	for (uint32_t i = 0; i < n; i++)
+		fprintf(f, "%u %u\n", u[i] / s->n_expert, u[i] % s->n_expert);
+	free(u);
+	int rc = ferror(f) ? -EIO : 0;
+	if (fclose(f) && !rc)
+		rc = -errno;
+	if (!rc && rename(tmp, path))
+		rc = -errno;
+	if (rc)
+		unlink(tmp);
+	return rc;
+}
+
+int md_expert_store_warm(struct md_expert_store *s, const char *path, uint32_t *n)
+{
+	*n = 0;
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -errno;
+	char line[256];
+	unsigned nl, ne;
+	size_t bytes;
+	int rc = 0;
+	if (!fgets(line, sizeof(line), f) || strncmp(line, HOT_MAGIC "\n", sizeof(HOT_MAGIC)) ||
+	    fscanf(f, "layers %u experts %u file-bytes %zu\n", &nl, &ne, &bytes) != 3 ||
+	    nl != s->n_layer || ne != s->n_expert || bytes != s->m->gguf.size)
+		rc = -EINVAL;
+	unsigned l, e;
+	while (!rc && *n < s->n_slots && fscanf(f, "%u %u\n", &l, &e) == 2) {
+		if (l >= s->n_layer || e >= s->n_expert) {
+			rc = -EINVAL;
+			break;
+		}
+		uint32_t u = l * s->n_expert + e;
+		if (s->unit_slot[u] >= 0)
+			continue;
+		if (start_read(s, u, Q_PREFETCH, false) < 0)
+			break;
+		atomic_fetch_add(&s->pf_issued, 1);
+		(*n)++;
+	}
+	fclose(f);
+	return rc;
 }
 
 /* The units' file ranges; -ENOTSUP when an expert matrix is not in the mapped file. */
@@ -760,13 +841,14 @@ int md_expert_store_new(struct md_expert_store **out, const struct md_model *m,
 	s->step_seen = calloc(s->n_units, 1);
 	s->predicted = calloc(s->n_units, 1);
 	s->has_pred = calloc(s->n_layer, 1);
+	s->last_use = calloc(s->n_units, sizeof(*s->last_use));
 	s->pol = md_epol_new(c->policy, s->n_layer, s->n_expert);
 	void *arena = mmap(NULL, (size_t)n_slots * slot_bytes, PROT_READ | PROT_WRITE,
 			   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	s->arena = arena == MAP_FAILED ? NULL : arena;
 	int rc;
 	if (!s->units || !s->slots || !s->unit_slot || !s->plan_units || !s->step_seen ||
-	    !s->predicted || !s->has_pred || !s->pol || !s->arena) {
+	    !s->predicted || !s->has_pred || !s->last_use || !s->pol || !s->arena) {
 		snprintf(err, errlen, "out of memory for an expert cache of %u slots", s->n_slots);
 		rc = -ENOMEM;
 		goto fail;

@@ -58,7 +58,7 @@ struct md_expert_store_stats {
 	uint64_t read_errors;     /* reads that failed (the gets got the error) */
 	uint64_t evictions;
 	uint64_t stall_ns;        /* time gets waited for reads */
-	uint64_t prefetch_issued; /* reads started by prefetch() */
+	uint64_t prefetch_issued; /* reads started by prefetch() or a warm start */
 	uint64_t prefetch_used;   /* of those, experts a plan then asked for */
 	uint64_t prefetch_wasted_bytes; /* bytes of prefetched experts evicted unused */
 	uint64_t predicted_used;  /* planned experts that the last prediction of the layer named */
@@ -97,6 +97,15 @@ void md_expert_store_free(struct md_expert_store *s);
 struct md_expert_src *md_expert_store_src(struct md_expert_store *s);
 
 void md_expert_store_get_stats(struct md_expert_store *s, struct md_expert_store_stats *out);
+
+/* Warm restart. save writes the hot set, the resident experts most recently used first, to
+ * path (atomically: a temporary file renamed), with the model's shape and file size; warm
+ * reads such a file and queues reads (prefetch priority) for as many of its experts as the
+ * cache holds, returning how many in *n. Both on the engine thread, between forward passes.
+ * Return 0, -EINVAL for a file of another model (nothing queued) or a malformed line (the
+ * reads before it stay queued), or -errno. Warm reads count as prefetches. */
+int md_expert_store_save(struct md_expert_store *s, const char *path);
+int md_expert_store_warm(struct md_expert_store *s, const char *path, uint32_t *n);
 
 /* Whether unit (layer * n_expert + expert) is resident and loaded now (engine thread). */
 bool md_expert_store_resident(struct md_expert_store *s, uint32_t layer, uint32_t expert);

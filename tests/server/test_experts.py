@@ -47,9 +47,10 @@ def metrics(srv):
 def run(model, args):
     srv = Server(moed, model, BASE + args)
     try:
-        return completions(srv), metrics(srv), srv.logtext()
+        out, m = completions(srv), metrics(srv)
     finally:
         srv.stop()
+    return out, m, srv.logtext()
 
 
 def budgets(model, fracs, label):
@@ -89,6 +90,26 @@ def refused(model, mb):
         msg = str(e)
         check("cannot set up the expert store" in msg and "raise expert-cache-mb" in msg,
               "refusal names the store and the fix", msg[-600:])
+
+
+def warm_restart(model, mb, ref):
+    """A clean shutdown writes the hot set to --state-dir; the next start reads it ahead, and the
+    same completions then miss less."""
+    d = tempfile.mkdtemp(prefix="moed-state-")
+    try:
+        args = ["--expert-cache-mb", "%.4f" % mb, "--state-dir", d]
+        cold, m_cold, log = run(model, args)
+        check("cold start" in log and "hot set written" in log,
+              "first start is cold and a clean shutdown writes the hot set", log[-800:])
+        check(os.path.exists(os.path.join(d, "hot-experts")), "hot-experts file written")
+        warm, m_warm, log = run(model, args)
+        check(re.search(r"warm start, reading [1-9]\d* hot experts", log),
+              "second start reads the hot set", log[-800:])
+        check(warm == ref and cold == ref, "warm restart: same completions", warm, ref)
+        check(m_warm.get("moed:expert_misses_total", 1e9) < m_cold.get("moed:expert_misses_total", 0),
+              "warm restart: fewer misses", m_warm, m_cold)
+    finally:
+        shutil.rmtree(d)
 
 
 def experts_last(src, dst, name):
@@ -184,6 +205,7 @@ if r:
     ref, units, slot = r
     refused(default_model, 0.10 * units * slot / 1048576.0)
     truncated(default_model, ref, 4)
+    warm_restart(default_model, 0.5 * units * slot / 1048576.0, ref)
 
 # A generated many-expert model: 8 layers x 64 experts, 2 used: a step needs 32 of 512 (6.25%).
 d = tempfile.mkdtemp(prefix="moed-moe64-")

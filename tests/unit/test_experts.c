@@ -231,6 +231,62 @@ static void test_budgets(const char *path, float *ref, float *got)
 	fw_close(&w);
 }
 
+/* Warm restart: the hot set saved by one store makes the next one's first pass miss less;
+ * a file of another model is refused and queues nothing. */
+static void test_warm(const char *path, const float *ref, float *got)
+{
+	struct fw w;
+	if (fw_open(&w, path)) {
+		failures++;
+		return;
+	}
+	char err[256], hot[700];
+	int rc;
+	snprintf(hot, sizeof hot, "%s.hot", path);
+	struct md_expert_store *a = store_new(&w.m, 24, false, false, err, &rc);
+	struct md_expert_store *b = store_new(&w.m, 24, false, false, err, &rc);
+	CHECK(a && b);
+	if (a && b) {
+		struct md_expert_store_stats sa, sb;
+		md_forward_set_expert_src(w.f, md_expert_store_src(a));
+		CHECK_EQ_I(run(&w, got), ROWS);
+		md_expert_store_get_stats(a, &sa);
+		CHECK_EQ_I(md_expert_store_save(a, hot), 0);
+		uint32_t n = 0;
+		CHECK_EQ_I(md_expert_store_warm(b, hot, &n), 0);
+		CHECK_EQ_U(n, 24);
+		md_forward_set_expert_src(w.f, md_expert_store_src(b));
+		memset(got, 0, ROWS * w.V * sizeof(float));
+		CHECK_EQ_I(run(&w, got), ROWS);
+		CHECK(memcmp(got, ref, ROWS * w.V * sizeof(float)) == 0);
+		md_expert_store_get_stats(b, &sb);
+		CHECK(sb.misses < sa.misses);
+		CHECK(sb.prefetch_used > 0);
+		printf("experts: warm start: %llu misses against %llu cold\n",
+		       (unsigned long long)sb.misses, (unsigned long long)sa.misses);
+		md_forward_set_expert_src(w.f, NULL);
+		/* Another model's file (a different expert count): refused, nothing read. */
+		FILE *f = fopen(hot, "w");
+		CHECK(f != NULL);
+		if (f) {
+			fprintf(f, "moed-hot-experts 1\nlayers 3 experts 16 file-bytes %zu\n0 1\n",
+				w.m.gguf.size);
+			fclose(f);
+		}
+		md_expert_store_free(b);
+		b = store_new(&w.m, 24, false, false, err, &rc);
+		CHECK_EQ_I(md_expert_store_warm(b, hot, &n), -EINVAL);
+		CHECK_EQ_U(n, 0);
+		md_expert_store_get_stats(b, &sb);
+		CHECK_EQ_U(sb.n_resident, 0);
+		CHECK_EQ_I(md_expert_store_warm(b, "/nonexistent/hot", &n), -ENOENT);
+	}
+	md_expert_store_free(a);
+	md_expert_store_free(b);
+	unlink(hot);
+	fw_close(&w);
+}
+
 /* The bytes of expert e of layer l in the mapping, gate/up/down. */
 static bool same_as_file(const struct md_model *m, uint32_t l, int32_t e, const struct md_expert_w *x)
 {
@@ -432,6 +488,7 @@ int main(int argc, char **argv)
 	float *got = calloc((size_t)ROWS * 512, sizeof(float));
 	test_budgets(path, ref, got);
 	test_in_use(path);
+	test_warm(path, ref, got);
 	test_truncated(path, ref, got);
 	free(ref);
 	free(got);
