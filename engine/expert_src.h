@@ -38,6 +38,7 @@
 
 #include <stdint.h>
 
+#include "engine/backend.h"
 #include "engine/kern/matmul.h"
 #include "engine/model.h"
 
@@ -46,6 +47,9 @@ struct md_expert_w {
 	struct md_mat gate; /* (n_embd -> n_ff_exp), data borrowed from the source */
 	struct md_mat up;   /* (n_embd -> n_ff_exp) */
 	struct md_mat down; /* (n_ff_exp -> n_embd) */
+	struct md_backend *dev; /* borrowed: NULL when the data is host memory; else device
+				 * memory of this backend, and the forward pass computes the
+				 * expert with dev->matmul (its copy fence has passed) */
 };
 
 struct md_expert_src;

@@ -35,6 +35,16 @@ struct slot {
 	uint8_t queue;    /* enum slot_queue */
 	int32_t next;     /* next slot in its queue, or in the free list (engine thread) */
 	int err;          /* SLOT_FAILED: the read's error */
+	uint64_t up_fence; /* engine thread: a copy to the device reads this slot until then */
+};
+
+/* A device slot (engine thread only). */
+struct dslot {
+	int32_t unit;     /* -1 when free */
+	int32_t refs;     /* pinned by plan or got, not yet released */
+	bool pinned;
+	uint64_t fence;   /* the copy that fills it; usable once passed */
+	int32_t next;     /* free list */
 };
 
 /* Where a unit's three matrices lie in the file and how they look. */
@@ -66,6 +76,15 @@ struct md_expert_store {
 	uint8_t *has_pred;         /* owned (n_layer) */
 	uint64_t *last_use;        /* owned (n_units): policy time of the last plan naming it */
 
+	struct md_backend *dev;    /* borrowed: NULL without a device tier */
+	uint32_t n_dev;
+	uint8_t *dev_arena;        /* owned (dev->alloc): n_dev * slot_bytes of device memory */
+	struct dslot *dslots;      /* owned (n_dev) */
+	int32_t *unit_dev;         /* owned (n_units): device slot of each unit, -1 */
+	uint8_t *got_dev;          /* owned (n_units): the current get returned device views */
+	struct md_epol *dpol;      /* owned: the device tier's policy */
+	int32_t dev_free;
+
 	int fd_direct;             /* owned, -1 when O_DIRECT is refused */
 	int fd_buf;                /* owned: buffered reads */
 	_Atomic bool direct;       /* reads use fd_direct */
@@ -83,6 +102,8 @@ struct md_expert_store {
 	_Atomic uint64_t pf_issued, pf_used, pf_wasted, pred_used, pred_total;
 	_Atomic uint64_t steps, step_experts;
 	_Atomic uint32_t last_step_experts, n_resident;
+	_Atomic uint64_t dev_hits, dev_uploads, dev_evictions;
+	_Atomic uint32_t dev_resident;
 };
 
 static uint64_t now_ns(void)
@@ -306,7 +327,12 @@ static bool evictable(void *arg, uint32_t unit)
 {
 	struct md_expert_store *s = arg;
 	int32_t sl = s->unit_slot[unit];
-	return sl >= 0 && s->slots[sl].refs == 0 && s->slots[sl].state != SLOT_LOADING;
+	if (sl < 0 || s->slots[sl].refs != 0 || s->slots[sl].state == SLOT_LOADING)
+		return false;
+	if (s->slots[sl].up_fence && s->dev->fence_done(s->dev, s->slots[sl].up_fence) != 1)
+		return false;
+	s->slots[sl].up_fence = 0;
+	return true;
 }
 
 /* Unmap unit u from its slot (not loading, not referenced) and put the slot on the free
@@ -369,6 +395,7 @@ static int32_t start_read(struct md_expert_store *s, uint32_t u, int q, bool wai
 	x->unit = (int32_t)u;
 	x->refs = 0;
 	x->pinned = false;
+	x->up_fence = 0;
 	x->prefetched = q == Q_PREFETCH;
 	s->unit_slot[u] = sl;
 	md_epol_insert(s->pol, u, s->now);
@@ -408,6 +435,54 @@ static void step_mark(struct md_expert_store *s, uint32_t layer, const int32_t *
 	}
 }
 
+/* ---- the device tier (engine thread) ---- */
+
+static bool dev_evictable(void *arg, uint32_t unit)
+{
+	struct md_expert_store *s = arg;
+	int32_t ds = s->unit_dev[unit];
+	return ds >= 0 && s->dslots[ds].refs == 0 &&
+	       s->dev->fence_done(s->dev, s->dslots[ds].fence) == 1;
+}
+
+/* Copy unit u, resident in host slot sl, up to a free or evictable device slot; nothing when
+ * none can be had or the copy cannot be queued (the expert keeps running on the host). */
+static void promote(struct md_expert_store *s, uint32_t u, int32_t sl)
+{
+	int32_t ds = s->dev_free;
+	if (ds >= 0) {
+		s->dev_free = s->dslots[ds].next;
+	} else {
+		int64_t v = md_epol_victim(s->dpol, dev_evictable, s, s->now);
+		if (v < 0)
+			return;
+		ds = s->unit_dev[v];
+		s->unit_dev[v] = -1;
+		md_epol_remove(s->dpol, (uint32_t)v);
+		atomic_fetch_add(&s->dev_evictions, 1);
+		atomic_fetch_sub(&s->dev_resident, 1);
+	}
+	struct dslot *d = &s->dslots[ds];
+	uint64_t fence = 0;
+	if (s->dev->upload_async(s->dev, s->dev_arena + (size_t)ds * s->slot_bytes,
+				 s->slots[sl].buf, s->slot_bytes, MD_BACKEND_STREAM_COPY) ||
+	    s->dev->fence_record(s->dev, MD_BACKEND_STREAM_COPY, &fence)) {
+		d->unit = -1;
+		d->next = s->dev_free;
+		s->dev_free = ds;
+		return;
+	}
+	d->unit = (int32_t)u;
+	d->refs = 0;
+	d->pinned = false;
+	d->fence = fence;
+	s->slots[sl].up_fence = fence;
+	s->unit_dev[u] = ds;
+	md_epol_insert(s->dpol, u, s->now);
+	atomic_fetch_add(&s->dev_uploads, 1);
+	atomic_fetch_add(&s->dev_resident, 1);
+}
+
 /* ---- the ops ---- */
 
 static int st_plan(struct md_expert_src *src, uint32_t layer, const int32_t *experts, int n,
@@ -427,6 +502,11 @@ static int st_plan(struct md_expert_src *src, uint32_t layer, const int32_t *exp
 			s->slots[sl].pinned = false;
 			s->slots[sl].refs--;
 		}
+		int32_t ds = s->dev ? s->unit_dev[s->plan_units[i]] : -1;
+		if (ds >= 0 && s->dslots[ds].pinned) {
+			s->dslots[ds].pinned = false;
+			s->dslots[ds].refs--;
+		}
 	}
 	s->n_plan = 0;
 	step_mark(s, layer, experts, n);
@@ -439,13 +519,28 @@ static int st_plan(struct md_expert_src *src, uint32_t layer, const int32_t *exp
 		s->has_pred[layer] = 0;
 	}
 
-	/* Pin what is here (loaded or on its way) before any read may evict; ready ones first. */
+	/* Experts on the device (their copy done) come first and need nothing else. */
 	int n_ready = 0, k = 0;
+	for (int i = 0; s->dev && i < n; i++) {
+		uint32_t u = layer * s->n_expert + (uint32_t)experts[i];
+		int32_t ds = s->unit_dev[u];
+		if (ds < 0 || s->dev->fence_done(s->dev, s->dslots[ds].fence) != 1)
+			continue;
+		s->dslots[ds].refs++;
+		s->dslots[ds].pinned = true;
+		s->plan_units[s->n_plan++] = (int32_t)u;
+		atomic_fetch_add(&s->dev_hits, 1);
+		order[k++] = i;
+	}
+	const int n_dev = k;
+	/* Pin what is here (loaded or on its way) before any read may evict; ready ones next. */
 	int32_t *rest = order + n; /* filled backwards: the others, in plan order */
 	pthread_mutex_lock(&s->mu);
 	for (int i = 0; i < n; i++) {
 		uint32_t u = layer * s->n_expert + (uint32_t)experts[i];
 		int32_t sl = s->unit_slot[u];
+		if (n_dev && s->unit_dev[u] >= 0 && s->dslots[s->unit_dev[u]].pinned)
+			continue;
 		s->plan_units[s->n_plan++] = (int32_t)u;
 		if (sl < 0) {
 			*--rest = i;
@@ -504,6 +599,20 @@ static int st_get(struct md_expert_src *src, uint32_t layer, int32_t e, struct m
 	if (layer >= s->n_layer || e < 0 || (uint32_t)e >= s->n_expert)
 		return -EINVAL;
 	uint32_t u = layer * s->n_expert + (uint32_t)e;
+	const struct unit_src *us = &s->units[u];
+	int32_t ds = s->dev ? s->unit_dev[u] : -1;
+	if (ds >= 0 && s->dslots[ds].pinned) { /* planned on the device */
+		s->dslots[ds].pinned = false;
+		s->got_dev[u] = 1;
+		uint8_t *base = s->dev_arena + (size_t)ds * s->slot_bytes;
+		struct md_mat *o[3] = { &out->gate, &out->up, &out->down };
+		for (int p = 0; p < 3; p++) {
+			*o[p] = us->m[p];
+			o[p]->data = base + s->part_off[p] + (us->off[p] - align_down(us->off[p]));
+		}
+		out->dev = s->dev;
+		return 0;
+	}
 	int32_t sl = s->unit_slot[u];
 	if (sl < 0 || !s->slots[sl].pinned)
 		return -EINVAL; /* not planned: the contract says plan first */
@@ -530,12 +639,15 @@ static int st_get(struct md_expert_src *src, uint32_t layer, int32_t e, struct m
 		drop_unit(s, u, false);
 		return rc;
 	}
-	const struct unit_src *us = &s->units[u];
 	struct md_mat *o[3] = { &out->gate, &out->up, &out->down };
 	for (int p = 0; p < 3; p++) {
 		*o[p] = us->m[p];
 		o[p]->data = x->buf + s->part_off[p] + (us->off[p] - align_down(us->off[p]));
 	}
+	out->dev = NULL;
+	s->got_dev[u] = 0;
+	if (s->dev && ds < 0)
+		promote(s, u, sl);
 	return 0;
 }
 
@@ -544,7 +656,15 @@ static void st_release(struct md_expert_src *src, uint32_t layer, int32_t e)
 	struct md_expert_store *s = (struct md_expert_store *)src;
 	if (layer >= s->n_layer || e < 0 || (uint32_t)e >= s->n_expert)
 		return;
-	int32_t sl = s->unit_slot[layer * s->n_expert + (uint32_t)e];
+	uint32_t u = layer * s->n_expert + (uint32_t)e;
+	if (s->got_dev[u]) {
+		s->got_dev[u] = 0;
+		int32_t ds = s->unit_dev[u];
+		if (ds >= 0 && s->dslots[ds].refs > 0)
+			s->dslots[ds].refs--;
+		return;
+	}
+	int32_t sl = s->unit_slot[u];
 	if (sl >= 0 && s->slots[sl].refs > 0)
 		s->slots[sl].refs--;
 }
@@ -628,6 +748,11 @@ void md_expert_store_get_stats(struct md_expert_store *s, struct md_expert_store
 	o->n_resident = atomic_load(&s->n_resident);
 	o->slot_bytes = s->slot_bytes;
 	o->direct = atomic_load(&s->direct);
+	o->dev_hits = atomic_load(&s->dev_hits);
+	o->dev_uploads = atomic_load(&s->dev_uploads);
+	o->dev_evictions = atomic_load(&s->dev_evictions);
+	o->dev_slots = s->n_dev;
+	o->dev_resident = atomic_load(&s->dev_resident);
 }
 
 void md_expert_store_free(struct md_expert_store *s)
@@ -650,6 +775,12 @@ void md_expert_store_free(struct md_expert_store *s)
 	if (s->arena)
 		munmap(s->arena, (size_t)s->n_slots * s->slot_bytes);
 	md_epol_free(s->pol);
+	if (s->dev && s->dev_arena)
+		s->dev->free(s->dev, s->dev_arena);
+	md_epol_free(s->dpol);
+	free(s->dslots);
+	free(s->unit_dev);
+	free(s->got_dev);
 	free(s->units);
 	free(s->slots);
 	free(s->unit_slot);
@@ -788,6 +919,39 @@ static int open_file(struct md_expert_store *s, bool buffered, char *err, size_t
 	return 0;
 }
 
+/* The device tier: its slots in one device allocation, its policy. */
+static int setup_dev(struct md_expert_store *s, const struct md_expert_store_config *c,
+		     char *err, size_t errlen)
+{
+	uint64_t n = c->dev ? c->dev_bytes / s->slot_bytes : 0;
+	if (n == 0)
+		return 0;
+	if (n > s->n_units)
+		n = s->n_units;
+	s->dev = c->dev;
+	s->n_dev = (uint32_t)n;
+	s->dslots = calloc(n, sizeof(*s->dslots));
+	s->unit_dev = malloc(s->n_units * sizeof(*s->unit_dev));
+	s->dpol = md_epol_new(c->policy, s->n_layer, s->n_expert);
+	void *p = NULL;
+	int rc = s->dslots && s->unit_dev && s->dpol ? s->dev->alloc(s->dev, n * s->slot_bytes, &p)
+						      : -ENOMEM;
+	if (rc) {
+		snprintf(err, errlen, "cannot allocate %.1f MiB of device memory for %u experts",
+			 n * s->slot_bytes / 1048576.0, s->n_dev);
+		return rc;
+	}
+	s->dev_arena = p;
+	for (uint32_t u = 0; u < s->n_units; u++)
+		s->unit_dev[u] = -1;
+	for (uint32_t i = s->n_dev; i-- > 0;) {
+		s->dslots[i].unit = -1;
+		s->dslots[i].next = s->dev_free;
+		s->dev_free = (int32_t)i;
+	}
+	return 0;
+}
+
 int md_expert_store_new(struct md_expert_store **out, const struct md_model *m,
 			const struct md_expert_store_config *c, char *err, size_t errlen)
 {
@@ -842,13 +1006,15 @@ int md_expert_store_new(struct md_expert_store **out, const struct md_model *m,
 	s->predicted = calloc(s->n_units, 1);
 	s->has_pred = calloc(s->n_layer, 1);
 	s->last_use = calloc(s->n_units, sizeof(*s->last_use));
+	s->got_dev = calloc(s->n_units, 1);
+	s->dev_free = -1;
 	s->pol = md_epol_new(c->policy, s->n_layer, s->n_expert);
 	void *arena = mmap(NULL, (size_t)n_slots * slot_bytes, PROT_READ | PROT_WRITE,
 			   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	s->arena = arena == MAP_FAILED ? NULL : arena;
 	int rc;
 	if (!s->units || !s->slots || !s->unit_slot || !s->plan_units || !s->step_seen ||
-	    !s->predicted || !s->has_pred || !s->last_use || !s->pol || !s->arena) {
+	    !s->predicted || !s->has_pred || !s->last_use || !s->got_dev || !s->pol || !s->arena) {
 		snprintf(err, errlen, "out of memory for an expert cache of %u slots", s->n_slots);
 		rc = -ENOMEM;
 		goto fail;
@@ -862,6 +1028,9 @@ int md_expert_store_new(struct md_expert_store **out, const struct md_model *m,
 		s->free_head = (int32_t)i;
 	}
 	rc = map_units(s, err, errlen);
+	if (rc)
+		goto fail;
+	rc = setup_dev(s, c, err, errlen);
 	if (rc)
 		goto fail;
 	rc = open_file(s, c->buffered, err, errlen);

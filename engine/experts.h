@@ -25,6 +25,14 @@
  * file, I/O error) fails the get with its code and frees the slot, so a later request tries
  * again; nothing is cached from it.
  *
+ * Device tier (optional, through engine/backend.h; engine/backend_sim.h simulates one): a
+ * second set of slots in device memory with its own policy. An expert the forward pass got
+ * from host RAM is copied up (upload_async on the copy stream, one fence) into a free or
+ * evictable device slot; once its fence has passed, plans find it there, order it first, and
+ * get returns device views (md_expert_w.dev) that the forward pass computes with the
+ * backend's matmul. The host slot it came from is not reused before the fence passes, nor a
+ * device slot in use or still being written.
+ *
  * One forward pass at a time uses a store (the engine thread's), as md_expert_src requires.
  * md_expert_store_get_stats may be called from any thread.
  */
@@ -48,6 +56,9 @@ struct md_expert_store_config {
 	bool buffered;            /* never try O_DIRECT (diagnostics) */
 	bool prefetch;            /* offer the prefetch op (the forward pass then predicts the
 				   * next layer's experts and the store reads them ahead) */
+	struct md_backend *dev;   /* borrowed, NULL: no device tier; else the device whose
+				   * memory holds the hottest experts (outlives the store) */
+	size_t dev_bytes;         /* device budget for experts */
 };
 
 /* Counters since the store was made; a consistent-enough snapshot (each counter atomic). */
@@ -68,6 +79,11 @@ struct md_expert_store_stats {
 	uint32_t last_step_experts; /* distinct experts of the last finished step */
 	uint32_t n_slots, n_resident;
 	size_t slot_bytes;
+	/* device tier (all 0 without one) */
+	uint64_t dev_hits;        /* planned experts found on the device (computed there) */
+	uint64_t dev_uploads;     /* experts copied host -> device */
+	uint64_t dev_evictions;
+	uint32_t dev_slots, dev_resident;
 	bool direct;              /* reads bypass the page cache */
 };
 

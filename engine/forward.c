@@ -22,7 +22,8 @@
  *          in get order (ex_off, ex_tok), and ex_pos maps the routing's slots to that layout;
  *          with one wave in ascending order it is the routing's own layout. A source that
  *          prefetches is told, after this layer's plan, the experts layer l+1's router picks
- *          on this layer's input (pre-gating, prefetch_next);
+ *          on this layer's input (pre-gating, prefetch_next). Experts the source returns in
+ *          device memory (md_expert_w.dev) run one by one through that backend's matmul;
  *       4. scatter-add the weighted outputs back in slot order, plus the shared expert with
  *          its sigmoid gate where the architecture has one; residual add.
  *   Commit: each sequence's new length (md_kv_commit) once every layer ran; then the final
@@ -452,6 +453,48 @@ static void moe_each(struct md_forward_ctx *f, int g0, int g1)
 	}
 }
 
+/* Step 3 for group g on the device that holds its weights: the gathered rows, gate and up,
+ * silu * up on the host, down, each product by the backend. Returns 0 or its error. */
+static int moe_dev(struct md_forward_ctx *f, int g)
+{
+	const int64_t N = f->m->hp.n_embd;
+	const struct md_expert_w *x = &f->ex_got[g];
+	struct md_backend *d = x->dev;
+	int32_t a = f->ex_off[g], m = f->ex_off[g + 1] - a;
+	for (int j = 0; j < m; j++)
+		memcpy(f->xe + (size_t)j * N, f->xn + (size_t)f->ex_tok[a + j] * N,
+		       (size_t)N * sizeof(float));
+	int rc = d->matmul(d, &x->gate, f->xe, m, f->ge);
+	if (!rc)
+		rc = d->matmul(d, &x->up, f->xe, m, f->ue);
+	if (rc)
+		return rc;
+	struct glu_job gj = { f->ge, f->ue, (size_t)m, (size_t)x->gate.n_out };
+	glu_worker(&gj, 0, 1);
+	return d->matmul(d, &x->down, f->ge, m, f->ye + (size_t)a * N);
+}
+
+/* Step 3 for groups g0 .. g1-1: device experts one by one, each run of host experts grouped
+ * (or one by one where the kernels can't group them). Returns 0 or a device error. */
+static int moe_wave(struct md_forward_ctx *f, int n, int g0, int g1)
+{
+	for (int g = g0; g < g1;) {
+		if (f->ex_got[g].dev) {
+			int rc = moe_dev(f, g++);
+			if (rc)
+				return rc;
+			continue;
+		}
+		int h = g;
+		while (h < g1 && !f->ex_got[h].dev)
+			h++;
+		if (!moe_grouped(f, n, g, h))
+			moe_each(f, g, h);
+		g = h;
+	}
+	return 0;
+}
+
 /* Release the first n_got experts of the get order. */
 static void experts_release(struct md_forward_ctx *f, uint32_t il, const struct md_routing *r,
 			    int n_got)
@@ -518,8 +561,11 @@ static int moe_experts(struct md_forward_ctx *f, uint32_t il, const struct md_ro
 				return rc;
 			}
 		}
-		if (!moe_grouped(f, n, g0, g1))
-			moe_each(f, g0, g1);
+		int rc = moe_wave(f, n, g0, g1);
+		if (rc) {
+			experts_release(f, il, r, got);
+			return rc;
+		}
 		g0 = g1;
 	}
 	experts_release(f, il, r, na);

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/backend_sim.h"
 #include "engine/experts.h"
 #include "engine/forward.h"
 #include "engine/gguf.h"
@@ -228,6 +229,67 @@ static void test_budgets(const char *path, float *ref, float *got)
 	CHECK_EQ_I(rc, -EINVAL);
 	CHECK(strstr(err, "expert-cache-mb") != NULL);
 	CHECK(strstr(err, "holds 3 experts") != NULL);
+	fw_close(&w);
+}
+
+/* The simulated device tier: identical logits with experts computed on the device, copies
+ * fast and slow (so that plans meet copies still in flight), a device budget far below the
+ * experts used (evictions); device memory is what the tier asked for, and freed with it. */
+static void test_device(const char *path, const float *ref, float *got)
+{
+	struct fw w;
+	if (fw_open(&w, path)) {
+		failures++;
+		return;
+	}
+	const size_t slot = md_expert_store_slot_bytes(&w.m);
+	const double bws[2] = { 0, 20e6 }; /* instant; 20 MB/s: a copy of a slot takes ~10 ms */
+	for (int bi = 0; bi < 2; bi++) {
+		struct md_backend *dev = md_backend_sim_new(64 * slot, bws[bi]);
+		CHECK(dev != NULL);
+		if (!dev)
+			break;
+		struct md_expert_store_config c = {
+			.host_bytes = 48 * slot, .policy = MD_EPOL_LRU, .io_threads = 2,
+			.max_tokens = BATCH, .prefetch = true, .dev = dev, .dev_bytes = 6 * slot,
+		};
+		char err[256];
+		struct md_expert_store *s = NULL;
+		CHECK_EQ_I(md_expert_store_new(&s, &w.m, &c, err, sizeof err), 0);
+		if (!s) {
+			md_backend_sim_free(dev);
+			continue;
+		}
+		CHECK_EQ_U(md_backend_sim_used(dev), 6 * slot);
+		md_forward_set_expert_src(w.f, md_expert_store_src(s));
+		for (int pass = 0; pass < 2; pass++) {
+			memset(got, 0, ROWS * w.V * sizeof(float));
+			CHECK_EQ_I(run(&w, got), ROWS);
+			CHECK(memcmp(got, ref, ROWS * w.V * sizeof(float)) == 0);
+		}
+		struct md_expert_store_stats st;
+		md_expert_store_get_stats(s, &st);
+		CHECK_EQ_U(st.dev_slots, 6);
+		CHECK(st.dev_uploads > 6 && st.dev_evictions > 0 && st.dev_resident == 6);
+		CHECK(st.dev_hits > 0);
+		CHECK_EQ_U(md_backend_sim_copies(dev), st.dev_uploads);
+		printf("experts: device tier (%s copies): %llu device hits, %llu uploads, %llu "
+		       "evictions\n", bi ? "20 MB/s" : "instant", (unsigned long long)st.dev_hits,
+		       (unsigned long long)st.dev_uploads, (unsigned long long)st.dev_evictions);
+		md_forward_set_expert_src(w.f, NULL);
+		md_expert_store_free(s);
+		CHECK_EQ_U(md_backend_sim_used(dev), 0);
+		md_backend_sim_free(dev);
+	}
+	/* A device too small for its budget: the store is refused with the reason. */
+	struct md_backend *dev = md_backend_sim_new(2 * slot, 0);
+	struct md_expert_store_config c = { .host_bytes = 48 * slot, .max_tokens = BATCH,
+					    .dev = dev, .dev_bytes = 6 * slot };
+	char err[256] = "";
+	struct md_expert_store *s = NULL;
+	CHECK_EQ_I(md_expert_store_new(&s, &w.m, &c, err, sizeof err), -ENOMEM);
+	CHECK(s == NULL && strstr(err, "device memory") != NULL);
+	md_backend_sim_free(dev);
 	fw_close(&w);
 }
 
@@ -489,6 +551,7 @@ int main(int argc, char **argv)
 	test_budgets(path, ref, got);
 	test_in_use(path);
 	test_warm(path, ref, got);
+	test_device(path, ref, got);
 	test_truncated(path, ref, got);
 	free(ref);
 	free(got);
