@@ -28,8 +28,8 @@
  *      source, which must outlive every forward context using it).
  *   prefetch(layer, experts, n): optional. Where the source has it, the forward pass
  *      predicts layer l+1's experts during layer l (pre-gating: layer l+1's router on layer
- *      l's hidden state, engine/forward.c) and calls it after layer l's plan with the
- *      predicted experts (ascending, distinct). A hint: the source may start reading them;
+ *      l's hidden state, engine/forward.c) and calls it once layer l's gets are done (before
+ *      its last wave runs) with the predicted experts (ascending, distinct). A hint: the source may start reading them;
  *      nothing is held, and the next plan of that layer says what was used.
  * Weights of one layer's experts may differ in type; views of one expert must have gate and
  * up of the same shape (n_embd -> n_ff_exp) and down (n_ff_exp -> n_embd). */

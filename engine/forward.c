@@ -21,8 +21,9 @@
  *          fetches the others, which run as a second wave. Each wave's experts are laid out
  *          in get order (ex_off, ex_tok), and ex_pos maps the routing's slots to that layout;
  *          with one wave in ascending order it is the routing's own layout. A source that
- *          prefetches is told, after this layer's plan, the experts layer l+1's router picks
- *          on this layer's input (pre-gating, prefetch_next). Experts the source returns in
+ *          prefetches is told, once this layer's gets are done and before its last wave
+ *          runs, the experts layer l+1's router picks on this layer's input (pre-gating,
+ *          prefetch_next). Experts the source returns in
  *          device memory (md_expert_w.dev) run one by one through that backend's matmul;
  *       4. scatter-add the weighted outputs back in slot order, plus the shared expert with
  *          its sigmoid gate where the architecture has one; residual add.
@@ -538,8 +539,9 @@ static void prefetch_next(struct md_forward_ctx *f, uint32_t il, int n)
 	md_expert_src_prefetch(f->src, il + 1, p->active, p->n_active);
 }
 
-/* Step 3: plan, predict the next layer for a prefetching source, then per wave get its
- * experts and run them; release all. Returns 0, or the source's error with nothing held. */
+/* Step 3: plan, then per wave get its experts and run them; before the last wave runs (every
+ * get done, so no read of this layer waits behind a guess) predict the next layer for a
+ * prefetching source. Release all. Returns 0, or the source's error with nothing held. */
 static int moe_experts(struct md_forward_ctx *f, uint32_t il, const struct md_routing *r, int n)
 {
 	const int na = r->n_active;
@@ -548,7 +550,6 @@ static int moe_experts(struct md_forward_ctx *f, uint32_t il, const struct md_ro
 		return n_ready;
 	if (n_ready == 0 || n_ready > na)
 		n_ready = na;
-	prefetch_next(f, il, n);
 	experts_layout(f, r);
 	int got = 0;
 	for (int g0 = 0; g0 < na;) {
@@ -561,6 +562,8 @@ static int moe_experts(struct md_forward_ctx *f, uint32_t il, const struct md_ro
 				return rc;
 			}
 		}
+		if (g1 == na) /* every read of this layer done: the readers are free to guess */
+			prefetch_next(f, il, n);
 		int rc = moe_wave(f, n, g0, g1);
 		if (rc) {
 			experts_release(f, il, r, got);

@@ -270,8 +270,9 @@ static void test_device(const char *path, const float *ref, float *got)
 		struct md_expert_store_stats st;
 		md_expert_store_get_stats(s, &st);
 		CHECK_EQ_U(st.dev_slots, 6);
-		CHECK(st.dev_uploads > 6 && st.dev_evictions > 0 && st.dev_resident == 6);
-		CHECK(st.dev_hits > 0);
+		CHECK(st.dev_uploads >= 6 && st.dev_resident == 6);
+		if (bi == 0) /* instant copies: the timing cannot hide the device from plans */
+			CHECK(st.dev_hits > 0 && st.dev_uploads > 6 && st.dev_evictions > 0);
 		CHECK_EQ_U(md_backend_sim_copies(dev), st.dev_uploads);
 		printf("experts: device tier (%s copies): %llu device hits, %llu uploads, %llu "
 		       "evictions\n", bi ? "20 MB/s" : "instant", (unsigned long long)st.dev_hits,
