@@ -78,6 +78,13 @@ def budgets(model, fracs, label):
             check(m.get("moed:expert_evictions_total", 0) > 0,
                   "%s: %d%%: evictions" % (label, f * 100), m)
         check(m.get("moed:expert_distinct_per_step", 0) > 0, label + ": distinct per step", m)
+    # Pre-gating prefetch on (BASE turns it off): the same completions, and it guesses.
+    mb = fracs[0] * units * slot / 1048576.0
+    got, m, log = run(model, ["--expert-cache-mb", "%.4f" % mb, "--expert-prefetch", "1"])
+    check(got == ref, "%s: prefetch on: same completions" % label, got, ref)
+    check(m.get("moed:expert_predicted_total", 0) > 0 and
+          0 < m.get("moed:expert_prefetch_accuracy", 0) <= 1 and "prefetch on" in log,
+          "%s: prefetch accuracy reported" % label, m)
     return ref, units, slot
 
 
@@ -110,6 +117,15 @@ def warm_restart(model, mb, ref):
               "warm restart: fewer misses", m_warm, m_cold)
     finally:
         shutil.rmtree(d)
+
+
+def bad_policy(model):
+    try:
+        srv = Server(moed, model, BASE + ["--expert-cache-mb", "100", "--expert-policy", "fifo"])
+        srv.stop()
+        check(False, "an unknown expert-policy is refused")
+    except RuntimeError as e:
+        check("unknown expert-policy 'fifo'" in str(e), "unknown policy named", str(e)[-400:])
 
 
 def experts_last(src, dst, name):
@@ -204,6 +220,7 @@ r = budgets(default_model, [0.25, 0.5], "default")
 if r:
     ref, units, slot = r
     refused(default_model, 0.10 * units * slot / 1048576.0)
+    bad_policy(default_model)
     truncated(default_model, ref, 4)
     warm_restart(default_model, 0.5 * units * slot / 1048576.0, ref)
 
