@@ -372,16 +372,20 @@ static int32_t take_slot(struct md_expert_store *s, bool wait)
 		pthread_mutex_lock(&s->mu);
 		int64_t v = md_epol_victim(s->pol, evictable, s, s->now);
 		bool loading = false;
+		uint64_t fence = 0; /* a copy to the device that holds a slot */
 		if (v < 0 && wait)
-			for (uint32_t i = 0; i < s->n_slots && !loading; i++)
+			for (uint32_t i = 0; i < s->n_slots && !loading; i++) {
 				loading = s->slots[i].state == SLOT_LOADING;
+				if (s->slots[i].refs == 0 && s->slots[i].up_fence)
+					fence = s->slots[i].up_fence;
+			}
 		if (v < 0 && loading)
 			pthread_cond_wait(&s->done_cv, &s->mu);
 		pthread_mutex_unlock(&s->mu);
 		if (v >= 0)
 			drop_unit(s, (uint32_t)v, true);
-		else if (!loading)
-			return -1;
+		else if (!loading && (!fence || s->dev->fence_wait(s->dev, fence)))
+			return -1; /* nothing will free up (or the device failed) */
 	}
 }
 
