@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "engine/experts.h"
 #include "engine/kern/cpu.h"
 #include "engine/forward.h"
 #include "engine/kv_cache.h"
@@ -38,6 +39,8 @@ static void usage(void)
 		"  -r  repetitions after one warm-up run (default 5)\n"
 		"  -b  sequences decoding together in tg (default 1)\n"
 		"  -T  write a routing trace to FILE (--trace-routing FILE too)\n"
+		"  -c  MiB: routed experts through the expert store with this host budget\n"
+		"      (default: the plain mapping)\n"
 		"  env MOED_KERNELS=ref|scalar|avx2|avx512 selects the kernels\n");
 }
 
@@ -135,6 +138,7 @@ int main(int argc, char **argv)
 {
 	const char *path = NULL, *trace_path = NULL;
 	int n_threads = 2, n_prompt = 128, n_gen = 64, reps = 5, n_seq = 1;
+	double cache_mb = 0;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		if (i + 1 >= argc) {
@@ -156,6 +160,8 @@ int main(int argc, char **argv)
 			n_seq = atoi(v);
 		else if (strcmp(a, "-T") == 0 || strcmp(a, "--trace-routing") == 0)
 			trace_path = v;
+		else if (strcmp(a, "-c") == 0)
+			cache_mb = atof(v);
 		else {
 			usage();
 			return 2;
@@ -202,6 +208,17 @@ int main(int argc, char **argv)
 		md_forward_set_route_cb(b.fw, on_route, &b);
 	}
 
+	struct md_expert_store *store = NULL;
+	if (cache_mb > 0) {
+		struct md_expert_store_config sc = { .host_bytes = (size_t)(cache_mb * 1048576.0),
+						     .max_tokens = max_tok, .prefetch = true };
+		if (md_expert_store_new(&store, &model, &sc, err, sizeof(err))) {
+			fprintf(stderr, "moed-bench: %s\n", err);
+			return 1;
+		}
+		md_forward_set_expert_src(b.fw, md_expert_store_src(store));
+	}
+
 	struct stat st;
 	double gib = stat(path, &st) == 0 ? (double)st.st_size / (1024.0 * 1024 * 1024) : 0;
 	const char *name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
@@ -239,6 +256,17 @@ int main(int argc, char **argv)
 		fflush(stdout);
 	}
 	free(rate);
+	if (store) {
+		struct md_expert_store_stats es;
+		md_expert_store_get_stats(store, &es);
+		printf("\nexpert store: %u of %u experts cached, %llu hits, %llu misses, %.1f MiB read, "
+		       "stall %.2f s, prefetch accuracy %.2f\n", es.n_slots,
+		       model.hp.n_layer * model.hp.n_expert, (unsigned long long)es.hits,
+		       (unsigned long long)es.misses, es.bytes_read / 1048576.0, es.stall_ns / 1e9,
+		       es.predicted_total ? (double)es.predicted_used / es.predicted_total : 0.0);
+		md_forward_set_expert_src(b.fw, NULL);
+		md_expert_store_free(store);
+	}
 	free(b.logits);
 	free(b.tok);
 	free(b.seq);

@@ -61,6 +61,13 @@ struct md_engine_config {
 	const char *trace_routing;  /* borrowed, may be NULL: write a routing trace to this file
 				     * (engine/route_trace.h) */
 	bool expert_batching;       /* expert-aware batching (sched.h) when decoders exceed a step */
+	/* Expert store (engine/experts.h, engine/mem_plan.h); zeroes give the defaults. */
+	double expert_cache_mb;     /* host budget for experts: 0 auto (the store only when the
+				     * file exceeds 80% of the memory limit), -1 never, > 0 MiB */
+	int64_t device_expert_mb;   /* device tier budget (no device tier yet: warned, unused) */
+	const char *expert_policy;  /* borrowed (copied at start), NULL: "lru" */
+	bool no_expert_prefetch;    /* no pre-gating prefetch */
+	const char *state_dir;      /* borrowed (copied), NULL: no warm restart state */
 };
 
 enum md_engine_state {
@@ -131,6 +138,16 @@ struct md_engine_stats {
 	uint64_t moe_layer_steps;           /* MoE layers computed (steps x MoE layers) */
 	uint64_t moe_distinct_experts;      /* distinct experts they computed, summed */
 	uint64_t expert_selections;         /* steps whose decoders were chosen by experts */
+	/* Expert store, host tier (all 0 on the mmap path; counters since start). */
+	bool experts_store;                 /* experts go through the store */
+	uint64_t experts_hits, experts_misses, experts_bytes_read, experts_read_errors;
+	uint64_t experts_evictions;
+	double experts_stall_s;             /* time the forward pass waited for expert reads */
+	uint64_t experts_prefetch_issued, experts_prefetch_used, experts_prefetch_wasted_bytes;
+	uint64_t experts_predicted_used, experts_predicted_total; /* prefetch accuracy */
+	uint64_t experts_steps, experts_step_distinct; /* distinct experts per step: their ratio */
+	uint32_t experts_slots, experts_resident;
+	uint64_t experts_cache_bytes;
 };
 
 /* Create an engine (does not start the thread). Returns 0 or -ENOMEM / -EINVAL. */

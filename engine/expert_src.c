@@ -13,6 +13,7 @@ static int map_get(struct md_expert_src *src, uint32_t layer, int32_t expert,
 	out->gate = md_mat_of(L->gate_exps, expert);
 	out->up = md_mat_of(L->up_exps, expert);
 	out->down = md_mat_of(L->down_exps, expert);
+	out->dev = NULL;
 	return 0;
 }
 

@@ -5,20 +5,32 @@
  * live. The default source returns views of the model's expert tensors (md_expert_src_map:
  * the mapping, or the model's merged buffer for files with per-expert tensors); the expert
  * store (host RAM / VRAM tiers fed from the file) is another implementation of the same ops
- * table.
+ * table (engine/experts.h).
  *
  * Contract, per MoE layer of one md_forward call, all on the thread that calls md_forward
  * (the engine thread; pool workers only read the returned weights, between get and release):
- *   1. plan(layer, experts, n): once, with the layer's active experts (ascending, distinct),
- *      before any get of that layer. A source may start fetching all of them here. Optional.
- *   2. get(layer, e, out): once per active expert, in the order plan listed them. out's views
- *      must stay valid and unchanged until release(layer, e); all the layer's experts are
- *      held at once (up to min(n_expert, tokens * n_expert_used)). May block until the
- *      weights are resident. A negative return fails md_forward with that code, after the
- *      experts already got are released.
+ *   1. plan(layer, experts, n, order): once, with the layer's active experts (ascending,
+ *      distinct), before any get of that layer. order (n entries) arrives as the identity
+ *      0..n-1; the source may permute it: it is the order of the gets (indices into experts).
+ *      The return value n_ready (0..n) says that the first n_ready experts of order are
+ *      resident now (their gets will not block): the forward pass then computes those first,
+ *      as one wave, and only then gets the others, so a fetch started here overlaps that
+ *      compute. 0 or n: one wave. A source may start fetching every missing expert here.
+ *      A negative return fails md_forward with that code (nothing held). Optional (NULL:
+ *      identity order, one wave).
+ *   2. get(layer, e, out): once per active expert, in plan's order. out's views must stay
+ *      valid and unchanged until release(layer, e); all the layer's experts are held at once
+ *      (up to min(n_expert, tokens * n_expert_used)). May block until the weights are
+ *      resident. A negative return fails md_forward with that code, after the experts already
+ *      got are released.
  *   3. release(layer, e): once per successful get, after the layer's expert compute, in get
  *      order. The views are not used after it. Optional (NULL: views live as long as the
  *      source, which must outlive every forward context using it).
+ *   prefetch(layer, experts, n): optional. Where the source has it, the forward pass
+ *      predicts layer l+1's experts during layer l (pre-gating: layer l+1's router on layer
+ *      l's hidden state, engine/forward.c) and calls it once layer l's gets are done (before
+ *      its last wave runs) with the predicted experts (ascending, distinct). A hint: the source may start reading them;
+ *      nothing is held, and the next plan of that layer says what was used.
  * Weights of one layer's experts may differ in type; views of one expert must have gate and
  * up of the same shape (n_embd -> n_ff_exp) and down (n_ff_exp -> n_embd). */
 #ifndef MD_EXPERT_SRC_H
@@ -26,6 +38,7 @@
 
 #include <stdint.h>
 
+#include "engine/backend.h"
 #include "engine/kern/matmul.h"
 #include "engine/model.h"
 
@@ -34,16 +47,21 @@ struct md_expert_w {
 	struct md_mat gate; /* (n_embd -> n_ff_exp), data borrowed from the source */
 	struct md_mat up;   /* (n_embd -> n_ff_exp) */
 	struct md_mat down; /* (n_ff_exp -> n_embd) */
+	struct md_backend *dev; /* borrowed: NULL when the data is host memory; else device
+				 * memory of this backend, and the forward pass computes the
+				 * expert with dev->matmul (its copy fence has passed) */
 };
 
 struct md_expert_src;
 
 struct md_expert_src_ops {
 	const char *name; /* "mmap", for logs */
-	int (*plan)(struct md_expert_src *src, uint32_t layer, const int32_t *experts, int n);
+	int (*plan)(struct md_expert_src *src, uint32_t layer, const int32_t *experts, int n,
+		    int32_t *order);
 	int (*get)(struct md_expert_src *src, uint32_t layer, int32_t expert,
 		   struct md_expert_w *out);
 	void (*release)(struct md_expert_src *src, uint32_t layer, int32_t expert);
+	void (*prefetch)(struct md_expert_src *src, uint32_t layer, const int32_t *experts, int n);
 };
 
 /* Embed as the first member of an implementation's struct (the ops receive this pointer). */
@@ -51,16 +69,27 @@ struct md_expert_src {
 	const struct md_expert_src_ops *ops; /* borrowed: static */
 };
 
+/* order: n entries, filled with the identity before the source may permute it. Returns
+ * n_ready (0..n) or a negative code. */
 static inline int md_expert_src_plan(struct md_expert_src *s, uint32_t layer,
-				     const int32_t *experts, int n)
+				     const int32_t *experts, int n, int32_t *order)
 {
-	return s->ops->plan ? s->ops->plan(s, layer, experts, n) : 0;
+	for (int i = 0; i < n; i++)
+		order[i] = i;
+	return s->ops->plan ? s->ops->plan(s, layer, experts, n, order) : n;
 }
 
 static inline int md_expert_src_get(struct md_expert_src *s, uint32_t layer, int32_t expert,
 				    struct md_expert_w *out)
 {
 	return s->ops->get(s, layer, expert, out);
+}
+
+static inline void md_expert_src_prefetch(struct md_expert_src *s, uint32_t layer,
+					  const int32_t *experts, int n)
+{
+	if (s->ops->prefetch)
+		s->ops->prefetch(s, layer, experts, n);
 }
 
 static inline void md_expert_src_release(struct md_expert_src *s, uint32_t layer, int32_t expert)

@@ -16,7 +16,15 @@
  *       3. get the active experts' weights from the expert source (plan, then get each; the
  *          default source is the model's tensors, engine/expert_src.c) and run them: one grouped
  *          pass over the pool for gate/up, silu * up, one for down (per expert instead where
- *          the kernels can't take the weights); release them;
+ *          the kernels can't take the weights); release them. The source orders the gets and
+ *          may say that the first ones are resident: those run first, as one wave, while it
+ *          fetches the others, which run as a second wave. Each wave's experts are laid out
+ *          in get order (ex_off, ex_tok), and ex_pos maps the routing's slots to that layout;
+ *          with one wave in ascending order it is the routing's own layout. A source that
+ *          prefetches is told, once this layer's gets are done and before its last wave
+ *          runs, the experts layer l+1's router picks on this layer's input (pre-gating,
+ *          prefetch_next). Experts the source returns in
+ *          device memory (md_expert_w.dev) run one by one through that backend's matmul;
  *       4. scatter-add the weighted outputs back in slot order, plus the shared expert with
  *          its sigmoid gate where the architecture has one; residual add.
  *   Commit: each sequence's new length (md_kv_commit) once every layer ran; then the final
@@ -48,16 +56,21 @@ struct md_forward_ctx {
 	float *att;   /* (T, H*D) attention output before Wo */
 	float *tmp;   /* (T, N) sub-layer output */
 	struct md_router router; /* owned (MoE only): logits (T, E), routing of the current layer */
+	struct md_router pre_router; /* owned (MoE only): the next layer's predicted routing */
+	float *pre_x; /* (T, N) the residual stream normed with the next layer's FFN norm */
 	float *xe;    /* (T, N) gathered inputs of one expert */
 	float *ge;    /* (T * k, Fmax) gate activations, one row per routing slot */
 	float *ue;    /* (T * k, Fmax) up activations */
 	float *ye;    /* (T * k, N) expert outputs, one row per routing slot */
 	float *mm_scratch; /* per-thread dequantized rows */
 	void *ex_scratch;  /* quantized expert inputs (md_matmul_experts) */
-	struct md_expert_w *ex_got; /* (E) the current layer's active experts in active order; views
+	struct md_expert_w *ex_got; /* (E) the current layer's active experts in get order; views
 				     * borrowed from src between its get and release */
 	struct md_mat *ex_w; /* (3 * E) gate, up of the active experts, then their down */
-	int32_t *ex_off;     /* (E + 1) slot offsets of the active experts */
+	int32_t *ex_order;   /* (E) get order: indices into the routing's active list */
+	int32_t *ex_off;     /* (E + 1) slot offsets of the active experts, in get order */
+	int32_t *ex_tok;     /* (T * k) token of each slot of that layout */
+	int32_t *ex_pos;     /* (T * k) routing slot -> slot of that layout */
 	struct md_expert_src_map map_src; /* the default expert source */
 	struct md_expert_src *src;        /* borrowed: &map_src or the caller's (set_expert_src) */
 	md_forward_route_cb route_cb;     /* NULL: no observer */
@@ -88,6 +101,8 @@ void md_forward_free(struct md_forward_ctx *f)
 	free(f->att);
 	free(f->tmp);
 	md_router_release(&f->router);
+	md_router_release(&f->pre_router);
+	free(f->pre_x);
 	free(f->xe);
 	free(f->ge);
 	free(f->ue);
@@ -97,6 +112,9 @@ void md_forward_free(struct md_forward_ctx *f)
 	free(f->ex_got);
 	free(f->ex_w);
 	free(f->ex_off);
+	free(f->ex_order);
+	free(f->ex_tok);
+	free(f->ex_pos);
 	free(f->att_scratch);
 	free(f->rope_cs);
 	free(f);
@@ -145,12 +163,17 @@ struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, i
 	f->ye = xalloc(T * K * N * sizeof(float), &fail);
 	if (hp->n_expert) {
 		size_t in_ex = N > F ? N : F;
-		if (md_router_init(&f->router, hp, max_tokens))
+		if (md_router_init(&f->router, hp, max_tokens) ||
+		    md_router_init(&f->pre_router, hp, max_tokens))
 			fail = 1;
+		f->pre_x = xalloc(T * N * sizeof(float), &fail);
 		f->ex_scratch = xalloc(md_matmul_experts_scratch_bytes((int64_t)in_ex, (int)T, (int)(T * K)), &fail);
 		f->ex_got = xalloc(E * sizeof(struct md_expert_w), &fail);
 		f->ex_w = xalloc(3 * E * sizeof(struct md_mat), &fail);
 		f->ex_off = xalloc((E + 1) * sizeof(int32_t), &fail);
+		f->ex_order = xalloc(E * sizeof(int32_t), &fail);
+		f->ex_tok = xalloc(T * K * sizeof(int32_t), &fail);
+		f->ex_pos = xalloc(T * K * sizeof(int32_t), &fail);
 	}
 	f->mm_scratch = xalloc(md_matmul_scratch_floats(f->pool, (int64_t)in_max, max_tokens) * sizeof(float), &fail);
 	f->rope_cs = xalloc((size_t)hp->n_rot * sizeof(float), &fail);
@@ -378,66 +401,177 @@ static void glu_worker(void *ctx, int ith, int nth)
 		j->g[i] = silu(j->g[i]) * j->u[i];
 }
 
-/* Step 3 for every active expert at once: one pool pass for all gate/up rows (the normed
- * input quantized once for the layer), one for silu * up, one for all down rows. Fills f->ye
- * in slot order. Returns false (nothing done) where the kernels can't take the weights, or
- * the experts differ in type or shape; the per-expert loop runs then. */
-static bool moe_grouped(struct md_forward_ctx *f, const struct md_routing *r, int n)
+/* Step 3 for the experts of groups g0 .. g1-1 of the get-order layout at once: one pool pass
+ * for all their gate/up rows (the normed input quantized once), one for silu * up, one for
+ * all down rows. Fills their slots of f->ye. Returns false (nothing done) where the kernels
+ * can't take the weights, or the experts differ in type or shape; moe_each runs then. */
+static bool moe_grouped(struct md_forward_ctx *f, int n, int g0, int g1)
 {
-	const int E = r->n_expert, na = r->n_active;
-	const struct md_expert_w *x0 = &f->ex_got[0];
+	const int E = (int)f->m->hp.n_expert;
+	const struct md_expert_w *x0 = &f->ex_got[g0];
 	struct md_mat gu[2] = { x0->gate, x0->up };
 	if (!md_matmul_experts_ok(gu, 2) || !md_matmul_experts_ok(&x0->down, 1))
 		return false;
 	struct md_mat *wgu = f->ex_w, *wd = f->ex_w + 2 * E;
-	for (int i = 0; i < na; i++) {
-		const struct md_expert_w *x = &f->ex_got[i];
+	for (int g = g0; g < g1; g++) {
+		const struct md_expert_w *x = &f->ex_got[g];
 		if (x->gate.type != x0->gate.type || x->up.type != x0->up.type ||
 		    x->down.type != x0->down.type || x->gate.n_in != x0->gate.n_in ||
 		    x->gate.n_out != x0->gate.n_out || x->up.n_out != x0->up.n_out ||
 		    x->down.n_in != x0->down.n_in || x->down.n_out != x0->down.n_out)
 			return false;
-		wgu[2 * i] = x->gate;
-		wgu[2 * i + 1] = x->up;
-		wd[i] = x->down;
-		f->ex_off[i] = r->off[r->active[i]];
+		wgu[2 * (g - g0)] = x->gate;
+		wgu[2 * (g - g0) + 1] = x->up;
+		wd[g - g0] = x->down;
 	}
-	f->ex_off[na] = r->off[E];
-	const int rows = r->off[E];
+	const int base = f->ex_off[g0], rows = f->ex_off[g1] - base;
+	const size_t F = (size_t)x0->gate.n_out;
 	float *const ygu[2] = { f->ge, f->ue };
-	md_matmul_experts(f->pool, wgu, 2, na, f->ex_off, f->xn, n, r->tok, ygu, f->ex_scratch);
-	struct glu_job gj = { f->ge, f->ue, (size_t)rows, (size_t)x0->gate.n_out };
+	md_matmul_experts(f->pool, wgu, 2, g1 - g0, f->ex_off + g0, f->xn, n, f->ex_tok + base, ygu,
+			  f->ex_scratch);
+	struct glu_job gj = { f->ge + (size_t)base * F, f->ue + (size_t)base * F, (size_t)rows, F };
 	if (rows >= 16)
 		md_pool_run(f->pool, glu_worker, &gj);
 	else
 		glu_worker(&gj, 0, 1);
 	float *const yd[1] = { f->ye };
-	md_matmul_experts(f->pool, wd, 1, na, f->ex_off, f->ge, rows, NULL, yd, f->ex_scratch);
+	md_matmul_experts(f->pool, wd, 1, g1 - g0, f->ex_off + g0, f->ge + (size_t)base * F, rows,
+			  NULL, yd, f->ex_scratch);
 	return true;
 }
 
-/* Release the first n_got experts of the layer's active list. */
+/* Step 3 for groups g0 .. g1-1, one expert at a time (any weight types). */
+static void moe_each(struct md_forward_ctx *f, int g0, int g1)
+{
+	const int64_t N = f->m->hp.n_embd;
+	for (int g = g0; g < g1; g++) {
+		int32_t a = f->ex_off[g], m = f->ex_off[g + 1] - a;
+		for (int j = 0; j < m; j++)
+			memcpy(f->xe + (size_t)j * N, f->xn + (size_t)f->ex_tok[a + j] * N,
+			       (size_t)N * sizeof(float));
+		const struct md_expert_w *x = &f->ex_got[g];
+		swiglu(f, &x->gate, &x->up, &x->down, f->xe, m, f->ye + (size_t)a * N);
+	}
+}
+
+/* Step 3 for group g on the device that holds its weights: the gathered rows, gate and up,
+ * silu * up on the host, down, each product by the backend. Returns 0 or its error. */
+static int moe_dev(struct md_forward_ctx *f, int g)
+{
+	const int64_t N = f->m->hp.n_embd;
+	const struct md_expert_w *x = &f->ex_got[g];
+	struct md_backend *d = x->dev;
+	int32_t a = f->ex_off[g], m = f->ex_off[g + 1] - a;
+	for (int j = 0; j < m; j++)
+		memcpy(f->xe + (size_t)j * N, f->xn + (size_t)f->ex_tok[a + j] * N,
+		       (size_t)N * sizeof(float));
+	int rc = d->matmul(d, &x->gate, f->xe, m, f->ge);
+	if (!rc)
+		rc = d->matmul(d, &x->up, f->xe, m, f->ue);
+	if (rc)
+		return rc;
+	struct glu_job gj = { f->ge, f->ue, (size_t)m, (size_t)x->gate.n_out };
+	glu_worker(&gj, 0, 1);
+	return d->matmul(d, &x->down, f->ge, m, f->ye + (size_t)a * N);
+}
+
+/* Step 3 for groups g0 .. g1-1: device experts one by one, each run of host experts grouped
+ * (or one by one where the kernels can't group them). Returns 0 or a device error. */
+static int moe_wave(struct md_forward_ctx *f, int n, int g0, int g1)
+{
+	for (int g = g0; g < g1;) {
+		if (f->ex_got[g].dev) {
+			int rc = moe_dev(f, g++);
+			if (rc)
+				return rc;
+			continue;
+		}
+		int h = g;
+		while (h < g1 && !f->ex_got[h].dev)
+			h++;
+		if (!moe_grouped(f, n, g, h))
+			moe_each(f, g, h);
+		g = h;
+	}
+	return 0;
+}
+
+/* Release the first n_got experts of the get order. */
 static void experts_release(struct md_forward_ctx *f, uint32_t il, const struct md_routing *r,
 			    int n_got)
 {
 	for (int i = 0; i < n_got; i++)
-		md_expert_src_release(f->src, il, r->active[i]);
+		md_expert_src_release(f->src, il, r->active[f->ex_order[i]]);
 }
 
-/* Step 3's fetch: plan the layer's active experts, then get each into f->ex_got (active
- * order). Returns 0, or the source's error with nothing held. */
-static int experts_get(struct md_forward_ctx *f, uint32_t il, const struct md_routing *r)
+/* The get-order layout (see the header comment) from f->ex_order. */
+static void experts_layout(struct md_forward_ctx *f, const struct md_routing *r)
 {
-	int rc = md_expert_src_plan(f->src, il, r->active, r->n_active);
-	if (rc)
-		return rc;
-	for (int i = 0; i < r->n_active; i++) {
-		rc = md_expert_src_get(f->src, il, r->active[i], &f->ex_got[i]);
-		if (rc) {
-			experts_release(f, il, r, i);
-			return rc;
+	int32_t p = 0;
+	for (int g = 0; g < r->n_active; g++) {
+		int32_t e = r->active[f->ex_order[g]];
+		f->ex_off[g] = p;
+		for (int32_t s = r->off[e]; s < r->off[e + 1]; s++, p++) {
+			f->ex_tok[p] = r->tok[s];
+			f->ex_pos[s] = p;
 		}
 	}
+	f->ex_off[r->n_active] = p;
+}
+
+/* Pre-gating, for sources that prefetch: layer il+1's router applied to the residual stream
+ * entering layer il's FFN (normed with layer il+1's FFN norm, as if layer il+1's attention and
+ * layer il's FFN changed little) predicts layer il+1's experts; the source may read them while
+ * layer il computes. The cost is one router matmul: n * n_embd * n_expert. */
+static void prefetch_next(struct md_forward_ctx *f, uint32_t il, int n)
+{
+	const struct md_hparams *hp = &f->m->hp;
+	if (!f->src->ops->prefetch || il + 1 >= hp->n_layer)
+		return;
+	const struct md_layer *L = &f->m->layers[il + 1];
+	const int64_t N = hp->n_embd;
+	for (int t = 0; t < n; t++)
+		rmsnorm(f->pre_x + (size_t)t * N, f->x + (size_t)t * N, L->ffn_norm->data, N,
+			hp->rms_eps);
+	struct md_mat wr = md_mat_of(L->gate_inp, 0);
+	md_matmul(f->pool, &wr, f->pre_x, n, f->pre_router.logits, f->mm_scratch);
+	const struct md_routing *p = md_router_route(&f->pre_router, n);
+	md_expert_src_prefetch(f->src, il + 1, p->active, p->n_active);
+}
+
+/* Step 3: plan, then per wave get its experts and run them; before the last wave runs (every
+ * get done, so no read of this layer waits behind a guess) predict the next layer for a
+ * prefetching source. Release all. Returns 0, or the source's error with nothing held. */
+static int moe_experts(struct md_forward_ctx *f, uint32_t il, const struct md_routing *r, int n)
+{
+	const int na = r->n_active;
+	int n_ready = md_expert_src_plan(f->src, il, r->active, na, f->ex_order);
+	if (n_ready < 0)
+		return n_ready;
+	if (n_ready == 0 || n_ready > na)
+		n_ready = na;
+	experts_layout(f, r);
+	int got = 0;
+	for (int g0 = 0; g0 < na;) {
+		int g1 = g0 == 0 ? n_ready : na;
+		for (; got < g1; got++) {
+			int rc = md_expert_src_get(f->src, il, r->active[f->ex_order[got]],
+						   &f->ex_got[got]);
+			if (rc) {
+				experts_release(f, il, r, got);
+				return rc;
+			}
+		}
+		if (g1 == na) /* every read of this layer done: the readers are free to guess */
+			prefetch_next(f, il, n);
+		int rc = moe_wave(f, n, g0, g1);
+		if (rc) {
+			experts_release(f, il, r, got);
+			return rc;
+		}
+		g0 = g1;
+	}
+	experts_release(f, il, r, na);
 	return 0;
 }
 
@@ -457,28 +591,17 @@ static int moe(struct md_forward_ctx *f, int n, uint32_t il)
 		f->route_cb(f->route_ud, il, r);
 
 	/* 3. Get the active experts' weights and run each once over all its tokens. */
-	int rc = experts_get(f, il, r);
+	int rc = moe_experts(f, il, r, n);
 	if (rc)
 		return rc;
-	if (!moe_grouped(f, r, n)) {
-		for (int i = 0; i < r->n_active; i++) {
-			int32_t a = r->off[r->active[i]], z = r->off[r->active[i] + 1];
-			int m = z - a;
-			for (int j = 0; j < m; j++)
-				memcpy(f->xe + (size_t)j * N, f->xn + (size_t)r->tok[a + j] * N,
-				       (size_t)N * sizeof(float));
-			const struct md_expert_w *x = &f->ex_got[i];
-			swiglu(f, &x->gate, &x->up, &x->down, f->xe, m, f->ye + (size_t)a * N);
-		}
-	}
-	experts_release(f, il, r, r->n_active);
 
-	/* 4. Scatter-add in slot order (the same sums whichever path computed the experts). */
+	/* 4. Scatter-add in routing slot order (the same sums whichever path or wave computed
+	 * the experts). */
 	memset(f->tmp, 0, (size_t)n * N * sizeof(float));
 	for (int s = 0; s < r->off[r->n_expert]; s++) {
 		float w = r->tok_w[s];
 		float *dst = f->tmp + (size_t)r->tok[s] * N;
-		const float *src = f->ye + (size_t)s * N;
+		const float *src = f->ye + (size_t)f->ex_pos[s] * N;
 		for (int64_t j = 0; j < N; j++)
 			dst[j] += w * src[j];
 	}

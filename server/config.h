@@ -37,6 +37,11 @@ struct md_config {
 	int64_t prefix_cache;       /* 0 or 1 */
 	char *trace_routing;        /* owned; "" = no routing trace */
 	int64_t expert_batching;    /* 1 on, 0 off */
+	double expert_cache_mb;     /* 0 auto, -1 never, > 0 MiB */
+	int64_t device_expert_mb;
+	char *expert_policy;        /* owned */
+	int64_t expert_prefetch;    /* 0 or 1 */
+	char *state_dir;            /* owned; "" = none */
 	/* [log] */
 	char *log_level;            /* owned */
 	char *log_format;           /* owned */

@@ -273,6 +273,11 @@ int main(int argc, char **argv)
 		.status_cb = on_load_status,
 		.trace_routing = a->cfg.trace_routing,
 		.expert_batching = a->cfg.expert_batching != 0,
+		.expert_cache_mb = a->cfg.expert_cache_mb,
+		.device_expert_mb = a->cfg.device_expert_mb,
+		.expert_policy = a->cfg.expert_policy,
+		.no_expert_prefetch = !a->cfg.expert_prefetch,
+		.state_dir = a->cfg.state_dir[0] ? a->cfg.state_dir : NULL,
 	};
 	struct md_http_limits lim = {
 		.max_connections = (size_t)a->cfg.max_connections,

@@ -154,6 +154,47 @@ static double kv_usage(const struct md_metrics_src *src)
 	return e->kv_blocks_total ? (double)e->kv_blocks_used / e->kv_blocks_total : 0.0;
 }
 
+/* ---- the expert store (md_engine_stats.experts_*): per tier, host only so far ---- */
+
+#define TIER_FAM(fn, metric, expr, fmt)                                                        \
+	static void fn(struct sbuf *b, const struct md_metrics_src *src, const char *lab)      \
+	{                                                                                      \
+		const struct md_engine_stats *e = src->engine;                                 \
+		if (e->experts_store)                                                          \
+			sb_printf(b, metric "{%s,tier=\"host\"} " fmt "\n", lab, expr);       \
+	}
+TIER_FAM(fam_ex_hits, "moed:expert_hits_total", (unsigned long long)e->experts_hits, "%llu")
+TIER_FAM(fam_ex_misses, "moed:expert_misses_total", (unsigned long long)e->experts_misses,
+	 "%llu")
+TIER_FAM(fam_ex_bytes, "moed:expert_read_bytes_total",
+	 (unsigned long long)e->experts_bytes_read, "%llu")
+TIER_FAM(fam_ex_errors, "moed:expert_read_errors_total",
+	 (unsigned long long)e->experts_read_errors, "%llu")
+TIER_FAM(fam_ex_evict, "moed:expert_evictions_total", (unsigned long long)e->experts_evictions,
+	 "%llu")
+TIER_FAM(fam_ex_stall, "moed:expert_stall_seconds_total", e->experts_stall_s, "%.6f")
+TIER_FAM(fam_ex_resident, "moed:expert_resident", (unsigned)e->experts_resident, "%u")
+TIER_FAM(fam_ex_cache, "moed:expert_cache_bytes", (unsigned long long)e->experts_cache_bytes,
+	 "%llu")
+
+static double ex_store(const struct md_metrics_src *src)
+{
+	return src->engine->experts_store ? 1.0 : 0.0;
+}
+
+static double ex_distinct(const struct md_metrics_src *src)
+{
+	const struct md_engine_stats *e = src->engine;
+	return e->experts_steps ? (double)e->experts_step_distinct / e->experts_steps : 0.0;
+}
+
+static double ex_accuracy(const struct md_metrics_src *src)
+{
+	const struct md_engine_stats *e = src->engine;
+	return e->experts_predicted_total
+		? (double)e->experts_predicted_used / e->experts_predicted_total : 0.0;
+}
+
 static const struct row registry[] = {
 	FAMILY("moed:http_requests_total", "counter", "HTTP responses by status code.",
 	       fam_http_codes),
@@ -200,6 +241,36 @@ static const struct row registry[] = {
 	COUNTER("moed:expert_batching_selections_total", "Steps whose decoding sequences were "
 		"chosen by shared experts (expert-batching).", SRC_ENGINE, ENG, expert_selections,
 		V_U64),
+	DERIVED("moed:expert_store", "1 when routed experts go through the expert store.",
+		ex_store),
+	FAMILY("moed:expert_hits_total", "counter", "Experts a layer used that were resident "
+	       "or already being read.", fam_ex_hits),
+	FAMILY("moed:expert_misses_total", "counter", "Experts read on demand.", fam_ex_misses),
+	FAMILY("moed:expert_read_bytes_total", "counter", "Bytes of experts read from the file.",
+	       fam_ex_bytes),
+	FAMILY("moed:expert_read_errors_total", "counter", "Expert reads that failed (their "
+	       "requests got an error).", fam_ex_errors),
+	FAMILY("moed:expert_evictions_total", "counter", "Experts evicted from the cache.",
+	       fam_ex_evict),
+	FAMILY("moed:expert_stall_seconds_total", "counter", "Time the forward pass waited for "
+	       "expert reads.", fam_ex_stall),
+	FAMILY("moed:expert_resident", "gauge", "Experts resident (or being read) in the cache.",
+	       fam_ex_resident),
+	FAMILY("moed:expert_cache_bytes", "gauge", "Bytes of the expert cache.", fam_ex_cache),
+	COUNTER("moed:expert_prefetch_issued_total", "Expert reads started by the prefetcher.",
+		SRC_ENGINE, ENG, experts_prefetch_issued, V_U64),
+	COUNTER("moed:expert_prefetch_used_total", "Prefetched experts a layer then used.",
+		SRC_ENGINE, ENG, experts_prefetch_used, V_U64),
+	COUNTER("moed:expert_prefetch_wasted_bytes_total", "Bytes of prefetched experts evicted "
+		"unused.", SRC_ENGINE, ENG, experts_prefetch_wasted_bytes, V_U64),
+	COUNTER("moed:expert_predicted_used_total", "Experts used that the prediction for their "
+		"layer named.", SRC_ENGINE, ENG, experts_predicted_used, V_U64),
+	COUNTER("moed:expert_predicted_total", "Experts used by layers that had a prediction.",
+		SRC_ENGINE, ENG, experts_predicted_total, V_U64),
+	DERIVED("moed:expert_prefetch_accuracy", "Predicted and used over used, since start.",
+		ex_accuracy),
+	DERIVED("moed:expert_distinct_per_step", "Distinct experts a step used, mean since start.",
+		ex_distinct),
 	GAUGE("moed:http_connections", "Open client connections.", SRC_SERVER, SRV, connections,
 	      V_SIZE),
 	GAUGE("moed:http_requests_in_flight", "Requests being handled.", SRC_SERVER, SRV, busy,

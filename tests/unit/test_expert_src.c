@@ -31,6 +31,7 @@ struct copy_src {
 	int n_planned[MAX_L], next_get[MAX_L];
 	int n_plan, n_get, n_release, n_held, protocol_errors;
 	int fail_layer, fail_nth; /* -1: never */
+	bool waves; /* plan reverses the order and calls the first half ready: two waves */
 };
 
 static size_t mat_bytes(const struct md_mat *m)
@@ -48,7 +49,8 @@ static void *dup_mat(struct md_mat *m)
 	return p;
 }
 
-static int copy_plan(struct md_expert_src *s, uint32_t layer, const int32_t *experts, int n)
+static int copy_plan(struct md_expert_src *s, uint32_t layer, const int32_t *experts, int n,
+		     int32_t *order)
 {
 	struct copy_src *c = (struct copy_src *)s;
 	c->n_plan++;
@@ -56,10 +58,16 @@ static int copy_plan(struct md_expert_src *s, uint32_t layer, const int32_t *exp
 		c->protocol_errors++;
 		return -EINVAL;
 	}
-	memcpy(c->planned[layer], experts, (size_t)n * sizeof(int32_t));
+	for (int i = 0; i < n; i++) {
+		if (order[i] != i) /* arrives as the identity */
+			c->protocol_errors++;
+		if (c->waves)
+			order[i] = n - 1 - i;
+		c->planned[layer][i] = experts[order[i]];
+	}
 	c->n_planned[layer] = n;
 	c->next_get[layer] = 0;
-	return 0;
+	return c->waves ? n / 2 : 0;
 }
 
 static int copy_get(struct md_expert_src *s, uint32_t layer, int32_t e, struct md_expert_w *out)
@@ -218,13 +226,23 @@ static void test_model(const char *moed_gguf, const char *type)
 	CHECK_EQ_I(c.n_plan, 4 * (int)hp->n_layer); /* 4 passes, once per layer each */
 	CHECK_EQ_I(c.n_release, c.n_get);
 	CHECK_EQ_I(seen.calls, 4 * (int)hp->n_layer);
-	/* The last pass (one token): the observer saw k experts, the source was asked for them. */
+	/* The last pass (one token): the observer saw k experts, the source was asked for them
+	 * (in the identity order: the copying source keeps it). */
 	for (uint32_t l = 0; l < hp->n_layer; l++) {
 		CHECK_EQ_I(seen.n_tokens[l], 1);
 		CHECK_EQ_I(seen.n_active[l], (int)hp->n_expert_used);
 		CHECK_EQ_I(c.n_planned[l], seen.n_active[l]);
 		CHECK(memcmp(c.planned[l], seen.active[l], (size_t)seen.n_active[l] * sizeof(int32_t)) == 0);
 	}
+
+	/* Gets in reversed order, the first half as a wave of its own: the same logits. */
+	c.waves = true;
+	memset(got, 0, ROWS * w.V * sizeof(float));
+	CHECK_EQ_I(run(&w, tok, N, got), ROWS);
+	CHECK(memcmp(got, ref, ROWS * w.V * sizeof(float)) == 0);
+	CHECK_EQ_I(c.protocol_errors, 0);
+	CHECK_EQ_I(c.n_held, 0);
+	c.waves = false;
 
 	/* A get that fails in layer 1: md_forward returns its code, holds nothing, commits
 	 * nothing; the next pass with a working source gives the reference again. */
@@ -287,7 +305,10 @@ static void test_map_bounds(const char *moed_gguf)
 	CHECK_EQ_I(md_expert_src_get(&s.base, 2, 0, &w), -EINVAL);
 	CHECK_EQ_I(md_expert_src_get(&s.base, 0, 4, &w), -EINVAL);
 	CHECK_EQ_I(md_expert_src_get(&s.base, 0, -1, &w), -EINVAL);
-	CHECK_EQ_I(md_expert_src_plan(&s.base, 0, NULL, 0), 0); /* no plan op: fine */
+	int32_t order[3] = { 7, 7, 7 };
+	const int32_t ex[3] = { 0, 2, 3 };
+	CHECK_EQ_I(md_expert_src_plan(&s.base, 0, ex, 3, order), 3); /* no plan op: all ready */
+	CHECK(order[0] == 0 && order[1] == 1 && order[2] == 2);
 	md_expert_src_release(&s.base, 1, 3);                  /* no release op: fine */
 	md_model_free(&m);
 	gen_model_cleanup(dir, path);

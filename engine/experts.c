@@ -1,0 +1,1057 @@
+/* The expert store: a host-RAM cache of routed experts read from the GGUF file (experts.h). */
+#include "engine/experts.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+
+/* Offsets, lengths and buffers of O_DIRECT reads are multiples of this (the page size covers
+ * every logical block size Linux filesystems use). */
+#define ALIGN 4096u
+#define MAX_IO_THREADS 16
+
+enum slot_state { SLOT_FREE, SLOT_LOADING, SLOT_READY, SLOT_FAILED };
+enum slot_queue { Q_NONE, Q_DEMAND, Q_PREFETCH };
+
+struct slot {
+	uint8_t *buf;     /* borrowed: slot_bytes of the arena */
+	int32_t unit;     /* engine thread: the unit held, -1 when free */
+	int32_t refs;     /* engine thread: pinned by plan or got, not yet released */
+	bool pinned;      /* engine thread: pinned by the current plan, not yet got */
+	bool prefetched;  /* engine thread: read by prefetch(), not planned since */
+	/* under mu */
+	uint8_t state;    /* enum slot_state */
+	uint8_t queue;    /* enum slot_queue */
+	int32_t next;     /* next slot in its queue, or in the free list (engine thread) */
+	int err;          /* SLOT_FAILED: the read's error */
+	uint64_t up_fence; /* engine thread: a copy to the device reads this slot until then */
+};
+
+/* A device slot (engine thread only). */
+struct dslot {
+	int32_t unit;     /* -1 when free */
+	int32_t refs;     /* pinned by plan or got, not yet released */
+	bool pinned;
+	uint64_t fence;   /* the copy that fills it; usable once passed */
+	int32_t next;     /* free list */
+};
+
+/* Where a unit's three matrices lie in the file and how they look. */
+struct unit_src {
+	struct md_mat m[3]; /* gate, up, down; data unused */
+	uint64_t off[3];    /* file offsets */
+};
+
+struct md_expert_store {
+	struct md_expert_src base; /* first: the ops table */
+	const struct md_model *m;  /* borrowed: outlives the store */
+	uint32_t n_layer, n_expert, n_units;
+	struct unit_src *units;    /* owned (n_units) */
+	size_t slot_bytes;
+	size_t part_off[3];        /* offset of each matrix's span in a slot */
+	uint32_t n_slots;
+	struct slot *slots;        /* owned (n_slots) */
+	uint8_t *arena;            /* owned: mmap of n_slots * slot_bytes */
+	int32_t *unit_slot;        /* owned (n_units): slot of each unit, -1 */
+	struct md_epol *pol;       /* owned */
+	int32_t free_head;         /* engine thread: free slots */
+	uint64_t now;              /* engine thread: policy time, one tick per plan */
+	int32_t *plan_units;       /* owned (n_expert): units pinned by the current plan */
+	int n_plan;
+	int32_t last_layer;        /* engine thread: layer of the last plan, -1 */
+	uint8_t *step_seen;        /* owned (n_units): used in the current step */
+	uint32_t step_distinct;
+	uint8_t *predicted;        /* owned (n_units): named by the layer's last prediction */
+	uint8_t *has_pred;         /* owned (n_layer) */
+	uint64_t *last_use;        /* owned (n_units): policy time of the last plan naming it */
+
+	struct md_backend *dev;    /* borrowed: NULL without a device tier */
+	uint32_t n_dev;
+	uint8_t *dev_arena;        /* owned (dev->alloc): n_dev * slot_bytes of device memory */
+	struct dslot *dslots;      /* owned (n_dev) */
+	int32_t *unit_dev;         /* owned (n_units): device slot of each unit, -1 */
+	uint8_t *got_dev;          /* owned (n_units): the current get returned device views */
+	struct md_epol *dpol;      /* owned: the device tier's policy */
+	int32_t dev_free;
+
+	int fd_direct;             /* owned, -1 when O_DIRECT is refused */
+	int fd_buf;                /* owned: buffered reads */
+	_Atomic bool direct;       /* reads use fd_direct */
+	char path[4096];
+
+	pthread_mutex_t mu;
+	pthread_cond_t job_cv;     /* readers wait for jobs */
+	pthread_cond_t done_cv;    /* the engine thread waits for loads */
+	int32_t q_head[3], q_tail[3]; /* under mu: demand and prefetch queues of slots */
+	bool stop;                 /* under mu */
+	pthread_t io[MAX_IO_THREADS];
+	int n_io;
+
+	_Atomic uint64_t hits, misses, bytes_read, read_errors, evictions, stall_ns;
+	_Atomic uint64_t pf_issued, pf_used, pf_wasted, pred_used, pred_total;
+	_Atomic uint64_t steps, step_experts;
+	_Atomic uint32_t last_step_experts, n_resident;
+	_Atomic uint64_t dev_hits, dev_uploads, dev_evictions;
+	_Atomic uint32_t dev_resident;
+};
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t align_down(uint64_t x)
+{
+	return x & ~(uint64_t)(ALIGN - 1);
+}
+
+static uint64_t align_up(uint64_t x)
+{
+	return (x + ALIGN - 1) & ~(uint64_t)(ALIGN - 1);
+}
+
+static size_t mat_bytes(const struct md_mat *m)
+{
+	return m->nb1 * (size_t)m->n_out;
+}
+
+/* Bytes a read of the range (off, len) covers once widened to the alignment. */
+static size_t span_of(uint64_t off, size_t len)
+{
+	return (size_t)(align_up(off + len) - align_down(off));
+}
+
+/* ---- layout ---- */
+
+static const struct md_tensor *part_tensor(const struct md_layer *L, int p)
+{
+	return p == 0 ? L->gate_exps : p == 1 ? L->up_exps : L->down_exps;
+}
+
+/* Largest span of each part over all units; 0 when the model has no routed experts. */
+static bool part_spans(const struct md_model *m, size_t span[3])
+{
+	const struct md_hparams *hp = &m->hp;
+	span[0] = span[1] = span[2] = 0;
+	if (!hp->n_expert)
+		return false;
+	for (uint32_t l = 0; l < hp->n_layer; l++)
+		for (int p = 0; p < 3; p++) {
+			const struct md_tensor *t = part_tensor(&m->layers[l], p);
+			if (!t)
+				return false;
+			for (uint32_t e = 0; e < hp->n_expert; e++) {
+				struct md_mat x = md_mat_of(t, e);
+				size_t sp = span_of((uint64_t)((const uint8_t *)x.data - m->gguf.base),
+						    mat_bytes(&x));
+				if (sp > span[p])
+					span[p] = sp;
+			}
+		}
+	return true;
+}
+
+size_t md_expert_store_slot_bytes(const struct md_model *m)
+{
+	size_t span[3];
+	if (!part_spans(m, span))
+		return 0;
+	return span[0] + span[1] + span[2];
+}
+
+uint64_t md_expert_store_expert_bytes(const struct md_model *m)
+{
+	uint64_t sum = 0;
+	if (!m->hp.n_expert)
+		return 0;
+	for (uint32_t l = 0; l < m->hp.n_layer; l++)
+		for (int p = 0; p < 3; p++) {
+			const struct md_tensor *t = part_tensor(&m->layers[l], p);
+			if (t) {
+				struct md_mat x = md_mat_of(t, 0);
+				sum += (uint64_t)mat_bytes(&x) * m->hp.n_expert;
+			}
+		}
+	return sum;
+}
+
+static uint32_t max_active(const struct md_model *m, int max_tokens)
+{
+	uint64_t k = (uint64_t)(max_tokens > 0 ? max_tokens : 1) * m->hp.n_expert_used;
+	return k < m->hp.n_expert ? (uint32_t)k : m->hp.n_expert;
+}
+
+size_t md_expert_store_min_bytes(const struct md_model *m, int max_tokens)
+{
+	return md_expert_store_slot_bytes(m) * max_active(m, max_tokens);
+}
+
+/* ---- readers ---- */
+
+/* Read [off, off + need) of the file into buf, reading span bytes from the aligned off
+ * (the file may end before off + span). 0, -EIO for a file that ends early, or -errno. */
+static int read_range(int fd, uint8_t *buf, size_t span, uint64_t off, size_t need)
+{
+	size_t got = 0;
+	while (got < need) {
+		ssize_t r = pread(fd, buf + got, span - got, (off_t)(off + got));
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			return got ? -EIO : -errno; /* an unaligned retry after a short read: EOF */
+		if (r == 0)
+			return -EIO;
+		got += (size_t)r;
+	}
+	return 0;
+}
+
+/* Read unit u into buf. Returns 0 or a negative code. */
+static int read_unit(struct md_expert_store *s, uint32_t u, uint8_t *buf)
+{
+	const struct unit_src *us = &s->units[u];
+	for (int p = 0; p < 3; p++) {
+		uint64_t a = align_down(us->off[p]);
+		size_t need = (size_t)(us->off[p] - a) + mat_bytes(&us->m[p]);
+		size_t span = span_of(us->off[p], mat_bytes(&us->m[p]));
+		int rc = -EINVAL;
+		if (atomic_load(&s->direct)) {
+			rc = read_range(s->fd_direct, buf + s->part_off[p], span, a, need);
+			if (rc == -EINVAL && atomic_exchange(&s->direct, false))
+				md_log(MD_LOG_WARN, "expert store: O_DIRECT reads of '%s' refused; "
+				       "reading through the page cache", s->path);
+		}
+		if (!atomic_load(&s->direct) && rc == -EINVAL) {
+			rc = read_range(s->fd_buf, buf + s->part_off[p], span, a, need);
+			/* The slot is the copy we keep: drop the page cache's. */
+			posix_fadvise(s->fd_buf, (off_t)a, (off_t)span, POSIX_FADV_DONTNEED);
+		}
+		if (rc)
+			return rc;
+		atomic_fetch_add(&s->bytes_read, span);
+	}
+	return 0;
+}
+
+static void q_push(struct md_expert_store *s, int q, int32_t sl, bool front)
+{
+	struct slot *x = &s->slots[sl];
+	x->queue = (uint8_t)q;
+	x->next = -1;
+	if (s->q_head[q] < 0) {
+		s->q_head[q] = s->q_tail[q] = sl;
+	} else if (front) {
+		x->next = s->q_head[q];
+		s->q_head[q] = sl;
+	} else {
+		s->slots[s->q_tail[q]].next = sl;
+		s->q_tail[q] = sl;
+	}
+}
+
+static int32_t q_pop(struct md_expert_store *s, int q)
+{
+	int32_t sl = s->q_head[q];
+	if (sl < 0)
+		return -1;
+	s->q_head[q] = s->slots[sl].next;
+	if (s->q_head[q] < 0)
+		s->q_tail[q] = -1;
+	s->slots[sl].queue = Q_NONE;
+	return sl;
+}
+
+static void q_remove(struct md_expert_store *s, int q, int32_t sl)
+{
+	int32_t prev = -1;
+	for (int32_t i = s->q_head[q]; i >= 0; prev = i, i = s->slots[i].next) {
+		if (i != sl)
+			continue;
+		if (prev < 0)
+			s->q_head[q] = s->slots[i].next;
+		else
+			s->slots[prev].next = s->slots[i].next;
+		if (s->q_tail[q] == sl)
+			s->q_tail[q] = prev;
+		s->slots[sl].queue = Q_NONE;
+		return;
+	}
+}
+
+static void *io_main(void *arg)
+{
+	struct md_expert_store *s = arg;
+	sigset_t all;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, NULL);
+	pthread_mutex_lock(&s->mu);
+	for (;;) {
+		while (!s->stop && s->q_head[Q_DEMAND] < 0 && s->q_head[Q_PREFETCH] < 0)
+			pthread_cond_wait(&s->job_cv, &s->mu);
+		if (s->stop)
+			break;
+		int32_t sl = q_pop(s, Q_DEMAND);
+		if (sl < 0)
+			sl = q_pop(s, Q_PREFETCH);
+		/* unit and buf do not change while the slot is LOADING (it is not evictable). */
+		uint32_t u = (uint32_t)s->slots[sl].unit;
+		uint8_t *buf = s->slots[sl].buf;
+		pthread_mutex_unlock(&s->mu);
+		int rc = read_unit(s, u, buf);
+		pthread_mutex_lock(&s->mu);
+		s->slots[sl].state = rc ? SLOT_FAILED : SLOT_READY;
+		s->slots[sl].err = rc;
+		pthread_cond_broadcast(&s->done_cv);
+	}
+	pthread_mutex_unlock(&s->mu);
+	return NULL;
+}
+
+/* ---- slots (engine thread) ---- */
+
+/* Policy predicate, called with mu held: neither pinned, held nor being read. */
+static bool evictable(void *arg, uint32_t unit)
+{
+	struct md_expert_store *s = arg;
+	int32_t sl = s->unit_slot[unit];
+	if (sl < 0 || s->slots[sl].refs != 0 || s->slots[sl].state == SLOT_LOADING)
+		return false;
+	if (s->slots[sl].up_fence && s->dev->fence_done(s->dev, s->slots[sl].up_fence) != 1)
+		return false;
+	s->slots[sl].up_fence = 0;
+	return true;
+}
+
+/* Unmap unit u from its slot (not loading, not referenced) and put the slot on the free
+ * list. */
+static void drop_unit(struct md_expert_store *s, uint32_t u, bool evicted)
+{
+	int32_t sl = s->unit_slot[u];
+	struct slot *x = &s->slots[sl];
+	if (x->prefetched && evicted) {
+		const struct unit_src *us = &s->units[u];
+		for (int p = 0; p < 3; p++)
+			atomic_fetch_add(&s->pf_wasted, span_of(us->off[p], mat_bytes(&us->m[p])));
+	}
+	s->unit_slot[u] = -1;
+	md_epol_remove(s->pol, u);
+	x->unit = -1;
+	x->prefetched = false;
+	x->pinned = false;
+	x->state = SLOT_FREE; /* not loading: no reader looks at it */
+	x->next = s->free_head;
+	s->free_head = sl;
+	atomic_fetch_sub(&s->n_resident, 1);
+	if (evicted)
+		atomic_fetch_add(&s->evictions, 1);
+}
+
+/* A free slot, evicting the policy's victim if needed; with wait, waits for reads in flight
+ * to end when every slot is busy. -1 when none can be had. */
+static int32_t take_slot(struct md_expert_store *s, bool wait)
+{
+	for (;;) {
+		if (s->free_head >= 0) {
+			int32_t sl = s->free_head;
+			s->free_head = s->slots[sl].next;
+			return sl;
+		}
+		pthread_mutex_lock(&s->mu);
+		int64_t v = md_epol_victim(s->pol, evictable, s, s->now);
+		bool loading = false;
+		uint64_t fence = 0; /* a copy to the device that holds a slot */
+		if (v < 0 && wait)
+			for (uint32_t i = 0; i < s->n_slots && !loading; i++) {
+				loading = s->slots[i].state == SLOT_LOADING;
+				if (s->slots[i].refs == 0 && s->slots[i].up_fence)
+					fence = s->slots[i].up_fence;
+			}
+		if (v < 0 && loading)
+			pthread_cond_wait(&s->done_cv, &s->mu);
+		pthread_mutex_unlock(&s->mu);
+		if (v >= 0)
+			drop_unit(s, (uint32_t)v, true);
+		else if (!loading && (!fence || s->dev->fence_wait(s->dev, fence)))
+			return -1; /* nothing will free up (or the device failed) */
+	}
+}
+
+/* Map unit u to a free slot and queue its read. Returns the slot or -1 (no slot). */
+static int32_t start_read(struct md_expert_store *s, uint32_t u, int q, bool wait)
+{
+	int32_t sl = take_slot(s, wait);
+	if (sl < 0)
+		return -1;
+	struct slot *x = &s->slots[sl];
+	x->unit = (int32_t)u;
+	x->refs = 0;
+	x->pinned = false;
+	x->up_fence = 0;
+	x->prefetched = q == Q_PREFETCH;
+	s->unit_slot[u] = sl;
+	md_epol_insert(s->pol, u, s->now);
+	atomic_fetch_add(&s->n_resident, 1);
+	pthread_mutex_lock(&s->mu);
+	x->state = SLOT_LOADING;
+	x->err = 0;
+	q_push(s, q, sl, false);
+	pthread_cond_signal(&s->job_cv);
+	pthread_mutex_unlock(&s->mu);
+	return sl;
+}
+
+static void pin(struct md_expert_store *s, int32_t sl)
+{
+	s->slots[sl].refs++;
+	s->slots[sl].pinned = true;
+}
+
+/* Close the step that ended (its distinct experts) when a plan starts a new one. */
+static void step_mark(struct md_expert_store *s, uint32_t layer, const int32_t *experts, int n)
+{
+	if ((int32_t)layer <= s->last_layer) {
+		atomic_fetch_add(&s->steps, 1);
+		atomic_fetch_add(&s->step_experts, s->step_distinct);
+		atomic_store(&s->last_step_experts, s->step_distinct);
+		memset(s->step_seen, 0, s->n_units);
+		s->step_distinct = 0;
+	}
+	s->last_layer = (int32_t)layer;
+	for (int i = 0; i < n; i++) {
+		uint32_t u = layer * s->n_expert + (uint32_t)experts[i];
+		if (!s->step_seen[u]) {
+			s->step_seen[u] = 1;
+			s->step_distinct++;
+		}
+	}
+}
+
+/* ---- the device tier (engine thread) ---- */
+
+static bool dev_evictable(void *arg, uint32_t unit)
+{
+	struct md_expert_store *s = arg;
+	int32_t ds = s->unit_dev[unit];
+	return ds >= 0 && s->dslots[ds].refs == 0 &&
+	       s->dev->fence_done(s->dev, s->dslots[ds].fence) == 1;
+}
+
+/* Copy unit u, resident in host slot sl, up to a free or evictable device slot; nothing when
+ * none can be had or the copy cannot be queued (the expert keeps running on the host). */
+static void promote(struct md_expert_store *s, uint32_t u, int32_t sl)
+{
+	int32_t ds = s->dev_free;
+	if (ds >= 0) {
+		s->dev_free = s->dslots[ds].next;
+	} else {
+		int64_t v = md_epol_victim(s->dpol, dev_evictable, s, s->now);
+		if (v < 0)
+			return;
+		ds = s->unit_dev[v];
+		s->unit_dev[v] = -1;
+		md_epol_remove(s->dpol, (uint32_t)v);
+		atomic_fetch_add(&s->dev_evictions, 1);
+		atomic_fetch_sub(&s->dev_resident, 1);
+	}
+	struct dslot *d = &s->dslots[ds];
+	uint64_t fence = 0;
+	if (s->dev->upload_async(s->dev, s->dev_arena + (size_t)ds * s->slot_bytes,
+				 s->slots[sl].buf, s->slot_bytes, MD_BACKEND_STREAM_COPY) ||
+	    s->dev->fence_record(s->dev, MD_BACKEND_STREAM_COPY, &fence)) {
+		d->unit = -1;
+		d->next = s->dev_free;
+		s->dev_free = ds;
+		return;
+	}
+	d->unit = (int32_t)u;
+	d->refs = 0;
+	d->pinned = false;
+	d->fence = fence;
+	s->slots[sl].up_fence = fence;
+	s->unit_dev[u] = ds;
+	md_epol_insert(s->dpol, u, s->now);
+	atomic_fetch_add(&s->dev_uploads, 1);
+	atomic_fetch_add(&s->dev_resident, 1);
+}
+
+/* ---- the ops ---- */
+
+static int st_plan(struct md_expert_src *src, uint32_t layer, const int32_t *experts, int n,
+		   int32_t *order)
+{
+	struct md_expert_store *s = (struct md_expert_store *)src;
+	if (layer >= s->n_layer || n < 0 || (uint32_t)n > s->n_expert)
+		return -EINVAL;
+	for (int i = 0; i < n; i++)
+		if (experts[i] < 0 || (uint32_t)experts[i] >= s->n_expert)
+			return -EINVAL;
+	s->now++;
+	/* Pins of the previous plan that no get took (a get failed before them) go. */
+	for (int i = 0; i < s->n_plan; i++) {
+		int32_t sl = s->unit_slot[s->plan_units[i]];
+		if (sl >= 0 && s->slots[sl].pinned) {
+			s->slots[sl].pinned = false;
+			s->slots[sl].refs--;
+		}
+		int32_t ds = s->dev ? s->unit_dev[s->plan_units[i]] : -1;
+		if (ds >= 0 && s->dslots[ds].pinned) {
+			s->dslots[ds].pinned = false;
+			s->dslots[ds].refs--;
+		}
+	}
+	s->n_plan = 0;
+	step_mark(s, layer, experts, n);
+	if (s->has_pred[layer]) {
+		uint64_t hit = 0;
+		for (int i = 0; i < n; i++)
+			hit += s->predicted[layer * s->n_expert + (uint32_t)experts[i]];
+		atomic_fetch_add(&s->pred_used, hit);
+		atomic_fetch_add(&s->pred_total, (uint64_t)n);
+		s->has_pred[layer] = 0;
+	}
+
+	/* Experts on the device (their copy done) come first and need nothing else. */
+	int n_ready = 0, k = 0;
+	for (int i = 0; s->dev && i < n; i++) {
+		uint32_t u = layer * s->n_expert + (uint32_t)experts[i];
+		int32_t ds = s->unit_dev[u];
+		if (ds < 0 || s->dev->fence_done(s->dev, s->dslots[ds].fence) != 1)
+			continue;
+		s->dslots[ds].refs++;
+		s->dslots[ds].pinned = true;
+		s->plan_units[s->n_plan++] = (int32_t)u;
+		atomic_fetch_add(&s->dev_hits, 1);
+		order[k++] = i;
+	}
+	const int n_dev = k;
+	/* Pin what is here (loaded or on its way) before any read may evict; ready ones next. */
+	int32_t *rest = order + n; /* filled backwards: the others, in plan order */
+	pthread_mutex_lock(&s->mu);
+	for (int i = 0; i < n; i++) {
+		uint32_t u = layer * s->n_expert + (uint32_t)experts[i];
+		int32_t sl = s->unit_slot[u];
+		if (n_dev && s->unit_dev[u] >= 0 && s->dslots[s->unit_dev[u]].pinned)
+			continue;
+		s->plan_units[s->n_plan++] = (int32_t)u;
+		if (sl < 0) {
+			*--rest = i;
+			continue;
+		}
+		struct slot *x = &s->slots[sl];
+		pin(s, sl);
+		if (x->prefetched) {
+			x->prefetched = false;
+			atomic_fetch_add(&s->pf_used, 1);
+		}
+		atomic_fetch_add(x->state == SLOT_FAILED ? &s->misses : &s->hits, 1);
+		if (x->state == SLOT_READY) {
+			order[k++] = i;
+			continue;
+		}
+		*--rest = i;
+		if (x->state == SLOT_FAILED) { /* a failed prefetch: try again */
+			x->state = SLOT_LOADING;
+			q_push(s, Q_DEMAND, sl, false);
+			pthread_cond_signal(&s->job_cv);
+		} else if (x->queue == Q_PREFETCH) {
+			q_remove(s, Q_PREFETCH, sl);
+			q_push(s, Q_DEMAND, sl, false);
+		}
+	}
+	pthread_mutex_unlock(&s->mu);
+	n_ready = k;
+	/* The others were stored backwards from the end: put them in plan order after the
+	 * ready ones, and start the reads of the missing ones in that order. */
+	for (int a = k, z = n - 1; a < z; a++, z--) {
+		int32_t t = order[a];
+		order[a] = order[z];
+		order[z] = t;
+	}
+	for (int j = k; j < n; j++) {
+		uint32_t u = layer * s->n_expert + (uint32_t)experts[order[j]];
+		if (s->unit_slot[u] >= 0)
+			continue;
+		int32_t sl = start_read(s, u, Q_DEMAND, true);
+		if (sl < 0)
+			return -ENOSPC; /* cannot happen with the budget checked at start */
+		pin(s, sl);
+		atomic_fetch_add(&s->misses, 1);
+	}
+	for (int i = 0; i < n; i++) {
+		md_epol_access(s->pol, layer * s->n_expert + (uint32_t)experts[i], s->now);
+		s->last_use[layer * s->n_expert + (uint32_t)experts[i]] = s->now;
+	}
+	return n_ready;
+}
+
+static int st_get(struct md_expert_src *src, uint32_t layer, int32_t e, struct md_expert_w *out)
+{
+	struct md_expert_store *s = (struct md_expert_store *)src;
+	if (layer >= s->n_layer || e < 0 || (uint32_t)e >= s->n_expert)
+		return -EINVAL;
+	uint32_t u = layer * s->n_expert + (uint32_t)e;
+	const struct unit_src *us = &s->units[u];
+	int32_t ds = s->dev ? s->unit_dev[u] : -1;
+	if (ds >= 0 && s->dslots[ds].pinned) { /* planned on the device */
+		s->dslots[ds].pinned = false;
+		s->got_dev[u] = 1;
+		uint8_t *base = s->dev_arena + (size_t)ds * s->slot_bytes;
+		struct md_mat *o[3] = { &out->gate, &out->up, &out->down };
+		for (int p = 0; p < 3; p++) {
+			*o[p] = us->m[p];
+			o[p]->data = base + s->part_off[p] + (us->off[p] - align_down(us->off[p]));
+		}
+		out->dev = s->dev;
+		return 0;
+	}
+	int32_t sl = s->unit_slot[u];
+	if (sl < 0 || !s->slots[sl].pinned)
+		return -EINVAL; /* not planned: the contract says plan first */
+	struct slot *x = &s->slots[sl];
+	pthread_mutex_lock(&s->mu);
+	if (x->state == SLOT_LOADING) {
+		uint64_t t0 = now_ns();
+		if (x->queue != Q_NONE) { /* not started: it is the one needed now */
+			q_remove(s, x->queue, sl);
+			q_push(s, Q_DEMAND, sl, true);
+		}
+		while (x->state == SLOT_LOADING)
+			pthread_cond_wait(&s->done_cv, &s->mu);
+		atomic_fetch_add(&s->stall_ns, now_ns() - t0);
+	}
+	int rc = x->state == SLOT_FAILED ? x->err : 0;
+	pthread_mutex_unlock(&s->mu);
+	x->pinned = false;
+	if (rc) {
+		atomic_fetch_add(&s->read_errors, 1);
+		md_log(MD_LOG_WARN, "expert store: cannot read expert %d of layer %u from '%s': %s",
+		       e, layer, s->path, strerror(-rc));
+		x->refs--;
+		drop_unit(s, u, false);
+		return rc;
+	}
+	struct md_mat *o[3] = { &out->gate, &out->up, &out->down };
+	for (int p = 0; p < 3; p++) {
+		*o[p] = us->m[p];
+		o[p]->data = x->buf + s->part_off[p] + (us->off[p] - align_down(us->off[p]));
+	}
+	out->dev = NULL;
+	s->got_dev[u] = 0;
+	if (s->dev && ds < 0)
+		promote(s, u, sl);
+	return 0;
+}
+
+static void st_release(struct md_expert_src *src, uint32_t layer, int32_t e)
+{
+	struct md_expert_store *s = (struct md_expert_store *)src;
+	if (layer >= s->n_layer || e < 0 || (uint32_t)e >= s->n_expert)
+		return;
+	uint32_t u = layer * s->n_expert + (uint32_t)e;
+	if (s->got_dev[u]) {
+		s->got_dev[u] = 0;
+		int32_t ds = s->unit_dev[u];
+		if (ds >= 0 && s->dslots[ds].refs > 0)
+			s->dslots[ds].refs--;
+		return;
+	}
+	int32_t sl = s->unit_slot[u];
+	if (sl >= 0 && s->slots[sl].refs > 0)
+		s->slots[sl].refs--;
+}
+
+static void st_prefetch(struct md_expert_src *src, uint32_t layer, const int32_t *experts, int n)
+{
+	struct md_expert_store *s = (struct md_expert_store *)src;
+	if (layer >= s->n_layer)
+		return;
+	uint8_t *pred = s->predicted + layer * s->n_expert;
+	memset(pred, 0, s->n_expert);
+	s->has_pred[layer] = 1;
+	for (int i = 0; i < n; i++) {
+		if (experts[i] < 0 || (uint32_t)experts[i] >= s->n_expert)
+			continue;
+		uint32_t u = layer * s->n_expert + (uint32_t)experts[i];
+		pred[experts[i]] = 1;
+		md_epol_hint(s->pol, u, 1.0f, s->now);
+		if (s->unit_slot[u] >= 0)
+			continue;
+		if (start_read(s, u, Q_PREFETCH, false) < 0)
+			break; /* every slot is in use: no room to guess */
+		atomic_fetch_add(&s->pf_issued, 1);
+	}
+}
+
+static const struct md_expert_src_ops store_ops = {
+	.name = "store",
+	.plan = st_plan,
+	.get = st_get,
+	.release = st_release,
+	.prefetch = st_prefetch,
+};
+
+/* The same without prefetch: the forward pass then does not predict. */
+static const struct md_expert_src_ops store_ops_nopf = {
+	.name = "store",
+	.plan = st_plan,
+	.get = st_get,
+	.release = st_release,
+};
+
+/* ---- lifecycle ---- */
+
+struct md_expert_src *md_expert_store_src(struct md_expert_store *s)
+{
+	return &s->base;
+}
+
+bool md_expert_store_resident(struct md_expert_store *s, uint32_t layer, uint32_t expert)
+{
+	if (layer >= s->n_layer || expert >= s->n_expert)
+		return false;
+	int32_t sl = s->unit_slot[layer * s->n_expert + expert];
+	if (sl < 0)
+		return false;
+	pthread_mutex_lock(&s->mu);
+	bool r = s->slots[sl].state == SLOT_READY;
+	pthread_mutex_unlock(&s->mu);
+	return r;
+}
+
+void md_expert_store_get_stats(struct md_expert_store *s, struct md_expert_store_stats *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->hits = atomic_load(&s->hits);
+	o->misses = atomic_load(&s->misses);
+	o->bytes_read = atomic_load(&s->bytes_read);
+	o->read_errors = atomic_load(&s->read_errors);
+	o->evictions = atomic_load(&s->evictions);
+	o->stall_ns = atomic_load(&s->stall_ns);
+	o->prefetch_issued = atomic_load(&s->pf_issued);
+	o->prefetch_used = atomic_load(&s->pf_used);
+	o->prefetch_wasted_bytes = atomic_load(&s->pf_wasted);
+	o->predicted_used = atomic_load(&s->pred_used);
+	o->predicted_total = atomic_load(&s->pred_total);
+	o->steps = atomic_load(&s->steps);
+	o->step_experts = atomic_load(&s->step_experts);
+	o->last_step_experts = atomic_load(&s->last_step_experts);
+	o->n_slots = s->n_slots;
+	o->n_resident = atomic_load(&s->n_resident);
+	o->slot_bytes = s->slot_bytes;
+	o->direct = atomic_load(&s->direct);
+	o->dev_hits = atomic_load(&s->dev_hits);
+	o->dev_uploads = atomic_load(&s->dev_uploads);
+	o->dev_evictions = atomic_load(&s->dev_evictions);
+	o->dev_slots = s->n_dev;
+	o->dev_resident = atomic_load(&s->dev_resident);
+}
+
+void md_expert_store_free(struct md_expert_store *s)
+{
+	if (!s)
+		return;
+	pthread_mutex_lock(&s->mu);
+	s->stop = true;
+	pthread_cond_broadcast(&s->job_cv);
+	pthread_mutex_unlock(&s->mu);
+	for (int i = 0; i < s->n_io; i++)
+		pthread_join(s->io[i], NULL);
+	pthread_cond_destroy(&s->job_cv);
+	pthread_cond_destroy(&s->done_cv);
+	pthread_mutex_destroy(&s->mu);
+	if (s->fd_direct >= 0)
+		close(s->fd_direct);
+	if (s->fd_buf >= 0)
+		close(s->fd_buf);
+	if (s->arena)
+		munmap(s->arena, (size_t)s->n_slots * s->slot_bytes);
+	md_epol_free(s->pol);
+	if (s->dev && s->dev_arena)
+		s->dev->free(s->dev, s->dev_arena);
+	md_epol_free(s->dpol);
+	free(s->dslots);
+	free(s->unit_dev);
+	free(s->got_dev);
+	free(s->units);
+	free(s->slots);
+	free(s->unit_slot);
+	free(s->plan_units);
+	free(s->step_seen);
+	free(s->predicted);
+	free(s->has_pred);
+	free(s->last_use);
+	free(s);
+}
+
+/* ---- warm restart ---- */
+
+#define HOT_MAGIC "moed-hot-experts 1"
+
+static int cmp_recent(const void *a, const void *b, void *arg)
+{
+	const uint64_t *t = arg;
+	uint64_t x = t[*(const uint32_t *)a], y = t[*(const uint32_t *)b];
+	return x < y ? 1 : x > y ? -1 : 0;
+}
+
+int md_expert_store_save(struct md_expert_store *s, const char *path)
+{
+	uint32_t *u = malloc(s->n_units * sizeof(*u));
+	if (!u)
+		return -ENOMEM;
+	uint32_t n = 0;
+	for (uint32_t i = 0; i < s->n_units; i++)
+		if (s->unit_slot[i] >= 0 && md_expert_store_resident(s, i / s->n_expert,
+								      i % s->n_expert))
+			u[n++] = i;
+	qsort_r(u, n, sizeof(*u), cmp_recent, s->last_use);
+	char tmp[4200];
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	FILE *f = fopen(tmp, "w");
+	if (!f) {
+		int rc = -errno;
+		free(u);
+		return rc;
+	}
+	fprintf(f, "%s\nlayers %u experts %u file-bytes %zu\n", HOT_MAGIC, s->n_layer,
+		s->n_expert, s->m->gguf.size);
+	for (uint32_t i = 0; i < n; i++)
+		fprintf(f, "%u %u\n", u[i] / s->n_expert, u[i] % s->n_expert);
+	free(u);
+	int rc = ferror(f) ? -EIO : 0;
+	if (fclose(f) && !rc)
+		rc = -errno;
+	if (!rc && rename(tmp, path))
+		rc = -errno;
+	if (rc)
+		unlink(tmp);
+	return rc;
+}
+
+int md_expert_store_warm(struct md_expert_store *s, const char *path, uint32_t *n)
+{
+	*n = 0;
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -errno;
+	char line[256];
+	unsigned nl, ne;
+	size_t bytes;
+	int rc = 0;
+	if (!fgets(line, sizeof(line), f) || strncmp(line, HOT_MAGIC "\n", sizeof(HOT_MAGIC)) ||
+	    fscanf(f, "layers %u experts %u file-bytes %zu\n", &nl, &ne, &bytes) != 3 ||
+	    nl != s->n_layer || ne != s->n_expert || bytes != s->m->gguf.size)
+		rc = -EINVAL;
+	unsigned l, e;
+	while (!rc && *n < s->n_slots && fscanf(f, "%u %u\n", &l, &e) == 2) {
+		if (l >= s->n_layer || e >= s->n_expert) {
+			rc = -EINVAL;
+			break;
+		}
+		uint32_t u = l * s->n_expert + e;
+		if (s->unit_slot[u] >= 0)
+			continue;
+		if (start_read(s, u, Q_PREFETCH, false) < 0)
+			break;
+		atomic_fetch_add(&s->pf_issued, 1);
+		(*n)++;
+	}
+	fclose(f);
+	return rc;
+}
+
+/* The units' file ranges; -ENOTSUP when an expert matrix is not in the mapped file. */
+static int map_units(struct md_expert_store *s, char *err, size_t errlen)
+{
+	const struct md_model *m = s->m;
+	const uint8_t *base = m->gguf.base;
+	for (uint32_t l = 0; l < s->n_layer; l++)
+		for (uint32_t e = 0; e < s->n_expert; e++) {
+			struct unit_src *us = &s->units[l * s->n_expert + e];
+			for (int p = 0; p < 3; p++) {
+				struct md_mat x = md_mat_of(part_tensor(&m->layers[l], p), e);
+				const uint8_t *d = x.data;
+				if (!m->gguf._mapped || d < base || d + mat_bytes(&x) > base + m->gguf.size) {
+					snprintf(err, errlen, "expert %u of layer %u is not read from the "
+						 "file as it lies there (merged copy): the expert store "
+						 "cannot serve this model", e, l);
+					return -ENOTSUP;
+				}
+				us->m[p] = x;
+				us->m[p].data = NULL;
+				us->off[p] = (uint64_t)(d - base);
+			}
+		}
+	return 0;
+}
+
+/* Open the model's file twice (O_DIRECT where allowed, and buffered), checking that it is
+ * still the mapped one. */
+static int open_file(struct md_expert_store *s, bool buffered, char *err, size_t errlen)
+{
+	struct stat a, b;
+	snprintf(s->path, sizeof(s->path), "%s", s->m->path);
+	s->fd_buf = open(s->path, O_RDONLY | O_CLOEXEC);
+	if (s->fd_buf < 0) {
+		int rc = -errno;
+		snprintf(err, errlen, "cannot open '%s' for expert reads: %s", s->path, strerror(errno));
+		return rc;
+	}
+	if (fstat(s->fd_buf, &a) || fstat(s->m->gguf._fd, &b) || a.st_ino != b.st_ino ||
+	    a.st_dev != b.st_dev) {
+		snprintf(err, errlen, "'%s' is no longer the file the model was loaded from", s->path);
+		return -ESTALE;
+	}
+	s->fd_direct = buffered ? -1 : open(s->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+	if (s->fd_direct < 0 && !buffered)
+		md_log(MD_LOG_WARN, "expert store: cannot open '%s' with O_DIRECT (%s); reading "
+		       "through the page cache", s->path, strerror(errno));
+	atomic_store(&s->direct, s->fd_direct >= 0);
+	return 0;
+}
+
+/* The device tier: its slots in one device allocation, its policy. */
+static int setup_dev(struct md_expert_store *s, const struct md_expert_store_config *c,
+		     char *err, size_t errlen)
+{
+	uint64_t n = c->dev ? c->dev_bytes / s->slot_bytes : 0;
+	if (n == 0)
+		return 0;
+	if (n > s->n_units)
+		n = s->n_units;
+	s->dev = c->dev;
+	s->n_dev = (uint32_t)n;
+	s->dslots = calloc(n, sizeof(*s->dslots));
+	s->unit_dev = malloc(s->n_units * sizeof(*s->unit_dev));
+	s->dpol = md_epol_new(c->policy, s->n_layer, s->n_expert);
+	void *p = NULL;
+	int rc = s->dslots && s->unit_dev && s->dpol ? s->dev->alloc(s->dev, n * s->slot_bytes, &p)
+						      : -ENOMEM;
+	if (rc) {
+		snprintf(err, errlen, "cannot allocate %.1f MiB of device memory for %u experts",
+			 n * s->slot_bytes / 1048576.0, s->n_dev);
+		return rc;
+	}
+	s->dev_arena = p;
+	for (uint32_t u = 0; u < s->n_units; u++)
+		s->unit_dev[u] = -1;
+	for (uint32_t i = s->n_dev; i-- > 0;) {
+		s->dslots[i].unit = -1;
+		s->dslots[i].next = s->dev_free;
+		s->dev_free = (int32_t)i;
+	}
+	return 0;
+}
+
+int md_expert_store_new(struct md_expert_store **out, const struct md_model *m,
+			const struct md_expert_store_config *c, char *err, size_t errlen)
+{
+	*out = NULL;
+	size_t span[3];
+	if (!part_spans(m, span)) {
+		snprintf(err, errlen, "the model has no routed experts to store");
+		return -ENOTSUP;
+	}
+	size_t slot_bytes = span[0] + span[1] + span[2];
+	uint32_t need = max_active(m, c->max_tokens);
+	uint64_t n_slots = c->host_bytes / slot_bytes;
+	uint64_t all = (uint64_t)m->hp.n_layer * m->hp.n_expert;
+	if (n_slots > all)
+		n_slots = all;
+	if (n_slots < need) {
+		snprintf(err, errlen, "expert cache of %.1f MiB holds %llu experts of %.2f MiB, but "
+			 "one layer of a %d-token step may use %u (%.1f MiB): raise expert-cache-mb "
+			 "or lower step-tokens", c->host_bytes / 1048576.0,
+			 (unsigned long long)n_slots, slot_bytes / 1048576.0, c->max_tokens, need,
+			 (double)need * slot_bytes / 1048576.0);
+		return -EINVAL;
+	}
+	struct md_expert_store *s = calloc(1, sizeof(*s));
+	if (!s) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	s->base.ops = c->prefetch ? &store_ops : &store_ops_nopf;
+	s->m = m;
+	s->n_layer = m->hp.n_layer;
+	s->n_expert = m->hp.n_expert;
+	s->n_units = s->n_layer * s->n_expert;
+	s->slot_bytes = slot_bytes;
+	s->part_off[0] = 0;
+	s->part_off[1] = span[0];
+	s->part_off[2] = span[0] + span[1];
+	s->n_slots = (uint32_t)n_slots;
+	s->fd_direct = s->fd_buf = -1;
+	s->free_head = -1;
+	s->last_layer = -1;
+	for (int q = 0; q < 3; q++)
+		s->q_head[q] = s->q_tail[q] = -1;
+	pthread_mutex_init(&s->mu, NULL);
+	pthread_cond_init(&s->job_cv, NULL);
+	pthread_cond_init(&s->done_cv, NULL);
+	s->units = calloc(s->n_units, sizeof(*s->units));
+	s->slots = calloc(s->n_slots, sizeof(*s->slots));
+	s->unit_slot = malloc(s->n_units * sizeof(*s->unit_slot));
+	s->plan_units = calloc(s->n_expert, sizeof(*s->plan_units));
+	s->step_seen = calloc(s->n_units, 1);
+	s->predicted = calloc(s->n_units, 1);
+	s->has_pred = calloc(s->n_layer, 1);
+	s->last_use = calloc(s->n_units, sizeof(*s->last_use));
+	s->got_dev = calloc(s->n_units, 1);
+	s->dev_free = -1;
+	s->pol = md_epol_new(c->policy, s->n_layer, s->n_expert);
+	void *arena = mmap(NULL, (size_t)n_slots * slot_bytes, PROT_READ | PROT_WRITE,
+			   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	s->arena = arena == MAP_FAILED ? NULL : arena;
+	int rc;
+	if (!s->units || !s->slots || !s->unit_slot || !s->plan_units || !s->step_seen ||
+	    !s->predicted || !s->has_pred || !s->last_use || !s->got_dev || !s->pol || !s->arena) {
+		snprintf(err, errlen, "out of memory for an expert cache of %u slots", s->n_slots);
+		rc = -ENOMEM;
+		goto fail;
+	}
+	for (uint32_t u = 0; u < s->n_units; u++)
+		s->unit_slot[u] = -1;
+	for (uint32_t i = s->n_slots; i-- > 0;) {
+		s->slots[i].buf = s->arena + (size_t)i * slot_bytes;
+		s->slots[i].unit = -1;
+		s->slots[i].next = s->free_head;
+		s->free_head = (int32_t)i;
+	}
+	rc = map_units(s, err, errlen);
+	if (rc)
+		goto fail;
+	rc = setup_dev(s, c, err, errlen);
+	if (rc)
+		goto fail;
+	rc = open_file(s, c->buffered, err, errlen);
+	if (rc)
+		goto fail;
+	int n_io = c->io_threads > 0 ? c->io_threads : 4;
+	if (n_io > MAX_IO_THREADS)
+		n_io = MAX_IO_THREADS;
+	for (; s->n_io < n_io; s->n_io++)
+		if (pthread_create(&s->io[s->n_io], NULL, io_main, s)) {
+			snprintf(err, errlen, "cannot start expert reader threads");
+			rc = -EAGAIN;
+			goto fail;
+		}
+	*out = s;
+	return 0;
+fail:
+	md_expert_store_free(s);
+	return rc;
+}

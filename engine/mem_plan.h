@@ -1,0 +1,46 @@
+/* The start-up memory plan: how much memory the process may use, and whether the model's
+ * routed experts stay in the mapping or go through the expert store (engine/experts.h).
+ *
+ * DESIGN
+ * While the whole file fits in about 80% of the memory the process may use, the mapping is
+ * fastest (the kernel keeps it all; nothing is copied), so nothing changes. When it does not,
+ * the dense weights (embeddings, attention, norms, routers, shared experts) stay mapped and
+ * the routed experts go through the store, whose host budget is what is left of that 80%
+ * after the dense weights and the KV pool; the KV pool gets at most an eighth of it then.
+ * The limit is the tightest of the cgroup memory limits on the process's cgroup and its
+ * ancestors (v2 memory.max, v1 memory.limit_in_bytes), else MemAvailable. The planning
+ * itself is a pure function, tested on its own. */
+#ifndef MD_MEM_PLAN_H
+#define MD_MEM_PLAN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* What the process may use. */
+struct md_mem_limit {
+	uint64_t bytes;   /* 0 when nothing could be read */
+	char source[96];  /* "cgroup v2 /a/b", "cgroup v1 /a", "MemAvailable" */
+};
+
+/* Read the limit from /proc and /sys (root: a test's fake tree, NULL for "/"). */
+void md_mem_limit_read(struct md_mem_limit *out, const char *root);
+
+struct md_mem_plan_in {
+	uint64_t limit;        /* bytes the process may use (0: unknown, the mapping is kept) */
+	uint64_t file_bytes;   /* the GGUF file */
+	uint64_t expert_bytes; /* routed experts' bytes in it (0: a dense model) */
+	uint64_t kv_bytes;     /* the KV budget configured */
+	uint64_t min_cache;    /* the store's smallest budget (md_expert_store_min_bytes) */
+	double cache_mb;       /* expert-cache-mb: 0 auto, -1 never the store, > 0 that budget */
+};
+
+struct md_mem_plan {
+	bool store;            /* experts through the store */
+	uint64_t cache_bytes;  /* its host budget */
+	uint64_t kv_bytes;     /* the KV budget to use */
+	char why[256];         /* one phrase for the start-up line */
+};
+
+void md_mem_plan_make(const struct md_mem_plan_in *in, struct md_mem_plan *out);
+
+#endif

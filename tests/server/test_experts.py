@@ -1,0 +1,238 @@
+"""The expert store through the server: greedy completions token-identical to the mapping at
+several budgets on the default model and on a generated 64-expert model; the start-up line and
+/metrics; a budget below one layer's active experts refused at start with a clear message; a
+model file cut short under the server fails that request, the server keeps serving, and once the
+file is whole again the same completions come back.
+
+usage: test_experts.py MOED DEFAULT_MODEL MOED_GGUF"""
+
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+from harness import Server, call, check, curl, finish
+
+moed, default_model, moed_gguf = sys.argv[1:4]
+PROMPTS = ["The history of the city", "Once upon a time, in a land far away,",
+           "1, 2, 3, 4, 5, 6, 7, 8,"]
+# One engine step holds 16 tokens at most, so the smallest budget is one layer's experts for 16
+# tokens (min(n_expert, 16 * n_used)).
+BASE = ["--step-tokens", "16", "--max-seqs", "4", "--expert-prefetch", "0"]
+
+
+def completions(srv):
+    out = []
+    for p in PROMPTS:
+        st, _, doc = call(srv, "POST", "/v1/completions",
+                          {"prompt": p, "max_tokens": 16, "temperature": 0, "ignore_eos": True})
+        check(st == 200, "completion 200", st, doc)
+        out.append(doc["choices"][0]["text"] if st == 200 else None)
+    return out
+
+
+def metrics(srv):
+    _, _, body = curl(srv, "GET", "/metrics")
+    vals = {}
+    for line in body.decode().splitlines():
+        m = re.match(r'^(moed:expert_[a-z_]+)(\{[^}]*\})? ([0-9.e+-]+)$', line)
+        if m:
+            vals[m.group(1)] = float(m.group(3))
+    return vals
+
+
+def run(model, args):
+    srv = Server(moed, model, BASE + args)
+    try:
+        out, m = completions(srv), metrics(srv)
+    finally:
+        srv.stop()
+    return out, m, srv.logtext()
+
+
+def budgets(model, fracs, label):
+    """Reference on the mapping, then the store at each fraction of the experts' bytes."""
+    ref, m, log = run(model, ["--expert-cache-mb", "-1"])
+    check(m.get("moed:expert_store") == 0, label + ": mapping reported", m)
+    check("experts: mmap" in log, label + ": start-up line names the mmap mode", log[-800:])
+    full, m, log = run(model, ["--expert-cache-mb", "100000"])
+    check(full == ref, label + ": store holding every expert: same completions", full, ref)
+    found = re.search(r"experts: store, host cache \S+ MiB \((\d+) of (\d+) experts", log)
+    check(found, label + ": start-up line names the store mode and budgets", log[-800:])
+    if not found:
+        return
+    units = int(found.group(2))
+    slot = m["moed:expert_cache_bytes"] / int(found.group(1))
+    check(m.get("moed:expert_store") == 1 and m.get("moed:expert_misses_total", 0) > 0,
+          label + ": store counters", m)
+    for f in fracs:
+        mb = f * units * slot / 1048576.0
+        got, m, log = run(model, ["--expert-cache-mb", "%.4f" % mb])
+        check(got == ref, "%s: %d%% of expert bytes: same completions" % (label, f * 100), got, ref)
+        check(m.get("moed:expert_read_errors_total") == 0,
+              "%s: %d%%: no read errors" % (label, f * 100), m)
+        if f <= 0.25:  # three short prompts touch more than a quarter of the experts
+            check(m.get("moed:expert_evictions_total", 0) > 0,
+                  "%s: %d%%: evictions" % (label, f * 100), m)
+        check(m.get("moed:expert_distinct_per_step", 0) > 0, label + ": distinct per step", m)
+    # Pre-gating prefetch on (BASE turns it off): the same completions, and it guesses.
+    mb = fracs[0] * units * slot / 1048576.0
+    got, m, log = run(model, ["--expert-cache-mb", "%.4f" % mb, "--expert-prefetch", "1"])
+    check(got == ref, "%s: prefetch on: same completions" % label, got, ref)
+    check(m.get("moed:expert_predicted_total", 0) > 0 and
+          0 < m.get("moed:expert_prefetch_accuracy", 0) <= 1 and "prefetch on" in log,
+          "%s: prefetch accuracy reported" % label, m)
+    return ref, units, slot
+
+
+def refused(model, mb):
+    try:
+        srv = Server(moed, model, BASE + ["--expert-cache-mb", "%.4f" % mb])
+        srv.stop()
+        check(False, "a budget below one layer's active experts is refused")
+    except RuntimeError as e:
+        msg = str(e)
+        check("cannot set up the expert store" in msg and "raise expert-cache-mb" in msg,
+              "refusal names the store and the fix", msg[-600:])
+
+
+def warm_restart(model, mb, ref):
+    """A clean shutdown writes the hot set to --state-dir; the next start reads it ahead, and the
+    same completions then miss less."""
+    d = tempfile.mkdtemp(prefix="moed-state-")
+    try:
+        args = ["--expert-cache-mb", "%.4f" % mb, "--state-dir", d]
+        cold, m_cold, log = run(model, args)
+        check("cold start" in log and "hot set written" in log,
+              "first start is cold and a clean shutdown writes the hot set", log[-800:])
+        check(os.path.exists(os.path.join(d, "hot-experts")), "hot-experts file written")
+        warm, m_warm, log = run(model, args)
+        check(re.search(r"warm start, reading [1-9]\d* hot experts", log),
+              "second start reads the hot set", log[-800:])
+        check(warm == ref and cold == ref, "warm restart: same completions", warm, ref)
+        check(m_warm.get("moed:expert_misses_total", 1e9) < m_cold.get("moed:expert_misses_total", 0),
+              "warm restart: fewer misses", m_warm, m_cold)
+    finally:
+        shutil.rmtree(d)
+
+
+def bad_policy(model):
+    try:
+        srv = Server(moed, model, BASE + ["--expert-cache-mb", "100", "--expert-policy", "fifo"])
+        srv.stop()
+        check(False, "an unknown expert-policy is refused")
+    except RuntimeError as e:
+        check("unknown expert-policy 'fifo'" in str(e), "unknown policy named", str(e)[-400:])
+
+
+def experts_last(src, dst, name):
+    """Copy GGUF src to dst with tensor `name`'s data moved to the end of the file, so cutting
+    the file short takes only (some of) that tensor's experts away."""
+    data = open(src, "rb").read()
+    pos = 8
+    n_t, n_kv = struct.unpack_from("<QQ", data, pos)
+    pos += 16
+    sizes = {0: 1, 1: 1, 7: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 10: 8, 11: 8, 12: 8}
+    align = 32
+
+    def skip_val(t, p):
+        if t == 8:
+            n, = struct.unpack_from("<Q", data, p)
+            return p + 8 + n
+        if t == 9:
+            et, n = struct.unpack_from("<IQ", data, p)
+            p += 12
+            for _ in range(n):
+                p = skip_val(et, p)
+            return p
+        return p + sizes[t]
+
+    for _ in range(n_kv):
+        kl, = struct.unpack_from("<Q", data, pos)
+        key = data[pos + 8:pos + 8 + kl].decode()
+        t, = struct.unpack_from("<I", data, pos + 8 + kl)
+        vpos = pos + 12 + kl
+        if key == "general.alignment":
+            align, = struct.unpack_from("<I", data, vpos)
+        pos = skip_val(t, vpos)
+    infos = []
+    for _ in range(n_t):
+        nl, = struct.unpack_from("<Q", data, pos)
+        tname = data[pos + 8:pos + 8 + nl].decode()
+        nd, = struct.unpack_from("<I", data, pos + 8 + nl)
+        off_pos = pos + 8 + nl + 4 + 8 * nd + 4
+        off, = struct.unpack_from("<Q", data, off_pos)
+        infos.append([tname, off_pos, off])
+        pos = off_pos + 8
+    start = (pos + align - 1) // align * align
+    by_off = sorted(infos, key=lambda i: i[2])
+    ends = [i[2] for i in by_off[1:]] + [len(data) - start]
+    size = {i[0]: e - i[2] for i, e in zip(by_off, ends)}
+    order = [i for i in by_off if i[0] != name] + [i for i in by_off if i[0] == name]
+    out = bytearray(data[:start])
+    body = bytearray()
+    for i in order:
+        struct.pack_into("<Q", out, i[1], len(body))
+        if i[0] == name:
+            tail_off = start + len(body)
+        body += data[start + i[2]:start + i[2] + size[i[0]]]
+    open(dst, "wb").write(bytes(out + body))
+    return tail_off, size[name]
+
+
+def truncated(model, ref, n_layer):
+    d = tempfile.mkdtemp(prefix="moed-cut-")
+    try:
+        cut = os.path.join(d, "cut.gguf")
+        off, size = experts_last(model, cut, "blk.%d.ffn_down_exps.weight" % (n_layer - 1))
+        keep = off + size // 4  # the last layer's experts past the first quarter are gone
+        tail = open(cut, "rb").read()[keep:]
+        srv = Server(moed, cut, BASE + ["--expert-cache-mb", "100000"])
+        try:
+            os.truncate(cut, keep)
+            st, _, doc = call(srv, "POST", "/v1/completions",
+                              {"prompt": PROMPTS[0] + " and of its people, told from the start",
+                               "max_tokens": 8, "temperature": 0})
+            check(st >= 500, "a file cut short fails the request", st, doc)
+            m = metrics(srv)
+            check(m.get("moed:expert_read_errors_total", 0) > 0, "read errors counted", m)
+            st, _, _ = curl(srv, "GET", "/health")
+            check(st == 200, "the server still serves", st)
+            with open(cut, "r+b") as f:
+                f.seek(keep)
+                f.write(tail)
+            got = completions(srv)
+            check(got == ref, "whole again: the same completions", got, ref)
+            check(srv.proc.poll() is None, "the server never exited")
+        finally:
+            srv.stop()
+        check("cannot read expert" in srv.logtext(), "the failed read is logged")
+    finally:
+        shutil.rmtree(d)
+
+
+# The default model: 4 layers x 16 experts, 2 used; a 16-token step may need all 16 of a layer
+# (25% of the experts' bytes), so 10% is below the smallest budget and refused.
+r = budgets(default_model, [0.25, 0.5], "default")
+if r:
+    ref, units, slot = r
+    refused(default_model, 0.10 * units * slot / 1048576.0)
+    bad_policy(default_model)
+    truncated(default_model, ref, 4)
+    warm_restart(default_model, 0.5 * units * slot / 1048576.0, ref)
+
+# A generated many-expert model: 8 layers x 64 experts, 2 used: a step needs 32 of 512 (6.25%).
+d = tempfile.mkdtemp(prefix="moed-moe64-")
+try:
+    gen = os.path.join(d, "moe64.gguf")
+    subprocess.run([moed_gguf, "gen", "--type", "q8_0", "--seed", "9", "--n-layer", "8",
+                    "--n-embd", "128", "--head-dim", "32", "--n-ff-exp", "256", "--n-expert", "64",
+                    "--n-expert-used", "2", "--n-vocab", "512", gen], check=True,
+                   stdout=subprocess.DEVNULL)
+    budgets(gen, [0.1, 0.5], "64 experts")
+finally:
+    shutil.rmtree(d)
+finish()
