@@ -47,6 +47,20 @@ struct cancel_msg {
 	struct cancel_msg *next;
 };
 
+/* What the verification of one step decided, per plan item, before any of it is applied. */
+struct spec_step {
+	struct md_sample_out *out;       /* owned (max_logits): decided tokens, by logits row */
+	uint32_t *n_out;                 /* owned (max_seqs): tokens decided per item */
+	uint32_t *n_acc;                 /* owned (max_seqs): drafts accepted per item */
+	uint32_t *keep;                  /* owned (max_seqs): drafts whose KV rows stay */
+	int *err;                        /* owned (max_seqs): sampling error per item, 0 */
+	struct md_sampler_dist resid;    /* owned: the rejection step's residual */
+	bool ready;
+	uint32_t k;                      /* the largest k (cfg.spec_k resolved) */
+	enum md_spec_drafter drafter;    /* requests' default */
+	uint64_t drafted, accepted, verify_steps, emitted; /* totals for the stats */
+};
+
 struct md_engine {
 	struct md_engine_config cfg;     /* strings owned (copied in md_engine_new) */
 	md_engine_wake_cb wake;
@@ -85,8 +99,10 @@ struct md_engine {
 	bool kv_ready;
 	struct md_sched sched;
 	bool sched_ready;
-	float *logits;                   /* owned: (max_seqs, n_vocab) */
+	float *logits;                   /* owned: (max_logits, n_vocab) */
+	uint32_t max_logits;             /* rows: max_seqs, times 1 + spec_k with speculation */
 	struct md_engine_event *out_head, *out_tail; /* events of the current step */
+	struct spec_step sp;             /* speculation's per-step scratch and counters */
 
 	/* published at READY, read-only afterwards */
 	char name[256];
@@ -303,48 +319,121 @@ static void seq_finish(struct md_engine *e, struct md_seq *s, enum md_finish f, 
 {
 	struct md_engine_req *r = s->req;
 	s->req = NULL;
+	if (s->spec) {
+		r->_done->n_drafted = s->spec->drafted;
+		r->_done->n_accepted = s->spec->accepted;
+	}
 	req_done(e, r, f, err, s->n_prompt, s->n_gen);
 	md_seq_free(s);
 }
 
-/* Sample the next token of s from its logits row; post events; finish when done.
- * Returns true when the sequence finished (it is then off the lists and freed). */
-static bool sample_seq(struct md_engine *e, struct md_seq *s, float *row)
+/* Post DONE for a sequence that is still running: off the lists, finished, freed. */
+static void seq_end(struct md_engine *e, struct md_seq *s, enum md_finish f, int err)
 {
-	struct md_sample_out so;
+	md_sched_remove(&e->sched, s);
+	seq_finish(e, s, f, err);
+}
+
+/* Whether s stops after one more token (so: tokens it may still take). */
+static bool at_limit(const struct md_engine *e, const struct md_seq *s, uint32_t extra)
+{
+	return s->n_gen + extra >= s->req->max_tokens || s->n_toks + extra >= e->n_ctx ||
+	       s->n_toks + extra >= s->cap;
+}
+
+/* Emit one decided token of s: post its event and append it, or finish s (end-of-generation,
+ * max_tokens, context). Returns true when the sequence finished (it is then freed). */
+static bool emit_token(struct md_engine *e, struct md_seq *s, const struct md_sample_out *so)
+{
 	const struct md_engine_req *r = s->req;
-	int rc = md_sampler_sample(&s->sm, &r->sampling, row, s->toks, s->n_prompt,
-				   s->toks + s->n_prompt, s->n_toks - s->n_prompt, &so);
-	if (rc) {
-		md_sched_remove(&e->sched, s);
-		seq_finish(e, s, MD_FINISH_ERROR, rc);
-		return true;
-	}
 	s->n_gen++;
-	if (md_tokenizer_is_eog(e->text.tok, so.token) && !r->ignore_eos) {
-		md_sched_remove(&e->sched, s);
-		seq_finish(e, s, MD_FINISH_STOP, 0);
+	if (md_tokenizer_is_eog(e->text.tok, so->token) && !r->ignore_eos) {
+		seq_end(e, s, MD_FINISH_STOP, 0);
 		return true;
 	}
 	struct md_engine_event *ev = ev_new(MD_EV_TOKEN, r->id);
 	if (ev) {
-		ev->token = so.token;
-		ev->logprob = so.logprob;
-		uint32_t n_top = so.n_top < MD_ENGINE_MAX_TOP ? so.n_top : MD_ENGINE_MAX_TOP;
+		ev->token = so->token;
+		ev->logprob = so->logprob;
+		uint32_t n_top = so->n_top < MD_ENGINE_MAX_TOP ? so->n_top : MD_ENGINE_MAX_TOP;
 		ev->n_top = (uint8_t)n_top;
 		for (uint32_t i = 0; i < n_top; i++) {
-			ev->top[i].id = so.top_id[i];
-			ev->top[i].logprob = so.top_logprob[i];
+			ev->top[i].id = so->top_id[i];
+			ev->top[i].logprob = so->top_logprob[i];
 		}
 	}
 	ev_stage(e, ev);
-	md_sched_append(&e->sched, s, so.token);
-	if (s->n_gen >= r->max_tokens || s->n_toks >= e->n_ctx || s->n_toks >= s->cap) {
-		md_sched_remove(&e->sched, s);
-		seq_finish(e, s, MD_FINISH_LENGTH, 0);
+	md_sched_append(&e->sched, s, so->token);
+	if (at_limit(e, s, 0)) {
+		seq_end(e, s, MD_FINISH_LENGTH, 0);
 		return true;
 	}
 	return false;
+}
+
+/*
+ * Decide the tokens of plan item i from its logits rows (engine/spec.h, DESIGN): row j is
+ * sampled with the history extended by the drafts accepted before it, and the walk stops at
+ * the first rejected draft, an end-of-generation token or a length limit, exactly where
+ * emitting would stop. Decided tokens are written after toks[n_toks) as scratch (within cap)
+ * so the penalties of the next row see them. Nothing is emitted or appended here.
+ */
+static void decide_item(struct md_engine *e, uint32_t i, const float *rows,
+			struct md_sample_out *out)
+{
+	struct spec_step *sp = &e->sp;
+	struct md_plan_item *it = &e->sched.plan.items[i];
+	struct md_seq *s = it->seq;
+	const struct md_engine_req *r = s->req;
+	struct md_spec_seq *ss = s->spec;
+	uint32_t n = 0, acc = 0;
+	sp->err[i] = 0;
+	for (uint32_t j = 0; j < it->n_logits; j++) {
+		int32_t d = j < it->n_draft ? ss->draft[j] : -1;
+		const struct md_sampler_dist *q = d >= 0 && ss->draft_q ? &ss->q[j] : NULL;
+		struct md_sampler_ctx ctx = {
+			.prompt = s->toks, .n_prompt = s->n_prompt,
+			.gen = s->toks + s->n_prompt, .n_gen = s->n_toks - s->n_prompt + j,
+		};
+		bool ok;
+		int rc = md_spec_decide(&s->sm, &r->sampling, &ctx, rows + (size_t)j * e->n_vocab,
+					d, q, &sp->resid, &out[n], &ok);
+		if (rc) {
+			sp->err[i] = rc;
+			break;
+		}
+		s->toks[s->n_toks + n] = out[n].token;
+		n++;
+		if (!ok)
+			break;
+		acc++;
+		if ((md_tokenizer_is_eog(e->text.tok, out[n - 1].token) && !r->ignore_eos) ||
+		    at_limit(e, s, n))
+			break;
+	}
+	sp->n_out[i] = n;
+	sp->n_acc[i] = acc;
+	/* Every decided token but the last is an accepted draft whose K/V row stays. */
+	sp->keep[i] = n ? n - 1 : 0;
+	if (ss && it->n_draft) {
+		ss->drafted += it->n_draft;
+		ss->accepted += acc;
+		ss->verify_steps++;
+	}
+}
+
+/* Emit what decide_item decided for item i (after the commit). */
+static void emit_item(struct md_engine *e, uint32_t i, const struct md_sample_out *out)
+{
+	struct spec_step *sp = &e->sp;
+	struct md_seq *s = e->sched.plan.items[i].seq;
+	if (sp->n_out[i] == 0) {
+		seq_end(e, s, MD_FINISH_ERROR, sp->err[i] ? sp->err[i] : -EIO);
+		return;
+	}
+	for (uint32_t j = 0; j < sp->n_out[i]; j++)
+		if (emit_token(e, s, &out[j]))
+			return;
 }
 
 static void publish_stats(struct md_engine *e)
@@ -358,6 +447,10 @@ static void publish_stats(struct md_engine *e)
 	e->stats.prompt_tokens = ss->prompt_tokens;
 	e->stats.gen_tokens = ss->gen_tokens;
 	e->stats.recomputed_tokens = ss->recomputed_tokens;
+	e->stats.spec_drafted = e->sp.drafted;
+	e->stats.spec_accepted = e->sp.accepted;
+	e->stats.spec_verify_steps = e->sp.verify_steps;
+	e->stats.spec_emitted = e->sp.emitted;
 	pthread_mutex_unlock(&e->st_mu);
 	atomic_store(&e->n_waiting, md_sched_n_waiting(&e->sched));
 	atomic_store(&e->n_running, md_sched_n_running(&e->sched));
@@ -371,11 +464,113 @@ static void finish_all(struct md_engine *e, enum md_finish f, int err)
 		seq_finish(e, s, f, err);
 }
 
+/* ---- speculation in the step ---- */
+
+/* Count the step's verifications (after decide_item). */
+static void spec_account(struct md_engine *e)
+{
+	struct spec_step *sp = &e->sp;
+	const struct md_plan *p = &e->sched.plan;
+	for (uint32_t i = 0; i < p->n_items; i++) {
+		if (p->items[i].n_draft == 0)
+			continue;
+		sp->drafted += p->items[i].n_draft;
+		sp->accepted += sp->n_acc[i];
+		sp->verify_steps++;
+		sp->emitted += sp->n_out[i];
+	}
+}
+
+/* Drafts a decoding sequence may carry: its k, and no more than the tokens it may still emit
+ * after the one it is sure to get. */
+static uint32_t spec_room(const struct md_engine *e, const struct md_seq *s)
+{
+	uint32_t k = s->spec->max_k;
+	uint32_t left_gen = s->req->max_tokens > s->n_gen ? s->req->max_tokens - s->n_gen : 0;
+	uint32_t left_cap = s->cap - s->n_toks, left_ctx = e->n_ctx > s->n_toks ? e->n_ctx - s->n_toks : 0;
+	uint32_t left = left_gen < left_cap ? left_gen : left_cap;
+	left = left < left_ctx ? left : left_ctx;
+	left = left > 0 ? left - 1 : 0;
+	return k < left ? k : left;
+}
+
+/* Before the plan: drafts for the running sequences that decode. */
+static void spec_propose(struct md_engine *e)
+{
+	struct md_sched *sc = &e->sched;
+	for (uint32_t i = 0; i < sc->n_running; i++) {
+		struct md_seq *s = sc->running[i];
+		struct md_spec_seq *ss = s->spec;
+		if (!ss || s->n_toks - s->n_kv != 1)
+			continue;
+		ss->n_draft = 0;
+		ss->draft_q = false;
+		uint32_t k = spec_room(e, s);
+		if (k == 0)
+			continue;
+		if (ss->drafter == MD_SPEC_NGRAM)
+			ss->n_draft = md_spec_ngram(s->toks, s->n_toks, 2, 4, k, ss->draft);
+		s->draft = ss->draft;
+		s->n_draft = ss->n_draft;
+	}
+}
+
+/* The speculation state of a new sequence from its request and the engine's defaults; NULL
+ * (no speculation) when off. Returns 0 or -ENOMEM. */
+static int spec_attach(struct md_engine *e, struct md_seq *s, uint64_t seed)
+{
+	const struct md_spec_opts *o = &s->req->spec;
+	enum md_spec_drafter d = o->drafter == MD_SPEC_DEFAULT ? e->sp.drafter : o->drafter;
+	if (d == MD_SPEC_DRAFT)
+		d = MD_SPEC_OFF; /* no draft model loaded */
+	if (d != MD_SPEC_NGRAM)
+		return 0;
+	uint32_t k = o->max_k ? o->max_k : e->sp.k;
+	s->spec = md_spec_seq_new(d, k < e->sp.k ? k : e->sp.k, seed);
+	return s->spec ? 0 : -ENOMEM;
+}
+
+static int spec_setup(struct md_engine *e)
+{
+	struct spec_step *sp = &e->sp;
+	const struct md_engine_config *c = &e->cfg;
+	sp->k = c->spec_k ? c->spec_k : 8;
+	if (sp->k > MD_SPEC_MAX_K)
+		sp->k = MD_SPEC_MAX_K;
+	sp->drafter = c->spec == MD_SPEC_DEFAULT ? MD_SPEC_OFF : c->spec;
+	uint32_t S = c->max_seqs;
+	e->max_logits = S * (1 + sp->k);
+	sp->out = calloc(e->max_logits, sizeof(*sp->out));
+	sp->n_out = calloc(S, sizeof(uint32_t));
+	sp->n_acc = calloc(S, sizeof(uint32_t));
+	sp->keep = calloc(S, sizeof(uint32_t));
+	sp->err = calloc(S, sizeof(int));
+	if (!sp->out || !sp->n_out || !sp->n_acc || !sp->keep || !sp->err ||
+	    md_sampler_dist_init(&sp->resid, e->n_vocab))
+		return -ENOMEM;
+	sp->ready = true;
+	return 0;
+}
+
+static void spec_release(struct md_engine *e)
+{
+	struct spec_step *sp = &e->sp;
+	free(sp->out);
+	free(sp->n_out);
+	free(sp->n_acc);
+	free(sp->keep);
+	free(sp->err);
+	if (sp->ready)
+		md_sampler_dist_release(&sp->resid);
+	memset(sp, 0, sizeof(*sp));
+}
+
 /* One scheduler step. Returns true when it did work. */
 static bool step(struct md_engine *e)
 {
 	MD_ASSERT_OWNER(&e->owner);
 	struct md_sched *sc = &e->sched;
+	spec_propose(e);
 	uint32_t n = md_sched_plan(sc);
 	struct md_plan *p = &sc->plan;
 	while (p->failed) {
@@ -398,15 +593,27 @@ static bool step(struct md_engine *e)
 		finish_all(e, MD_FINISH_ERROR, rows < 0 ? rows : -EIO);
 		return true;
 	}
-	md_sched_commit(sc, NULL);
-	/* Logits rows come in item order; an item's rows are its last n_logits tokens. */
+	/* Decide every item's tokens, roll back the rejected drafts, then emit: emitting may
+	 * remove a sequence, which the commit still reads. Logits rows come in item order; an
+	 * item's rows are its last n_logits tokens. */
+	struct spec_step *sp = &e->sp;
 	uint32_t k = 0;
 	for (uint32_t i = 0; i < p->n_items; i++) {
-		struct md_plan_item *it = &p->items[i];
-		if (it->n_logits == 0)
+		sp->n_out[i] = sp->n_acc[i] = sp->keep[i] = 0;
+		if (p->items[i].n_logits == 0)
 			continue;
-		sample_seq(e, it->seq, e->logits + (size_t)k * e->n_vocab);
-		k += it->n_logits;
+		decide_item(e, i, e->logits + (size_t)k * e->n_vocab, sp->out + k);
+		k += p->items[i].n_logits;
+	}
+	md_sched_commit(sc, sp->keep);
+	spec_account(e);
+	k = 0;
+	for (uint32_t i = 0; i < p->n_items; i++) {
+		if (p->items[i].n_logits == 0)
+			continue;
+		uint32_t rows0 = k;
+		k += p->items[i].n_logits;
+		emit_item(e, i, sp->out + rows0);
 	}
 	return true;
 }
@@ -545,8 +752,13 @@ static int load(struct md_engine *e)
 	rc = setup_kv(e);
 	if (rc)
 		return rc;
+	if (spec_setup(e)) {
+		snprintf(e->err, sizeof(e->err), "out of memory setting up speculative decoding");
+		return -ENOMEM;
+	}
 	struct md_sched_config sc = {
 		.max_seqs = c->max_seqs, .step_tokens = c->step_tokens, .n_ctx = e->n_ctx,
+		.max_logits = e->max_logits,
 	};
 	rc = md_sched_init(&e->sched, &sc, &e->kv);
 	if (rc) {
@@ -558,8 +770,9 @@ static int load(struct md_engine *e)
 
 	int threads = c->n_threads > 0 ? c->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
 	e->fw = md_forward_new(&e->model, threads, (int)c->step_tokens);
-	/* One logits row per running sequence; the scheduler keeps a step within that. */
-	e->logits = malloc(sizeof(float) * (size_t)c->max_seqs * e->n_vocab);
+	/* One logits row per running sequence and its drafts; the scheduler keeps a step
+	 * within that. */
+	e->logits = malloc(sizeof(float) * (size_t)e->max_logits * e->n_vocab);
 	if (!e->fw || !e->logits) {
 		snprintf(e->err, sizeof(e->err), "out of memory setting up the engine");
 		return -ENOMEM;
@@ -586,6 +799,11 @@ static void take_submissions(struct md_engine *e, struct md_engine_req *subs, bo
 				? r->sampling.seed
 				: md_sampler_mix(r->id ^ (uint64_t)time(NULL) ^ (uint64_t)clock());
 			s = md_seq_new(r, e->n_ctx, e->n_vocab, seed);
+			if (s && spec_attach(e, s, seed)) {
+				s->req = NULL; /* r is still the caller's: failed below */
+				md_seq_free(s);
+				s = NULL;
+			}
 		}
 		if (!s) {
 			req_done(e, r, MD_FINISH_ERROR, failed ? -ESHUTDOWN : -ENOMEM, r->n_prompt, 0);
@@ -702,6 +920,7 @@ void md_engine_free(struct md_engine *e)
 	if (e->model_loaded)
 		md_model_free(&e->model);
 	free(e->logits);
+	spec_release(e);
 	free((char *)e->cfg.model_path);
 	free((char *)e->cfg.chat_template);
 	pthread_mutex_destroy(&e->sub_mu);
@@ -731,6 +950,11 @@ uint32_t md_engine_n_ctx(const struct md_engine *e)
 uint32_t md_engine_n_vocab(const struct md_engine *e)
 {
 	return e->n_vocab;
+}
+
+bool md_engine_has_draft(const struct md_engine *e)
+{
+	return false;
 }
 
 int md_engine_tokenize(const struct md_engine *e, const char *text, size_t len, bool add_bos,

@@ -34,6 +34,7 @@
 #include <stdint.h>
 
 #include "engine/sampler.h"
+#include "engine/spec.h"
 
 struct md_engine; /* opaque */
 
@@ -52,6 +53,14 @@ struct md_engine_config {
 	uint32_t step_tokens;       /* token budget of one forward step */
 	uint32_t max_queue;         /* waiting requests before submit answers -EAGAIN */
 	bool progress;              /* print load progress on stderr */
+	/* Speculative decoding (engine/spec.h). */
+	enum md_spec_drafter spec;  /* requests' default: MD_SPEC_OFF (also for DEFAULT), NGRAM
+				       or DRAFT (needs draft_model_path; else NGRAM's fallback:
+				       off) */
+	uint32_t spec_k;            /* default and largest drafted tokens per step; 0 = 8 */
+	bool spec_fixed;            /* draft max k every step (no controller): for tests */
+	const char *draft_model_path; /* borrowed, may be NULL: a GGUF with the model's
+					 vocabulary; loading fails when it cannot be used */
 };
 
 enum md_engine_state {
@@ -77,6 +86,7 @@ struct md_engine_req {
 	uint32_t max_tokens;         /* >= 1; the engine also stops at its context limit */
 	bool ignore_eos;
 	struct md_sampling sampling; /* owns its logit_bias array */
+	struct md_spec_opts spec;    /* speculation for this request (zero: the engine's) */
 	struct md_engine_req *_next; /* queue link */
 	struct md_engine_event *_done; /* owned: the DONE event, allocated by md_engine_submit so
 					  that a request always gets one */
@@ -103,6 +113,8 @@ struct md_engine_event {
 	enum md_finish finish;       /* MD_EV_DONE */
 	int err;                     /* MD_EV_DONE with MD_FINISH_ERROR: negative code */
 	uint32_t n_prompt, n_gen;    /* MD_EV_DONE: tokens processed / generated */
+	uint32_t n_drafted, n_accepted; /* MD_EV_DONE: speculation, drafted tokens verified and
+					   accepted */
 	struct md_engine_event *next; /* owned: rest of a polled list */
 };
 
@@ -112,6 +124,9 @@ struct md_engine_stats {
 	uint64_t steps, preemptions;
 	uint64_t prompt_tokens, gen_tokens; /* processed in forward passes, each once */
 	uint64_t recomputed_tokens;         /* computed again after a preemption */
+	uint64_t spec_drafted, spec_accepted; /* drafted tokens verified, and accepted */
+	uint64_t spec_verify_steps;         /* sequence-steps that verified drafts */
+	uint64_t spec_emitted;              /* tokens those sequence-steps emitted */
 };
 
 /* Create an engine (does not start the thread). Returns 0 or -ENOMEM / -EINVAL. */
@@ -150,6 +165,8 @@ const char *md_engine_model_name(const struct md_engine *e); /* general.name or 
 const char *md_engine_model_path(const struct md_engine *e);
 uint32_t md_engine_n_ctx(const struct md_engine *e);
 uint32_t md_engine_n_vocab(const struct md_engine *e);
+/* Whether a draft model is loaded (requests may ask for MD_SPEC_DRAFT). */
+bool md_engine_has_draft(const struct md_engine *e);
 
 /* Encode text (add_bos: prepend BOS where the model wants it; parse_special: match special
  * tokens). Returns the count (>= 0) with a malloc'd array in *ids, or a negative code. */
