@@ -322,6 +322,7 @@ static void seq_finish(struct md_engine *e, struct md_seq *s, enum md_finish f, 
 	if (s->spec) {
 		r->_done->n_drafted = s->spec->drafted;
 		r->_done->n_accepted = s->spec->accepted;
+		r->_done->n_verify = s->spec->verify_steps;
 	}
 	req_done(e, r, f, err, s->n_prompt, s->n_gen);
 	md_seq_free(s);
@@ -360,6 +361,11 @@ static bool emit_token(struct md_engine *e, struct md_seq *s, const struct md_sa
 		for (uint32_t i = 0; i < n_top; i++) {
 			ev->top[i].id = so->top_id[i];
 			ev->top[i].logprob = so->top_logprob[i];
+		}
+		if (s->spec) {
+			ev->n_drafted = s->spec->drafted;
+			ev->n_accepted = s->spec->accepted;
+			ev->n_verify = s->spec->verify_steps;
 		}
 	}
 	ev_stage(e, ev);

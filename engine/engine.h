@@ -113,8 +113,9 @@ struct md_engine_event {
 	enum md_finish finish;       /* MD_EV_DONE */
 	int err;                     /* MD_EV_DONE with MD_FINISH_ERROR: negative code */
 	uint32_t n_prompt, n_gen;    /* MD_EV_DONE: tokens processed / generated */
-	uint32_t n_drafted, n_accepted; /* MD_EV_DONE: speculation, drafted tokens verified and
-					   accepted */
+	uint32_t n_drafted, n_accepted; /* speculation so far (MD_EV_TOKEN and MD_EV_DONE):
+					   drafted tokens verified, and accepted */
+	uint32_t n_verify;           /* steps that verified drafts, so far */
 	struct md_engine_event *next; /* owned: rest of a polled list */
 };
 

@@ -51,6 +51,14 @@ static int v_log_format(const char *v, char *err, size_t errlen)
 	return -EINVAL;
 }
 
+static int v_spec(const char *v, char *err, size_t errlen)
+{
+	if (strcmp(v, "off") == 0 || strcmp(v, "ngram") == 0 || strcmp(v, "draft") == 0)
+		return 0;
+	snprintf(err, errlen, "must be off, ngram or draft");
+	return -EINVAL;
+}
+
 static int v_host(const char *v, char *err, size_t errlen)
 {
 	unsigned char addr[sizeof(struct in6_addr)];
@@ -113,6 +121,14 @@ static const struct opt options[] = {
 	  "requests waiting for admission before new ones get 429" },
 	{ "engine", "max-tokens-cap", 0, OPT_INT, OFF(max_tokens_cap), "4096", 1, 1 << 24, NULL,
 	  false, "largest max_tokens a request may ask for (400 above)" },
+	{ "speculative", "spec", 0, OPT_STRING, OFF(spec), "ngram", 0, 0, v_spec, false,
+	  "speculative decoding by default: off, ngram (prompt lookup) or draft (draft-model); "
+	  "requests choose with \"speculative\"" },
+	{ "speculative", "spec-k", 0, OPT_INT, OFF(spec_k), "8", 1, 16, NULL, false,
+	  "most drafted tokens per sequence and step (the controller picks 0..spec-k)" },
+	{ "speculative", "draft-model", 0, OPT_STRING, OFF(draft_model), "", 0, 0, NULL, false,
+	  "draft GGUF with the model's vocabulary (empty: the draft beside the default model "
+	  "when serving it)" },
 	{ "log", "log-level", 0, OPT_STRING, OFF(log_level), "info", 0, 0, v_log_level, true,
 	  "error, warn, info or debug; re-read from the config file on SIGHUP" },
 	{ "log", "log-format", 0, OPT_STRING, OFF(log_format), "text", 0, 0, v_log_format, true,

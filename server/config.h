@@ -34,6 +34,10 @@ struct md_config {
 	int64_t step_tokens;
 	int64_t max_queue;
 	int64_t max_tokens_cap;
+	/* [speculative] */
+	char *spec;                 /* owned: off, ngram or draft: requests' default drafter */
+	int64_t spec_k;             /* largest drafted tokens per step */
+	char *draft_model;          /* owned; "" = the draft beside the default model, if any */
 	/* [log] */
 	char *log_level;            /* owned */
 	char *log_format;           /* owned */
