@@ -36,6 +36,7 @@
 
 #include "common/assert.h"
 #include "common/log.h"
+#include "engine/draft_model.h"
 #include "engine/forward.h"
 #include "engine/kv_cache.h"
 #include "engine/model.h"
@@ -103,6 +104,10 @@ struct md_engine {
 	uint32_t max_logits;             /* rows: max_seqs, times 1 + spec_k with speculation */
 	struct md_engine_event *out_head, *out_tail; /* events of the current step */
 	struct spec_step sp;             /* speculation's per-step scratch and counters */
+	struct md_draft_model draft;     /* the draft model, when draft_ready */
+	bool draft_ready;
+	struct md_seq **dseq;            /* owned (max_seqs): sequences the draft model drafts for */
+	uint32_t *dk;                    /* owned (max_seqs): their k */
 
 	/* published at READY, read-only afterwards */
 	char name[256];
@@ -504,6 +509,7 @@ static uint32_t spec_room(const struct md_engine *e, const struct md_seq *s)
 static void spec_propose(struct md_engine *e)
 {
 	struct md_sched *sc = &e->sched;
+	uint32_t nd = 0;
 	for (uint32_t i = 0; i < sc->n_running; i++) {
 		struct md_seq *s = sc->running[i];
 		struct md_spec_seq *ss = s->spec;
@@ -512,13 +518,25 @@ static void spec_propose(struct md_engine *e)
 		ss->n_draft = 0;
 		ss->draft_q = false;
 		uint32_t k = spec_room(e, s);
+		s->draft = ss->draft;
+		s->n_draft = 0;
 		if (k == 0)
 			continue;
-		if (ss->drafter == MD_SPEC_NGRAM)
+		if (ss->drafter == MD_SPEC_NGRAM) {
 			ss->n_draft = md_spec_ngram(s->toks, s->n_toks, 2, 4, k, ss->draft);
-		s->draft = ss->draft;
-		s->n_draft = ss->n_draft;
+			s->n_draft = ss->n_draft;
+		} else if (ss->drafter == MD_SPEC_DRAFT) {
+			e->dseq[nd] = s;
+			e->dk[nd++] = k;
+		}
 	}
+	if (nd == 0)
+		return;
+	int rc = md_draft_propose(&e->draft, e->dseq, e->dk, nd);
+	if (rc)
+		md_log(MD_LOG_WARN, "draft model step failed (%d): no drafts this step", rc);
+	for (uint32_t i = 0; i < nd; i++)
+		e->dseq[i]->n_draft = e->dseq[i]->spec->n_draft;
 }
 
 /* The speculation state of a new sequence from its request and the engine's defaults; NULL
@@ -527,9 +545,9 @@ static int spec_attach(struct md_engine *e, struct md_seq *s, uint64_t seed)
 {
 	const struct md_spec_opts *o = &s->req->spec;
 	enum md_spec_drafter d = o->drafter == MD_SPEC_DEFAULT ? e->sp.drafter : o->drafter;
-	if (d == MD_SPEC_DRAFT)
-		d = MD_SPEC_OFF; /* no draft model loaded */
-	if (d != MD_SPEC_NGRAM)
+	if (d == MD_SPEC_DRAFT && !e->draft_ready)
+		d = MD_SPEC_OFF; /* no draft model: the server refuses such requests before */
+	if (d != MD_SPEC_NGRAM && d != MD_SPEC_DRAFT)
 		return 0;
 	uint32_t k = o->max_k ? o->max_k : e->sp.k;
 	s->spec = md_spec_seq_new(d, k < e->sp.k ? k : e->sp.k, seed);
@@ -569,6 +587,46 @@ static void spec_release(struct md_engine *e)
 	if (sp->ready)
 		md_sampler_dist_release(&sp->resid);
 	memset(sp, 0, sizeof(*sp));
+	if (e->draft_ready)
+		md_draft_release(&e->draft);
+	e->draft_ready = false;
+	free(e->dseq);
+	free(e->dk);
+}
+
+/* The draft model, when configured (after the forward context exists: it shares its pool). */
+static int spec_load_draft(struct md_engine *e, int threads)
+{
+	const struct md_engine_config *c = &e->cfg;
+	if (!c->draft_model_path) {
+		if (c->spec == MD_SPEC_DRAFT) {
+			snprintf(e->err, sizeof(e->err), "spec = draft needs a draft model "
+				 "(--draft-model FILE)");
+			return -EINVAL;
+		}
+		return 0;
+	}
+	e->dseq = calloc(c->max_seqs, sizeof(*e->dseq));
+	e->dk = calloc(c->max_seqs, sizeof(*e->dk));
+	if (!e->dseq || !e->dk) {
+		snprintf(e->err, sizeof(e->err), "out of memory setting up the draft model");
+		return -ENOMEM;
+	}
+	uint32_t kv_mb = c->kv_mem_mb / 4 ? c->kv_mem_mb / 4 : 16;
+	int rc = md_draft_load(&e->draft, c->draft_model_path, &e->model, e->fw, threads,
+			       c->max_seqs, e->n_ctx, c->step_tokens, kv_mb, e->err, sizeof(e->err));
+	if (rc) {
+		md_draft_release(&e->draft);
+		return rc;
+	}
+	e->draft_ready = true;
+	if (c->progress) {
+		const struct md_hparams *hp = &e->draft.model.hp;
+		md_log(MD_LOG_INFO, "draft model '%s': %s, %u layers, n_embd %u, %.1f MiB",
+		       c->draft_model_path, hp->arch_name, hp->n_layer, hp->n_embd,
+		       e->draft.model.gguf.size / 1048576.0);
+	}
+	return 0;
 }
 
 /* One scheduler step. Returns true when it did work. */
@@ -783,6 +841,9 @@ static int load(struct md_engine *e)
 		snprintf(e->err, sizeof(e->err), "out of memory setting up the engine");
 		return -ENOMEM;
 	}
+	rc = spec_load_draft(e, threads);
+	if (rc)
+		return rc;
 	pthread_mutex_lock(&e->st_mu);
 	e->stats.kv_blocks_total = md_kv_blocks_total(&e->kv);
 	pthread_mutex_unlock(&e->st_mu);
@@ -960,7 +1021,7 @@ uint32_t md_engine_n_vocab(const struct md_engine *e)
 
 bool md_engine_has_draft(const struct md_engine *e)
 {
-	return false;
+	return e->draft_ready;
 }
 
 int md_engine_tokenize(const struct md_engine *e, const char *text, size_t len, bool add_bos,

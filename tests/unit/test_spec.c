@@ -352,6 +352,253 @@ static void case_cancel(const char *model)
 	md_engine_free(e);
 }
 
+/* The default model with its draft: greedy outputs equal plain decoding's. */
+static void case_greedy_draft(const char *model, const char *draft)
+{
+	struct md_engine *e = start(model, draft, MD_SPEC_OFF, 6, 4, 256);
+	REQUIRE(CHECK_EQ_I(md_engine_state(e), MD_ENGINE_READY));
+	CHECK(md_engine_has_draft(e));
+	int32_t *ids[64];
+	uint32_t lens[64];
+	int n = default_prompts(e, ids, lens, 50);
+	uint64_t dr, ac;
+	compare(e, ids, lens, n, 64, 0, MD_SPEC_DRAFT, &dr, &ac);
+	free_prompts(ids, n);
+	md_engine_free(e);
+}
+
+/* A draft that cannot serve is refused at start-up with a message saying why. */
+static void case_draft_refused(const char *moed_gguf, const char *model)
+{
+	char dir[512], path[600];
+	REQUIRE(CHECK(gen_tiny(moed_gguf, "5", "300", dir, sizeof dir, path, sizeof path)));
+	struct md_engine *e = start(model, path, MD_SPEC_DRAFT, 4, 2, 256);
+	CHECK_EQ_I(md_engine_state(e), MD_ENGINE_FAILED);
+	printf("refused: %s\n", md_engine_error(e));
+	CHECK(strstr(md_engine_error(e), "vocabulary") != NULL);
+	md_engine_free(e);
+	e = start(model, "/nonexistent/draft.gguf", MD_SPEC_DRAFT, 4, 2, 256);
+	CHECK_EQ_I(md_engine_state(e), MD_ENGINE_FAILED);
+	printf("refused: %s\n", md_engine_error(e));
+	CHECK(strstr(md_engine_error(e), "cannot load draft model") != NULL);
+	md_engine_free(e);
+	e = start(model, NULL, MD_SPEC_DRAFT, 4, 2, 256);
+	CHECK_EQ_I(md_engine_state(e), MD_ENGINE_FAILED);
+	printf("refused: %s\n", md_engine_error(e));
+	md_engine_free(e);
+	gen_model_cleanup(dir, path);
+}
+
+/* ---- the distribution test ---- */
+
+#define TOPK 4
+
+/* The top-TOPK tokens after prompt and their probabilities at temperature 1 with top_k TOPK
+ * (softmax of the raw logprobs over the TOPK best, as the sampler builds it), from one plain
+ * greedy step with logprobs. */
+static void next_dist(struct md_engine *e, const int32_t *prompt, uint32_t n, int32_t *id,
+		      double *pr, uint64_t rid)
+{
+	struct md_engine_req *r = mkreq(rid, prompt, n, 1, 0, 1, MD_SPEC_OFF);
+	r->sampling.top_logprobs = TOPK;
+	r->ignore_eos = true;
+	REQUIRE(CHECK_EQ_I(md_engine_submit(e, r), 0));
+	double end = now_s() + 60;
+	bool got = false, done = false;
+	while (!done && now_s() < end) {
+		struct md_engine_event *l = md_engine_poll(e);
+		for (struct md_engine_event *ev = l; ev; ev = ev->next) {
+			done |= ev->req_id == rid && ev->kind == MD_EV_DONE;
+			if (ev->req_id == rid && ev->kind == MD_EV_TOKEN) {
+				REQUIRE(CHECK_EQ_U(ev->n_top, TOPK));
+				double z = 0;
+				for (int i = 0; i < TOPK; i++)
+					z += exp(ev->top[i].logprob);
+				for (int i = 0; i < TOPK; i++) {
+					id[i] = ev->top[i].id;
+					pr[i] = exp(ev->top[i].logprob) / z;
+				}
+				got = true;
+			}
+		}
+		md_engine_events_free(l);
+		usleep(200);
+	}
+	REQUIRE(CHECK(got));
+}
+
+/* Exact probabilities of every (t1, t2, t3) the model can sample after prompt with top_k
+ * TOPK at temperature 1: TOPK^3 cells, cell id[c] (3 tokens), prob[c]. */
+static void exact_cells(struct md_engine *e, const int32_t *prompt, uint32_t n,
+			int32_t (*id)[3], double *prob)
+{
+	int32_t ctx[64], a[TOPK], b[TOPK], c3[TOPK];
+	double pa[TOPK], pb[TOPK], pc[TOPK];
+	uint64_t rid = 50000;
+	memcpy(ctx, prompt, sizeof(int32_t) * n);
+	next_dist(e, ctx, n, a, pa, rid++);
+	int cell = 0;
+	for (int i = 0; i < TOPK; i++) {
+		ctx[n] = a[i];
+		next_dist(e, ctx, n + 1, b, pb, rid++);
+		for (int j = 0; j < TOPK; j++) {
+			ctx[n + 1] = b[j];
+			next_dist(e, ctx, n + 2, c3, pc, rid++);
+			for (int k = 0; k < TOPK; k++, cell++) {
+				id[cell][0] = a[i];
+				id[cell][1] = b[j];
+				id[cell][2] = c3[k];
+				prob[cell] = pa[i] * pb[j] * pc[k];
+			}
+		}
+	}
+}
+
+/* Upper alpha = 0.001 point of chi-square with df degrees of freedom (Wilson-Hilferty; within
+ * 1% of the exact quantile for df >= 3). */
+static double chisq_crit_001(int df)
+{
+	double z = 3.0902, h = 2.0 / (9.0 * df);
+	double t = 1 - h + z * sqrt(h);
+	return df * t * t * t;
+}
+
+/* Pearson's statistic of counts against n * prob over the cells, cells with an expected count
+ * below 5 pooled into one. Returns it; *df gets the degrees of freedom. */
+static double pearson(const uint32_t *cnt, const double *prob, int cells, uint32_t n, int *df)
+{
+	double x2 = 0, pool_e = 0, pool_o = 0;
+	int k = 0;
+	for (int c = 0; c < cells; c++) {
+		double ex = n * prob[c];
+		if (ex < 5) {
+			pool_e += ex;
+			pool_o += cnt[c];
+			continue;
+		}
+		x2 += (cnt[c] - ex) * (cnt[c] - ex) / ex;
+		k++;
+	}
+	if (pool_e > 0) {
+		x2 += (pool_o - pool_e) * (pool_o - pool_e) / pool_e;
+		k++;
+	}
+	*df = k - 1;
+	return x2;
+}
+
+/*
+ * Sampled outputs with draft-model speculation follow the target distribution. The target is
+ * a generated model with a 300-token vocabulary, the draft the same model requantized to
+ * q4_0 (close but not equal, so both the acceptance test and the residual draw are exercised);
+ * top_k 4 at temperature 1 gives 64 possible 3-token continuations whose exact probabilities
+ * come from the target's logprobs. N seeded requests of 4 tokens with k = 2 (tokens 2 and 3 come
+ * from one verification of two drafts) give counts of the first three; Pearson's chi-square must stay below the
+ * alpha = 0.001 point (a correct sampler fails this 1 run in 1000; the seeds are fixed, so the
+ * run is deterministic). The test's power is shown too: the draft's own distribution (what
+ * accepting every draft would give) is computed exactly and must sit far above the threshold.
+ */
+static void case_chisq_draft(const char *moed_gguf)
+{
+	char dir[512], path[600], ddir[512], dpath[600];
+	REQUIRE(CHECK(gen_tiny(moed_gguf, "21", "300", dir, sizeof dir, path, sizeof path)));
+	/* The draft: the target requantized to 4 bits, close to it but not equal. */
+	snprintf(ddir, sizeof ddir, "%s", dir);
+	snprintf(dpath, sizeof dpath, "%s/draft.gguf", dir);
+	char cmd[2048];
+	snprintf(cmd, sizeof cmd, "'%s' quantize '%s' '%s' q4_0 > /dev/null 2>&1", moed_gguf, path,
+		 dpath);
+	REQUIRE(CHECK_EQ_I(system(cmd), 0));
+	enum { CELLS = TOPK * TOPK * TOPK, N = 6000 };
+	static int32_t id[CELLS][3];
+	static double prob[CELLS], qprob[CELLS];
+	const int32_t prompt[] = { 17, 99, 3, 250, 42 };
+	const uint32_t np = 5;
+
+	/* The draft's distribution over the same cells (t1 from the target, t2 and t3 from q). */
+	struct md_engine *d = start(dpath, NULL, MD_SPEC_OFF, 2, 8, 64);
+	REQUIRE(CHECK_EQ_I(md_engine_state(d), MD_ENGINE_READY));
+
+	struct md_engine *e = start(path, dpath, MD_SPEC_DRAFT, 2, 8, 64);
+	REQUIRE(CHECK_EQ_I(md_engine_state(e), MD_ENGINE_READY));
+	exact_cells(e, prompt, np, id, prob);
+	double sum = 0;
+	for (int c = 0; c < CELLS; c++)
+		sum += prob[c];
+	CHECK_NEAR(sum, 1.0, 1e-4);
+	for (int c = 0; c < CELLS; c++) {
+		int32_t ctx[8], qi[TOPK];
+		double qp[TOPK], q2 = 0, q3 = 0, p1 = prob[c];
+		memcpy(ctx, prompt, sizeof(prompt));
+		ctx[np] = id[c][0];
+		next_dist(d, ctx, np + 1, qi, qp, 70000 + (uint64_t)c * 2);
+		for (int i = 0; i < TOPK; i++)
+			q2 += qi[i] == id[c][1] ? qp[i] : 0;
+		ctx[np + 1] = id[c][1];
+		next_dist(d, ctx, np + 2, qi, qp, 70001 + (uint64_t)c * 2);
+		for (int i = 0; i < TOPK; i++)
+			q3 += qi[i] == id[c][2] ? qp[i] : 0;
+		/* p(t1) = the cell's probability summed over t2, t3 */
+		p1 = 0;
+		for (int x = 0; x < CELLS; x++)
+			p1 += id[x][0] == id[c][0] ? prob[x] : 0;
+		qprob[c] = p1 * q2 * q3;
+	}
+	md_engine_free(d);
+
+	static uint32_t cnt[CELLS];
+	static struct run runs[64];
+	uint32_t other = 0, done = 0;
+	uint64_t drafted = 0, accepted = 0;
+	while (done < N) {
+		int batch = N - done < 64 ? (int)(N - done) : 64;
+		for (int i = 0; i < batch; i++) {
+			memset(&runs[i], 0, sizeof(runs[i]));
+			runs[i].id = 1 + done + (uint64_t)i;
+			struct md_engine_req *r = mkreq(runs[i].id, prompt, np, 4, 1.0f,
+							777 + done + (uint64_t)i, MD_SPEC_DRAFT);
+			r->sampling.top_k = TOPK;
+			r->ignore_eos = true;
+			REQUIRE(CHECK_EQ_I(md_engine_submit(e, r), 0));
+		}
+		REQUIRE(CHECK(collect(e, runs, (size_t)batch, 120)));
+		for (int i = 0; i < batch; i++) {
+			REQUIRE(CHECK_EQ_U(runs[i].n_out, 4));
+			drafted += runs[i].fin.n_drafted;
+			accepted += runs[i].fin.n_accepted;
+			int c = 0;
+			while (c < CELLS && memcmp(id[c], runs[i].out, sizeof(id[c])) != 0)
+				c++;
+			if (c < CELLS)
+				cnt[c]++;
+			else
+				other++;
+		}
+		done += (uint32_t)batch;
+	}
+	CHECK_EQ_U(other, 0);
+	int df, qdf;
+	double x2 = pearson(cnt, prob, CELLS, N, &df);
+	double crit = chisq_crit_001(df);
+	/* Power: the expected statistic if outputs followed the draft (Pearson's noncentrality
+	 * plus df), over the same pooled cells. */
+	double lam = 0;
+	for (int c = 0; c < CELLS; c++)
+		if (N * prob[c] >= 5)
+			lam += N * (qprob[c] - prob[c]) * (qprob[c] - prob[c]) / prob[c];
+	(void)qdf;
+	printf("chi-square %.1f, df %d, alpha 0.001 threshold %.1f; %d samples, drafted %llu, "
+	       "accepted %llu (%.0f%%); outputs distributed as the draft would give ~%.0f\n", x2,
+	       df, crit, N, (unsigned long long)drafted, (unsigned long long)accepted,
+	       drafted ? 100.0 * accepted / drafted : 0.0, lam + df);
+	CHECK(x2 < crit);
+	CHECK(lam + df > 3 * crit);
+	CHECK(accepted > 0 && drafted > accepted);
+	md_engine_free(e);
+	unlink(dpath);
+	gen_model_cleanup(dir, path);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 4) {
@@ -369,6 +616,12 @@ int main(int argc, char **argv)
 		case_seeded_gen(argv[2]);
 	else if (strcmp(c, "cancel") == 0)
 		case_cancel(argv[3]);
+	else if (strcmp(c, "greedy-draft") == 0 && argc > 4)
+		case_greedy_draft(argv[3], argv[4]);
+	else if (strcmp(c, "draft-refused") == 0)
+		case_draft_refused(argv[2], argv[3]);
+	else if (strcmp(c, "chisq-draft") == 0)
+		case_chisq_draft(argv[2]);
 	else {
 		fprintf(stderr, "unknown case '%s'\n", c);
 		return 2;
