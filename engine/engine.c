@@ -41,6 +41,7 @@
 #include "engine/kv_cache.h"
 #include "engine/model.h"
 #include "engine/sched.h"
+#include "engine/spec_ctl.h"
 #include "engine/text.h"
 
 struct cancel_msg {
@@ -108,6 +109,11 @@ struct md_engine {
 	bool draft_ready;
 	struct md_seq **dseq;            /* owned (max_seqs): sequences the draft model drafts for */
 	uint32_t *dk;                    /* owned (max_seqs): their k */
+	struct md_spec_ctl ctl;          /* chooses k per sequence and step */
+	struct md_seq **cseq;            /* owned (max_seqs): this step's candidates */
+	struct md_spec_seq **css;        /* owned (max_seqs): their states */
+	uint32_t *ck;                    /* owned (max_seqs): room in, chosen k out */
+	bool *cfree;                     /* owned (max_seqs): the candidate's drafts cost nothing */
 
 	/* published at READY, read-only afterwards */
 	char name[256];
@@ -431,6 +437,8 @@ static void decide_item(struct md_engine *e, uint32_t i, const float *rows,
 		ss->accepted += acc;
 		ss->verify_steps++;
 	}
+	if (ss)
+		md_spec_ctl_feedback(ss, it->n_draft, acc, n ? out[0].token : -1);
 }
 
 /* Emit what decide_item decided for item i (after the commit). */
@@ -477,6 +485,13 @@ static void finish_all(struct md_engine *e, enum md_finish f, int err)
 
 /* ---- speculation in the step ---- */
 
+static double mono_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
 /* Count the step's verifications (after decide_item). */
 static void spec_account(struct md_engine *e)
 {
@@ -505,29 +520,53 @@ static uint32_t spec_room(const struct md_engine *e, const struct md_seq *s)
 	return k < left ? k : left;
 }
 
-/* Before the plan: drafts for the running sequences that decode. */
+/* Before the plan: the n-gram proposals, the controller's k for every decoding sequence with
+ * a drafter (engine/spec_ctl.h), then the draft model's rounds. */
 static void spec_propose(struct md_engine *e)
 {
 	struct md_sched *sc = &e->sched;
-	uint32_t nd = 0;
+	uint32_t nd = 0, nc = 0, B = 0;
 	for (uint32_t i = 0; i < sc->n_running; i++) {
 		struct md_seq *s = sc->running[i];
 		struct md_spec_seq *ss = s->spec;
-		if (!ss || s->n_toks - s->n_kv != 1)
+		if (s->n_toks - s->n_kv != 1)
+			continue;
+		B++;
+		if (!ss)
 			continue;
 		ss->n_draft = 0;
 		ss->draft_q = false;
-		uint32_t k = spec_room(e, s);
+		ss->shadow = -1;
 		s->draft = ss->draft;
 		s->n_draft = 0;
+		uint32_t k = spec_room(e, s);
 		if (k == 0)
 			continue;
 		if (ss->drafter == MD_SPEC_NGRAM) {
-			ss->n_draft = md_spec_ngram(s->toks, s->n_toks, 2, 4, k, ss->draft);
-			s->n_draft = ss->n_draft;
-		} else if (ss->drafter == MD_SPEC_DRAFT) {
+			k = md_spec_ngram(s->toks, s->n_toks, 2, 4, k, ss->draft);
+			if (k == 0)
+				continue;
+		}
+		e->cseq[nc] = s;
+		e->css[nc] = ss;
+		e->ck[nc] = k;
+		e->cfree[nc++] = ss->drafter == MD_SPEC_NGRAM;
+	}
+	if (nc == 0)
+		return;
+	md_spec_ctl_choose(&e->ctl, e->css, e->ck, e->cfree, nc, B,
+			   e->draft_ready ? e->draft.t_round : 0);
+	for (uint32_t i = 0; i < nc; i++) {
+		struct md_seq *s = e->cseq[i];
+		struct md_spec_seq *ss = s->spec;
+		ss->k_used = e->ck[i];
+		if (ss->drafter == MD_SPEC_NGRAM) {
+			if (e->ck[i] == 0)
+				ss->shadow = ss->draft[0]; /* judged against the step's token */
+			ss->n_draft = s->n_draft = e->ck[i];
+		} else if (e->ck[i] > 0) {
 			e->dseq[nd] = s;
-			e->dk[nd++] = k;
+			e->dk[nd++] = e->ck[i];
 		}
 	}
 	if (nd == 0)
@@ -563,7 +602,18 @@ static int spec_setup(struct md_engine *e)
 		sp->k = MD_SPEC_MAX_K;
 	sp->drafter = c->spec == MD_SPEC_DEFAULT ? MD_SPEC_OFF : c->spec;
 	uint32_t S = c->max_seqs;
-	e->max_logits = S * (1 + sp->k);
+	/* Logits rows for every sequence, and drafts for up to 16 of them at once (under heavier
+	 * load the scheduler trims drafts to the rows; the controller rarely wants more then). */
+	e->max_logits = S + (S < 16 ? S : 16) * sp->k;
+	md_spec_ctl_init(&e->ctl, &e->model, c->spec_fixed);
+	e->dseq = calloc(S, sizeof(*e->dseq));
+	e->dk = calloc(S, sizeof(*e->dk));
+	e->cseq = calloc(S, sizeof(*e->cseq));
+	e->css = calloc(S, sizeof(*e->css));
+	e->ck = calloc(S, sizeof(*e->ck));
+	e->cfree = calloc(S, sizeof(*e->cfree));
+	if (!e->dseq || !e->dk || !e->cseq || !e->css || !e->ck || !e->cfree)
+		return -ENOMEM;
 	sp->out = calloc(e->max_logits, sizeof(*sp->out));
 	sp->n_out = calloc(S, sizeof(uint32_t));
 	sp->n_acc = calloc(S, sizeof(uint32_t));
@@ -592,6 +642,10 @@ static void spec_release(struct md_engine *e)
 	e->draft_ready = false;
 	free(e->dseq);
 	free(e->dk);
+	free(e->cseq);
+	free(e->css);
+	free(e->ck);
+	free(e->cfree);
 }
 
 /* The draft model, when configured (after the forward context exists: it shares its pool). */
@@ -605,12 +659,6 @@ static int spec_load_draft(struct md_engine *e, int threads)
 			return -EINVAL;
 		}
 		return 0;
-	}
-	e->dseq = calloc(c->max_seqs, sizeof(*e->dseq));
-	e->dk = calloc(c->max_seqs, sizeof(*e->dk));
-	if (!e->dseq || !e->dk) {
-		snprintf(e->err, sizeof(e->err), "out of memory setting up the draft model");
-		return -ENOMEM;
 	}
 	uint32_t kv_mb = c->kv_mem_mb / 4 ? c->kv_mem_mb / 4 : 16;
 	int rc = md_draft_load(&e->draft, c->draft_model_path, &e->model, e->fw, threads,
@@ -650,6 +698,7 @@ static bool step(struct md_engine *e)
 		.n_tokens = (int32_t)n, .tokens = p->tokens, .seq = p->seq, .pos = p->pos,
 		.want_logits = p->want_logits,
 	};
+	double t0 = mono_s();
 	int rows = md_forward(e->fw, &e->kv, &b, e->logits);
 	if (rows < 0 || (uint32_t)rows != p->n_logits) {
 		md_log(MD_LOG_ERROR, "engine step failed (%d); failing %u sequences", rows,
@@ -669,6 +718,9 @@ static bool step(struct md_engine *e)
 		decide_item(e, i, e->logits + (size_t)k * e->n_vocab, sp->out + k);
 		k += p->items[i].n_logits;
 	}
+	/* The controller's cost table: forward plus decisions of decode-only steps. */
+	if (p->n_prompt == 0 && p->n_recompute == 0)
+		md_spec_ctl_observe(&e->ctl, n, mono_s() - t0);
 	md_sched_commit(sc, sp->keep);
 	spec_account(e);
 	k = 0;

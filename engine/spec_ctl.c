@@ -1,0 +1,211 @@
+/* The speculation controller (see the DESIGN in spec_ctl.h). */
+#include "engine/spec_ctl.h"
+
+#include <math.h>
+#include <string.h>
+
+#define DECAY 0.85      /* per verification: how fast acceptance history fades */
+#define MARGIN 1.03     /* predicted gain needed to speculate */
+#define PROBE_MIN 4
+#define PROBE_MAX 64
+
+static double tensor_bytes(const struct md_tensor *t)
+{
+	if (!t)
+		return 0;
+	return (double)t->ne[1] * (double)t->nb1 * (double)t->ne[2] * (double)t->ne[3];
+}
+
+/* One expert's matrix (3-D expert tensors: ne[2] experts). */
+static double expert_bytes(const struct md_tensor *t)
+{
+	return t ? (double)t->ne[1] * (double)t->nb1 : 0;
+}
+
+void md_spec_ctl_init(struct md_spec_ctl *c, const struct md_model *m, bool fixed)
+{
+	memset(c, 0, sizeof(*c));
+	c->fixed = fixed;
+	const struct md_hparams *hp = &m->hp;
+	c->w_dense = tensor_bytes(m->output ? m->output : m->tok_embd);
+	for (uint32_t l = 0; l < hp->n_layer; l++) {
+		const struct md_layer *L = &m->layers[l];
+		const struct md_tensor *dense[] = { L->wq, L->wk, L->wv, L->wo, L->ffn_gate, L->ffn_up,
+						    L->ffn_down, L->gate_inp, L->gate_shexp,
+						    L->up_shexp, L->down_shexp };
+		for (size_t i = 0; i < sizeof(dense) / sizeof(dense[0]); i++)
+			c->w_dense += tensor_bytes(dense[i]);
+		if (L->gate_exps) {
+			c->n_moe_layers++;
+			c->w_expert += (expert_bytes(L->gate_exps) + expert_bytes(L->up_exps) +
+					expert_bytes(L->down_exps));
+		}
+	}
+	if (c->n_moe_layers)
+		c->w_expert /= c->n_moe_layers;
+	c->n_expert = hp->n_expert;
+	c->n_used = hp->n_expert_used;
+}
+
+double md_spec_ctl_bytes(const struct md_spec_ctl *c, uint32_t n)
+{
+	if (!c->n_moe_layers || !c->n_expert)
+		return c->w_dense + 1;
+	double E = c->n_expert, K = c->n_used;
+	double u = E * (1 - pow(1 - K / E, (double)n));
+	return c->w_dense + c->n_moe_layers * u * c->w_expert + 1;
+}
+
+double md_spec_ctl_cost(const struct md_spec_ctl *c, uint32_t n)
+{
+	if (n > MD_SPEC_CTL_MAXN)
+		n = MD_SPEC_CTL_MAXN;
+	if (n == 0)
+		n = 1;
+	if (c->nobs[n] >= 2)
+		return c->t[n];
+	/* The nearest measured sizes below and above, scaled by the byte model between. */
+	int lo = -1, hi = -1;
+	for (int i = (int)n - 1; i >= 1; i--)
+		if (c->nobs[i] >= 2) {
+			lo = i;
+			break;
+		}
+	for (int i = (int)n + 1; i <= MD_SPEC_CTL_MAXN; i++)
+		if (c->nobs[i] >= 2) {
+			hi = i;
+			break;
+		}
+	double r = md_spec_ctl_bytes(c, n);
+	if (lo > 0 && hi > 0) {
+		double rl = md_spec_ctl_bytes(c, (uint32_t)lo), rh = md_spec_ctl_bytes(c, (uint32_t)hi);
+		double f = rh > rl ? (r - rl) / (rh - rl) : 0.5;
+		return c->t[lo] + f * (c->t[hi] - c->t[lo]);
+	}
+	if (lo > 0)
+		return c->t[lo] * r / md_spec_ctl_bytes(c, (uint32_t)lo);
+	if (hi > 0)
+		return c->t[hi] * r / md_spec_ctl_bytes(c, (uint32_t)hi);
+	return 0;
+}
+
+void md_spec_ctl_observe(struct md_spec_ctl *c, uint32_t n, double dt)
+{
+	if (n == 0 || n > MD_SPEC_CTL_MAXN || !(dt > 0))
+		return;
+	/* A median-ish smoother: outliers (a preempted thread) move it by a bounded step. */
+	if (c->nobs[n] == 0)
+		c->t[n] = dt;
+	else if (dt > 2 * c->t[n])
+		c->t[n] *= 1.1;
+	else
+		c->t[n] = 0.8 * c->t[n] + 0.2 * dt;
+	if (c->nobs[n] < UINT32_MAX)
+		c->nobs[n]++;
+}
+
+double md_spec_ctl_alpha(const struct md_spec_seq *ss)
+{
+	return (ss->acc_w + 1) / (ss->acc_n + 2);
+}
+
+static void judge(struct md_spec_seq *ss, double ok, double trials)
+{
+	ss->acc_w = ss->acc_w * DECAY + ok;
+	ss->acc_n = ss->acc_n * DECAY + trials;
+}
+
+void md_spec_ctl_feedback(struct md_spec_seq *ss, uint32_t n_draft, uint32_t n_acc, int32_t first)
+{
+	if (n_draft) {
+		/* n_acc successes, then one failure unless every draft held. */
+		judge(ss, n_acc, n_acc + (n_acc < n_draft));
+	} else if (ss->shadow >= 0 && first >= 0) {
+		judge(ss, first == ss->shadow, 1);
+	}
+	ss->shadow = -1;
+}
+
+/* E(k) = alpha + ... + alpha^k */
+static double expect(double a, uint32_t k)
+{
+	double e = 0, p = 1;
+	for (uint32_t j = 0; j < k; j++) {
+		p *= a;
+		e += p;
+	}
+	return e;
+}
+
+void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, uint32_t *k,
+			const bool *free_draft, uint32_t n, uint32_t B, double t_round)
+{
+	c->chosen_steps++;
+	if (c->fixed)
+		return;
+	double c0 = md_spec_ctl_cost(c, B);
+	/* Best acceptance first (selection order over at most max_seqs entries). */
+	uint32_t order[256], m = 0;
+	for (uint32_t i = 0; i < n && m < 256; i++)
+		order[m++] = i;
+	for (uint32_t a = 0; a < m; a++)
+		for (uint32_t b = a + 1; b < m; b++)
+			if (md_spec_ctl_alpha(ss[order[b]]) > md_spec_ctl_alpha(ss[order[a]])) {
+				uint32_t t = order[a];
+				order[a] = order[b];
+				order[b] = t;
+			}
+	for (uint32_t i = m; i < n; i++)
+		k[i] = 0;
+	double gain = 0;
+	uint32_t extra = 0, rounds = 0;
+	bool any = false;
+	for (uint32_t oi = 0; oi < m; oi++) {
+		uint32_t i = order[oi];
+		struct md_spec_seq *s = ss[i];
+		uint32_t room = k[i];
+		k[i] = 0;
+		if (room == 0)
+			continue;
+		double a = md_spec_ctl_alpha(s);
+		uint32_t best = 0;
+		if (c0 > 0) {
+			double cur = (B + gain) / (md_spec_ctl_cost(c, B + extra) + rounds * t_round);
+			double best_rate = cur * MARGIN;
+			for (uint32_t kk = 1; kk <= room; kk++) {
+				uint32_t r = free_draft[i] || kk < rounds ? rounds : kk;
+				double cost = md_spec_ctl_cost(c, B + extra + kk) + r * t_round;
+				double rate = (B + gain + expect(a, kk)) / cost;
+				if (cost > 0 && rate > best_rate) {
+					best_rate = rate;
+					best = kk;
+				}
+			}
+		}
+		if (best == 0) {
+			/* Probe now and then: one short verification re-measures alpha and a step
+			 * size; the gap doubles while probes do not lead to speculation. */
+			if (s->probe_wait > 0) {
+				s->probe_wait--;
+			} else {
+				best = room < 2 ? room : 2;
+				s->probe_gap = s->probe_gap ? s->probe_gap * 2 : PROBE_MIN;
+				if (s->probe_gap > PROBE_MAX)
+					s->probe_gap = PROBE_MAX;
+				s->probe_wait = s->probe_gap;
+			}
+		} else {
+			s->probe_gap = 0;
+			s->probe_wait = PROBE_MIN;
+			any = true;
+		}
+		k[i] = best;
+		if (best) {
+			gain += expect(a, best);
+			extra += best;
+			if (!free_draft[i] && best > rounds)
+				rounds = best;
+		}
+	}
+	c->spec_steps += any;
+}
