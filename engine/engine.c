@@ -16,6 +16,14 @@
  * handed over under one lock at its end. Cancellation is a message: the sequence leaves at
  * the next step and its blocks return to the pool.
  *
+ * Speculative decoding (engine/spec.h) lives in the same step: before the plan every decoding
+ * sequence with a drafter gets up to k drafts (n-gram lookup, or the draft model's batched
+ * rounds, engine/draft_model.h), k chosen per sequence by the controller (engine/spec_ctl.h);
+ * after the forward pass every item's tokens are decided first (drafts accepted while they
+ * hold), then the scheduler commits, rolling back the rejected drafts' KV rows, and only then
+ * are tokens emitted, one event each with the same end-of-generation and length checks as
+ * a plain step, so a step may emit several tokens of one sequence.
+ *
  * Every request carries its DONE event from submission (allocated on the caller's thread), so
  * running out of memory later can drop a token event but never leaves a request hanging.
  *
@@ -556,6 +564,13 @@ static void spec_propose(struct md_engine *e)
 		return;
 	md_spec_ctl_choose(&e->ctl, e->css, e->ck, e->cfree, nc, B,
 			   e->draft_ready ? e->draft.t_round : 0);
+	/* Drafts beyond the spare logits rows would crowd other sequences out of the step. */
+	uint32_t spare = e->max_logits - e->cfg.max_seqs;
+	for (uint32_t i = 0; i < nc; i++) {
+		if (e->ck[i] > spare)
+			e->ck[i] = spare;
+		spare -= e->ck[i];
+	}
 	for (uint32_t i = 0; i < nc; i++) {
 		struct md_seq *s = e->cseq[i];
 		struct md_spec_seq *ss = s->spec;

@@ -7,7 +7,8 @@
 #define DECAY 0.85      /* per verification: how fast acceptance history fades */
 #define MARGIN 1.03     /* predicted gain needed to speculate */
 #define PROBE_MIN 4
-#define PROBE_MAX 64
+#define PROBE_MAX 128
+#define EXPLORE 8       /* every this many speculating steps, try one more draft token */
 
 static double tensor_bytes(const struct md_tensor *t)
 {
@@ -76,16 +77,24 @@ double md_spec_ctl_cost(const struct md_spec_ctl *c, uint32_t n)
 			hi = i;
 			break;
 		}
+	/* Between two measured sizes: along the byte model (the distinct experts). Beyond the
+	 * largest: as if every token cost as much as a whole step (compute-bound, the worst
+	 * case), never less than the byte model says, so sizes not measured yet look no cheaper
+	 * than they can be; the frontier is measured by exploring (md_spec_ctl_choose). Below
+	 * the smallest: the smallest's time. */
 	double r = md_spec_ctl_bytes(c, n);
 	if (lo > 0 && hi > 0) {
 		double rl = md_spec_ctl_bytes(c, (uint32_t)lo), rh = md_spec_ctl_bytes(c, (uint32_t)hi);
 		double f = rh > rl ? (r - rl) / (rh - rl) : 0.5;
 		return c->t[lo] + f * (c->t[hi] - c->t[lo]);
 	}
-	if (lo > 0)
-		return c->t[lo] * r / md_spec_ctl_bytes(c, (uint32_t)lo);
+	if (lo > 0) {
+		double by_bytes = c->t[lo] * r / md_spec_ctl_bytes(c, (uint32_t)lo);
+		double linear = c->t[lo] * n / lo;
+		return linear > by_bytes ? linear : by_bytes;
+	}
 	if (hi > 0)
-		return c->t[hi] * r / md_spec_ctl_bytes(c, (uint32_t)hi);
+		return c->t[hi];
 	return 0;
 }
 
@@ -188,7 +197,7 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 			if (s->probe_wait > 0) {
 				s->probe_wait--;
 			} else {
-				best = room < 2 ? room : 2;
+				best = 1;
 				s->probe_gap = s->probe_gap ? s->probe_gap * 2 : PROBE_MIN;
 				if (s->probe_gap > PROBE_MAX)
 					s->probe_gap = PROBE_MAX;
@@ -198,6 +207,14 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 			s->probe_gap = 0;
 			s->probe_wait = PROBE_MIN;
 			any = true;
+			/* Explore the frontier: a step one token larger than any measured is
+			 * predicted pessimistically, so measure it now and then. */
+			if (best < room && ++s->explore >= EXPLORE &&
+			    c->nobs[B + extra + best + 1 <= MD_SPEC_CTL_MAXN ?
+				    B + extra + best + 1 : MD_SPEC_CTL_MAXN] < 2) {
+				best++;
+				s->explore = 0;
+			}
 		}
 		k[i] = best;
 		if (best) {

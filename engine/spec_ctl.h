@@ -18,8 +18,9 @@
  * the whole model. Where decode is bound by memory traffic the step's time follows R(n); where
  * it is bound by per-step overhead (a tiny model) it is nearly flat. The controller does not
  * assume either: it measures the forward time of decode-only steps per token count (smoothed)
- * and uses R only to interpolate and extrapolate from the counts it has measured
- * (t(n) = t(n') R(n) / R(n') from the nearest measured n'); a draft model adds its rounds'
+ * and uses R only to interpolate between them; a size beyond the largest measured is predicted pessimistically (as if
+ * compute-bound: t(n) = t(n') n / n', or the byte model's ratio if larger) until measured, so
+ * the controller never counts on a speedup it has not seen; a draft model adds its rounds'
  * measured time.
  *
  * Acceptance model. Each sequence keeps decayed counts of its draft tokens judged and accepted;
@@ -33,10 +34,11 @@
  * second (B + sum E_i(k_i)) / (C(B + sum k_i) + D(max k_i)), and only when that beats the
  * choice without it by a margin (3%), so estimation noise does not push a stream below plain
  * decoding. Under load B is large, C(B + k) - C(B) is what a draft costs everyone, and the rule
- * speculates only while that still gains. A sequence given k = 0 is probed with one short
- * verification after probe_gap steps (doubling to 64 while probes do not pay, reset when
- * speculation is chosen): a draft model has no free shadow, and a step size not yet measured
- * gets measured this way.
+ * speculates only while that still gains. A sequence given k = 0 is probed with one draft
+ * after probe_gap steps (doubling to 128 while probes do not pay, reset when speculation is
+ * chosen): a draft model has no free shadow, and the step size gets measured. While
+ * speculating, every 8th step tries one draft more when that step size is not measured yet,
+ * which is how k grows where verification is cheap (memory-bound MoE decode).
  *
  * Engine thread only.
  */

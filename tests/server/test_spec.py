@@ -67,21 +67,25 @@ def stream_text(srv, body, spec):
     return text, fin, usage, lps
 
 
-srv = Server(moed, model, args=["--max-seqs", "4", "--spec", "ngram", "--spec-k", "8"])
+draft = os.path.splitext(model)[0] + "-draft.gguf"  # the default model's, beside it
+srv = Server(moed, model, args=["--max-seqs", "4", "--spec", "ngram", "--spec-k", "8",
+                                "--draft-model", draft])
 try:
-    # 1. Greedy identity over 52 prompts, 4 at a time (mixed batches): off vs ngram.
+    # 1. Greedy identity over 52 prompts, 4 at a time (mixed batches): off vs each drafter.
     ps = prompts()
     with ThreadPoolExecutor(4) as pool:
         plain = list(pool.map(lambda p: chat(srv, p, {"drafter": "off"}), ps))
-        spec = list(pool.map(lambda p: chat(srv, p, {"drafter": "ngram", "max_k": 8}), ps))
-    same = 0
-    for i, (a, b) in enumerate(zip(plain, spec)):
-        ta, tb = a["choices"][0]["message"]["content"], b["choices"][0]["message"]["content"]
-        ok = (ta == tb and a["choices"][0]["finish_reason"] == b["choices"][0]["finish_reason"]
-              and a["usage"] == b["usage"])
-        same += ok
-        check(ok, "prompt %d: same response with and without n-gram speculation" % i, ta, tb)
-    print("greedy identity (server, ngram): %d/%d prompts" % (same, len(ps)))
+        for d in ("ngram", "draft"):
+            spec = list(pool.map(lambda p: chat(srv, p, {"drafter": d, "max_k": 8}), ps))
+            same = 0
+            for i, (a, b) in enumerate(zip(plain, spec)):
+                ta, tb = (a["choices"][0]["message"]["content"],
+                          b["choices"][0]["message"]["content"])
+                ok = (ta == tb and a["usage"] == b["usage"] and
+                      a["choices"][0]["finish_reason"] == b["choices"][0]["finish_reason"])
+                same += ok
+                check(ok, "prompt %d: same response with and without %s" % (i, d), ta, tb)
+            print("greedy identity (server, %s): %d/%d prompts" % (d, same, len(ps)))
     drafted = metric(srv, "moed:spec_draft_tokens_total")
     accepted = metric(srv, "moed:spec_accepted_tokens_total")
     mlen = metric(srv, "moed:spec_mean_accepted_length")
@@ -110,7 +114,12 @@ try:
         if "stop" in c:
             check(c["stop"][0] not in a[0] and a[1] == "stop", "stop string cut", c["stop"], a[:2])
 
-    # 3. Seeded sampling is identical with n-gram drafts (the draw is the plain draw).
+    # 3. Seeded sampling is identical with n-gram drafts (the draw is the plain draw); with the
+    # draft model it is a valid sample of the same request (the distribution test is in
+    # tests/unit/test_spec.c).
+    body = dict(verse, temperature=0.8, seed=5, max_tokens=40)
+    d = chat(srv, body, {"drafter": "draft"})
+    check(d["choices"][0]["finish_reason"] in ("stop", "length"), "sampled with the draft", d)
     for seed in (1, 2, 3):
         body = dict(verse, temperature=0.8, seed=seed, top_p=0.95)
         a = chat(srv, body, {"drafter": "off"})["choices"][0]["message"]["content"]
