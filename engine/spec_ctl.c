@@ -27,6 +27,7 @@ void md_spec_ctl_init(struct md_spec_ctl *c, const struct md_model *m, bool fixe
 {
 	memset(c, 0, sizeof(*c));
 	c->fixed = fixed;
+	c->rvar = 0.0625; /* until measured: a quarter of a step */
 	const struct md_hparams *hp = &m->hp;
 	c->w_dense = tensor_bytes(m->output ? m->output : m->tok_embd);
 	for (uint32_t l = 0; l < hp->n_layer; l++) {
@@ -98,17 +99,33 @@ double md_spec_ctl_cost(const struct md_spec_ctl *c, uint32_t n)
 	return 0;
 }
 
+double md_spec_ctl_cost_hi(const struct md_spec_ctl *c, uint32_t n)
+{
+	if (n > MD_SPEC_CTL_MAXN)
+		n = MD_SPEC_CTL_MAXN;
+	double t = md_spec_ctl_cost(c, n);
+	/* The standard error of the nearest measured size at or below n: the machine's relative
+	 * noise over the samples behind it (about 9 in the smoother's window). */
+	for (int i = (int)n; i >= 1; i--)
+		if (c->nobs[i] >= 2) {
+			uint32_t m = c->nobs[i] < 9 ? c->nobs[i] : 9;
+			return t * (1 + sqrt(c->rvar / m));
+		}
+	return t;
+}
+
 void md_spec_ctl_observe(struct md_spec_ctl *c, uint32_t n, double dt)
 {
 	if (n == 0 || n > MD_SPEC_CTL_MAXN || !(dt > 0))
 		return;
 	/* A median-ish smoother: outliers (a preempted thread) move it by a bounded step. */
-	if (c->nobs[n] == 0)
+	if (c->nobs[n] == 0) {
 		c->t[n] = dt;
-	else if (dt > 2 * c->t[n])
-		c->t[n] *= 1.1;
-	else
-		c->t[n] = 0.8 * c->t[n] + 0.2 * dt;
+	} else {
+		double x = dt > 2 * c->t[n] ? 2 * c->t[n] : dt, d = (x - c->t[n]) / c->t[n];
+		c->t[n] += 0.2 * (x - c->t[n]);
+		c->rvar = 0.95 * c->rvar + 0.05 * d * d;
+	}
 	if (c->nobs[n] < UINT32_MAX)
 		c->nobs[n]++;
 }
@@ -152,9 +169,8 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 	c->chosen_steps++;
 	if (c->fixed)
 		return;
-	double c0 = md_spec_ctl_cost(c, B);
 	/* Best acceptance first (selection order over at most max_seqs entries). */
-	uint32_t order[256], m = 0;
+	uint32_t order[256], room[256], m = 0;
 	for (uint32_t i = 0; i < n && m < 256; i++)
 		order[m++] = i;
 	for (uint32_t a = 0; a < m; a++)
@@ -164,65 +180,67 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 				order[a] = order[b];
 				order[b] = t;
 			}
-	for (uint32_t i = m; i < n; i++)
+	for (uint32_t i = 0; i < n; i++) {
+		room[i < 256 ? i : 255] = i < 256 ? k[i] : 0;
 		k[i] = 0;
-	double gain = 0;
+	}
+	/* Grow the plan sequence by sequence while the step's rate rises, every size charged
+	 * its upper estimate; then keep it only if it beats plain decode by the margin. */
+	double gain = 0, plain = md_spec_ctl_cost(c, B);
 	uint32_t extra = 0, rounds = 0;
-	bool any = false;
+	for (uint32_t oi = 0; oi < m && plain > 0; oi++) {
+		uint32_t i = order[oi];
+		double a = md_spec_ctl_alpha(ss[i]);
+		double best_rate = (B + gain) / (md_spec_ctl_cost_hi(c, B + extra) + rounds * t_round);
+		uint32_t best = 0;
+		for (uint32_t kk = 1; kk <= room[i]; kk++) {
+			uint32_t r = free_draft[i] || kk < rounds ? rounds : kk;
+			double cost = md_spec_ctl_cost_hi(c, B + extra + kk) + r * t_round;
+			double rate = (B + gain + expect(a, kk)) / cost;
+			if (cost > 0 && rate > best_rate) {
+				best_rate = rate;
+				best = kk;
+			}
+		}
+		k[i] = best;
+		gain += expect(a, best);
+		extra += best;
+		if (!free_draft[i] && best > rounds)
+			rounds = best;
+	}
+	bool spec = extra > 0 && (B + gain) / (md_spec_ctl_cost_hi(c, B + extra) + rounds * t_round) >
+				 MARGIN * B / plain;
 	for (uint32_t oi = 0; oi < m; oi++) {
 		uint32_t i = order[oi];
 		struct md_spec_seq *s = ss[i];
-		uint32_t room = k[i];
-		k[i] = 0;
-		if (room == 0)
-			continue;
-		double a = md_spec_ctl_alpha(s);
-		uint32_t best = 0;
-		if (c0 > 0) {
-			double cur = (B + gain) / (md_spec_ctl_cost(c, B + extra) + rounds * t_round);
-			double best_rate = cur * MARGIN;
-			for (uint32_t kk = 1; kk <= room; kk++) {
-				uint32_t r = free_draft[i] || kk < rounds ? rounds : kk;
-				double cost = md_spec_ctl_cost(c, B + extra + kk) + r * t_round;
-				double rate = (B + gain + expect(a, kk)) / cost;
-				if (cost > 0 && rate > best_rate) {
-					best_rate = rate;
-					best = kk;
-				}
-			}
-		}
-		if (best == 0) {
-			/* Probe now and then: one short verification re-measures alpha and a step
-			 * size; the gap doubles while probes do not lead to speculation. */
+		if (!spec)
+			k[i] = 0;
+		if (k[i] == 0) {
+			/* Probe now and then: one draft re-measures alpha and a step size; the gap
+			 * doubles while probes do not lead to speculation. */
 			if (s->probe_wait > 0) {
 				s->probe_wait--;
-			} else {
-				best = 1;
+			} else if (room[i] > 0) {
+				k[i] = 1;
 				s->probe_gap = s->probe_gap ? s->probe_gap * 2 : PROBE_MIN;
 				if (s->probe_gap > PROBE_MAX)
 					s->probe_gap = PROBE_MAX;
 				s->probe_wait = s->probe_gap;
 			}
-		} else {
-			s->probe_gap = 0;
-			s->probe_wait = PROBE_MIN;
-			any = true;
-			/* Explore the frontier: a step one token larger than any measured is
-			 * predicted pessimistically, so measure it now and then. */
-			if (best < room && ++s->explore >= EXPLORE &&
-			    c->nobs[B + extra + best + 1 <= MD_SPEC_CTL_MAXN ?
-				    B + extra + best + 1 : MD_SPEC_CTL_MAXN] < 2) {
-				best++;
-				s->explore = 0;
-			}
+			continue;
 		}
-		k[i] = best;
-		if (best) {
-			gain += expect(a, best);
-			extra += best;
-			if (!free_draft[i] && best > rounds)
-				rounds = best;
+		s->probe_gap = 0;
+		s->probe_wait = PROBE_MIN;
+		/* Explore the frontier: a step one token larger than any measured is predicted
+		 * pessimistically, so measure it now and then. */
+		if (k[i] < room[i] && ++s->explore >= EXPLORE) {
+			uint32_t next = B + extra + 1 <= MD_SPEC_CTL_MAXN ? B + extra + 1 : MD_SPEC_CTL_MAXN;
+			if (c->nobs[next] < 9) {
+				k[i]++;
+				extra++;
+			}
+			s->explore = 0;
 		}
 	}
-	c->spec_steps += any;
+	c->spec_steps += spec;
 }

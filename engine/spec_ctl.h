@@ -30,15 +30,20 @@
  * verified (k = 0) is compared with the token the step emitted (the shadow).
  *
  * Choice. One step emits B tokens for its B decoding sequences in time C(B). Sequences are
- * taken best alpha first; each gets the k (0..its room) that maximises the step's tokens per
- * second (B + sum E_i(k_i)) / (C(B + sum k_i) + D(max k_i)), and only when that beats the
- * choice without it by a margin (3%), so estimation noise does not push a stream below plain
- * decoding. Under load B is large, C(B + k) - C(B) is what a draft costs everyone, and the rule
- * speculates only while that still gains. A sequence given k = 0 is probed with one draft
- * after probe_gap steps (doubling to 128 while probes do not pay, reset when speculation is
- * chosen): a draft model has no free shadow, and the step size gets measured. While
- * speculating, every 8th step tries one draft more when that step size is not measured yet,
- * which is how k grows where verification is cheap (memory-bound MoE decode).
+ * taken best alpha first; each gets the k (0..its room) that most raises the step's tokens per
+ * second (B + sum E_i(k_i)) / (C(B + sum k_i) + D(max k_i)), D the draft model's rounds, every
+ * step size charged one standard error above its mean time (the machine's relative noise over
+ * the samples behind it: picking the best of several noisy estimates would otherwise favour
+ * the one measured too fast). The plan is kept only when it beats plain decode, B / C(B), by
+ * a margin (3%); the margin applies to the whole step, so under load many small gains can add
+ * up, and a stream is not pushed below plain decode by noise. Under load B is large and
+ * C(B + k) - C(B) is what a draft costs everyone: the rule speculates only while that still
+ * gains. A sequence given k = 0 is probed with one draft after probe_gap steps (doubling to
+ * 128 while probes do not pay, reset when speculation is chosen): a draft model has no free
+ * shadow, and the step size gets measured. While speculating, every 8th step of a sequence
+ * adds one draft when that step size has fewer than 9 measurements, which is how k grows where
+ * verification is cheap (memory-bound MoE decode). tests/unit/test_spec_ctl.c runs it on
+ * simulated cost curves against the best fixed k.
  *
  * Engine thread only.
  */
@@ -56,6 +61,8 @@ struct md_spec_ctl {
 	double w_dense, w_expert;         /* bytes (see DESIGN) */
 	uint32_t n_moe_layers, n_expert, n_used;
 	double t[MD_SPEC_CTL_MAXN + 1];   /* smoothed seconds of a decode-only step of n tokens */
+	double rvar;                      /* smoothed squared relative deviation of step times
+					     from their size's mean (the machine's noise) */
 	uint32_t nobs[MD_SPEC_CTL_MAXN + 1];
 	uint64_t chosen_steps, spec_steps; /* steps decided, and those that speculated */
 };
@@ -66,6 +73,9 @@ void md_spec_ctl_init(struct md_spec_ctl *c, const struct md_model *m, bool fixe
 double md_spec_ctl_bytes(const struct md_spec_ctl *c, uint32_t n);
 /* Predicted seconds of a decode step of n tokens; 0 when nothing is measured yet. */
 double md_spec_ctl_cost(const struct md_spec_ctl *c, uint32_t n);
+/* The same plus one standard error of the measurement it rests on: what a step of n tokens
+ * is charged when choosing to draft, so noisy timings do not make drafting look cheap. */
+double md_spec_ctl_cost_hi(const struct md_spec_ctl *c, uint32_t n);
 /* A decode-only step of n tokens took dt seconds in the forward pass. */
 void md_spec_ctl_observe(struct md_spec_ctl *c, uint32_t n, double dt);
 

@@ -509,7 +509,7 @@ static void case_chisq_draft(const char *moed_gguf)
 	snprintf(cmd, sizeof cmd, "'%s' quantize '%s' '%s' q4_0 > /dev/null 2>&1", moed_gguf, path,
 		 dpath);
 	REQUIRE(CHECK_EQ_I(system(cmd), 0));
-	enum { CELLS = TOPK * TOPK * TOPK, N = 6000 };
+	enum { CELLS = TOPK * TOPK * TOPK, N = 4000 };
 	static int32_t id[CELLS][3];
 	static double prob[CELLS], qprob[CELLS];
 	const int32_t prompt[] = { 17, 99, 3, 250, 42 };
