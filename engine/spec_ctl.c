@@ -2,6 +2,8 @@
 #include "engine/spec_ctl.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define DECAY 0.85      /* per verification: how fast acceptance history fades */
@@ -27,6 +29,8 @@ void md_spec_ctl_init(struct md_spec_ctl *c, const struct md_model *m, bool fixe
 {
 	memset(c, 0, sizeof(*c));
 	c->fixed = fixed;
+	c->load = 1;
+	c->trace = getenv("MOED_SPEC_TRACE") != NULL;
 	c->rvar = 0.0625; /* until measured: a quarter of a step */
 	const struct md_hparams *hp = &m->hp;
 	c->w_dense = tensor_bytes(m->output ? m->output : m->tok_embd);
@@ -58,7 +62,8 @@ double md_spec_ctl_bytes(const struct md_spec_ctl *c, uint32_t n)
 	return c->w_dense + c->n_moe_layers * u * c->w_expert + 1;
 }
 
-double md_spec_ctl_cost(const struct md_spec_ctl *c, uint32_t n)
+/* The step time of n tokens at load factor 1 (see md_spec_ctl_observe). */
+static double shape_cost(const struct md_spec_ctl *c, uint32_t n)
 {
 	if (n > MD_SPEC_CTL_MAXN)
 		n = MD_SPEC_CTL_MAXN;
@@ -99,6 +104,11 @@ double md_spec_ctl_cost(const struct md_spec_ctl *c, uint32_t n)
 	return 0;
 }
 
+double md_spec_ctl_cost(const struct md_spec_ctl *c, uint32_t n)
+{
+	return c->load * shape_cost(c, n);
+}
+
 double md_spec_ctl_cost_hi(const struct md_spec_ctl *c, uint32_t n)
 {
 	if (n > MD_SPEC_CTL_MAXN)
@@ -118,13 +128,22 @@ void md_spec_ctl_observe(struct md_spec_ctl *c, uint32_t n, double dt)
 {
 	if (n == 0 || n > MD_SPEC_CTL_MAXN || !(dt > 0))
 		return;
-	/* A median-ish smoother: outliers (a preempted thread) move it by a bounded step. */
+	/* Times are load x shape: the machine's load (other processes, frequency) drifts far
+	 * more between the moments two step sizes are measured than the sizes differ, so a fast
+	 * load factor follows every observation and the per-size shape learns slowly from
+	 * normalised times; comparing sizes then compares like with like. Deviations are capped
+	 * at 2x (a preempted thread) so one outlier moves either by a bounded step. */
+	if (c->load <= 0)
+		c->load = 1;
 	if (c->nobs[n] == 0) {
-		c->t[n] = dt;
+		c->t[n] = dt / c->load;
 	} else {
-		double x = dt > 2 * c->t[n] ? 2 * c->t[n] : dt, d = (x - c->t[n]) / c->t[n];
-		c->t[n] += 0.2 * (x - c->t[n]);
+		double pred = c->load * c->t[n];
+		double x = dt > 2 * pred ? 2 * pred : dt < pred / 2 ? pred / 2 : dt;
+		double d = x / pred - 1;
 		c->rvar = 0.95 * c->rvar + 0.05 * d * d;
+		c->load *= 1 + 0.2 * d;
+		c->t[n] += 0.3 * (x / c->load - c->t[n]);
 	}
 	if (c->nobs[n] < UINT32_MAX)
 		c->nobs[n]++;
@@ -243,4 +262,14 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 		}
 	}
 	c->spec_steps += spec;
+	if (c->trace) {
+		fprintf(stderr, "spec-ctl B=%u plain=%.2fms spec=%d extra=%u gain=%.2f cost_hi=%.2fms "
+			"rvar=%.3f k0=%u alpha0=%.2f\n", B, plain * 1e3, spec, extra, gain,
+			md_spec_ctl_cost_hi(c, B + extra) * 1e3, c->rvar, m ? k[order[0]] : 0,
+			m ? md_spec_ctl_alpha(ss[order[0]]) : 0);
+		if (c->chosen_steps % 100 == 0)
+			for (uint32_t i = 1; i <= 12; i++)
+				fprintf(stderr, "spec-ctl   t[%u]=%.2fms n=%u (load %.2f)\n", i,
+					c->t[i] * 1e3, c->nobs[i], c->load);
+	}
 }

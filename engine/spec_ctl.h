@@ -17,8 +17,9 @@
  * E, which is why short drafts cost an MoE the most per token and long ones little more than
  * the whole model. Where decode is bound by memory traffic the step's time follows R(n); where
  * it is bound by per-step overhead (a tiny model) it is nearly flat. The controller does not
- * assume either: it measures the forward time of decode-only steps per token count (smoothed)
- * and uses R only to interpolate between them; a size beyond the largest measured is predicted pessimistically (as if
+ * assume either: it measures the forward time of decode-only steps per token count (smoothed,
+ * as a fast load factor times a slow per-size shape, so that sizes measured at different
+ * moments of a drifting machine load compare fairly) and uses R only to interpolate between them; a size beyond the largest measured is predicted pessimistically (as if
  * compute-bound: t(n) = t(n') n / n', or the byte model's ratio if larger) until measured, so
  * the controller never counts on a speedup it has not seen; a draft model adds its rounds'
  * measured time.
@@ -58,9 +59,12 @@
 
 struct md_spec_ctl {
 	bool fixed;                       /* always draft the most (tests) */
+	bool trace;                       /* $MOED_SPEC_TRACE: each decision on stderr */
 	double w_dense, w_expert;         /* bytes (see DESIGN) */
 	uint32_t n_moe_layers, n_expert, n_used;
-	double t[MD_SPEC_CTL_MAXN + 1];   /* smoothed seconds of a decode-only step of n tokens */
+	double t[MD_SPEC_CTL_MAXN + 1];   /* smoothed seconds of a decode-only step of n tokens,
+					     at load factor 1 */
+	double load;                      /* the machine's current load factor (fast) */
 	double rvar;                      /* smoothed squared relative deviation of step times
 					     from their size's mean (the machine's noise) */
 	uint32_t nobs[MD_SPEC_CTL_MAXN + 1];

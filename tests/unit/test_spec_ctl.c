@@ -41,11 +41,12 @@ static double overhead_bound(uint32_t n)
 /* Run `steps` steps of B identical streams with acceptance alpha and drafts of up to kmax
  * free (n-gram) tokens; returns tokens/s relative to plain decoding. */
 static double simulate(cost_fn cost, uint32_t B, double alpha, uint32_t kmax, double noise,
-		       int steps)
+		       int steps, bool drift)
 {
 	struct md_spec_ctl c;
 	memset(&c, 0, sizeof(c));
 	c.rvar = 0.0625;
+	c.load = 1;
 	c.w_dense = 28e6;
 	c.w_expert = 14.2e6;
 	c.n_moe_layers = 4;
@@ -66,9 +67,11 @@ static double simulate(cost_fn cost, uint32_t B, double alpha, uint32_t kmax, do
 		uint32_t n = B;
 		for (uint32_t i = 0; i < B; i++)
 			n += k[i];
-		double dt = cost(n) * (1 + noise * (2 * unif() - 1));
+		/* noise, and a load that drifts 3x up and down over the run */
+		double load = drift ? 2 + sin(s * 0.01) : 1;
+		double dt = load * cost(n) * (1 + noise * (2 * unif() - 1));
 		md_spec_ctl_observe(&c, n, dt);
-		time += dt;
+		time += dt / load; /* against plain decode at the same load */
 		for (uint32_t i = 0; i < B; i++) {
 			uint32_t acc = 0;
 			while (acc < k[i] && unif() < alpha)
@@ -101,19 +104,23 @@ static double bound(cost_fn cost, uint32_t B, double alpha, uint32_t kmax)
 
 int main(void)
 {
-	struct { const char *name; cost_fn f; uint32_t B; double alpha, noise, lo, hi; } cases[] = {
-		{ "compute-bound, alpha 0.9", compute_bound, 1, 0.9, 0.0, 0.97, 1.05 },
-		{ "compute-bound, noisy", compute_bound, 1, 0.9, 0.6, 0.97, 1.10 },
-		{ "memory-bound, alpha 0.95", memory_bound, 1, 0.95, 0.0, 1.5, 10 },
-		{ "memory-bound, alpha 0.95, noisy", memory_bound, 1, 0.95, 0.3, 1.4, 10 },
-		{ "memory-bound, alpha 0.3", memory_bound, 1, 0.3, 0.0, 0.97, 10 },
-		{ "memory-bound, alpha 0.05", memory_bound, 1, 0.05, 0.2, 0.97, 10 },
-		{ "overhead-bound, alpha 0.8", overhead_bound, 1, 0.8, 0.0, 2.0, 10 },
-		{ "compute-bound, 8 streams", compute_bound, 8, 0.9, 0.3, 0.97, 1.10 },
-		{ "memory-bound, 16 streams, alpha 0.6", memory_bound, 16, 0.6, 0.2, 0.97, 10 },
+	struct { const char *name; cost_fn f; uint32_t B; double alpha, noise, lo, hi; bool drift; }
+	cases[] = {
+		{ "compute-bound, alpha 0.9", compute_bound, 1, 0.9, 0.0, 0.97, 1.05, false },
+		{ "compute-bound, noisy", compute_bound, 1, 0.9, 0.6, 0.97, 1.10, false },
+		{ "memory-bound, alpha 0.95", memory_bound, 1, 0.95, 0.0, 1.5, 10, false },
+		{ "memory-bound, alpha 0.95, noisy", memory_bound, 1, 0.95, 0.3, 1.4, 10, false },
+		{ "memory-bound, alpha 0.3", memory_bound, 1, 0.3, 0.0, 0.97, 10, false },
+		{ "memory-bound, alpha 0.05", memory_bound, 1, 0.05, 0.2, 0.97, 10, false },
+		{ "overhead-bound, alpha 0.8", overhead_bound, 1, 0.8, 0.0, 2.0, 10, false },
+		{ "compute-bound, 8 streams", compute_bound, 8, 0.9, 0.3, 0.97, 1.10, false },
+		{ "memory-bound, 16 streams, alpha 0.6", memory_bound, 16, 0.6, 0.2, 0.97, 10, false },
+		{ "compute-bound, drifting load", compute_bound, 1, 0.9, 0.3, 0.97, 1.10, true },
+		{ "memory-bound, drifting load", memory_bound, 1, 0.95, 0.3, 1.3, 10, true },
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		double r = simulate(cases[i].f, cases[i].B, cases[i].alpha, 8, cases[i].noise, 4000);
+		double r = simulate(cases[i].f, cases[i].B, cases[i].alpha, 8, cases[i].noise, 4000,
+				    cases[i].drift);
 		double b = bound(cases[i].f, cases[i].B, cases[i].alpha, 8);
 		printf("%-40s %.2fx plain decode (bound %.2fx)\n", cases[i].name, r, b);
 		CHECK_CONTEXT("%s", cases[i].name);
