@@ -110,7 +110,7 @@ struct md_engine {
 	struct md_sched sched;
 	bool sched_ready;
 	float *logits;                   /* owned: (max_logits, n_vocab) */
-	uint32_t max_logits;             /* rows: max_seqs, times 1 + spec_k with speculation */
+	uint32_t max_logits;             /* rows: max_seqs, plus spec_k for up to 16 of them */
 	struct md_engine_event *out_head, *out_tail; /* events of the current step */
 	struct spec_step sp;             /* speculation's per-step scratch and counters */
 	struct md_draft_model draft;     /* the draft model, when draft_ready */
