@@ -126,7 +126,7 @@ static bool sync_seq(struct md_draft_model *dm, struct md_seq *s)
 			return false;
 		ss->dkv_seq = sl;
 		ss->dkv = &dm->kv;
-		ss->n_dkv = 0;
+		ss->dkv_base = ss->n_dkv = 0;
 		ss->n_dfed = 0;
 	}
 	uint32_t keep = ss->n_dkv;
@@ -134,7 +134,11 @@ static bool sync_seq(struct md_draft_model *dm, struct md_seq *s)
 		keep++;
 	if (keep > s->n_toks - 1)
 		keep = s->n_toks - 1;
-	md_kv_truncate(&dm->kv, ss->dkv_seq, keep);
+	if (s->n_toks - keep > MD_DRAFT_CATCHUP) {
+		/* Restart on the recent window (DESIGN). */
+		keep = ss->dkv_base = s->n_toks > MD_DRAFT_WINDOW ? s->n_toks - MD_DRAFT_WINDOW : 0;
+	}
+	md_kv_truncate(&dm->kv, ss->dkv_seq, keep - ss->dkv_base);
 	ss->n_dkv = keep;
 	ss->n_dfed = 0;
 	return true;
@@ -214,7 +218,8 @@ int md_draft_propose(struct md_draft_model *dm, struct md_seq **seqs, uint32_t *
 		s->spec->n_draft = 0;
 		s->spec->draft_q = false;
 		if (k[i] == 0 || !sync_seq(dm, s) ||
-		    md_kv_reserve(&dm->kv, s->spec->dkv_seq, s->n_toks + k[i] - 1)) {
+		    md_kv_reserve(&dm->kv, s->spec->dkv_seq,
+				  s->n_toks - s->spec->dkv_base + k[i] - 1)) {
 			k[i] = 0;
 			continue;
 		}
@@ -228,8 +233,8 @@ int md_draft_propose(struct md_draft_model *dm, struct md_seq **seqs, uint32_t *
 		bool whole = catch <= room;
 		uint32_t take = whole ? catch : room;
 		for (uint32_t j = 0; j < take; j++)
-			add_tok(dm, &nt, ss->dkv_seq, s->toks[ss->n_dkv + j], ss->n_dkv + j,
-				whole && j == take - 1);
+			add_tok(dm, &nt, ss->dkv_seq, s->toks[ss->n_dkv + j],
+				ss->n_dkv + j - ss->dkv_base, whole && j == take - 1);
 		if (whole)
 			dm->row_seq[nr++] = s;
 		else
@@ -243,7 +248,8 @@ int md_draft_propose(struct md_draft_model *dm, struct md_seq **seqs, uint32_t *
 	int rc = rows < 0 ? rows : (uint32_t)rows == nr ? 0 : -EIO;
 	for (uint32_t i = 0; i < n && !rc; i++) /* md_forward committed the new lengths */
 		if (seqs[i]->spec->dkv_seq >= 0)
-			seqs[i]->spec->n_dkv = md_kv_seq_len(&dm->kv, seqs[i]->spec->dkv_seq);
+			seqs[i]->spec->n_dkv = seqs[i]->spec->dkv_base +
+					       md_kv_seq_len(&dm->kv, seqs[i]->spec->dkv_seq);
 	for (uint32_t i = 0; i < nr && !rc; i++)
 		rc = pick(dm, dm->row_seq[i], 0, dm->logits + (size_t)i * dm->n_vocab);
 	/* Rounds 1..kmax-1: feed draft r-1, take draft r. */
@@ -254,7 +260,8 @@ int md_draft_propose(struct md_draft_model *dm, struct md_seq **seqs, uint32_t *
 			struct md_seq *s = seqs[i];
 			if (k[i] <= r)
 				continue;
-			add_tok(dm, &nt, s->spec->dkv_seq, s->spec->draft[r - 1], s->n_toks + r - 1, true);
+			add_tok(dm, &nt, s->spec->dkv_seq, s->spec->draft[r - 1],
+				s->n_toks + r - 1 - s->spec->dkv_base, true);
 			dm->row_seq[m++] = s;
 		}
 		rows = run_round(dm, nt);
@@ -267,7 +274,7 @@ int md_draft_propose(struct md_draft_model *dm, struct md_seq **seqs, uint32_t *
 		if (rc || k[i] == 0) {
 			ss->n_draft = 0;
 			if (ss->dkv_seq >= 0)
-				md_kv_truncate(&dm->kv, ss->dkv_seq, ss->n_dkv);
+				md_kv_truncate(&dm->kv, ss->dkv_seq, ss->n_dkv - ss->dkv_base);
 			continue;
 		}
 		ss->n_draft = k[i];

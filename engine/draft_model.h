@@ -18,8 +18,12 @@
  * draw), else a draw from q with the sequence's draft RNG, with q kept for the min(1, p/q)
  * test (engine/spec.h).
  *
- * The draft KV keeps toks[0..n_toks) plus the drafts fed (k_i - 1); the next call keeps the
- * prefix that still agrees with toks (the accepted drafts) and truncates the rest. A sequence
+ * The draft KV keeps toks[dkv_base..n_toks) plus the drafts fed (k_i - 1); the next call keeps
+ * the prefix that still agrees with toks (the accepted drafts) and truncates the rest. When
+ * more than MD_DRAFT_CATCHUP tokens are missing (a long prompt, or a sequence the controller
+ * kept from drafting for a while) the draft restarts on the last MD_DRAFT_WINDOW tokens only:
+ * a draft needs no exact context (verification keeps the output exact), and catching up on
+ * everything would make each probe after a pause cost a prefill of the draft. A sequence
  * whose catch-up does not fit the round's token budget, or whose KV cannot be reserved,
  * gets no drafts this step (k_i = 0): drafting is an optimisation and never fails a request.
  *
@@ -36,6 +40,9 @@
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "engine/sched.h"
+
+#define MD_DRAFT_CATCHUP 96
+#define MD_DRAFT_WINDOW 64
 
 struct md_draft_model {
 	struct md_model model;       /* owned */

@@ -87,7 +87,8 @@ struct md_spec_seq {
 
 	/* the draft model's KV (engine/draft_model.c) */
 	int dkv_seq;                   /* slot in the draft model's KV cache, -1: none */
-	uint32_t n_dkv;                /* positions of toks[] whose K/V the draft model holds */
+	uint32_t dkv_base;             /* toks[] index at the draft KV's position 0 */
+	uint32_t n_dkv;                /* toks[dkv_base .. n_dkv) are in the draft KV */
 	uint32_t n_dfed;               /* drafts fed after them (draft[0..n_dfed)) */
 	struct md_kv_cache *dkv;       /* borrowed: the draft model's KV cache holding dkv_seq */
 

@@ -131,6 +131,15 @@ static int default_prompts(struct md_engine *e, int32_t **ids, uint32_t *lens, i
 		REQUIRE(CHECK(k > 0));
 		lens[n++] = (uint32_t)k;
 	}
+	/* Long prompts (beyond the draft model's catch-up window): texts one after another. */
+	for (int t = 0; t < 2 && n < max; t++) {
+		char buf[2048] = "";
+		for (int i = 0; i < 10; i++)
+			strncat(buf, text[(i + t) % 10], sizeof(buf) - strlen(buf) - 2);
+		int k = md_engine_tokenize(e, buf, strlen(buf), true, false, &ids[n]);
+		REQUIRE(CHECK(k > 96));
+		lens[n++] = (uint32_t)k;
+	}
 	return n;
 }
 
@@ -245,8 +254,8 @@ static void case_greedy_default(const char *model)
 	REQUIRE(CHECK_EQ_I(md_engine_state(e), MD_ENGINE_READY));
 	int32_t *ids[64];
 	uint32_t lens[64];
-	int n = default_prompts(e, ids, lens, 50);
-	CHECK(n >= 50);
+	int n = default_prompts(e, ids, lens, 52);
+	CHECK(n >= 52);
 	uint64_t dr, ac;
 	compare(e, ids, lens, n, 64, 0, MD_SPEC_NGRAM, &dr, &ac);
 	free_prompts(ids, n);
@@ -360,7 +369,7 @@ static void case_greedy_draft(const char *model, const char *draft)
 	CHECK(md_engine_has_draft(e));
 	int32_t *ids[64];
 	uint32_t lens[64];
-	int n = default_prompts(e, ids, lens, 50);
+	int n = default_prompts(e, ids, lens, 52);
 	uint64_t dr, ac;
 	compare(e, ids, lens, n, 64, 0, MD_SPEC_DRAFT, &dr, &ac);
 	free_prompts(ids, n);
