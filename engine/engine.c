@@ -18,6 +18,14 @@
  * layer's routing to on_route, which feeds the routing trace (--trace-routing), the
  * scheduler's expert predictions (expert-aware batching) and the distinct-experts counters.
  *
+ * Speculative decoding (engine/spec.h) lives in the same step: before the plan every decoding
+ * sequence with a drafter gets up to k drafts (n-gram lookup, or the draft model's batched
+ * rounds, engine/draft_model.h), k chosen per sequence by the controller (engine/spec_ctl.h);
+ * after the forward pass every item's tokens are decided first (drafts accepted while they
+ * hold), then the scheduler commits, rolling back the rejected drafts' KV rows, and only then
+ * are tokens emitted, one event each with the same end-of-generation and length checks as
+ * a plain step, so a step may emit several tokens of one sequence.
+ *
  * Every request carries its DONE event from submission (allocated on the caller's thread), so
  * running out of memory later can drop a token event but never leaves a request hanging.
  *
@@ -39,17 +47,33 @@
 #include "common/assert.h"
 #include "common/log.h"
 #include "engine/experts.h"
+#include "engine/draft_model.h"
 #include "engine/forward.h"
 #include "engine/mem_plan.h"
 #include "engine/kv_cache.h"
 #include "engine/model.h"
 #include "engine/route_trace.h"
 #include "engine/sched.h"
+#include "engine/spec_ctl.h"
 #include "engine/text.h"
 
 struct cancel_msg {
 	uint64_t id;
 	struct cancel_msg *next;
+};
+
+/* What the verification of one step decided, per plan item, before any of it is applied. */
+struct spec_step {
+	struct md_sample_out *out;       /* owned (max_logits): decided tokens, by logits row */
+	uint32_t *n_out;                 /* owned (max_seqs): tokens decided per item */
+	uint32_t *n_acc;                 /* owned (max_seqs): drafts accepted per item */
+	uint32_t *keep;                  /* owned (max_seqs): drafts whose KV rows stay */
+	int *err;                        /* owned (max_seqs): sampling error per item, 0 */
+	struct md_sampler_dist resid;    /* owned: the rejection step's residual */
+	bool ready;
+	uint32_t k;                      /* the largest k (cfg.spec_k resolved) */
+	enum md_spec_drafter drafter;    /* requests' default */
+	uint64_t drafted, accepted, verify_steps, emitted; /* totals for the stats */
 };
 
 struct md_engine {
@@ -93,11 +117,22 @@ struct md_engine {
 	bool kv_ready;
 	struct md_sched sched;
 	bool sched_ready;
-	float *logits;                   /* owned: (max_seqs, n_vocab) */
+	float *logits;                   /* owned: (max_logits, n_vocab) */
+	uint32_t max_logits;             /* rows: max_seqs, plus spec_k for up to 16 of them */
 	struct md_engine_event *out_head, *out_tail; /* events of the current step */
 	struct md_route_trace *trace;    /* owned, NULL: no --trace-routing */
 	uint64_t *trace_seq;             /* owned (step_tokens): request id of each batch row */
 	uint64_t moe_layer_steps, moe_distinct; /* routing statistics, engine thread */
+	struct spec_step sp;             /* speculation's per-step scratch and counters */
+	struct md_draft_model draft;     /* the draft model, when draft_ready */
+	bool draft_ready;
+	struct md_seq **dseq;            /* owned (max_seqs): sequences the draft model drafts for */
+	uint32_t *dk;                    /* owned (max_seqs): their k */
+	struct md_spec_ctl ctl;          /* chooses k per sequence and step */
+	struct md_seq **cseq;            /* owned (max_seqs): this step's candidates */
+	struct md_spec_seq **css;        /* owned (max_seqs): their states */
+	uint32_t *ck;                    /* owned (max_seqs): room in, chosen k out */
+	bool *cfree;                     /* owned (max_seqs): the candidate's drafts cost nothing */
 
 	/* published at READY, read-only afterwards */
 	char name[256];
@@ -322,79 +357,80 @@ static void seq_finish(struct md_engine *e, struct md_seq *s, enum md_finish f, 
 	struct md_engine_req *r = s->req;
 	s->req = NULL;
 	r->_done->n_cached = s->n_cached;
+	if (s->spec) {
+		r->_done->n_drafted = s->spec->drafted;
+		r->_done->n_accepted = s->spec->accepted;
+		r->_done->n_verify = s->spec->verify_steps;
+	}
 	req_done(e, r, f, err, s->n_prompt, s->n_gen);
 	md_seq_free(s);
 }
 
-/* Constrained decoding: sample under the grammar's mask (the matcher is made on the first
- * token; near max_tokens the mask keeps only tokens after which the grammar can still be
- * completed, so the output closes rather than being cut) and advance the matcher by the token. *complete: the grammar allows nothing after
- * it but the end, so the sequence can stop without another forward pass. */
-static int sample_grammar(struct md_engine *e, struct md_seq *s, const float *row,
-			  struct md_sample_out *so, bool *complete)
+/* Constrained decoding: the grammar's mask for s's next token (the matcher is made on the
+ * first token; near max_tokens the mask keeps only tokens after which the grammar can still
+ * be completed, so the output closes rather than being cut). Requests with a grammar do not
+ * speculate (spec_attach), so one token is decided per step and the matcher advances by it
+ * in decide_item. */
+static int grammar_mask(struct md_engine *e, struct md_seq *s, const uint32_t **allowed)
 {
 	struct md_engine_req *r = s->req;
-	const uint32_t *allowed;
 	int rc = r->_gm ? 0 : md_gmatch_new(&r->_gm, r->grammar, e->gvocab);
 	if (!rc)
-		rc = md_gmatch_mask_budget(r->_gm, r->max_tokens - s->n_gen, &allowed);
-	if (rc)
-		return rc;
-	struct md_sampler_ctx ctx = {
-		.prompt = s->toks, .n_prompt = s->n_prompt, .gen = s->toks + s->n_prompt,
-		.n_gen = s->n_toks - s->n_prompt, .allowed = allowed,
-	};
-	rc = md_sampler_sample_ctx(&s->sm, &r->sampling, row, &ctx, so);
-	if (!rc)
-		rc = md_gmatch_accept(r->_gm, so->token);
-	*complete = !rc && md_gmatch_is_final(r->_gm);
+		rc = md_gmatch_mask_budget(r->_gm, r->max_tokens - s->n_gen, allowed);
 	return rc;
 }
 
-/* Sample the next token of s from its logits row; post events; finish when done.
- * Returns true when the sequence finished (it is then off the lists and freed). */
-static bool sample_seq(struct md_engine *e, struct md_seq *s, float *row)
+/* Post DONE for a sequence that is still running: off the lists, finished, freed. */
+static void seq_end(struct md_engine *e, struct md_seq *s, enum md_finish f, int err)
 {
-	struct md_sample_out so;
+	md_sched_remove(&e->sched, s);
+	seq_finish(e, s, f, err);
+}
+
+/* Whether s stops after one more token (so: tokens it may still take). */
+static bool at_limit(const struct md_engine *e, const struct md_seq *s, uint32_t extra)
+{
+	return s->n_gen + extra >= s->req->max_tokens || s->n_toks + extra >= e->n_ctx ||
+	       s->n_toks + extra >= s->cap;
+}
+
+/* Emit one decided token of s: post its event and append it, or finish s (end-of-generation,
+ * max_tokens, context, a completed grammar). Returns true when the sequence finished (it is
+ * then freed). */
+static bool emit_token(struct md_engine *e, struct md_seq *s, const struct md_sample_out *so)
+{
 	const struct md_engine_req *r = s->req;
-	bool complete = false;
-	int rc = r->grammar ? sample_grammar(e, s, row, &so, &complete)
-			    : md_sampler_sample(&s->sm, &r->sampling, row, s->toks, s->n_prompt,
-						s->toks + s->n_prompt, s->n_toks - s->n_prompt, &so);
-	if (rc) {
-		md_sched_remove(&e->sched, s);
-		seq_finish(e, s, MD_FINISH_ERROR, rc);
-		return true;
-	}
 	s->n_gen++;
 	/* Under a grammar the end token means the grammar is complete: it ends even with
 	 * ignore_eos, since nothing may follow it. */
-	if (md_tokenizer_is_eog(e->text.tok, so.token) && (!r->ignore_eos || r->grammar)) {
-		md_sched_remove(&e->sched, s);
-		seq_finish(e, s, MD_FINISH_STOP, 0);
+	if (md_tokenizer_is_eog(e->text.tok, so->token) && (!r->ignore_eos || r->grammar)) {
+		seq_end(e, s, MD_FINISH_STOP, 0);
 		return true;
 	}
 	struct md_engine_event *ev = ev_new(MD_EV_TOKEN, r->id);
 	if (ev) {
-		ev->token = so.token;
-		ev->logprob = so.logprob;
-		uint32_t n_top = so.n_top < MD_ENGINE_MAX_TOP ? so.n_top : MD_ENGINE_MAX_TOP;
+		ev->token = so->token;
+		ev->logprob = so->logprob;
+		uint32_t n_top = so->n_top < MD_ENGINE_MAX_TOP ? so->n_top : MD_ENGINE_MAX_TOP;
 		ev->n_top = (uint8_t)n_top;
 		for (uint32_t i = 0; i < n_top; i++) {
-			ev->top[i].id = so.top_id[i];
-			ev->top[i].logprob = so.top_logprob[i];
+			ev->top[i].id = so->top_id[i];
+			ev->top[i].logprob = so->top_logprob[i];
+		}
+		if (s->spec) {
+			ev->n_drafted = s->spec->drafted;
+			ev->n_accepted = s->spec->accepted;
+			ev->n_verify = s->spec->verify_steps;
 		}
 	}
 	ev_stage(e, ev);
-	md_sched_append(&e->sched, s, so.token);
-	if (complete) {
-		md_sched_remove(&e->sched, s);
-		seq_finish(e, s, MD_FINISH_STOP, 0);
+	md_sched_append(&e->sched, s, so->token);
+	if (r->grammar && r->_gm && md_gmatch_is_final(r->_gm)) {
+		seq_end(e, s, MD_FINISH_STOP, 0);
 		return true;
 	}
-	if (s->n_gen >= r->max_tokens || s->n_toks >= e->n_ctx || s->n_toks >= s->cap) {
-		md_sched_remove(&e->sched, s);
-		seq_finish(e, s, MD_FINISH_LENGTH, 0);
+	if (at_limit(e, s, 0)) {
+		seq_end(e, s, MD_FINISH_LENGTH, 0);
 		return true;
 	}
 	return false;
@@ -561,6 +597,84 @@ static void experts_stats(struct md_engine *e)
 	o->experts_cache_bytes = (uint64_t)st.n_slots * st.slot_bytes;
 }
 
+/*
+ * Decide the tokens of plan item i from its logits rows (engine/spec.h, DESIGN): row j is
+ * sampled with the history extended by the drafts accepted before it, and the walk stops at
+ * the first rejected draft, an end-of-generation token or a length limit, exactly where
+ * emitting would stop. Decided tokens are written after toks[n_toks) as scratch (within cap)
+ * so the penalties of the next row see them. Nothing is emitted or appended here.
+ */
+static void decide_item(struct md_engine *e, uint32_t i, const float *rows,
+			struct md_sample_out *out)
+{
+	struct spec_step *sp = &e->sp;
+	struct md_plan_item *it = &e->sched.plan.items[i];
+	struct md_seq *s = it->seq;
+	const struct md_engine_req *r = s->req;
+	struct md_spec_seq *ss = s->spec;
+	uint32_t n = 0, acc = 0;
+	sp->err[i] = 0;
+	for (uint32_t j = 0; j < it->n_logits; j++) {
+		int32_t d = j < it->n_draft ? ss->draft[j] : -1;
+		const struct md_sampler_dist *q = d >= 0 && ss->draft_q ? &ss->q[j] : NULL;
+		struct md_sampler_ctx ctx = {
+			.prompt = s->toks, .n_prompt = s->n_prompt,
+			.gen = s->toks + s->n_prompt, .n_gen = s->n_toks - s->n_prompt + j,
+		};
+		if (r->grammar) { /* one row: grammar requests do not speculate */
+			int grc = grammar_mask(e, s, &ctx.allowed);
+			if (grc) {
+				sp->err[i] = grc;
+				break;
+			}
+		}
+		bool ok;
+		int rc = md_spec_decide(&s->sm, &r->sampling, &ctx, rows + (size_t)j * e->n_vocab,
+					d, q, &sp->resid, &out[n], &ok);
+		if (rc) {
+			sp->err[i] = rc;
+			break;
+		}
+		if (r->grammar && (rc = md_gmatch_accept(r->_gm, out[n].token))) {
+			sp->err[i] = rc;
+			break;
+		}
+		s->toks[s->n_toks + n] = out[n].token;
+		n++;
+		if (!ok)
+			break;
+		acc++;
+		if ((md_tokenizer_is_eog(e->text.tok, out[n - 1].token) && !r->ignore_eos) ||
+		    at_limit(e, s, n))
+			break;
+	}
+	sp->n_out[i] = n;
+	sp->n_acc[i] = acc;
+	/* Every decided token but the last is an accepted draft whose K/V row stays. */
+	sp->keep[i] = n ? n - 1 : 0;
+	if (ss && it->n_draft) {
+		ss->drafted += it->n_draft;
+		ss->accepted += acc;
+		ss->verify_steps++;
+	}
+	if (ss)
+		md_spec_ctl_feedback(ss, it->n_draft, acc, n ? out[0].token : -1);
+}
+
+/* Emit what decide_item decided for item i (after the commit). */
+static void emit_item(struct md_engine *e, uint32_t i, const struct md_sample_out *out)
+{
+	struct spec_step *sp = &e->sp;
+	struct md_seq *s = e->sched.plan.items[i].seq;
+	if (sp->n_out[i] == 0) {
+		seq_end(e, s, MD_FINISH_ERROR, sp->err[i] ? sp->err[i] : -EIO);
+		return;
+	}
+	for (uint32_t j = 0; j < sp->n_out[i]; j++)
+		if (emit_token(e, s, &out[j]))
+			return;
+}
+
 static void publish_stats(struct md_engine *e)
 {
 	const struct md_sched_stats *ss = &e->sched.stats;
@@ -582,6 +696,10 @@ static void publish_stats(struct md_engine *e)
 	e->stats.expert_selections = ss->expert_selections;
 	if (e->store)
 		experts_stats(e);
+	e->stats.spec_drafted = e->sp.drafted;
+	e->stats.spec_accepted = e->sp.accepted;
+	e->stats.spec_verify_steps = e->sp.verify_steps;
+	e->stats.spec_emitted = e->sp.emitted;
 	pthread_mutex_unlock(&e->st_mu);
 	atomic_store(&e->n_waiting, md_sched_n_waiting(&e->sched));
 	atomic_store(&e->n_running, md_sched_n_running(&e->sched));
@@ -641,11 +759,215 @@ static int setup_trace(struct md_engine *e)
 	return 0;
 }
 
+/* ---- speculation in the step ---- */
+
+static double mono_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* Count the step's verifications (after decide_item). */
+static void spec_account(struct md_engine *e)
+{
+	struct spec_step *sp = &e->sp;
+	const struct md_plan *p = &e->sched.plan;
+	for (uint32_t i = 0; i < p->n_items; i++) {
+		if (p->items[i].n_draft == 0)
+			continue;
+		sp->drafted += p->items[i].n_draft;
+		sp->accepted += sp->n_acc[i];
+		sp->verify_steps++;
+		sp->emitted += sp->n_out[i];
+	}
+}
+
+/* Drafts a decoding sequence may carry: its k, and no more than the tokens it may still emit
+ * after the one it is sure to get. */
+static uint32_t spec_room(const struct md_engine *e, const struct md_seq *s)
+{
+	uint32_t k = s->spec->max_k;
+	uint32_t left_gen = s->req->max_tokens > s->n_gen ? s->req->max_tokens - s->n_gen : 0;
+	uint32_t left_cap = s->cap - s->n_toks, left_ctx = e->n_ctx > s->n_toks ? e->n_ctx - s->n_toks : 0;
+	uint32_t left = left_gen < left_cap ? left_gen : left_cap;
+	left = left < left_ctx ? left : left_ctx;
+	left = left > 0 ? left - 1 : 0;
+	return k < left ? k : left;
+}
+
+/* Before the plan: the n-gram proposals, the controller's k for every decoding sequence with
+ * a drafter (engine/spec_ctl.h), then the draft model's rounds. */
+static void spec_propose(struct md_engine *e)
+{
+	struct md_sched *sc = &e->sched;
+	uint32_t nd = 0, nc = 0, B = 0;
+	for (uint32_t i = 0; i < sc->n_running; i++) {
+		struct md_seq *s = sc->running[i];
+		struct md_spec_seq *ss = s->spec;
+		if (s->n_toks - s->n_kv != 1)
+			continue;
+		B++;
+		if (!ss)
+			continue;
+		ss->n_draft = 0;
+		ss->draft_q = false;
+		ss->shadow = -1;
+		s->draft = ss->draft;
+		s->n_draft = 0;
+		uint32_t k = spec_room(e, s);
+		if (k == 0)
+			continue;
+		if (ss->drafter == MD_SPEC_NGRAM) {
+			k = md_spec_ngram(s->toks, s->n_toks, 2, 4, k, ss->draft);
+			if (k == 0)
+				continue;
+		}
+		e->cseq[nc] = s;
+		e->css[nc] = ss;
+		e->ck[nc] = k;
+		e->cfree[nc++] = ss->drafter == MD_SPEC_NGRAM;
+	}
+	if (nc == 0)
+		return;
+	md_spec_ctl_choose(&e->ctl, e->css, e->ck, e->cfree, nc, B,
+			   e->draft_ready ? e->draft.t_round : 0);
+	/* Drafts beyond the spare logits rows would crowd other sequences out of the step. */
+	uint32_t spare = e->max_logits - e->cfg.max_seqs;
+	for (uint32_t i = 0; i < nc; i++) {
+		if (e->ck[i] > spare)
+			e->ck[i] = spare;
+		spare -= e->ck[i];
+	}
+	for (uint32_t i = 0; i < nc; i++) {
+		struct md_seq *s = e->cseq[i];
+		struct md_spec_seq *ss = s->spec;
+		ss->k_used = e->ck[i];
+		if (ss->drafter == MD_SPEC_NGRAM) {
+			if (e->ck[i] == 0)
+				ss->shadow = ss->draft[0]; /* judged against the step's token */
+			ss->n_draft = s->n_draft = e->ck[i];
+		} else if (e->ck[i] > 0) {
+			e->dseq[nd] = s;
+			e->dk[nd++] = e->ck[i];
+		}
+	}
+	if (nd == 0)
+		return;
+	int rc = md_draft_propose(&e->draft, e->dseq, e->dk, nd);
+	if (rc)
+		md_log(MD_LOG_WARN, "draft model step failed (%d): no drafts this step", rc);
+	for (uint32_t i = 0; i < nd; i++)
+		e->dseq[i]->n_draft = e->dseq[i]->spec->n_draft;
+}
+
+/* The speculation state of a new sequence from its request and the engine's defaults; NULL
+ * (no speculation) when off. Returns 0 or -ENOMEM. */
+static int spec_attach(struct md_engine *e, struct md_seq *s, uint64_t seed)
+{
+	const struct md_spec_opts *o = &s->req->spec;
+	enum md_spec_drafter d = o->drafter == MD_SPEC_DEFAULT ? e->sp.drafter : o->drafter;
+	if (d == MD_SPEC_DRAFT && !e->draft_ready)
+		d = MD_SPEC_OFF; /* no draft model: the server refuses such requests before */
+	if (s->req->grammar)
+		d = MD_SPEC_OFF; /* the grammar's matcher advances one decided token at a time */
+	if (d != MD_SPEC_NGRAM && d != MD_SPEC_DRAFT)
+		return 0;
+	uint32_t k = o->max_k ? o->max_k : e->sp.k;
+	s->spec = md_spec_seq_new(d, k < e->sp.k ? k : e->sp.k, seed);
+	return s->spec ? 0 : -ENOMEM;
+}
+
+static int spec_setup(struct md_engine *e)
+{
+	struct spec_step *sp = &e->sp;
+	const struct md_engine_config *c = &e->cfg;
+	sp->k = c->spec_k ? c->spec_k : 8;
+	if (sp->k > MD_SPEC_MAX_K)
+		sp->k = MD_SPEC_MAX_K;
+	sp->drafter = c->spec == MD_SPEC_DEFAULT ? MD_SPEC_OFF : c->spec;
+	uint32_t S = c->max_seqs;
+	/* Logits rows for every sequence, and drafts for up to 16 of them at once (under heavier
+	 * load the scheduler trims drafts to the rows; the controller rarely wants more then). */
+	e->max_logits = S + (S < 16 ? S : 16) * sp->k;
+	md_spec_ctl_init(&e->ctl, &e->model, c->spec_fixed);
+	e->dseq = calloc(S, sizeof(*e->dseq));
+	e->dk = calloc(S, sizeof(*e->dk));
+	e->cseq = calloc(S, sizeof(*e->cseq));
+	e->css = calloc(S, sizeof(*e->css));
+	e->ck = calloc(S, sizeof(*e->ck));
+	e->cfree = calloc(S, sizeof(*e->cfree));
+	if (!e->dseq || !e->dk || !e->cseq || !e->css || !e->ck || !e->cfree)
+		return -ENOMEM;
+	sp->out = calloc(e->max_logits, sizeof(*sp->out));
+	sp->n_out = calloc(S, sizeof(uint32_t));
+	sp->n_acc = calloc(S, sizeof(uint32_t));
+	sp->keep = calloc(S, sizeof(uint32_t));
+	sp->err = calloc(S, sizeof(int));
+	if (!sp->out || !sp->n_out || !sp->n_acc || !sp->keep || !sp->err ||
+	    md_sampler_dist_init(&sp->resid, e->n_vocab))
+		return -ENOMEM;
+	sp->ready = true;
+	return 0;
+}
+
+static void spec_release(struct md_engine *e)
+{
+	struct spec_step *sp = &e->sp;
+	free(sp->out);
+	free(sp->n_out);
+	free(sp->n_acc);
+	free(sp->keep);
+	free(sp->err);
+	if (sp->ready)
+		md_sampler_dist_release(&sp->resid);
+	memset(sp, 0, sizeof(*sp));
+	if (e->draft_ready)
+		md_draft_release(&e->draft);
+	e->draft_ready = false;
+	free(e->dseq);
+	free(e->dk);
+	free(e->cseq);
+	free(e->css);
+	free(e->ck);
+	free(e->cfree);
+}
+
+/* The draft model, when configured (after the forward context exists: it shares its pool). */
+static int spec_load_draft(struct md_engine *e, int threads)
+{
+	const struct md_engine_config *c = &e->cfg;
+	if (!c->draft_model_path) {
+		if (c->spec == MD_SPEC_DRAFT) {
+			snprintf(e->err, sizeof(e->err), "spec = draft needs a draft model "
+				 "(--draft-model FILE)");
+			return -EINVAL;
+		}
+		return 0;
+	}
+	uint32_t kv_mb = c->kv_mem_mb / 4 ? c->kv_mem_mb / 4 : 16;
+	int rc = md_draft_load(&e->draft, c->draft_model_path, &e->model, e->fw, threads,
+			       c->max_seqs, e->n_ctx, c->step_tokens, kv_mb, e->err, sizeof(e->err));
+	if (rc) {
+		md_draft_release(&e->draft);
+		return rc;
+	}
+	e->draft_ready = true;
+	if (c->progress) {
+		const struct md_hparams *hp = &e->draft.model.hp;
+		md_log(MD_LOG_INFO, "draft model '%s': %s, %u layers, n_embd %u, %.1f MiB",
+		       c->draft_model_path, hp->arch_name, hp->n_layer, hp->n_embd,
+		       e->draft.model.gguf.size / 1048576.0);
+	}
+	return 0;
+}
+
 /* One scheduler step. Returns true when it did work. */
 static bool step(struct md_engine *e)
 {
 	MD_ASSERT_OWNER(&e->owner);
 	struct md_sched *sc = &e->sched;
+	spec_propose(e);
 	uint32_t n = md_sched_plan(sc);
 	struct md_plan *p = &sc->plan;
 	while (p->failed) {
@@ -662,6 +984,7 @@ static bool step(struct md_engine *e)
 		.want_logits = p->want_logits,
 	};
 	trace_step_begin(e, p);
+	double t0 = mono_s();
 	int rows = md_forward(e->fw, &e->kv, &b, e->logits);
 	if (e->trace)
 		md_route_trace_flush(e->trace);
@@ -671,15 +994,30 @@ static bool step(struct md_engine *e)
 		finish_all(e, MD_FINISH_ERROR, rows < 0 ? rows : -EIO);
 		return true;
 	}
-	md_sched_commit(sc, NULL);
-	/* Logits rows come in item order; an item's rows are its last n_logits tokens. */
+	/* Decide every item's tokens, roll back the rejected drafts, then emit: emitting may
+	 * remove a sequence, which the commit still reads. Logits rows come in item order; an
+	 * item's rows are its last n_logits tokens. */
+	struct spec_step *sp = &e->sp;
 	uint32_t k = 0;
 	for (uint32_t i = 0; i < p->n_items; i++) {
-		struct md_plan_item *it = &p->items[i];
-		if (it->n_logits == 0)
+		sp->n_out[i] = sp->n_acc[i] = sp->keep[i] = 0;
+		if (p->items[i].n_logits == 0)
 			continue;
-		sample_seq(e, it->seq, e->logits + (size_t)k * e->n_vocab);
-		k += it->n_logits;
+		decide_item(e, i, e->logits + (size_t)k * e->n_vocab, sp->out + k);
+		k += p->items[i].n_logits;
+	}
+	/* The controller's cost table: forward plus decisions of decode-only steps. */
+	if (p->n_prompt == 0 && p->n_recompute == 0)
+		md_spec_ctl_observe(&e->ctl, n, mono_s() - t0);
+	md_sched_commit(sc, sp->keep);
+	spec_account(e);
+	k = 0;
+	for (uint32_t i = 0; i < p->n_items; i++) {
+		if (p->items[i].n_logits == 0)
+			continue;
+		uint32_t rows0 = k;
+		k += p->items[i].n_logits;
+		emit_item(e, i, sp->out + rows0);
 	}
 	return true;
 }
@@ -842,10 +1180,15 @@ static int load(struct md_engine *e)
 	rc = setup_kv(e);
 	if (rc)
 		return rc;
+	if (spec_setup(e)) {
+		snprintf(e->err, sizeof(e->err), "out of memory setting up speculative decoding");
+		return -ENOMEM;
+	}
 	struct md_sched_config sc = {
 		.max_seqs = c->max_seqs, .step_tokens = c->step_tokens, .n_ctx = e->n_ctx,
 		.n_layer = hp->n_expert ? hp->n_layer : 0, .n_expert = hp->n_expert,
 		.expert_aware = c->expert_batching,
+		.max_logits = e->max_logits,
 	};
 	rc = md_sched_init(&e->sched, &sc, &e->kv);
 	if (rc) {
@@ -857,8 +1200,9 @@ static int load(struct md_engine *e)
 
 	int threads = c->n_threads > 0 ? c->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
 	e->fw = md_forward_new(&e->model, threads, (int)c->step_tokens);
-	/* One logits row per running sequence; the scheduler keeps a step within that. */
-	e->logits = malloc(sizeof(float) * (size_t)c->max_seqs * e->n_vocab);
+	/* One logits row per running sequence and its drafts; the scheduler keeps a step
+	 * within that. */
+	e->logits = malloc(sizeof(float) * (size_t)e->max_logits * e->n_vocab);
 	if (!e->fw || !e->logits) {
 		snprintf(e->err, sizeof(e->err), "out of memory setting up the engine");
 		return -ENOMEM;
@@ -869,6 +1213,9 @@ static int load(struct md_engine *e)
 		return rc;
 	if (e->store)
 		md_forward_set_expert_src(e->fw, md_expert_store_src(e->store));
+	rc = spec_load_draft(e, threads);
+	if (rc)
+		return rc;
 	pthread_mutex_lock(&e->st_mu);
 	e->stats.kv_blocks_total = md_kv_blocks_total(&e->kv);
 	pthread_mutex_unlock(&e->st_mu);
@@ -891,6 +1238,11 @@ static void take_submissions(struct md_engine *e, struct md_engine_req *subs, bo
 				? r->sampling.seed
 				: md_sampler_mix(r->id ^ (uint64_t)time(NULL) ^ (uint64_t)clock());
 			s = md_seq_new(r, e->n_ctx, e->n_vocab, seed);
+			if (s && spec_attach(e, s, seed)) {
+				s->req = NULL; /* r is still the caller's: failed below */
+				md_seq_free(s);
+				s = NULL;
+			}
 		}
 		if (!s) {
 			req_done(e, r, MD_FINISH_ERROR, failed ? -ESHUTDOWN : -ENOMEM, r->n_prompt, 0);
@@ -1015,6 +1367,7 @@ void md_engine_free(struct md_engine *e)
 	if (e->model_loaded)
 		md_model_free(&e->model);
 	free(e->logits);
+	spec_release(e);
 	free((char *)e->cfg.model_path);
 	free((char *)e->cfg.chat_template);
 	free((char *)e->cfg.trace_routing);
@@ -1052,6 +1405,11 @@ uint32_t md_engine_n_vocab(const struct md_engine *e)
 const struct md_gvocab *md_engine_gvocab(const struct md_engine *e)
 {
 	return e->gvocab;
+}
+
+bool md_engine_has_draft(const struct md_engine *e)
+{
+	return e->draft_ready;
 }
 
 int md_engine_tokenize(const struct md_engine *e, const char *text, size_t len, bool add_bos,

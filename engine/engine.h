@@ -35,6 +35,7 @@
 
 #include "engine/grammar.h"
 #include "engine/sampler.h"
+#include "engine/spec.h"
 
 struct md_engine; /* opaque */
 
@@ -68,6 +69,14 @@ struct md_engine_config {
 	const char *expert_policy;  /* borrowed (copied at start), NULL: "lru" */
 	bool no_expert_prefetch;    /* no pre-gating prefetch */
 	const char *state_dir;      /* borrowed (copied), NULL: no warm restart state */
+	/* Speculative decoding (engine/spec.h). */
+	enum md_spec_drafter spec;  /* requests' default: MD_SPEC_OFF (also for DEFAULT), NGRAM
+				       or DRAFT (needs draft_model_path; else NGRAM's fallback:
+				       off) */
+	uint32_t spec_k;            /* default and largest drafted tokens per step; 0 = 8 */
+	bool spec_fixed;            /* draft max k every step (no controller): for tests */
+	const char *draft_model_path; /* borrowed, may be NULL: a GGUF with the model's
+					 vocabulary; loading fails when it cannot be used */
 };
 
 enum md_engine_state {
@@ -96,6 +105,7 @@ struct md_engine_req {
 	struct md_grammar *grammar;  /* owned reference, or NULL: constrained decoding; the
 					engine masks every sampled token with it (grammar.h) */
 	struct md_gmatch *_gm;       /* owned: the grammar's matcher, made by the engine thread */
+	struct md_spec_opts spec;    /* speculation for this request (zero: the engine's) */
 	struct md_engine_req *_next; /* queue link */
 	struct md_engine_event *_done; /* owned: the DONE event, allocated by md_engine_submit so
 					  that a request always gets one */
@@ -123,6 +133,9 @@ struct md_engine_event {
 	int err;                     /* MD_EV_DONE with MD_FINISH_ERROR: negative code */
 	uint32_t n_prompt, n_gen;    /* MD_EV_DONE: tokens processed / generated */
 	uint32_t n_cached;           /* MD_EV_DONE: prompt tokens taken from the prefix cache */
+	uint32_t n_drafted, n_accepted; /* speculation so far (MD_EV_TOKEN and MD_EV_DONE):
+					   drafted tokens verified, and accepted */
+	uint32_t n_verify;           /* steps that verified drafts, so far */
 	struct md_engine_event *next; /* owned: rest of a polled list */
 };
 
@@ -148,6 +161,9 @@ struct md_engine_stats {
 	uint64_t experts_steps, experts_step_distinct; /* distinct experts per step: their ratio */
 	uint32_t experts_slots, experts_resident;
 	uint64_t experts_cache_bytes;
+	uint64_t spec_drafted, spec_accepted; /* drafted tokens verified, and accepted */
+	uint64_t spec_verify_steps;         /* sequence-steps that verified drafts */
+	uint64_t spec_emitted;              /* tokens those sequence-steps emitted */
 };
 
 /* Create an engine (does not start the thread). Returns 0 or -ENOMEM / -EINVAL. */
@@ -188,6 +204,8 @@ uint32_t md_engine_n_ctx(const struct md_engine *e);
 uint32_t md_engine_n_vocab(const struct md_engine *e);
 /* The vocabulary as grammars see it (grammar.h), for md_gmatch outside the engine. */
 const struct md_gvocab *md_engine_gvocab(const struct md_engine *e);
+/* Whether a draft model is loaded (requests may ask for MD_SPEC_DRAFT). */
+bool md_engine_has_draft(const struct md_engine *e);
 
 /* Encode text (add_bos: prepend BOS where the model wants it; parse_special: match special
  * tokens). Returns the count (>= 0) with a malloc'd array in *ids, or a negative code. */

@@ -46,7 +46,8 @@
 
 struct md_forward_ctx {
 	const struct md_model *m; /* borrowed: outlives the context */
-	struct md_pool *pool;     /* owned */
+	struct md_pool *pool;     /* owned, or borrowed when pool_shared (md_forward_share_pool) */
+	bool pool_shared;
 	int max_tokens;
 	float *x;     /* (T, N) residual stream */
 	float *xn;    /* (T, N) normed input of the current sub-layer */
@@ -88,11 +89,21 @@ static void *xalloc(size_t n, int *fail)
 	return p;
 }
 
+void md_forward_share_pool(struct md_forward_ctx *f, struct md_forward_ctx *owner)
+{
+	MD_ASSERT(md_pool_size(f->pool) == md_pool_size(owner->pool));
+	if (!f->pool_shared)
+		md_pool_free(f->pool);
+	f->pool = owner->pool;
+	f->pool_shared = true;
+}
+
 void md_forward_free(struct md_forward_ctx *f)
 {
 	if (!f)
 		return;
-	md_pool_free(f->pool);
+	if (!f->pool_shared)
+		md_pool_free(f->pool);
 	free(f->x);
 	free(f->xn);
 	free(f->q);

@@ -27,6 +27,10 @@ struct md_forward_ctx; /* opaque: scratch buffers, thread pool, router */
  * bad sizes or no memory. */
 struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, int max_tokens);
 void md_forward_free(struct md_forward_ctx *f);
+/* Run f's batches on owner's thread pool (same thread count) instead of its own, which is
+ * freed: two contexts used by one thread in turn (a draft model beside the target) then do not
+ * keep two sets of workers spinning against each other. owner must outlive f's use. */
+void md_forward_share_pool(struct md_forward_ctx *f, struct md_forward_ctx *owner);
 
 /* Where routed experts' weights come from (contract in engine/expert_src.h); NULL restores
  * the default, views of the model's tensors. src is borrowed: it must outlive f or be

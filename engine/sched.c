@@ -40,6 +40,7 @@ void md_seq_free(struct md_seq *s)
 		return;
 	MD_ASSERT(s->kv_seq < 0);
 	md_sampler_release(&s->sm);
+	md_spec_seq_free(s->spec);
 	md_engine_req_free(s->req);
 	free(s->toks);
 	free(s);

@@ -67,6 +67,7 @@
 #include "engine/kv_cache.h"
 #include "engine/router.h"
 #include "engine/sampler.h"
+#include "engine/spec.h"
 
 /* One request in the engine: its tokens and where it stands. */
 struct md_seq {
@@ -84,6 +85,7 @@ struct md_seq {
 	uint64_t admit_no;          /* order of (re)admission */
 	uint64_t last_served;       /* step number this sequence last had tokens in */
 	struct md_sampler sm;
+	struct md_spec_seq *spec;   /* owned: speculation state (engine/spec.h), NULL: none */
 	struct md_seq *next;        /* waiting list link */
 };
 

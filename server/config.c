@@ -52,6 +52,14 @@ static int v_log_format(const char *v, char *err, size_t errlen)
 	return -EINVAL;
 }
 
+static int v_spec(const char *v, char *err, size_t errlen)
+{
+	if (strcmp(v, "off") == 0 || strcmp(v, "ngram") == 0 || strcmp(v, "draft") == 0)
+		return 0;
+	snprintf(err, errlen, "must be off, ngram or draft");
+	return -EINVAL;
+}
+
 static int v_host(const char *v, char *err, size_t errlen)
 {
 	unsigned char addr[sizeof(struct in6_addr)];
@@ -132,6 +140,14 @@ static const struct opt options[] = {
 	{ "engine", "expert-batching", 0, OPT_INT, OFF(expert_batching), "0", 0, 1, NULL, false,
 	  "1: when more sequences decode than a step holds, batch those that share experts "
 	  "(age-bounded; pays off with an expert cache, bench/README.md); 0: off" },
+	{ "speculative", "spec", 0, OPT_STRING, OFF(spec), "ngram", 0, 0, v_spec, false,
+	  "speculative decoding by default: off, ngram (prompt lookup) or draft (draft-model); "
+	  "requests choose with \"speculative\"" },
+	{ "speculative", "spec-k", 0, OPT_INT, OFF(spec_k), "8", 1, 16, NULL, false,
+	  "most drafted tokens per sequence and step (the controller picks 0..spec-k)" },
+	{ "speculative", "draft-model", 0, OPT_STRING, OFF(draft_model), "", 0, 0, NULL, false,
+	  "draft GGUF with the model's vocabulary (empty: the draft beside the default model "
+	  "when serving it)" },
 	{ "log", "log-level", 0, OPT_STRING, OFF(log_level), "info", 0, 0, v_log_level, true,
 	  "error, warn, info or debug; re-read from the config file on SIGHUP" },
 	{ "log", "log-format", 0, OPT_STRING, OFF(log_format), "text", 0, 0, v_log_format, true,

@@ -42,6 +42,10 @@ struct md_config {
 	char *expert_policy;        /* owned */
 	int64_t expert_prefetch;    /* 0 or 1 */
 	char *state_dir;            /* owned; "" = none */
+	/* [speculative] */
+	char *spec;                 /* owned: off, ngram or draft: requests' default drafter */
+	int64_t spec_k;             /* largest drafted tokens per step */
+	char *draft_model;          /* owned; "" = the draft beside the default model, if any */
 	/* [log] */
 	char *log_level;            /* owned */
 	char *log_format;           /* owned */

@@ -45,6 +45,7 @@ struct choice {
 	uint32_t n_tokens;              /* token events received */
 	uint32_t usage_tokens;          /* completion tokens to report */
 	uint32_t cached_tokens;         /* prompt tokens the engine took from its prefix cache */
+	uint32_t n_drafted, n_accepted, n_verify; /* speculative decoding so far (events) */
 	const char *finish;             /* static string once finished */
 	double t_last;
 	struct md_tool_parser tp;       /* stage 3 when the generation has tools */
@@ -71,6 +72,7 @@ struct md_gen {
 	uint32_t *prompt_lens;          /* owned (n_prompts) */
 	size_t n_prompts;
 	bool got_first;
+	unsigned long long req_id;      /* the HTTP request's id, as in the access log */
 	double t_first, last_write;
 	bool error, dead;
 	int refs;                       /* functions of this module working on it */
@@ -579,6 +581,9 @@ static void on_token(struct choice *ch, const struct md_engine_event *ev)
 		md_hist_observe(&x->m.itl, now - ch->t_last);
 	}
 	ch->t_last = now;
+	ch->n_drafted = ev->n_drafted;
+	ch->n_accepted = ev->n_accepted;
+	ch->n_verify = ev->n_verify;
 	char buf[1024];
 	int n = md_engine_detok_push(ch->detok, ev->token, buf, sizeof(buf));
 	if (n < 0)
@@ -607,6 +612,9 @@ static void on_done(struct choice *ch, const struct md_engine_event *ev)
 	}
 	ch->usage_tokens = ev->n_gen > ch->n_tokens ? ev->n_gen : ch->n_tokens;
 	ch->cached_tokens = ev->n_cached;
+	ch->n_drafted = ev->n_drafted;
+	ch->n_accepted = ev->n_accepted;
+	ch->n_verify = ev->n_verify;
 	stage_stop(ch, true);
 	if (!ch->active || g->dead)
 		return;
@@ -698,6 +706,23 @@ static void respond_whole(struct md_gen *g, uint32_t comp, double ttft)
 	free(txt);
 }
 
+/* The request log's speculation line, over all choices: drafted and accepted tokens, and
+ * the mean accepted length (tokens per verifying step: 1 + accepted drafts). Counts arrive
+ * with every token event, so a choice cut by a stop string reports what it had verified. */
+static void log_spec(const struct md_gen *g)
+{
+	uint32_t dr = 0, ac = 0, vs = 0;
+	for (size_t i = 0; i < g->n_ch; i++) {
+		dr += g->ch[i].n_drafted;
+		ac += g->ch[i].n_accepted;
+		vs += g->ch[i].n_verify;
+	}
+	if (dr)
+		md_log(MD_LOG_INFO, "req=%llu speculative drafted=%u accepted=%u rate=%.2f "
+		       "mean_accepted_len=%.2f", g->req_id, dr, ac, (double)ac / dr,
+		       vs ? 1.0 + (double)ac / vs : 0.0);
+}
+
 /* Every choice finished: write the tail of the stream or the whole response. The caller holds
  * a reference; g is dead afterwards. */
 static void gen_complete(struct md_gen *g)
@@ -707,6 +732,7 @@ static void gen_complete(struct md_gen *g)
 	struct md_gen_ctx *x = g->x;
 	double now = md_http_now();
 	uint32_t comp = completion_tokens(g);
+	log_spec(g);
 	x->m.prompt_tokens += g->prompt_tokens;
 	md_hist_observe(&x->m.e2e, now - g->o.r->t_start);
 	for (size_t i = 0; i < g->n_prompts; i++)
@@ -829,6 +855,7 @@ static struct md_gen *gen_new(struct md_gen_ctx *x, const struct md_oai_reply *o
 		return NULL;
 	g->x = x;
 	g->o = *o;
+	g->req_id = (unsigned long long)o->r->id;
 	g->n_ch = n_ch;
 	g->n_prompts = n_prompts;
 	if (!(g->ch = calloc(n_ch, sizeof(*g->ch))))
@@ -881,6 +908,7 @@ static struct md_engine_req *req_new(const struct md_oai_params *p, size_t i,
 	er->n_prompt = len;
 	er->max_tokens = (uint32_t)max_tokens;
 	er->ignore_eos = p->ignore_eos;
+	er->spec = p->spec;
 	er->sampling = p->s;
 	er->sampling.logit_bias = NULL;
 	er->sampling.n_logit_bias = 0;
@@ -1016,7 +1044,8 @@ static struct md_oai_limits limits_of(const struct md_gen_ctx *x)
 {
 	return (struct md_oai_limits){ .model_name = x->model,
 				       .max_tokens_cap = x->cfg->max_tokens_cap,
-				       .n_vocab = x->n_vocab };
+				       .n_vocab = x->n_vocab,
+				       .has_draft = md_engine_has_draft(x->eng) };
 }
 
 void md_gen_chat(struct md_gen_ctx *x, const struct md_oai_reply *o, cJSON *body)

@@ -233,15 +233,18 @@ int main(int argc, char **argv)
 	if (!a->cfg.model[0]) {
 		free(a->cfg.model);
 		a->cfg.model = strdup(default_model());
-		/* The default model ships with a dense draft beside it (default-draft.gguf), kept
-		 * for speculative decoding; say where it is. */
+		/* The default model ships with a dense draft beside it (default-draft.gguf): the
+		 * draft model for speculative decoding unless one is configured. */
 		char draft[4096];
 		const char *dot = strrchr(a->cfg.model, '.');
 		int stem = dot ? (int)(dot - a->cfg.model) : (int)strlen(a->cfg.model);
 		snprintf(draft, sizeof(draft), "%.*s-draft.gguf", stem, a->cfg.model);
-		if (access(draft, R_OK) == 0)
+		if (access(draft, R_OK) == 0 && !a->cfg.draft_model[0]) {
 			md_log(MD_LOG_INFO, "default model '%s', draft model beside it: '%s'",
 			       a->cfg.model, draft);
+			free(a->cfg.draft_model);
+			a->cfg.draft_model = strdup(draft);
+		}
 	}
 	if (md_config_validate(&a->cfg))
 		return 2;
@@ -278,6 +281,10 @@ int main(int argc, char **argv)
 		.expert_policy = a->cfg.expert_policy,
 		.no_expert_prefetch = !a->cfg.expert_prefetch,
 		.state_dir = a->cfg.state_dir[0] ? a->cfg.state_dir : NULL,
+		.spec = (enum md_spec_drafter)md_spec_drafter_parse(a->cfg.spec),
+		.spec_k = (uint32_t)a->cfg.spec_k,
+		.draft_model_path = a->cfg.draft_model && a->cfg.draft_model[0] ? a->cfg.draft_model
+										 : NULL,
 	};
 	struct md_http_limits lim = {
 		.max_connections = (size_t)a->cfg.max_connections,

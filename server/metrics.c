@@ -195,6 +195,19 @@ static double ex_accuracy(const struct md_metrics_src *src)
 		? (double)e->experts_predicted_used / e->experts_predicted_total : 0.0;
 }
 
+/* Tokens a verification step emits on average: 1 + accepted drafts per step (0: none yet). */
+static double spec_mean_len(const struct md_metrics_src *src)
+{
+	const struct md_engine_stats *e = src->engine;
+	return e->spec_verify_steps ? (double)e->spec_emitted / e->spec_verify_steps : 0.0;
+}
+
+static double spec_accept_rate(const struct md_metrics_src *src)
+{
+	const struct md_engine_stats *e = src->engine;
+	return e->spec_drafted ? (double)e->spec_accepted / e->spec_drafted : 0.0;
+}
+
 static const struct row registry[] = {
 	FAMILY("moed:http_requests_total", "counter", "HTTP responses by status code.",
 	       fam_http_codes),
@@ -271,6 +284,20 @@ static const struct row registry[] = {
 		ex_accuracy),
 	DERIVED("moed:expert_distinct_per_step", "Distinct experts a step used, mean since start.",
 		ex_distinct),
+	COUNTER("moed:spec_draft_tokens_total", "Speculative decoding: drafted tokens verified.",
+		SRC_ENGINE, ENG, spec_drafted, V_U64),
+	COUNTER("moed:spec_accepted_tokens_total", "Speculative decoding: drafted tokens accepted.",
+		SRC_ENGINE, ENG, spec_accepted, V_U64),
+	COUNTER("moed:spec_verify_steps_total",
+		"Speculative decoding: sequence-steps that verified drafts.", SRC_ENGINE, ENG,
+		spec_verify_steps, V_U64),
+	COUNTER("moed:spec_emitted_tokens_total",
+		"Speculative decoding: tokens emitted by verifying steps (accepted drafts plus one).",
+		SRC_ENGINE, ENG, spec_emitted, V_U64),
+	DERIVED("moed:spec_mean_accepted_length",
+		"Tokens emitted per verifying step (1 + accepted drafts), since start.", spec_mean_len),
+	DERIVED("moed:spec_acceptance_rate", "Accepted over drafted tokens, since start.",
+		spec_accept_rate),
 	GAUGE("moed:http_connections", "Open client connections.", SRC_SERVER, SRV, connections,
 	      V_SIZE),
 	GAUGE("moed:http_requests_in_flight", "Requests being handled.", SRC_SERVER, SRV, busy,

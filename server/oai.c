@@ -542,6 +542,53 @@ static int p_tools(const struct param *row, struct pctx *x, cJSON *t)
 	return 0;
 }
 
+/* moed extension: "speculative": {"drafter": "ngram"|"draft"|"off", "max_k": 0..16}, each
+ * key optional (absent: the server's default); max_k 0 turns speculation off. */
+static int p_speculative(const struct param *row, struct pctx *x, cJSON *sp)
+{
+	struct md_spec_opts *so = &x->p->spec;
+	if (cJSON_IsNull(sp))
+		return 0;
+	if (!cJSON_IsObject(sp)) {
+		bad_request(x->o, "speculative", "'speculative' must be an object");
+		return -1;
+	}
+	cJSON *it;
+	cJSON_ArrayForEach(it, sp) {
+		if (strcmp(it->string, "drafter") && strcmp(it->string, "max_k")) {
+			md_oai_error(x->o, 400, "invalid_request_error", "speculative", "invalid_value",
+				     "unknown key 'speculative.%.40s' (drafter, max_k)", it->string);
+			return -1;
+		}
+	}
+	cJSON *d = cJSON_GetObjectItemCaseSensitive(sp, "drafter");
+	if (d && !cJSON_IsNull(d)) {
+		int v = cJSON_IsString(d) ? md_spec_drafter_parse(d->valuestring) : -EINVAL;
+		if (v < 0 || v == MD_SPEC_DEFAULT) {
+			bad_request(x->o, "speculative.drafter",
+				    "'speculative.drafter' must be \"ngram\", \"draft\" or \"off\"");
+			return -1;
+		}
+		if (v == MD_SPEC_DRAFT && !x->lim->has_draft) {
+			bad_request(x->o, "speculative.drafter",
+				    "no draft model is loaded (start moed with --draft-model)");
+			return -1;
+		}
+		so->drafter = (enum md_spec_drafter)v;
+	}
+	int64_t k;
+	int rc = read_int(x->o, cJSON_GetObjectItemCaseSensitive(sp, "max_k"), "speculative.max_k",
+			  0, MD_SPEC_MAX_K, &k);
+	if (rc < 0)
+		return -1;
+	if (rc > 0) {
+		if (k == 0)
+			so->drafter = MD_SPEC_OFF;
+		so->max_k = (uint32_t)k;
+	}
+	return 0;
+}
+
 /* After tools and parallel_tool_calls: a forced call (required, named) becomes a grammar. */
 static int p_tool_choice(const struct param *row, struct pctx *x, cJSON *c)
 {
@@ -617,6 +664,7 @@ static const struct param params[] = {
 	CUSTOM("tools", MD_OAI_CHAT, p_tools),
 	BOOL("parallel_tool_calls", MD_OAI_CHAT, tools.parallel),
 	CUSTOM("tool_choice", MD_OAI_CHAT, p_tool_choice),
+	CUSTOM("speculative", GEN_EPS, p_speculative),
 	BOOL("add_special", MD_OAI_TOKENIZE, add_special),
 	BOOL("with_pieces", MD_OAI_TOKENIZE, with_pieces),
 };

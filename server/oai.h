@@ -68,6 +68,7 @@ struct md_oai_limits {
 	const char *model_name;  /* borrowed: the served model id */
 	int64_t max_tokens_cap;  /* largest max_tokens accepted */
 	uint32_t n_vocab;        /* token ids are in [0, n_vocab) */
+	bool has_draft;          /* a draft model is loaded ("speculative": {"drafter": "draft"}) */
 };
 
 #define MD_OAI_MAX_N 64          /* choices per prompt */
@@ -91,6 +92,7 @@ struct md_oai_params {
 				      * json_schema), moed's raw "grammar" extension, or forced tool
 				      * calls (tool_choice required or named) */
 	struct md_tools tools;       /* tools, tool_choice, parallel_tool_calls (chat) */
+	struct md_spec_opts spec;    /* moed extension "speculative" (zero: the server's) */
 	/* raw values, combined into the fields above once every row is read */
 	int64_t _top_k, _seed, _lp_n, _top_lp;
 	bool _lp_on, _lp_n_set, _top_lp_set;

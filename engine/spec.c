@@ -1,0 +1,162 @@
+/* Speculative decoding: drafters, per-sequence state, the exact verification of one position. */
+#include "engine/spec.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const names[] = {
+	[MD_SPEC_DEFAULT] = "default",
+	[MD_SPEC_OFF] = "off",
+	[MD_SPEC_NGRAM] = "ngram",
+	[MD_SPEC_DRAFT] = "draft",
+};
+
+const char *md_spec_drafter_name(enum md_spec_drafter d)
+{
+	return (unsigned)d < sizeof(names) / sizeof(names[0]) ? names[d] : NULL;
+}
+
+int md_spec_drafter_parse(const char *s)
+{
+	for (unsigned i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		if (strcmp(s, names[i]) == 0)
+			return (int)i;
+	return -EINVAL;
+}
+
+struct md_spec_seq *md_spec_seq_new(enum md_spec_drafter drafter, uint32_t max_k, uint64_t seed)
+{
+	struct md_spec_seq *ss = calloc(1, sizeof(*ss));
+	if (!ss)
+		return NULL;
+	ss->drafter = drafter;
+	ss->max_k = max_k < 1 ? 1 : max_k > MD_SPEC_MAX_K ? MD_SPEC_MAX_K : max_k;
+	ss->rng[0] = md_sampler_mix(seed ^ 0x5bd1e995u);
+	ss->rng[1] = md_sampler_mix(ss->rng[0]) | 1;
+	ss->shadow = -1;
+	ss->dkv_seq = -1;
+	return ss;
+}
+
+void md_spec_seq_free(struct md_spec_seq *ss)
+{
+	if (!ss)
+		return;
+	if (ss->q) {
+		for (uint32_t i = 0; i < MD_SPEC_MAX_K; i++)
+			md_sampler_dist_release(&ss->q[i]);
+		free(ss->q);
+	}
+	if (ss->dkv && ss->dkv_seq >= 0)
+		md_kv_seq_free(ss->dkv, ss->dkv_seq);
+	free(ss);
+}
+
+int md_spec_seq_alloc_q(struct md_spec_seq *ss, uint32_t n_vocab)
+{
+	if (ss->q)
+		return 0;
+	ss->q = calloc(MD_SPEC_MAX_K, sizeof(*ss->q));
+	if (!ss->q)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < MD_SPEC_MAX_K; i++)
+		if (md_sampler_dist_init(&ss->q[i], n_vocab)) {
+			while (i-- > 0)
+				md_sampler_dist_release(&ss->q[i]);
+			free(ss->q);
+			ss->q = NULL;
+			return -ENOMEM;
+		}
+	return 0;
+}
+
+static uint64_t rotl(uint64_t x, int k)
+{
+	return (x << k) | (x >> (64 - k));
+}
+
+double md_spec_uniform(uint64_t rng[2])
+{
+	uint64_t s0 = rng[0], s1 = rng[1];
+	uint64_t r = s0 + s1;
+	s1 ^= s0;
+	rng[0] = rotl(s0, 24) ^ s1 ^ (s1 << 16);
+	rng[1] = rotl(s1, 37);
+	return (double)(r >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* ---- the n-gram drafter ---- */
+
+uint32_t md_spec_ngram(const int32_t *toks, uint32_t n_toks, uint32_t min_n, uint32_t max_n,
+		       uint32_t max_k, int32_t *out)
+{
+	if (min_n < 1)
+		min_n = 1;
+	for (uint32_t n = max_n; n >= min_n && max_k > 0; n--) {
+		if (n_toks < n + 1)
+			continue;
+		const int32_t *suf = toks + n_toks - n;
+		/* Occurrences that end before the suffix starts its last token; newest first. */
+		for (uint32_t j = n_toks - n; j-- > 0;) {
+			if (toks[j] != suf[0] || memcmp(toks + j, suf, sizeof(int32_t) * n) != 0)
+				continue;
+			uint32_t from = j + n, k = 0;
+			while (k < max_k && from + k < n_toks) {
+				out[k] = toks[from + k];
+				k++;
+			}
+			if (k > 0)
+				return k;
+		}
+	}
+	return 0;
+}
+
+/* ---- verification of one position ---- */
+
+int md_spec_decide(struct md_sampler *sm, const struct md_sampling *p,
+		   const struct md_sampler_ctx *ctx, const float *logits, int32_t draft,
+		   const struct md_sampler_dist *q, struct md_sampler_dist *resid,
+		   struct md_sample_out *out, bool *accepted)
+{
+	*accepted = false;
+	if (!q || q->greedy) {
+		/* Point mass: the plain draw, compared with the draft (DESIGN). */
+		int rc = ctx->allowed /* a grammar's mask */
+			? md_sampler_sample_ctx(sm, p, logits, ctx, out)
+			: md_sampler_sample(sm, p, logits, ctx->prompt, ctx->n_prompt, ctx->gen,
+					    ctx->n_gen, out);
+		if (rc)
+			return rc;
+		*accepted = draft >= 0 && out->token == draft;
+		return 0;
+	}
+	struct md_sampler_dist *d = &sm->dist;
+	int rc = md_sampler_transform(sm, p, ctx, logits, d->w);
+	if (rc)
+		return rc;
+	rc = md_sampler_dist_build(d, p, d->w);
+	if (rc)
+		return rc;
+	int32_t tok;
+	double pd = md_sampler_dist_prob(d, draft), qd = md_sampler_dist_prob(q, draft);
+	double u = md_sampler_uniform(sm);
+	if (qd > 0 && u * qd < pd) {
+		tok = draft;
+		*accepted = true;
+	} else {
+		rc = md_sampler_dist_residual(resid, d, q);
+		if (rc)
+			return rc;
+		tok = md_sampler_draw(sm, resid);
+	}
+	if (p->top_logprobs >= 0) {
+		md_sampler_logprobs(logits, sm->n_vocab, tok, p->top_logprobs, out);
+	} else {
+		out->token = tok;
+		out->logprob = 0;
+		out->n_top = 0;
+	}
+	return 0;
+}

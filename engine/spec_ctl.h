@@ -1,0 +1,102 @@
+/* The speculation controller: how many tokens each sequence drafts in a step (0 included),
+ * from its acceptance history and the measured cost of a step. */
+#ifndef MD_SPEC_CTL_H
+#define MD_SPEC_CTL_H
+
+/*
+ * DESIGN
+ * Cost model. A decode step of n tokens reads the dense weights once and every expert its
+ * tokens route to once (engine/forward.c groups tokens by expert), so with uniform routing
+ * of K of E experts per layer its bytes are
+ *
+ *     R(n) = W_dense + L * E * (1 - (1 - K/E)^n) * W_expert
+ *
+ * (W_dense: attention, norms, router, shared expert and output matrix; W_expert: one expert's
+ * gate+up+down in one layer; L MoE layers). u(n) = E (1 - (1 - K/E)^n) is the expected number
+ * of distinct experts n tokens touch: it grows almost linearly while n K << E and saturates at
+ * E, which is why short drafts cost an MoE the most per token and long ones little more than
+ * the whole model. Where decode is bound by memory traffic the step's time follows R(n); where
+ * it is bound by per-step overhead (a tiny model) it is nearly flat. The controller does not
+ * assume either: it measures the forward time of decode-only steps per token count (smoothed,
+ * as a fast load factor times a slow per-size shape, so that sizes measured at different
+ * moments of a drifting machine load compare fairly) and uses R only to interpolate between them; a size beyond the largest measured is predicted pessimistically (as if
+ * compute-bound: t(n) = t(n') n / n', or the byte model's ratio if larger) until measured, so
+ * the controller never counts on a speedup it has not seen; a draft model adds its rounds'
+ * measured time.
+ *
+ * Acceptance model. Each sequence keeps decayed counts of its draft tokens judged and accepted;
+ * alpha = (accepted + 1) / (judged + 2) is the chance that a draft token is accepted given the
+ * previous one was, so k drafts yield E(k) = alpha + ... + alpha^k extra tokens. Judgements
+ * come from verifications and, for the n-gram drafter, for free: a proposal that was not
+ * verified (k = 0) is compared with the token the step emitted (the shadow).
+ *
+ * Choice. One step emits B tokens for its B decoding sequences in time C(B). Sequences are
+ * taken best alpha first; each gets the k (0..its room) that most raises the step's tokens per
+ * second (B + sum E_i(k_i)) / (C(B + sum k_i) + D(max k_i)), D the draft model's rounds, every
+ * step size charged one standard error above its mean time (the machine's relative noise over
+ * the samples behind it: picking the best of several noisy estimates would otherwise favour
+ * the one measured too fast). The plan is kept only when it beats plain decode, B / C(B), by
+ * a margin (3%); the margin applies to the whole step, so under load many small gains can add
+ * up, and a stream is not pushed below plain decode by noise. Under load B is large and
+ * C(B + k) - C(B) is what a draft costs everyone: the rule speculates only while that still
+ * gains. A sequence given k = 0 is probed with one draft after probe_gap steps (doubling to
+ * 128 while probes do not pay, reset when speculation is chosen): a draft model has no free
+ * shadow, and the step size gets measured. While speculating, every 8th step of a sequence
+ * adds one draft when that step size has fewer than 9 measurements, which is how k grows where
+ * verification is cheap (memory-bound MoE decode). tests/unit/test_spec_ctl.c runs it on
+ * simulated cost curves against the best fixed k.
+ *
+ * Engine thread only.
+ */
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/model.h"
+#include "engine/spec.h"
+
+#define MD_SPEC_CTL_MAXN 1024 /* token counts measured per step */
+
+struct md_spec_ctl {
+	bool fixed;                       /* always draft the most (tests) */
+	bool trace;                       /* $MOED_SPEC_TRACE: each decision on stderr */
+	double w_dense, w_expert;         /* bytes (see DESIGN) */
+	uint32_t n_moe_layers, n_expert, n_used;
+	double t[MD_SPEC_CTL_MAXN + 1];   /* smoothed seconds of a decode-only step of n tokens,
+					     at load factor 1 */
+	double load;                      /* the machine's current load factor (fast) */
+	double rvar;                      /* smoothed squared relative deviation of step times
+					     from their size's mean (the machine's noise) */
+	uint32_t nobs[MD_SPEC_CTL_MAXN + 1];
+	uint64_t chosen_steps, spec_steps; /* steps decided, and those that speculated */
+};
+
+void md_spec_ctl_init(struct md_spec_ctl *c, const struct md_model *m, bool fixed);
+
+/* R(n) of the DESIGN, in bytes. */
+double md_spec_ctl_bytes(const struct md_spec_ctl *c, uint32_t n);
+/* Predicted seconds of a decode step of n tokens; 0 when nothing is measured yet. */
+double md_spec_ctl_cost(const struct md_spec_ctl *c, uint32_t n);
+/* The same plus one standard error of the measurement it rests on: what a step of n tokens
+ * is charged when choosing to draft, so noisy timings do not make drafting look cheap. */
+double md_spec_ctl_cost_hi(const struct md_spec_ctl *c, uint32_t n);
+/* A decode-only step of n tokens took dt seconds in the forward pass. */
+void md_spec_ctl_observe(struct md_spec_ctl *c, uint32_t n, double dt);
+
+/* The acceptance estimate of a sequence. */
+double md_spec_ctl_alpha(const struct md_spec_seq *ss);
+/* After a step: n_draft drafts were verified and n_acc accepted (n_draft 0: none); first is
+ * the first token the step emitted for the sequence (judges the n-gram shadow). */
+void md_spec_ctl_feedback(struct md_spec_seq *ss, uint32_t n_draft, uint32_t n_acc,
+			  int32_t first);
+
+/*
+ * Choose k for the n sequences with drafters in a step of B decoding sequences: on entry
+ * k[i] is the most sequence i may draft (its room, and for the n-gram drafter the proposal's
+ * length), on return what it drafts. avail[i]: a proposal exists at no cost (n-gram) rather
+ * than costing draft rounds; t_round: seconds per draft-model round (0 if unknown).
+ */
+void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, uint32_t *k,
+			const bool *free_draft, uint32_t n, uint32_t B, double t_round);
+
+#endif
