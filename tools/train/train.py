@@ -403,7 +403,8 @@ def cmd_train(a):
 
     t0 = time.time()
     s0 = step
-    while step < steps:
+    stop = min(steps, a.stop_at) if a.stop_at else steps
+    while step < stop:
         for gp in opt.param_groups:
             gp["lr"] = lr_at(step)
         x, y = batch(tr, c["batch"], step, SEED + BATCH_SEED[a.model])
@@ -425,7 +426,7 @@ def cmd_train(a):
             log(f"{a.model} step {step}/{steps} loss {ce.item():.4f} aux "
                 f"{float(aux):.3f}" + ("" if kl is None else f" kl {kl.item():.4f}")
                 + f" lr {lr_at(step):.2e} {tps:.0f} tok/s")
-        if step % a.eval_every == 0 or step == steps:
+        if step % a.eval_every == 0 or step == stop:
             vl = evaluate(model, va, 4096)
             log(f"{a.model} step {step} val_loss(4k) {vl:.4f} ppl {math.exp(vl):.2f}")
             save()
@@ -606,15 +607,40 @@ def routing_stats(moe, va, n_tok, windows=(1, 4, 16)):
     return usage
 
 
+def agreement(moe, draft, va, n_tok=10240):
+    """Draft/target greedy agreement (teacher-forced) over the first n_tok held-out tokens."""
+    agree = tot = 0
+    for s in range(0, n_tok, SEQ):
+        x = va[s:s + SEQ].long()[None]
+        a1 = moe(x)[0].argmax(-1)
+        a2 = draft(x)[0].argmax(-1)
+        agree += int((a1 == a2).sum())
+        tot += a1.numel()
+    log(f"draft agrees with target argmax on {agree}/{tot} = {agree / tot * 100:.1f}% "
+        "of held-out positions")
+    return agree / tot
+
+
 @torch.no_grad()
 def cmd_eval(a):
     """--models TARGET,DRAFT (default moe,draft, written to eval.json; any other target to
-    eval-TARGET.json): losses of both, routing statistics of the target, agreement, samples."""
+    eval-TARGET.json): losses of both, routing statistics of the target, agreement, samples.
+    --quick: only the draft's loss and the agreement (eval-quick-TARGET-DRAFT.json)."""
     torch.set_num_threads(a.threads)
     tname, dname = a.models.split(",")
     moe, tok = load_model(a.work, tname)
     draft, _ = load_model(a.work, dname)
     va = torch.from_numpy(np.load(os.path.join(a.work, "val.npy")))
+    if a.quick:
+        vl = evaluate(draft, va)
+        log(f"draft: val loss {vl:.4f} ppl {math.exp(vl):.2f} (F16 weights, "
+            f"{(len(va) - 1) // SEQ * SEQ} tokens)")
+        res = {"target": tname, "draft": dname, "draft_val_loss": vl,
+               "draft_val_ppl": math.exp(vl), "draft_agreement": agreement(moe, draft, va)}
+        tag = "-".join(os.path.basename(n).removesuffix(".gguf") for n in (tname, dname))
+        with open(os.path.join(a.work, f"eval-quick-{tag}.json"), "w") as f:
+            json.dump(res, f, indent=1)
+        return
     with open(os.path.join(a.work, "data.json")) as f:
         info = json.load(f)
     res = {"unigram_ce": info["unigram_ce"], "val_tokens": info["val_tokens"],
@@ -628,16 +654,7 @@ def cmd_eval(a):
     # Expert usage and locality over 10k held-out tokens.
     res["expert_usage"] = routing_stats(moe, va, 10240)
     # Draft/target greedy agreement (teacher-forced) on held-out text.
-    agree = tot = 0
-    for s in range(0, 10240, SEQ):
-        x = va[s:s + SEQ].long()[None]
-        a1 = moe(x)[0].argmax(-1)
-        a2 = draft(x)[0].argmax(-1)
-        agree += int((a1 == a2).sum())
-        tot += a1.numel()
-    res["draft_agreement"] = agree / tot
-    log(f"draft agrees with target argmax on {agree}/{tot} = {agree / tot * 100:.1f}% "
-        "of held-out positions")
+    res["draft_agreement"] = agreement(moe, draft, va)
     # Greedy continuations for the C engine comparison.
     prompts = ["In the beginning God created", "And the LORD said unto Moses,",
                "Blessed are the", "For God so loved"]
@@ -679,7 +696,12 @@ def main():
     ap.add_argument("--draft-steps", type=int, default=400)
     ap.add_argument("--eval-every", type=int, default=150)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--quick", action="store_true",
+                    help="eval: only the draft's held-out loss and its agreement")
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--stop-at", type=int, default=0,
+                    help="train: stop (with a checkpoint) after this step, the schedule "
+                    "still that of --steps")
     ap.add_argument("--teacher", default="",
                     help="train: the model to distill from (configuration or .gguf), "
                     "overriding the configuration's")
