@@ -5,27 +5,34 @@
 # usage: bench/make_models.sh [-B BUILD] [-o DIR] list
 #        bench/make_models.sh [-B BUILD] [-o DIR] build NAME... | all
 #        bench/make_models.sh [-B BUILD] bytes MODEL.gguf    bytes one decoded token reads
-#        bench/make_models.sh [-t T] bandwidth                streaming read GB/s, T threads
-#        bench/make_models.sh [-B BUILD] [-o DIR] [-t T] [-r R] measure NAME... | all
+#        bench/make_models.sh [-B BUILD] [-n N] bandwidth     read GB/s: sizes, threads, pages
+#        bench/make_models.sh [-B BUILD] [-o DIR] [-t T] [-r R] [-n N] [-L DIR] measure NAME... | all
 #        bench/make_models.sh [-B BUILD] [-o DIR] exact NAME... | all
 #
-# measure: decode tok/s (moed-bench tg64: median and best of R runs) against the bound
-# bandwidth / bytes per token, the bandwidth (best of 5 passes) measured right before each
-# model; best against best, since on a shared machine both are slowed by whatever else runs.
+# bandwidth: bench/moed-bandwidth (median of N samples, default 21) for 1 and 2 threads, 256 MiB
+# and 1 GiB, 4 KiB and huge pages: a table of medians, min-max, and the median of the clean
+# samples (no thread preempted).
+# measure: per model, the read bandwidth of that model's file mapped as the engine maps it with T
+# threads (median of N samples, taken right before), decode tok/s (moed-bench tg64, median of R
+# runs) and, with -L DIR (llama.cpp's binaries; or MOED_LLAMA_CPP), llama-bench tg64 with T
+# threads (median of R runs) on the same file; each decode as a share of the bound bandwidth /
+# bytes per token, median against median.
 # exact: greedy tokens and top-5 log-probabilities of an inflated model against its source
 # (the q8_0 file it was inflated from), 24 tokens after a KJV prompt, with the reference
 # kernels (judged) and the default ones (reported).
 #
-# BUILD (default build/) must hold tools/moed-gguf and bench/moed-bench. Each model is
-# written to DIR/NAME.gguf (default bench/models/, git-ignored) through a temporary file, so
-# an interrupted build leaves nothing that looks finished; an existing file is kept unless the
-# shipped model it comes from is newer.
+# BUILD (default build/) must hold tools/moed-gguf, bench/moed-bench and bench/moed-bandwidth.
+# Each model is written to DIR/NAME.gguf (default bench/models/, git-ignored) through a
+# temporary file, so an interrupted build leaves nothing that looks finished; an existing file
+# is kept unless the shipped model it comes from is newer.
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$root/build
 out=$root/bench/models
 threads=2
 reps=5
+samples=21
+llama=${MOED_LLAMA_CPP:-}
 
 while [ $# -gt 0 ]; do
 	case $1 in
@@ -33,10 +40,12 @@ while [ $# -gt 0 ]; do
 	-o) out=$2; shift 2 ;;
 	-t) threads=$2; shift 2 ;;
 	-r) reps=$2; shift 2 ;;
+	-n) samples=$2; shift 2 ;;
+	-L) llama=$2; shift 2 ;;
 	*) break ;;
 	esac
 done
-[ $# -ge 1 ] || { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 cmd=$1
 shift
 gguf=$build/tools/moed-gguf
@@ -51,8 +60,8 @@ describe() {
 	default-4g) echo "default MoE in Q8_0, n_embd x16, heads x8, expert FFN x48: ~3.9 GB" ;;
 	default-1g-draft) echo "default draft (dense qwen3) in Q8_0, n_embd x8, heads x4, FFN x8: ~32 MB" ;;
 	default-4g-draft) echo "default draft in Q8_0, n_embd x16, heads x8, FFN x16: ~112 MB" ;;
-	moe64-2g) echo "many-expert MoE (qwen3moe, 64 experts top-8) in Q8_0, n_embd x8, heads x4, expert FFN x16: ~2.0 GB" ;;
-	moe64-2g-draft) echo "default draft (shares moe64's vocabulary) inflated like default-1g-draft: ~32 MB" ;;
+	moe64-2g) echo "many-expert MoE (qwen3moe, 64 experts top-4) in Q8_0, n_embd x8, heads x4, expert FFN x16: ~2.0 GB" ;;
+	moe64-2g-draft) echo "moe64's own draft (dense qwen3, distilled from moe64) in Q8_0, inflated like default-1g-draft: ~32 MB" ;;
 	random-2g) echo "random weights (moed-gguf gen), qwen3moe 16 layers, n_embd 1024, 128 experts x 256 top-8, Q8_0: ~1.8 GB" ;;
 	*) return 1 ;;
 	esac
@@ -94,6 +103,7 @@ inflate() {
 source_of() {
 	case $1 in
 	default-1g | default-4g) echo "$out/moed-default-moe-q8_0.gguf" ;;
+	moe64-2g-draft) echo "$out/moed-moe64-draft-q8_0.gguf" ;;
 	*-draft) echo "$out/moed-default-draft-q8_0.gguf" ;;
 	moe64-2g) echo "$out/moed-moe64-q8_0.gguf" ;;
 	esac
@@ -164,7 +174,8 @@ build_one() {
 	case $name in
 	default-1g) inflate "$name" moed-default-moe 8 4 24 ;;
 	default-4g) inflate "$name" moed-default-moe 16 8 48 ;;
-	default-1g-draft | moe64-2g-draft) inflate "$name" moed-default-draft 8 4 8 ;;
+	default-1g-draft) inflate "$name" moed-default-draft 8 4 8 ;;
+	moe64-2g-draft) inflate "$name" moed-moe64-draft 8 4 8 ;;
 	default-4g-draft) inflate "$name" moed-default-draft 16 8 16 ;;
 	moe64-2g) inflate "$name" moed-moe64 8 4 16 ;;
 	random-2g)
@@ -197,70 +208,36 @@ bytes_per_token() {
 		}'
 }
 
-# Streaming read bandwidth: T threads (-t, default 2: the decode's) each sum their part of a
-# 1 GiB buffer of 64-bit words (written first, so the pages exist), 5 passes; prints the best
-# pass in GB/s (1e9 bytes). -O3 vectorizes the sum: at -O2 the loop itself was the bottleneck
-# (5-15 GB/s here against 24-28).
-bandwidth() {
-	tmp=$(mktemp -d)
-	cat >"$tmp/bw.c" <<'EOF'
-#define _GNU_SOURCE
-#include <pthread.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-#define N (1ull << 27) /* 64-bit words: 1 GiB */
-static uint64_t *buf;
-static int nthr;
-static uint64_t sums[64];
-static void *run(void *arg)
-{
-	long t = (long)arg;
-	size_t lo = N / nthr * t, hi = N / nthr * (t + 1);
-	uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-	for (size_t i = lo; i < hi; i += 4) {
-		s0 += buf[i]; s1 += buf[i + 1]; s2 += buf[i + 2]; s3 += buf[i + 3];
-	}
-	sums[t] += s0 + s1 + s2 + s3;
-	return NULL;
+# Streaming-read bandwidth (bench/moed-bandwidth): the median and spread of N samples over
+# thread counts, buffer sizes and page sizes, one table row each.
+bandwidth_table() {
+	printf '%-8s %9s %6s %6s %11s %17s %6s %13s\n' threads size pages huge% median_GB/s \
+		min-max clean clean_median
+	for t in 1 2; do
+		for mib in 256 1024; do
+			for pages in small huge; do
+				"$bw" -t "$t" -s "$mib" -p "$pages" -n "$samples" | awk -v mib="$mib" '{
+					for (i = 1; i < NF; i += 2) v[$i] = $(i + 1)
+					printf "%-8s %6s MiB %6s %5s%% %11s %8s-%-8s %6s %13s\n", v["threads"],
+						mib, v["pages"], v["huge_pct"], v["median_gbs"], v["min_gbs"],
+						v["max_gbs"], v["clean"] "/" v["samples"], v["clean_median_gbs"] }'
+			done
+		done
+	done
 }
-int main(int argc, char **argv)
-{
-	nthr = argc > 1 ? atoi(argv[1]) : 2;
-	if (nthr < 1 || nthr > 64)
-		return 2;
-	buf = malloc(N * 8);
-	if (!buf)
-		return 1;
-	memset(buf, 1, N * 8);
-	double best = 0;
-	for (int pass = 0; pass < 5; pass++) {
-		struct timespec a, b;
-		pthread_t th[64];
-		clock_gettime(CLOCK_MONOTONIC, &a);
-		for (long t = 0; t < nthr; t++)
-			pthread_create(&th[t], NULL, run, (void *)t);
-		for (int t = 0; t < nthr; t++)
-			pthread_join(th[t], NULL);
-		clock_gettime(CLOCK_MONOTONIC, &b);
-		double s = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) * 1e-9;
-		double gbs = (double)N * 8 / s / 1e9;
-		if (gbs > best)
-			best = gbs;
-	}
-	uint64_t all = 0;
-	for (int t = 0; t < nthr; t++)
-		all += sums[t];
-	printf("%.2f\n", best + (double)(all == 42) * 0); /* keep the sums alive */
-	free(buf);
-	return 0;
+
+# field KEY of a moed-bandwidth line
+bw_field() {
+	awk -v k="$1" '{ for (i = 1; i < NF; i += 2) if ($i == k) print $(i + 1) }'
 }
-EOF
-	cc -O3 -march=native -pthread -o "$tmp/bw" "$tmp/bw.c"
-	"$tmp/bw" "$threads"
-	rm -rf "$tmp"
+
+# llama-bench tg64 tok/s on FILE with $threads threads: the median of $reps runs
+llama_tg() {
+	"$llama_bench" -m "$1" -t "$threads" -p 0 -n 64 -r "$reps" -o json 2>/dev/null |
+		/usr/bin/python3 -c '
+import json, statistics, sys
+r = [x for x in json.load(sys.stdin) if x.get("n_gen") == 64]
+print("%.2f" % statistics.median(r[0]["samples_ts"]) if r else "-")'
 }
 
 case $cmd in
@@ -280,27 +257,42 @@ bytes)
 	need "$gguf"
 	bytes_per_token "$1" ;;
 bandwidth)
-	bandwidth ;;
+	bw=$build/bench/moed-bandwidth
+	need "$bw"
+	bandwidth_table ;;
 measure)
 	need "$gguf"
 	need "$build/bench/moed-bench"
+	bw=$build/bench/moed-bandwidth
+	need "$bw"
 	[ $# -ge 1 ] || { echo "make_models: measure NAME... | all" >&2; exit 2; }
 	[ "$1" = all ] && set -- $NAMES
-	printf '%-17s %14s %12s %8s %12s %12s %12s %8s\n' model file_bytes bytes/token GB/s \
-		bound_tok/s tg_median tg_best best/bound
+	llama_bench=
+	if [ -n "$llama" ]; then
+		for c in "$llama/llama-bench" "$llama/build/bin/llama-bench"; do
+			[ -x "$c" ] && llama_bench=$c && break
+		done
+		[ -n "$llama_bench" ] || { echo "make_models: no llama-bench in '$llama'" >&2; exit 1; }
+	fi
+	echo "threads $threads; bandwidth: median of $samples reads of the mapped file;" \
+		"decode: tg64, median of $reps runs"
+	printf '%-17s %12s %8s %8s %10s %10s %8s %10s %8s\n' model bytes/token GB/s clean \
+		bound moed_tg of_bound llama_tg of_bound
 	for n in "$@"; do
 		f=$out/$n.gguf
 		[ -f "$f" ] || { echo "make_models: $f missing (build $n first)" >&2; exit 1; }
-		cat "$f" >/dev/null # in the page cache, as a served model is
 		bpt=$(bytes_per_token "$f")
-		bw=$(bandwidth) # right before, under the same load
+		line=$("$bw" -t "$threads" -n "$samples" -f "$f") # right before, under the same load
 		tg=$("$build/bench/moed-bench" -m "$f" -t "$threads" -p 0 -n 64 -r "$reps" |
-			awk -F'|' '$7 ~ /tg/ { gsub(/ /, "", $8); sub(/.*\.\./, "", $9); print $8, $9 }')
-		awk -v n="$n" -v fb="$(wc -c <"$f")" -v b="$bpt" -v bw="$bw" -v tg="$tg" 'BEGIN {
-			split(tg, t, " ")
+			awk -F'|' '$7 ~ /tg/ { gsub(/ /, "", $8); print $8 }')
+		ltg=-
+		[ -n "$llama_bench" ] && ltg=$(llama_tg "$f")
+		awk -v n="$n" -v b="$bpt" -v bw="$(echo "$line" | bw_field median_gbs)" \
+			-v cl="$(echo "$line" | bw_field clean_median_gbs)" -v tg="$tg" -v ltg="$ltg" 'BEGIN {
 			bound = bw * 1e9 / b
-			printf "%-17s %14.0f %12.0f %8.2f %12.1f %12.2f %12.2f %7.0f%%\n", n, fb, b, bw,
-				bound, t[1], t[2], 100 * t[2] / bound }'
+			printf "%-17s %12.0f %8.2f %8.2f %10.1f %10.2f %7.0f%% %10s %8s\n", n, b, bw, cl,
+				bound, tg, 100 * tg / bound, ltg,
+				ltg == "-" ? "-" : sprintf("%.0f%%", 100 * ltg / bound) }'
 	done ;;
 exact)
 	need "$build/tools/moed-run"

@@ -4,8 +4,14 @@ every architecture, inflated at several multiples, give moed-run the same greedy
 top-5 log-probabilities (within float tolerance) as the original; a row length the target
 type cannot hold is refused with the tensor's name.
 
+With MOED_LLAMA_CPP set to a directory holding llama.cpp's llama-server (or to a llama.cpp
+checkout with build/bin/llama-server), the default model inflated at several multiples also
+gives llama.cpp the same greedy tokens and top-5 log-probabilities as the original (server with
+f32 KV cache, no flash attention, temperature 0, /completion n_probs 5). Unset: that part is
+skipped with a note. llama.cpp is never built by the test.
+
 usage: test_inflate.py MOED_GGUF MOED_RUN DEFAULT_MODEL"""
-import os, subprocess, sys, tempfile
+import json, os, shutil, socket, subprocess, sys, tempfile, time, urllib.request
 
 import numpy as np
 
@@ -15,6 +21,7 @@ fails = []
 PROMPT = "100,200,300,400,5,17"
 N_GEN = 24
 TOL = 1e-4  # top-5 log-probability difference; float sums in another order
+LLAMA_ROUND_TOL = 2e-2  # llama.cpp on F16/Q8_0 weights: activations rounded (see below)
 
 
 def sh(*args):
@@ -87,7 +94,114 @@ if r.returncode == 0 or "token_embd.weight" not in r.stderr or "q4_K" not in r.s
 else:
     print("refused as expected:", r.stderr.strip())
 
+
+
+# ------------------------------------------------------------------ llama.cpp, when present
+
+def llama_server_bin():
+    d = os.environ.get("MOED_LLAMA_CPP", "")
+    if not d:
+        return None
+    for c in (os.path.join(d, "llama-server"), os.path.join(d, "build", "bin", "llama-server")):
+        if os.access(c, os.X_OK):
+            return c
+    print("FAIL: MOED_LLAMA_CPP=%s holds no llama-server (nor build/bin/llama-server)" % d)
+    fails.append("llama.cpp-missing")
+    return None
+
+
+def free_port():
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        return so.getsockname()[1]
+
+
+def llama_greedy(server, model):
+    """Greedy tokens after PROMPT and, at each generated position, the top-5 (id, log-prob)
+    before sampling, from a llama-server of its own."""
+    port = free_port()
+    log = open(os.path.join(tmp, os.path.basename(model) + ".llama.log"), "w")
+    proc = subprocess.Popen([server, "-m", model, "--host", "127.0.0.1", "--port", str(port),
+                             "-c", "256", "-np", "1", "-t", "2", "-ctk", "f32", "-ctv", "f32",
+                             "-fa", "off", "--no-warmup"], stdout=log, stderr=subprocess.STDOUT)
+    base = "http://127.0.0.1:%d" % port
+    try:
+        deadline = time.time() + 120
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError("llama-server exited %d on %s (log %s)" %
+                                   (proc.returncode, model, log.name))
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError("llama-server did not become ready on %s" % model)
+            time.sleep(0.2)
+        body = {"prompt": [int(t) for t in PROMPT.split(",")], "n_predict": N_GEN,
+                "temperature": 0, "n_probs": 5, "ignore_eos": True, "cache_prompt": False,
+                "post_sampling_probs": False}
+        req = urllib.request.Request(base + "/completion", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            res = json.load(r)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+    probs = res["completion_probabilities"]
+    ids = [p["id"] for p in probs]
+    top = [[(t["id"], t["logprob"]) for t in p["top_logprobs"]] for p in probs]
+    return ids, top
+
+
+def llama_same_function(server, name, orig, args, tol):
+    out = os.path.join(tmp, name + ".gguf")
+    sh(gguf, "inflate", *args, orig, out)
+    ids_a, top_a = llama_greedy(server, orig)
+    ids_b, top_b = llama_greedy(server, out)
+    worst = 0.0
+    for ta, tb in zip(top_a, top_b):
+        lb = dict(tb)
+        for tid, lp in ta:
+            # a token of the original's top 5 missing from the inflated one's: a big difference
+            worst = max(worst, abs(lp - lb[tid]) if tid in lb else float("inf"))
+    full = all(len(t) == 5 for t in top_a + top_b)  # top-5 at every position, both models
+    ok = len(ids_a) == N_GEN and full and ids_a == ids_b and worst <= tol
+    print("llama.cpp %-18s %s  greedy %s  top-5 max diff %.2g (tol %g)" %
+          (name, " ".join(args), "equal" if ids_a == ids_b else "DIFFERENT", worst, tol))
+    if not ok:
+        fails.append("llama.cpp-" + name)
+    os.unlink(out)
+
+
+server = llama_server_bin()
+if server is None and not os.environ.get("MOED_LLAMA_CPP"):
+    print("note: MOED_LLAMA_CPP is not set: the llama.cpp half of this test is skipped "
+          "(set it to a directory with llama-server to run it)")
+elif server is not None:
+    f32 = os.path.join(tmp, "src-default-f32.gguf")
+    sh(gguf, "quantize", default, f32, "f32")
+    # F32 weights: llama.cpp computes in floats, the inflated rows only add exact zeros.
+    for name, src, args in (("f32", f32, ["--embd", "2", "--heads", "2", "--ff", "4"]),
+                            ("f32-embd4", f32, ["--embd", "4"]),
+                            ("f32-heads4-ff8", f32, ["--heads", "4", "--ff", "8"])):
+        llama_same_function(server, name, src, args, TOL)
+    # F16 and Q8_0 weights: llama.cpp rounds the activations to F16 / 8-bit blocks before the
+    # matmul, and an RMS over a longer row may differ in its last bit, so a value can round
+    # the other way: the same tokens, log-probabilities within LLAMA_ROUND_TOL.
+    for name, src, args in (("f16", default, ["--embd", "2", "--heads", "2", "--ff", "4"]),
+                            ("q8_0", q8, ["--embd", "4", "--heads", "2", "--ff", "4"])):
+        llama_same_function(server, name, src, args, LLAMA_ROUND_TOL)
+
 if fails:
     print("%d case(s) failed: %s" % (len(fails), ", ".join(fails)))
     sys.exit(1)
 print("all inflation cases compute the same function")
+shutil.rmtree(tmp, True)  # kept on failure: the logs and logits are there

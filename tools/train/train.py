@@ -4,7 +4,8 @@ qwen3moe "moe64") and exports GGUFs.
 
 Steps (each one resumable, all from a fixed seed):
   prep    KJV text -> documents, held-out split, byte-level BPE, token arrays
-  train   --model moe|draft|moe64: AdamW + cosine LR, checkpoints, --resume
+  train   --model moe|draft|moe64|moe64-draft: AdamW + cosine LR, checkpoints, --resume;
+          moe64-draft is distilled from moe64 (KL to the teacher's softmax, --teacher)
   export  --models NAME,... (default moe,draft) -> GGUF (F16 matrices, F32 vectors)
   eval    --models TARGET,DRAFT (a configuration or a .gguf file each; default moe,draft):
           validation loss/perplexity, expert usage and locality, draft agreement, samples
@@ -51,12 +52,19 @@ CONFIGS = {
     # Qwen3-30B-A3B (8 of 128); 6 layers.
     "moe64": dict(arch="qwen3moe", name="moed-moe64", n_layer=6, d=192, n_head=6, n_kv=2,
                   hd=32, n_exp=64, k=4, ff_exp=64, ff=0, batch=4, lr=3e-3, aux=0.01),
+    # moe64's own draft: the default draft's shape, trained on moe64's output distribution
+    # (distill = weight of KL(teacher || draft) in the loss, the rest is the data loss), so its
+    # argmax agrees with moe64's more often than a draft trained on the text alone.
+    "moe64-draft": dict(arch="qwen3", name="moed-moe64-draft", n_layer=2, d=128, n_head=4,
+                        n_kv=2, hd=32, n_exp=0, k=0, ff_exp=0, ff=384, batch=4, lr=3e-3,
+                        aux=0.0, teacher="moe64", distill=1.0),
 }
 # The file each configuration is exported to (models/).
 OUT_FILES = {"moe": "moed-default-moe.gguf", "draft": "moed-default-draft.gguf",
-             "moe64": "moed-moe64.gguf"}
+             "moe64": "moed-moe64.gguf", "moe64-draft": "moed-moe64-draft.gguf"}
 # Each model gets its own stream of training batches (moe/draft keep their original seeds).
-BATCH_SEED = {"moe": 0, "draft": 7, "moe64": 13}
+# moe64-draft reads the default draft's stream: the two drafts differ only in their loss.
+BATCH_SEED = {"moe": 0, "draft": 7, "moe64": 13, "moe64-draft": 7}
 EPS = 1e-6
 ROPE_BASE = 10000.0
 
@@ -327,6 +335,28 @@ def evaluate(model, val, max_tokens=None):
     return tot / cnt
 
 
+def load_teacher(a, name):
+    """The model a draft is distilled from: --teacher (a configuration or a .gguf file), else
+    the configuration's teacher from its checkpoint in --work, else its shipped GGUF in --out.
+    Matrices rounded to F16 either way: the draft learns the function the engine serves."""
+    t = a.teacher or name
+    if not t.endswith(".gguf") and not os.path.exists(os.path.join(a.work, f"{t}.pt")):
+        t = os.path.join(a.out, OUT_FILES[t])
+    model, _ = load_model(a.work, t)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def distill_kl(teacher, x, logits):
+    """Mean over positions of KL(softmax(teacher) || softmax(logits)), nats."""
+    with torch.no_grad():
+        tl, _ = teacher(x)
+        tlp = tl.float().log_softmax(-1)
+    lp = logits.float().log_softmax(-1)
+    return (tlp.exp() * (tlp - lp)).sum(-1).mean()
+
+
 def cmd_train(a):
     torch.manual_seed(SEED)
     torch.set_num_threads(a.threads)
@@ -338,6 +368,13 @@ def cmd_train(a):
     model = Model(c, V)
     nparam = sum(p.numel() for p in model.parameters())
     log(f"{a.model}: {nparam / 1e6:.2f}M params, train {len(tr)} tokens, val {len(va)}")
+    if a.distill >= 0:
+        c = dict(c, distill=a.distill)
+    teacher, alpha = None, c.get("distill", 0.0)
+    if c.get("teacher"):
+        teacher = load_teacher(a, c["teacher"])
+        log(f"distilling from {a.teacher or c['teacher']}: loss = {alpha} * KL(teacher || "
+            f"model) + {1 - alpha:g} * data loss")
     decay = [p for p in model.parameters() if p.dim() >= 2]
     nodecay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
@@ -366,13 +403,18 @@ def cmd_train(a):
 
     t0 = time.time()
     s0 = step
-    while step < steps:
+    stop = min(steps, a.stop_at) if a.stop_at else steps
+    while step < stop:
         for gp in opt.param_groups:
             gp["lr"] = lr_at(step)
         x, y = batch(tr, c["batch"], step, SEED + BATCH_SEED[a.model])
         logits, aux = model(x)
         ce = F.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
         loss = ce + c["aux"] * aux
+        kl = None
+        if teacher is not None:
+            kl = distill_kl(teacher, x, logits)
+            loss = alpha * kl + (1 - alpha) * ce + c["aux"] * aux
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -382,8 +424,9 @@ def cmd_train(a):
             dt = time.time() - t0
             tps = (step - s0) * c["batch"] * SEQ / dt
             log(f"{a.model} step {step}/{steps} loss {ce.item():.4f} aux "
-                f"{float(aux):.3f} lr {lr_at(step):.2e} {tps:.0f} tok/s")
-        if step % a.eval_every == 0 or step == steps:
+                f"{float(aux):.3f}" + ("" if kl is None else f" kl {kl.item():.4f}")
+                + f" lr {lr_at(step):.2e} {tps:.0f} tok/s")
+        if step % a.eval_every == 0 or step == stop:
             vl = evaluate(model, va, 4096)
             log(f"{a.model} step {step} val_loss(4k) {vl:.4f} ppl {math.exp(vl):.2f}")
             save()
@@ -564,15 +607,40 @@ def routing_stats(moe, va, n_tok, windows=(1, 4, 16)):
     return usage
 
 
+def agreement(moe, draft, va, n_tok=10240):
+    """Draft/target greedy agreement (teacher-forced) over the first n_tok held-out tokens."""
+    agree = tot = 0
+    for s in range(0, n_tok, SEQ):
+        x = va[s:s + SEQ].long()[None]
+        a1 = moe(x)[0].argmax(-1)
+        a2 = draft(x)[0].argmax(-1)
+        agree += int((a1 == a2).sum())
+        tot += a1.numel()
+    log(f"draft agrees with target argmax on {agree}/{tot} = {agree / tot * 100:.1f}% "
+        "of held-out positions")
+    return agree / tot
+
+
 @torch.no_grad()
 def cmd_eval(a):
     """--models TARGET,DRAFT (default moe,draft, written to eval.json; any other target to
-    eval-TARGET.json): losses of both, routing statistics of the target, agreement, samples."""
+    eval-TARGET.json): losses of both, routing statistics of the target, agreement, samples.
+    --quick: only the draft's loss and the agreement (eval-quick-TARGET-DRAFT.json)."""
     torch.set_num_threads(a.threads)
     tname, dname = a.models.split(",")
     moe, tok = load_model(a.work, tname)
     draft, _ = load_model(a.work, dname)
     va = torch.from_numpy(np.load(os.path.join(a.work, "val.npy")))
+    if a.quick:
+        vl = evaluate(draft, va)
+        log(f"draft: val loss {vl:.4f} ppl {math.exp(vl):.2f} (F16 weights, "
+            f"{(len(va) - 1) // SEQ * SEQ} tokens)")
+        res = {"target": tname, "draft": dname, "draft_val_loss": vl,
+               "draft_val_ppl": math.exp(vl), "draft_agreement": agreement(moe, draft, va)}
+        tag = "-".join(os.path.basename(n).removesuffix(".gguf") for n in (tname, dname))
+        with open(os.path.join(a.work, f"eval-quick-{tag}.json"), "w") as f:
+            json.dump(res, f, indent=1)
+        return
     with open(os.path.join(a.work, "data.json")) as f:
         info = json.load(f)
     res = {"unigram_ce": info["unigram_ce"], "val_tokens": info["val_tokens"],
@@ -586,16 +654,7 @@ def cmd_eval(a):
     # Expert usage and locality over 10k held-out tokens.
     res["expert_usage"] = routing_stats(moe, va, 10240)
     # Draft/target greedy agreement (teacher-forced) on held-out text.
-    agree = tot = 0
-    for s in range(0, 10240, SEQ):
-        x = va[s:s + SEQ].long()[None]
-        a1 = moe(x)[0].argmax(-1)
-        a2 = draft(x)[0].argmax(-1)
-        agree += int((a1 == a2).sum())
-        tot += a1.numel()
-    res["draft_agreement"] = agree / tot
-    log(f"draft agrees with target argmax on {agree}/{tot} = {agree / tot * 100:.1f}% "
-        "of held-out positions")
+    res["draft_agreement"] = agreement(moe, draft, va)
     # Greedy continuations for the C engine comparison.
     prompts = ["In the beginning God created", "And the LORD said unto Moses,",
                "Blessed are the", "For God so loved"]
@@ -637,13 +696,24 @@ def main():
     ap.add_argument("--draft-steps", type=int, default=400)
     ap.add_argument("--eval-every", type=int, default=150)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--quick", action="store_true",
+                    help="eval: only the draft's held-out loss and its agreement")
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--stop-at", type=int, default=0,
+                    help="train: stop (with a checkpoint) after this step, the schedule "
+                    "still that of --steps")
+    ap.add_argument("--teacher", default="",
+                    help="train: the model to distill from (configuration or .gguf), "
+                    "overriding the configuration's")
+    ap.add_argument("--distill", type=float, default=-1,
+                    help="train: weight of the KL-to-teacher loss (0-1), overriding the "
+                    "configuration's")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     if a.cmd == "prep":
         cmd_prep(a)
     elif a.cmd == "train":
-        a.steps = a.steps or (a.draft_steps if a.model == "draft" else a.moe_steps)
+        a.steps = a.steps or (a.draft_steps if a.model.endswith("draft") else a.moe_steps)
         cmd_train(a)
     elif a.cmd == "export":
         cmd_export(a)
