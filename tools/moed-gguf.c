@@ -30,6 +30,7 @@ enum {
 	FTYPE_Q6_K = 18,
 	FTYPE_IQ4_NL = 25,
 	FTYPE_IQ4_XS = 30,
+	FTYPE_MXFP4_MOE = 38,
 	FTYPE_BF16 = 32,
 };
 
@@ -47,7 +48,7 @@ static void usage(FILE *f)
 "  --arch A            qwen3moe|qwen2moe|llama|mixtral|olmoe|qwen2|qwen3 [qwen3moe]\n"
 "                      (mixtral = arch \"llama\" with experts; llama = dense)\n"
 "  --type T            f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k\n"
-"                      |q6_k|iq4_nl|iq4_xs for 2-D/3-D weights [f32];\n"
+"                      |q6_k|iq4_nl|iq4_xs|mxfp4 for 2-D/3-D weights [f32];\n"
 "                      1-D tensors are f32, the router f32 unless T is a float type;\n"
 "                      K types need every row length to be a multiple of 256\n"
 "  --seed N [1]  --n-layer N [2]  --n-embd N [64]  --n-head N [4]  --n-head-kv N [2]\n"
@@ -69,7 +70,9 @@ static void usage(FILE *f)
 "\n"
 "quantize  requantize every 2-D/3-D weight of IN into OUT; 1-D tensors and ffn_gate_inp*\n"
 "          are kept as they are. MIX: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k_m\n"
-"          q4_k_m q5_k_m q6_k iq4_nl iq4_xs\n"
+"          q4_k_m q5_k_m q6_k iq4_nl iq4_xs mxfp4_moe\n"
+"          mxfp4_moe: mxfp4 for the 3-D expert tensors, q8_0 for every other weight and\n"
+"          for output.weight (gpt-oss's MXFP4_MOE files);\n"
 "          q2_k: q2_K, with q3_K for ffn_down* and attn_output (q5_K with 8 experts), attn_v\n"
 "          q4_K when head_count >= 4 * head_count_kv else q3_K (q8_0 with 8 experts);\n"
 "          q3_k_m: q3_K, with q4_K for ffn_down* (q5_K in the first n_layer/16 layers) and\n"
@@ -383,6 +386,7 @@ static const struct wtype_def gen_types[] = {
 	{ "q4_k", MD_DT_Q4_K, FTYPE_Q4_K_M },
 	{ "q5_k", MD_DT_Q5_K, FTYPE_Q5_K_M }, { "q6_k", MD_DT_Q6_K, FTYPE_Q6_K },
 	{ "iq4_nl", MD_DT_IQ4_NL, FTYPE_IQ4_NL }, { "iq4_xs", MD_DT_IQ4_XS, FTYPE_IQ4_XS },
+	{ "mxfp4", MD_DT_MXFP4, FTYPE_MXFP4_MOE },
 };
 
 enum init_kind { INIT_WEIGHT, INIT_NORM, INIT_BIAS };
@@ -949,6 +953,7 @@ static const struct mix_def mixes[] = {
 	{ "q4_k_m", MD_DT_Q4_K, FTYPE_Q4_K_M },
 	{ "q5_k_m", MD_DT_Q5_K, FTYPE_Q5_K_M }, { "q6_k", MD_DT_Q6_K, FTYPE_Q6_K },
 	{ "iq4_nl", MD_DT_IQ4_NL, FTYPE_IQ4_NL }, { "iq4_xs", MD_DT_IQ4_XS, FTYPE_IQ4_XS },
+	{ "mxfp4_moe", MD_DT_MXFP4, FTYPE_MXFP4_MOE },
 };
 
 /* llama.cpp's use_more_bits: first and last eighth of the layers, every third in between. */
@@ -1113,7 +1118,7 @@ static int cmd_quantize(const char *in, const char *out, const char *mix)
 			m = &mixes[k];
 	if (!m) {
 		fprintf(stderr, "moed-gguf quantize: unknown MIX '%s' (f32 f16 bf16 q8_0 q4_0 "
-			"q4_1 q5_0 q5_1 q2_k q3_k_m q4_k_m q5_k_m q6_k iq4_nl iq4_xs)\n", mix);
+			"q4_1 q5_0 q5_1 q2_k q3_k_m q4_k_m q5_k_m q6_k iq4_nl iq4_xs mxfp4_moe)\n", mix);
 		return 2;
 	}
 	if (strcmp(in, out) == 0) {

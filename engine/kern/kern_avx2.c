@@ -168,20 +168,32 @@ INLINE __m256i levels32(const uint8_t *qs, __m256i lut)
 	return _mm256_shuffle_epi8(lut, idx);
 }
 
-/* iq4_nl against md_q8b: levels looked up with a byte shuffle, then signed x signed as
- * q8_0 does it (|w| x sign(a, w)). */
-INLINE void tile_iq4_nl(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y,
-			size_t ys, const int nt)
+/* md_e8m0_half inlined: 2^(e - 128). */
+INLINE float e8m0_half(uint8_t e)
+{
+	const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+	float f;
+	memcpy(&f, &bits, 4);
+	return f;
+}
+
+/* iq4_nl (mxfp4 == 0) and mxfp4 against md_q8b: levels looked up with a byte shuffle, then
+ * signed x signed as q8_0 does it (|w| x sign(a, w)). The block scale is an f16 (iq4_nl)
+ * or an E8M0 exponent byte (mxfp4). */
+INLINE void tile_nl(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y,
+		    size_t ys, const int nt, const int mxfp4)
 {
 	__m256 acc[2][MD_KERN_NT];
 	for (int t = 0; t < nt; t++)
 		acc[0][t] = acc[1][t] = _mm256_setzero_ps();
-	const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)md_iq4nl_levels));
+	const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+		(const __m128i *)(mxfp4 ? md_mxfp4_levels : md_iq4nl_levels)));
+	const int bs = mxfp4 ? 17 : 18, qo = mxfp4 ? 1 : 2;
 	const int64_t nb = n / 32;
-	for (int64_t b = 0; b < nb; b++, w += 18) {
-		const __m256i q = levels32(w + 2, lut);
+	for (int64_t b = 0; b < nb; b++, w += bs) {
+		const __m256i q = levels32(w + qo, lut);
 		const __m256i u = _mm256_sign_epi8(q, q);
-		const float dw = ld_f16(w);
+		const float dw = mxfp4 ? e8m0_half(w[0]) : ld_f16(w);
 		for (int t = 0; t < nt; t++) {
 			const struct md_q8b *ab = (const struct md_q8b *)(a + (size_t)t * as) + b;
 			const __m256i p = dot_us8(u, _mm256_sign_epi8(ld256(ab->qs), q));
@@ -768,7 +780,8 @@ GEMM_ENTRY(gemm_bf16, dot_bf16, MD_DT_BF16)
 #define C_Q5_1(k) tile_q451(n, w, a, as, y, ys, k, MD_DT_Q5_1)
 #define C_Q2_K(k) tile_q2_K(n, w, a, as, y, ys, k)
 #define C_Q3_K(k) tile_q3_K(n, w, a, as, y, ys, k)
-#define C_IQ4_NL(k) tile_iq4_nl(n, w, a, as, y, ys, k)
+#define C_IQ4_NL(k) tile_nl(n, w, a, as, y, ys, k, 0)
+#define C_MXFP4(k) tile_nl(n, w, a, as, y, ys, k, 1)
 #define C_IQ4_XS(k) tile_iq4_xs(n, w, a, as, y, ys, k)
 #define C_Q4_K(k) tile_qk45(n, w, a, as, y, ys, k, 0)
 #define C_Q5_K(k) tile_qk45(n, w, a, as, y, ys, k, 1)
@@ -783,6 +796,7 @@ ENTRY(dot_q2_K, C_Q2_K)
 ENTRY(dot_q3_K, C_Q3_K)
 ENTRY(dot_iq4_nl, C_IQ4_NL)
 ENTRY(dot_iq4_xs, C_IQ4_XS)
+ENTRY(dot_mxfp4, C_MXFP4)
 ENTRY(dot_q4_K, C_Q4_K)
 ENTRY(dot_q5_K, C_Q5_K)
 ENTRY(dot_q6_K, C_Q6_K)
@@ -916,6 +930,7 @@ static const struct md_kern table = {
 		[MD_DT_Q3_K] = dot_q3_K,
 		[MD_DT_IQ4_NL] = dot_iq4_nl,
 		[MD_DT_IQ4_XS] = dot_iq4_xs,
+		[MD_DT_MXFP4] = dot_mxfp4,
 		[MD_DT_Q4_K] = dot_q4_K,
 		[MD_DT_Q5_K] = dot_q5_K,
 		[MD_DT_Q6_K] = dot_q6_K,

@@ -17,6 +17,7 @@ enum md_act_fmt md_kern_act_fmt(enum md_dtype t)
 	case MD_DT_Q5_0:
 	case MD_DT_Q5_1:
 	case MD_DT_IQ4_NL:
+	case MD_DT_MXFP4:
 		return MD_ACT_Q8B;
 	case MD_DT_Q2_K:
 	case MD_DT_Q3_K:
@@ -162,6 +163,14 @@ static float dot1_iq4_nl(int64_t n, const uint8_t *w, const struct md_q8b *a)
 	float acc = 0;
 	for (int64_t b = 0; b < n / 32; b++, w += 18)
 		acc += ld_f16(w) * a[b].d * (float)dot32_levels(w + 2, md_iq4nl_levels, a[b].qs);
+	return acc;
+}
+
+static float dot1_mxfp4(int64_t n, const uint8_t *w, const struct md_q8b *a)
+{
+	float acc = 0;
+	for (int64_t b = 0; b < n / 32; b++, w += 17)
+		acc += md_e8m0_half(w[0]) * a[b].d * (float)dot32_levels(w + 1, md_mxfp4_levels, a[b].qs);
 	return acc;
 }
 
@@ -333,6 +342,7 @@ TILE(dot_q2_K, dot1_q2_K(n, w, at))
 TILE(dot_q3_K, dot1_q3_K(n, w, at))
 TILE(dot_iq4_nl, dot1_iq4_nl(n, w, at))
 TILE(dot_iq4_xs, dot1_iq4_xs(n, w, at))
+TILE(dot_mxfp4, dot1_mxfp4(n, w, at))
 TILE(dot_q4_K, dot1_qk45(n, w, at, 0))
 TILE(dot_q5_K, dot1_qk45(n, w, at, 1))
 TILE(dot_q6_K, dot1_q6_K(n, w, at))
@@ -382,6 +392,7 @@ const struct md_kern md_kern_scalar = {
 		[MD_DT_Q3_K] = dot_q3_K,
 		[MD_DT_IQ4_NL] = dot_iq4_nl,
 		[MD_DT_IQ4_XS] = dot_iq4_xs,
+		[MD_DT_MXFP4] = dot_mxfp4,
 		[MD_DT_Q4_K] = dot_q4_K,
 		[MD_DT_Q5_K] = dot_q5_K,
 		[MD_DT_Q6_K] = dot_q6_K,

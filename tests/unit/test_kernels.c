@@ -18,7 +18,7 @@
 static const enum md_dtype types[] = { MD_DT_F32, MD_DT_F16, MD_DT_BF16, MD_DT_Q8_0,
 				       MD_DT_Q4_0, MD_DT_Q4_K, MD_DT_Q5_K, MD_DT_Q6_K,
 				       MD_DT_Q4_1, MD_DT_Q5_0, MD_DT_Q5_1, MD_DT_Q2_K,
-				       MD_DT_Q3_K, MD_DT_IQ4_NL, MD_DT_IQ4_XS };
+				       MD_DT_Q3_K, MD_DT_IQ4_NL, MD_DT_IQ4_XS, MD_DT_MXFP4 };
 #define N_TYPES (sizeof(types) / sizeof(types[0]))
 
 /* Activation rows for weight type t: quantized with kernel table k into buf. */
