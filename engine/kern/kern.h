@@ -10,8 +10,10 @@
 /*
  * Activations are quantized on the fly, once per matmul input, into one of two block formats
  * (moed-internal layouts, never stored in files):
- *   md_q8b: 32 elements, x ~= d * qs, s = sum(qs)    (paired with q8_0 and q4_0 weights)
- *   md_q8k: 256 elements, bsums[g] = sum of qs[16g .. 16g+15]   (paired with K-quant weights)
+ *   md_q8b: 32 elements, x ~= d * qs, s = sum(qs)    (paired with the 32-element block
+ *           types: q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4)
+ *   md_q8k: 256 elements, bsums[g] = sum of qs[16g .. 16g+15]   (paired with the 256-element
+ *           super-block types: q2_K .. q6_K, iq4_xs)
  * qs are in [-127, 127] so u8 x s8 pair sums never saturate 16 bits.
  */
 struct md_q8b {

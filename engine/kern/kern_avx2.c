@@ -2,8 +2,10 @@
  *
  * Integer dot products: weights stay in their blocks, activations come quantized (kern.h).
  * Unsigned weight nibbles meet signed activation bytes in maddubs (u8 x s8 -> s16 pairs), then
- * madd with the sub-block scale folds the scale in for free; q8_0 uses the sign trick
- * (|w| x sign(a, w)) and, with VNNI, vpdpbusd. Each call decodes a weight block once and uses
+ * madd with the sub-block scale folds the scale in for free; signed weights (q8_0, and the
+ * non-linear levels of iq4_nl / iq4_xs / mxfp4, looked up by byte shuffle) use the sign trick
+ * (|w| x sign(a, w)) and, with VNNI, vpdpbusd; offsets (q5_0's 16, q3_K's 4) and mins (q4_1,
+ * q5_1, q2_K) come out of the activation block sums. Each call decodes a weight block once and uses
  * it for up to MD_KERN_NT activation rows held in registers. Float weights have a gemm that
  * tiles GR rows x GT tokens of accumulators and, under many tokens, converts 16-bit weights
  * to float once per band of rows. */
