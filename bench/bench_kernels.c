@@ -214,27 +214,33 @@ int main(int argc, char **argv)
 			for (int nt = 0; nt < 2; nt++)
 				bts[i].gbs[nt][r] = pass(k, &bts[i], n, nt ? 8 : 1);
 
-	double base[2][2] = { { 0 } }; /* [q8_0, q4_K][nt] */
+	/* Baselines: [q8_0, q4_K][tokens][median, best]. */
+	double base[2][2][2] = { { { 0 } } };
 	double lo, hi;
 	for (int i = 0; i < nb; i++)
 		for (int nt = 0; nt < 2; nt++) {
 			double m = median(bts[i].gbs[nt], reps, &lo, &hi);
-			if (bts[i].t == MD_DT_Q8_0)
-				base[0][nt] = m;
-			if (bts[i].t == MD_DT_Q4_K)
-				base[1][nt] = m;
+			int which = bts[i].t == MD_DT_Q8_0 ? 0 : bts[i].t == MD_DT_Q4_K ? 1 : -1;
+			if (which >= 0) {
+				base[which][nt][0] = m;
+				base[which][nt][1] = hi;
+			}
 		}
-	printf("dot kernels '%s', 1 thread, n_in %lld, ~%d MiB of weights per type, %d reps "
-	       "(median, spread min..max)\n\n", k->name, (long long)n, mib, reps);
-	printf("| type | bits/w | tokens | GB/s | spread | Gweights/s | vs q8_0 (GB/s) | vs q4_K (GB/s) |\n");
-	printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+	printf("dot kernels '%s', 1 thread, n_in %lld, ~%d MiB of weights per type, %d reps; "
+	       "GB/s of weight bytes: median, best (max) and spread; ratios of medians (of "
+	       "bests)\n\n", k->name, (long long)n, mib, reps);
+	printf("| type | bits/w | tokens | GB/s median | best | spread | Gweights/s median | "
+	       "vs q8_0 | vs q4_K |\n");
+	printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
 	for (int nt = 0; nt < 2; nt++) {
 		for (int i = 0; i < nb; i++) {
 			struct bt *b = &bts[i];
 			double m = median(b->gbs[nt], reps, &lo, &hi);
 			double bpw = 8.0 * (double)b->row_bytes / (double)n;
-			printf("| %s | %.2f | %d | %.2f | %.2f..%.2f | %.2f | %.2fx | %.2fx |\n", b->name,
-			       bpw, nt ? 8 : 1, m, lo, hi, m * 8.0 / bpw, m / base[0][nt], m / base[1][nt]);
+			printf("| %s | %.2f | %d | %.2f | %.2f | %.2f..%.2f | %.2f | %.2fx (%.2fx) | "
+			       "%.2fx (%.2fx) |\n", b->name, bpw, nt ? 8 : 1, m, hi, lo, hi,
+			       m * 8.0 / bpw, m / base[0][nt][0], hi / base[0][nt][1],
+			       m / base[1][nt][0], hi / base[1][nt][1]);
 		}
 	}
 	for (int i = 0; i < nb; i++) {
