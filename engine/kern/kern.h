@@ -77,9 +77,6 @@ struct md_kern {
 /* Unpacks the 8 six-bit scales and mins of a q4_K / q5_K super-block (12 bytes at s). */
 void md_kern__k_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8]);
 
-/* The 16 signed 6-bit scales (stored value - 32) of a q3_K block (12 bytes at s). */
-void md_kern__q3k_scales(const uint8_t *s, int16_t sc[16]);
-
 /* Activation format paired with weight type t, or MD_ACT_NONE. */
 enum md_act_fmt md_kern_act_fmt(enum md_dtype t);
 /* Bytes of one activation row of n elements in format f. */

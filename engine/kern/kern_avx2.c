@@ -351,6 +351,25 @@ INLINE void tile_q2_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 		y[(size_t)t * ys] = hsum8(acc[t]);
 }
 
+/* The 16 signed scales of a q3_K block (as kern_scalar.c's q3k_scales) in int16 lanes: low nibbles
+ * from bytes 0-7 (scales 0-7) and their high nibbles (8-15); the top 2 bits of scale i at bits
+ * 2 (i / 4) of byte 8 + i % 4, i.e. 32-bit lane i / 4 of the broadcast bytes 8-11 shifted
+ * right by 2 (i / 4). */
+INLINE __m256i q3k_scales(const uint8_t *s)
+{
+	uint64_t lo;
+	uint32_t hi;
+	memcpy(&lo, s, 8);
+	memcpy(&hi, s + 8, 4);
+	const __m128i l = _mm_cvtsi64_si128((long long)lo);
+	const __m128i low = _mm_and_si128(_mm_unpacklo_epi64(l, _mm_srli_epi16(l, 4)),
+					  _mm_set1_epi8(15));
+	const __m128i top = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)hi),
+							 _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
+	const __m128i sc = _mm_or_si128(low, _mm_slli_epi16(top, 4));
+	return _mm256_sub_epi16(_mm256_cvtepu8_epi16(sc), _mm256_set1_epi16(32));
+}
+
 /* q3_K: the low 2 bits as q2_K, the third from hmask (bit 4h + j of each byte for the 32
  * elements at 128h + 32j); q = u - 4 with u unsigned, so the integer sum is
  * sum_g sc_g * (sum(u * a) - 4 * bsums[g]) with signed 6-bit scales in madd. */
@@ -363,8 +382,9 @@ INLINE void tile_q3_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 	const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
 	const int64_t nb = n / 256;
 	for (int64_t b = 0; b < nb; b++, w += 110) {
-		int16_t sc[16];
-		md_kern__q3k_scales(w + 96, sc);
+		int16_t sc[16] __attribute__((aligned(32)));
+		const __m256i sc_all = q3k_scales(w + 96);
+		_mm256_store_si256((__m256i *)sc, sc_all);
 		const float dw = ld_f16(w + 108);
 		const __m256i hm = ld256(w);
 		__m256i q[8], s16[8];
@@ -377,7 +397,6 @@ INLINE void tile_q3_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 				s16[4 * h + j] = scale_pair(sc[8 * h + 2 * j], sc[8 * h + 2 * j + 1]);
 			}
 		}
-		const __m256i sc_all = ld256(sc);
 		for (int t = 0; t < nt; t++) {
 			const struct md_q8k *ab = (const struct md_q8k *)(a + (size_t)t * as) + b;
 			__m256i is0 = _mm256_setzero_si256(), is1 = _mm256_setzero_si256();

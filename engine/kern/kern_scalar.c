@@ -248,7 +248,8 @@ static float dot1_q2_K(int64_t n, const uint8_t *w, const struct md_q8k *a)
 	return acc;
 }
 
-void md_kern__q3k_scales(const uint8_t *s, int16_t sc[16])
+/* The 16 signed 6-bit scales (stored value - 32) of a q3_K block (12 bytes at s). */
+static void q3k_scales(const uint8_t *s, int16_t sc[16])
 {
 	for (int i = 0; i < 16; i++) {
 		int lo = i < 8 ? s[i] & 15 : s[i - 8] >> 4;
@@ -265,7 +266,7 @@ static float dot1_q3_K(int64_t n, const uint8_t *w, const struct md_q8k *a)
 	for (int64_t b = 0; b < n / 256; b++, w += 110) {
 		const uint8_t *hm = w, *qs = w + 32;
 		int16_t sc[16];
-		md_kern__q3k_scales(w + 96, sc);
+		q3k_scales(w + 96, sc);
 		int sumi = 0;
 		for (int g = 0; g < 16; g++) {
 			int si = 0;
