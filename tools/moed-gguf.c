@@ -85,8 +85,8 @@ static void usage(FILE *f)
 "          ffn_down* in the first and last n_layer/8 layers and every third between\n"
 "          (llama.cpp's use_more_bits); q4_0/q4_1/q5_0/q5_1: q6_K for output.weight.\n"
 "          Fallbacks as llama-quantize's: a tensor whose ne[0] is not a multiple of 256\n"
-"          gets q5_0 for q4_K, q5_1 for q5_K, q8_0 for q6_K, iq4_nl for q2_K/q3_K/iq4_xs;\n"
-"          f16 where ne[0] is not even a multiple of 32.\n"
+"          gets q5_0 for q4_K, q5_1 for q5_K, q8_0 for q6_K, q4_0 for q2_K/q3_K, iq4_nl\n"
+"          for iq4_xs; f16 where ne[0] is not even a multiple of 32.\n"
 "\n"
 MD_INFLATE_USAGE);
 }
@@ -105,7 +105,8 @@ static bool is_quantized(uint32_t t)
 }
 
 /* The type llama-quantize writes instead of a 256-block type for rows that are not a
- * multiple of 256 (llama_tensor_get_type's fallback); t itself for other types. */
+ * multiple of 256 (tensor_type_fallback in llama.cpp 34af94cd; older versions gave iq4_nl
+ * for q2_K/q3_K); t itself for other types. */
 static uint32_t k_fallback(uint32_t t)
 {
 	switch (t) {
@@ -113,7 +114,7 @@ static uint32_t k_fallback(uint32_t t)
 	case MD_DT_Q5_K: return MD_DT_Q5_1;
 	case MD_DT_Q6_K: return MD_DT_Q8_0;
 	case MD_DT_Q2_K:
-	case MD_DT_Q3_K:
+	case MD_DT_Q3_K: return MD_DT_Q4_0;
 	case MD_DT_IQ4_XS: return MD_DT_IQ4_NL;
 	default: return t;
 	}
@@ -1046,6 +1047,7 @@ static uint32_t pick_type(const struct mix_def *m, const struct md_gguf_tensor *
 		*why = ty == MD_DT_Q5_0 ? "ne[0] not a multiple of 256: q5_0 fallback" :
 		       ty == MD_DT_Q5_1 ? "ne[0] not a multiple of 256: q5_1 fallback" :
 		       ty == MD_DT_IQ4_NL ? "ne[0] not a multiple of 256: iq4_nl fallback" :
+		       ty == MD_DT_Q4_0 ? "ne[0] not a multiple of 256: q4_0 fallback" :
 					    "ne[0] not a multiple of 256: q8_0 fallback";
 	}
 	if (t->ne[0] % md_dtype_info(ty)->blck != 0) {
