@@ -45,6 +45,12 @@ enum md_dtype {
 /* The 16 non-linear levels of iq4_nl and iq4_xs (GGML's kvalues_iq4nl). */
 extern const int8_t md_iq4nl_levels[16];
 
+/* mxfp4's 16 levels: the E2M1 values times two (GGML's kvalues_mxfp4). */
+extern const int8_t md_mxfp4_levels[16];
+
+/* An mxfp4 block's scale byte (E8M0) as the factor of the doubled levels: 2^(e - 128). */
+float md_e8m0_half(uint8_t e);
+
 struct md_dtype_info {
 	const char *name;   /* "f32", "q4_K", ... as GGML names them */
 	int64_t blck;       /* elements per block */

@@ -346,6 +346,9 @@ out:
 static const struct { const char *name; enum md_dtype t; } type_names[] = {
 	{ "f32", MD_DT_F32 }, { "f16", MD_DT_F16 }, { "bf16", MD_DT_BF16 }, { "q8_0", MD_DT_Q8_0 },
 	{ "q4_0", MD_DT_Q4_0 }, { "q4_k", MD_DT_Q4_K }, { "q5_k", MD_DT_Q5_K }, { "q6_k", MD_DT_Q6_K },
+	{ "q4_1", MD_DT_Q4_1 }, { "q5_0", MD_DT_Q5_0 }, { "q5_1", MD_DT_Q5_1 }, { "q2_k", MD_DT_Q2_K },
+	{ "q3_k", MD_DT_Q3_K }, { "iq4_nl", MD_DT_IQ4_NL }, { "iq4_xs", MD_DT_IQ4_XS },
+	{ "mxfp4", MD_DT_MXFP4 },
 };
 
 static bool parse_mult(const char *s, uint32_t *out)

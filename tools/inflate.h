@@ -52,6 +52,7 @@ int md_inflate_main(int argc, char **argv);
 	"          tools/inflate.h): moed-gguf inflate [--embd N] [--heads N] [--ff N]\n" \
 	"          [--type T] IN OUT; n_embd and heads are multiplied by copying (powers of\n" \
 	"          two keep quantized weights exact), FFN units by zero padding [1 1 1];\n" \
-	"          T: f32 f16 bf16 q8_0 q4_0 q4_k q5_k q6_k for 2-D/3-D weights [keep]\n"
+	"          T: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k iq4_nl\n" \
+	"          iq4_xs mxfp4 for 2-D/3-D weights [keep]\n"
 
 #endif

@@ -30,6 +30,7 @@ enum {
 	FTYPE_Q6_K = 18,
 	FTYPE_IQ4_NL = 25,
 	FTYPE_IQ4_XS = 30,
+	FTYPE_MXFP4_MOE = 38,
 	FTYPE_BF16 = 32,
 };
 
@@ -47,7 +48,7 @@ static void usage(FILE *f)
 "  --arch A            qwen3moe|qwen2moe|llama|mixtral|olmoe|qwen2|qwen3 [qwen3moe]\n"
 "                      (mixtral = arch \"llama\" with experts; llama = dense)\n"
 "  --type T            f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k\n"
-"                      |q6_k|iq4_nl|iq4_xs for 2-D/3-D weights [f32];\n"
+"                      |q6_k|iq4_nl|iq4_xs|mxfp4 for 2-D/3-D weights [f32];\n"
 "                      1-D tensors are f32, the router f32 unless T is a float type;\n"
 "                      K types need every row length to be a multiple of 256\n"
 "  --seed N [1]  --n-layer N [2]  --n-embd N [64]  --n-head N [4]  --n-head-kv N [2]\n"
@@ -69,7 +70,9 @@ static void usage(FILE *f)
 "\n"
 "quantize  requantize every 2-D/3-D weight of IN into OUT; 1-D tensors and ffn_gate_inp*\n"
 "          are kept as they are. MIX: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k_m\n"
-"          q4_k_m q5_k_m q6_k iq4_nl iq4_xs\n"
+"          q4_k_m q5_k_m q6_k iq4_nl iq4_xs mxfp4_moe\n"
+"          mxfp4_moe: mxfp4 for the 3-D expert tensors, q8_0 for every other weight and\n"
+"          for output.weight (gpt-oss's MXFP4_MOE files);\n"
 "          q2_k: q2_K, with q3_K for ffn_down* and attn_output (q5_K with 8 experts), attn_v\n"
 "          q4_K when head_count >= 4 * head_count_kv else q3_K (q8_0 with 8 experts);\n"
 "          q3_k_m: q3_K, with q4_K for ffn_down* (q5_K in the first n_layer/16 layers) and\n"
@@ -82,8 +85,8 @@ static void usage(FILE *f)
 "          ffn_down* in the first and last n_layer/8 layers and every third between\n"
 "          (llama.cpp's use_more_bits); q4_0/q4_1/q5_0/q5_1: q6_K for output.weight.\n"
 "          Fallbacks as llama-quantize's: a tensor whose ne[0] is not a multiple of 256\n"
-"          gets q5_0 for q4_K, q5_1 for q5_K, q8_0 for q6_K, iq4_nl for q2_K/q3_K/iq4_xs;\n"
-"          f16 where ne[0] is not even a multiple of 32.\n"
+"          gets q5_0 for q4_K, q5_1 for q5_K, q8_0 for q6_K, q4_0 for q2_K/q3_K, iq4_nl\n"
+"          for iq4_xs; f16 where ne[0] is not even a multiple of 32.\n"
 "\n"
 MD_INFLATE_USAGE);
 }
@@ -102,7 +105,8 @@ static bool is_quantized(uint32_t t)
 }
 
 /* The type llama-quantize writes instead of a 256-block type for rows that are not a
- * multiple of 256 (llama_tensor_get_type's fallback); t itself for other types. */
+ * multiple of 256 (tensor_type_fallback in llama.cpp 34af94cd; older versions gave iq4_nl
+ * for q2_K/q3_K); t itself for other types. */
 static uint32_t k_fallback(uint32_t t)
 {
 	switch (t) {
@@ -110,7 +114,7 @@ static uint32_t k_fallback(uint32_t t)
 	case MD_DT_Q5_K: return MD_DT_Q5_1;
 	case MD_DT_Q6_K: return MD_DT_Q8_0;
 	case MD_DT_Q2_K:
-	case MD_DT_Q3_K:
+	case MD_DT_Q3_K: return MD_DT_Q4_0;
 	case MD_DT_IQ4_XS: return MD_DT_IQ4_NL;
 	default: return t;
 	}
@@ -383,6 +387,7 @@ static const struct wtype_def gen_types[] = {
 	{ "q4_k", MD_DT_Q4_K, FTYPE_Q4_K_M },
 	{ "q5_k", MD_DT_Q5_K, FTYPE_Q5_K_M }, { "q6_k", MD_DT_Q6_K, FTYPE_Q6_K },
 	{ "iq4_nl", MD_DT_IQ4_NL, FTYPE_IQ4_NL }, { "iq4_xs", MD_DT_IQ4_XS, FTYPE_IQ4_XS },
+	{ "mxfp4", MD_DT_MXFP4, FTYPE_MXFP4_MOE },
 };
 
 enum init_kind { INIT_WEIGHT, INIT_NORM, INIT_BIAS };
@@ -949,6 +954,7 @@ static const struct mix_def mixes[] = {
 	{ "q4_k_m", MD_DT_Q4_K, FTYPE_Q4_K_M },
 	{ "q5_k_m", MD_DT_Q5_K, FTYPE_Q5_K_M }, { "q6_k", MD_DT_Q6_K, FTYPE_Q6_K },
 	{ "iq4_nl", MD_DT_IQ4_NL, FTYPE_IQ4_NL }, { "iq4_xs", MD_DT_IQ4_XS, FTYPE_IQ4_XS },
+	{ "mxfp4_moe", MD_DT_MXFP4, FTYPE_MXFP4_MOE },
 };
 
 /* llama.cpp's use_more_bits: first and last eighth of the layers, every third in between. */
@@ -1041,6 +1047,7 @@ static uint32_t pick_type(const struct mix_def *m, const struct md_gguf_tensor *
 		*why = ty == MD_DT_Q5_0 ? "ne[0] not a multiple of 256: q5_0 fallback" :
 		       ty == MD_DT_Q5_1 ? "ne[0] not a multiple of 256: q5_1 fallback" :
 		       ty == MD_DT_IQ4_NL ? "ne[0] not a multiple of 256: iq4_nl fallback" :
+		       ty == MD_DT_Q4_0 ? "ne[0] not a multiple of 256: q4_0 fallback" :
 					    "ne[0] not a multiple of 256: q8_0 fallback";
 	}
 	if (t->ne[0] % md_dtype_info(ty)->blck != 0) {
@@ -1113,7 +1120,7 @@ static int cmd_quantize(const char *in, const char *out, const char *mix)
 			m = &mixes[k];
 	if (!m) {
 		fprintf(stderr, "moed-gguf quantize: unknown MIX '%s' (f32 f16 bf16 q8_0 q4_0 "
-			"q4_1 q5_0 q5_1 q2_k q3_k_m q4_k_m q5_k_m q6_k iq4_nl iq4_xs)\n", mix);
+			"q4_1 q5_0 q5_1 q2_k q3_k_m q4_k_m q5_k_m q6_k iq4_nl iq4_xs mxfp4_moe)\n", mix);
 		return 2;
 	}
 	if (strcmp(in, out) == 0) {

@@ -10,8 +10,10 @@
 /*
  * Activations are quantized on the fly, once per matmul input, into one of two block formats
  * (moed-internal layouts, never stored in files):
- *   md_q8b: 32 elements, x ~= d * qs, s = sum(qs)    (paired with q8_0 and q4_0 weights)
- *   md_q8k: 256 elements, bsums[g] = sum of qs[16g .. 16g+15]   (paired with K-quant weights)
+ *   md_q8b: 32 elements, x ~= d * qs, s = sum(qs)    (paired with the 32-element block
+ *           types: q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, mxfp4)
+ *   md_q8k: 256 elements, bsums[g] = sum of qs[16g .. 16g+15]   (paired with the 256-element
+ *           super-block types: q2_K .. q6_K, iq4_xs)
  * qs are in [-127, 127] so u8 x s8 pair sums never saturate 16 bits.
  */
 struct md_q8b {
@@ -74,9 +76,6 @@ struct md_kern {
 
 /* Unpacks the 8 six-bit scales and mins of a q4_K / q5_K super-block (12 bytes at s). */
 void md_kern__k_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8]);
-
-/* The 16 signed 6-bit scales (stored value - 32) of a q3_K block (12 bytes at s). */
-void md_kern__q3k_scales(const uint8_t *s, int16_t sc[16]);
 
 /* Activation format paired with weight type t, or MD_ACT_NONE. */
 enum md_act_fmt md_kern_act_fmt(enum md_dtype t);

@@ -2,8 +2,10 @@
  *
  * Integer dot products: weights stay in their blocks, activations come quantized (kern.h).
  * Unsigned weight nibbles meet signed activation bytes in maddubs (u8 x s8 -> s16 pairs), then
- * madd with the sub-block scale folds the scale in for free; q8_0 uses the sign trick
- * (|w| x sign(a, w)) and, with VNNI, vpdpbusd. Each call decodes a weight block once and uses
+ * madd with the sub-block scale folds the scale in for free; signed weights (q8_0, and the
+ * non-linear levels of iq4_nl / iq4_xs / mxfp4, looked up by byte shuffle) use the sign trick
+ * (|w| x sign(a, w)) and, with VNNI, vpdpbusd; offsets (q5_0's 16, q3_K's 4) and mins (q4_1,
+ * q5_1, q2_K) come out of the activation block sums. Each call decodes a weight block once and uses
  * it for up to MD_KERN_NT activation rows held in registers. Float weights have a gemm that
  * tiles GR rows x GT tokens of accumulators and, under many tokens, converts 16-bit weights
  * to float once per band of rows. */
@@ -168,20 +170,32 @@ INLINE __m256i levels32(const uint8_t *qs, __m256i lut)
 	return _mm256_shuffle_epi8(lut, idx);
 }
 
-/* iq4_nl against md_q8b: levels looked up with a byte shuffle, then signed x signed as
- * q8_0 does it (|w| x sign(a, w)). */
-INLINE void tile_iq4_nl(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y,
-			size_t ys, const int nt)
+/* md_e8m0_half inlined: 2^(e - 128). */
+INLINE float e8m0_half(uint8_t e)
+{
+	const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+	float f;
+	memcpy(&f, &bits, 4);
+	return f;
+}
+
+/* iq4_nl (mxfp4 == 0) and mxfp4 against md_q8b: levels looked up with a byte shuffle, then
+ * signed x signed as q8_0 does it (|w| x sign(a, w)). The block scale is an f16 (iq4_nl)
+ * or an E8M0 exponent byte (mxfp4). */
+INLINE void tile_nl(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y,
+		    size_t ys, const int nt, const int mxfp4)
 {
 	__m256 acc[2][MD_KERN_NT];
 	for (int t = 0; t < nt; t++)
 		acc[0][t] = acc[1][t] = _mm256_setzero_ps();
-	const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)md_iq4nl_levels));
+	const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+		(const __m128i *)(mxfp4 ? md_mxfp4_levels : md_iq4nl_levels)));
+	const int bs = mxfp4 ? 17 : 18, qo = mxfp4 ? 1 : 2;
 	const int64_t nb = n / 32;
-	for (int64_t b = 0; b < nb; b++, w += 18) {
-		const __m256i q = levels32(w + 2, lut);
+	for (int64_t b = 0; b < nb; b++, w += bs) {
+		const __m256i q = levels32(w + qo, lut);
 		const __m256i u = _mm256_sign_epi8(q, q);
-		const float dw = ld_f16(w);
+		const float dw = mxfp4 ? e8m0_half(w[0]) : ld_f16(w);
 		for (int t = 0; t < nt; t++) {
 			const struct md_q8b *ab = (const struct md_q8b *)(a + (size_t)t * as) + b;
 			const __m256i p = dot_us8(u, _mm256_sign_epi8(ld256(ab->qs), q));
@@ -337,6 +351,25 @@ INLINE void tile_q2_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 		y[(size_t)t * ys] = hsum8(acc[t]);
 }
 
+/* The 16 signed scales of a q3_K block (as kern_scalar.c's q3k_scales) in int16 lanes: low nibbles
+ * from bytes 0-7 (scales 0-7) and their high nibbles (8-15); the top 2 bits of scale i at bits
+ * 2 (i / 4) of byte 8 + i % 4, i.e. 32-bit lane i / 4 of the broadcast bytes 8-11 shifted
+ * right by 2 (i / 4). */
+INLINE __m256i q3k_scales(const uint8_t *s)
+{
+	uint64_t lo;
+	uint32_t hi;
+	memcpy(&lo, s, 8);
+	memcpy(&hi, s + 8, 4);
+	const __m128i l = _mm_cvtsi64_si128((long long)lo);
+	const __m128i low = _mm_and_si128(_mm_unpacklo_epi64(l, _mm_srli_epi16(l, 4)),
+					  _mm_set1_epi8(15));
+	const __m128i top = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)hi),
+							 _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
+	const __m128i sc = _mm_or_si128(low, _mm_slli_epi16(top, 4));
+	return _mm256_sub_epi16(_mm256_cvtepu8_epi16(sc), _mm256_set1_epi16(32));
+}
+
 /* q3_K: the low 2 bits as q2_K, the third from hmask (bit 4h + j of each byte for the 32
  * elements at 128h + 32j); q = u - 4 with u unsigned, so the integer sum is
  * sum_g sc_g * (sum(u * a) - 4 * bsums[g]) with signed 6-bit scales in madd. */
@@ -349,8 +382,9 @@ INLINE void tile_q3_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 	const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
 	const int64_t nb = n / 256;
 	for (int64_t b = 0; b < nb; b++, w += 110) {
-		int16_t sc[16];
-		md_kern__q3k_scales(w + 96, sc);
+		int16_t sc[16] __attribute__((aligned(32)));
+		const __m256i sc_all = q3k_scales(w + 96);
+		_mm256_store_si256((__m256i *)sc, sc_all);
 		const float dw = ld_f16(w + 108);
 		const __m256i hm = ld256(w);
 		__m256i q[8], s16[8];
@@ -363,7 +397,6 @@ INLINE void tile_q3_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 				s16[4 * h + j] = scale_pair(sc[8 * h + 2 * j], sc[8 * h + 2 * j + 1]);
 			}
 		}
-		const __m256i sc_all = ld256(sc);
 		for (int t = 0; t < nt; t++) {
 			const struct md_q8k *ab = (const struct md_q8k *)(a + (size_t)t * as) + b;
 			__m256i is0 = _mm256_setzero_si256(), is1 = _mm256_setzero_si256();
@@ -768,7 +801,8 @@ GEMM_ENTRY(gemm_bf16, dot_bf16, MD_DT_BF16)
 #define C_Q5_1(k) tile_q451(n, w, a, as, y, ys, k, MD_DT_Q5_1)
 #define C_Q2_K(k) tile_q2_K(n, w, a, as, y, ys, k)
 #define C_Q3_K(k) tile_q3_K(n, w, a, as, y, ys, k)
-#define C_IQ4_NL(k) tile_iq4_nl(n, w, a, as, y, ys, k)
+#define C_IQ4_NL(k) tile_nl(n, w, a, as, y, ys, k, 0)
+#define C_MXFP4(k) tile_nl(n, w, a, as, y, ys, k, 1)
 #define C_IQ4_XS(k) tile_iq4_xs(n, w, a, as, y, ys, k)
 #define C_Q4_K(k) tile_qk45(n, w, a, as, y, ys, k, 0)
 #define C_Q5_K(k) tile_qk45(n, w, a, as, y, ys, k, 1)
@@ -783,6 +817,7 @@ ENTRY(dot_q2_K, C_Q2_K)
 ENTRY(dot_q3_K, C_Q3_K)
 ENTRY(dot_iq4_nl, C_IQ4_NL)
 ENTRY(dot_iq4_xs, C_IQ4_XS)
+ENTRY(dot_mxfp4, C_MXFP4)
 ENTRY(dot_q4_K, C_Q4_K)
 ENTRY(dot_q5_K, C_Q5_K)
 ENTRY(dot_q6_K, C_Q6_K)
@@ -916,6 +951,7 @@ static const struct md_kern table = {
 		[MD_DT_Q3_K] = dot_q3_K,
 		[MD_DT_IQ4_NL] = dot_iq4_nl,
 		[MD_DT_IQ4_XS] = dot_iq4_xs,
+		[MD_DT_MXFP4] = dot_mxfp4,
 		[MD_DT_Q4_K] = dot_q4_K,
 		[MD_DT_Q5_K] = dot_q5_K,
 		[MD_DT_Q6_K] = dot_q6_K,

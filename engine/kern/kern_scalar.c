@@ -17,6 +17,7 @@ enum md_act_fmt md_kern_act_fmt(enum md_dtype t)
 	case MD_DT_Q5_0:
 	case MD_DT_Q5_1:
 	case MD_DT_IQ4_NL:
+	case MD_DT_MXFP4:
 		return MD_ACT_Q8B;
 	case MD_DT_Q2_K:
 	case MD_DT_Q3_K:
@@ -165,6 +166,14 @@ static float dot1_iq4_nl(int64_t n, const uint8_t *w, const struct md_q8b *a)
 	return acc;
 }
 
+static float dot1_mxfp4(int64_t n, const uint8_t *w, const struct md_q8b *a)
+{
+	float acc = 0;
+	for (int64_t b = 0; b < n / 32; b++, w += 17)
+		acc += md_e8m0_half(w[0]) * a[b].d * (float)dot32_levels(w + 1, md_mxfp4_levels, a[b].qs);
+	return acc;
+}
+
 /* iq4_xs: eight iq4_nl sub-blocks with 6-bit scales ls - 32, all against one q8k block. */
 static float dot1_iq4_xs(int64_t n, const uint8_t *w, const struct md_q8k *a)
 {
@@ -239,7 +248,8 @@ static float dot1_q2_K(int64_t n, const uint8_t *w, const struct md_q8k *a)
 	return acc;
 }
 
-void md_kern__q3k_scales(const uint8_t *s, int16_t sc[16])
+/* The 16 signed 6-bit scales (stored value - 32) of a q3_K block (12 bytes at s). */
+static void q3k_scales(const uint8_t *s, int16_t sc[16])
 {
 	for (int i = 0; i < 16; i++) {
 		int lo = i < 8 ? s[i] & 15 : s[i - 8] >> 4;
@@ -256,7 +266,7 @@ static float dot1_q3_K(int64_t n, const uint8_t *w, const struct md_q8k *a)
 	for (int64_t b = 0; b < n / 256; b++, w += 110) {
 		const uint8_t *hm = w, *qs = w + 32;
 		int16_t sc[16];
-		md_kern__q3k_scales(w + 96, sc);
+		q3k_scales(w + 96, sc);
 		int sumi = 0;
 		for (int g = 0; g < 16; g++) {
 			int si = 0;
@@ -333,6 +343,7 @@ TILE(dot_q2_K, dot1_q2_K(n, w, at))
 TILE(dot_q3_K, dot1_q3_K(n, w, at))
 TILE(dot_iq4_nl, dot1_iq4_nl(n, w, at))
 TILE(dot_iq4_xs, dot1_iq4_xs(n, w, at))
+TILE(dot_mxfp4, dot1_mxfp4(n, w, at))
 TILE(dot_q4_K, dot1_qk45(n, w, at, 0))
 TILE(dot_q5_K, dot1_qk45(n, w, at, 1))
 TILE(dot_q6_K, dot1_q6_K(n, w, at))
@@ -382,6 +393,7 @@ const struct md_kern md_kern_scalar = {
 		[MD_DT_Q3_K] = dot_q3_K,
 		[MD_DT_IQ4_NL] = dot_iq4_nl,
 		[MD_DT_IQ4_XS] = dot_iq4_xs,
+		[MD_DT_MXFP4] = dot_mxfp4,
 		[MD_DT_Q4_K] = dot_q4_K,
 		[MD_DT_Q5_K] = dot_q5_K,
 		[MD_DT_Q6_K] = dot_q6_K,

@@ -160,6 +160,10 @@ def compare_case(ref, prompts, c_gen, c_rows, tol_rel, cos_min):
 def main(argv=None):
     ap = argparse.ArgumentParser(description="C engine vs numpy reference parity")
     ap.add_argument("--moed-gguf", help="the C model generator (moed-gguf gen)")
+    ap.add_argument("--model", metavar="GGUF",
+                    help="check this file instead of generating one (e.g. a file llama.cpp's "
+                         "own llama-quantize wrote); --arch and --type then only pick the "
+                         "tolerance and the reference variants (use the mix's main type)")
     ap.add_argument("--py-gen", action="store_true",
                     help="make the model with the test-only Python writer (gguf_testgen.py) "
                          "instead of moed-gguf: random valid quant blocks, not quantized floats")
@@ -184,7 +188,9 @@ def main(argv=None):
     os.makedirs(tmp, exist_ok=True)
     try:
         model_path = os.path.join(tmp, "%s-%s.gguf" % (a.arch, a.type))
-        if a.py_gen:
+        if a.model:
+            model_path = a.model
+        elif a.py_gen:
             py_gen(a.arch, a.type, a.seed, a.std, model_path)
         elif a.moed_gguf:
             run(gen_cmd(a.moed_gguf, a.arch, a.type, a.seed, a.std, model_path, a.gen_opt),

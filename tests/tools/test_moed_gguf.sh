@@ -218,13 +218,30 @@ if "$M" quantize "$big" "$T/iq4xs.gguf" iq4_xs 2>"$T/q.err"; then
 else
 	fail "quantize iq4_xs: $(tail -1 "$T/q.err")"
 fi
-# q2_k on the 64-wide model: q2_K and q3_K rows of 64 fall back to iq4_nl.
+if "$M" quantize "$big" "$T/mxfp4.gguf" mxfp4_moe 2>"$T/q.err"; then
+	"$M" info "$T/mxfp4.gguf" >"$T/mxfp4.out" 2>&1 || fail "info mxfp4_moe"
+	grep -q "general.file_type  *u32 38$" "$T/mxfp4.out" || fail "mxfp4_moe file_type"
+	expect_types "$T/mxfp4.out" token_embd.weight q8_0 output.weight q8_0 \
+		blk.0.attn_v.weight q8_0 blk.0.attn_q.weight q8_0 \
+		blk.0.ffn_down_exps.weight mxfp4 blk.5.ffn_gate_exps.weight mxfp4 \
+		blk.7.ffn_up_exps.weight mxfp4 blk.0.ffn_gate_inp.weight f32
+else
+	fail "quantize mxfp4_moe: $(tail -1 "$T/q.err")"
+fi
+# On the 64-wide model q2_K and q3_K rows fall back to q4_0 and iq4_xs rows to iq4_nl (as
+# llama-quantize 34af94cd does).
 if "$M" quantize "$T/qwen3moe-f32.gguf" "$T/fb2.gguf" q2_k 2>/dev/null; then
 	"$M" info "$T/fb2.gguf" >"$T/fb2.out" 2>&1 || fail "info q2_k fallback file"
-	expect_types "$T/fb2.out" blk.0.attn_q.weight iq4_nl blk.1.ffn_down_exps.weight iq4_nl
-	grep -q "K-quant fallback" "$T/fb2.out" || fail "info does not mention the iq4_nl fallback"
+	expect_types "$T/fb2.out" blk.0.attn_q.weight q4_0 blk.1.ffn_down_exps.weight q4_0
+	grep -q "K-quant fallback" "$T/fb2.out" || fail "info does not mention the q4_0 fallback"
 else
 	fail "quantize q2_k (fallback)"
+fi
+if "$M" quantize "$T/qwen3moe-f32.gguf" "$T/fb3.gguf" iq4_xs 2>/dev/null; then
+	"$M" info "$T/fb3.gguf" >"$T/fb3.out" 2>&1 || fail "info iq4_xs fallback file"
+	expect_types "$T/fb3.out" blk.0.attn_q.weight iq4_nl blk.1.ffn_down_exps.weight iq4_nl
+else
+	fail "quantize iq4_xs (fallback)"
 fi
 
 # Truncated file: info fails with exit 1 and one line.

@@ -2,6 +2,7 @@
  * kernels against the reference dot in quant.c (within the activation-quantization bound),
  * and the threaded kernel matmul against single-row kernel calls. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +19,7 @@
 static const enum md_dtype types[] = { MD_DT_F32, MD_DT_F16, MD_DT_BF16, MD_DT_Q8_0,
 				       MD_DT_Q4_0, MD_DT_Q4_K, MD_DT_Q5_K, MD_DT_Q6_K,
 				       MD_DT_Q4_1, MD_DT_Q5_0, MD_DT_Q5_1, MD_DT_Q2_K,
-				       MD_DT_Q3_K, MD_DT_IQ4_NL, MD_DT_IQ4_XS };
+				       MD_DT_Q3_K, MD_DT_IQ4_NL, MD_DT_IQ4_XS, MD_DT_MXFP4 };
 #define N_TYPES (sizeof(types) / sizeof(types[0]))
 
 /* Activation rows for weight type t: quantized with kernel table k into buf. */
@@ -70,6 +71,37 @@ static double abs_dot(enum md_dtype t, const void *w, const float *x, int64_t n)
 	return s;
 }
 
+/*
+ * Row 1 of each quantized type: random bytes (every scale, min, sign and high-bit pattern,
+ * including ones no quantizer writes), each block redrawn until it decodes to finite values
+ * below 1e12 (random f16 / E8M0 scale fields can give inf, NaN or 2^127). Returns the number
+ * of blocks that kept their quantized bytes (none in practice: a draw passes with
+ * probability 0.6 or more).
+ */
+static int random_blocks(enum md_dtype t, uint8_t *row, int64_t n)
+{
+	const struct md_dtype_info *ti = md_dtype_info(t);
+	uint8_t tmp[512];
+	float y[256];
+	int kept = 0;
+	for (int64_t b = 0; b < n / ti->blck; b++) {
+		bool ok = false;
+		for (int attempt = 0; attempt < 64 && !ok; attempt++) {
+			for (size_t i = 0; i < ti->type_size; i++)
+				tmp[i] = (uint8_t)((frand() + 1.0f) * 128.0f);
+			md_dequant_row(t, tmp, y, ti->blck);
+			ok = true;
+			for (int64_t i = 0; i < ti->blck && ok; i++)
+				ok = isfinite(y[i]) && fabsf(y[i]) < 1e12f;
+		}
+		if (ok)
+			memcpy(row + (size_t)b * ti->type_size, tmp, ti->type_size);
+		else
+			kept++;
+	}
+	return kept;
+}
+
 static void test_type(const struct md_kern *k, enum md_dtype t, int64_t n, float xscale)
 {
 	const char *tn = md_dtype_info(t)->name;
@@ -85,6 +117,8 @@ static void test_type(const struct md_kern *k, enum md_dtype t, int64_t n, float
 	if (t == MD_DT_Q8_0) /* quantize_row never writes -128; kernels must still take it */
 		for (int i = 0; i < 32; i++)
 			((int8_t *)(w + 2))[i] = i % 3 ? -128 : 127;
+	if (md_dtype_info(t)->blck > 1)
+		CHECK_MSG(random_blocks(t, w + rb, n) == 0, "%s: random blocks not drawn", tn);
 	for (int64_t i = 0; i < n * nt; i++)
 		x[i] = frand() * xscale;
 	for (int64_t i = 0; i < n; i++) /* token 3: all zero (block scale 0) */

@@ -414,7 +414,7 @@ static void t_weight_type_refused(void)
 	spec_init(&s, "qwen3moe");
 	find(&s, "blk.0.attn_q.weight")->type = MD_DT_Q8_1;
 	EXPECT_REFUSED(&s, -ENOTSUP, "'blk.0.attn_q.weight'", "weight type q8_1",
-		       "supported: f32, f16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs, bf16");
+		       "supported: f32, f16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs, bf16, mxfp4");
 }
 
 /* Trailing dimensions of 1 on any tensor: [a, b, 1] and [a, b, 1, 1] match [a, b]. */

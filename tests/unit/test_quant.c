@@ -67,7 +67,7 @@ static void test_type_table(void)
 		{ 18, "iq3_xxs", 256, 98, false }, { 19, "iq1_s", 256, 50, false },
 		{ 21, "iq3_s", 256, 110, false },  { 22, "iq2_s", 256, 82, false },
 		{ 29, "iq1_m", 256, 56, false },   { 20, "iq4_nl", 32, 18, true },
-		{ 23, "iq4_xs", 256, 136, true },   { 34, "tq1_0", 256, 54, false },
+		{ 23, "iq4_xs", 256, 136, true },  { 39, "mxfp4", 32, 17, true },   { 34, "tq1_0", 256, 54, false },
 		{ 35, "tq2_0", 256, 66, false },
 	};
 
@@ -616,6 +616,50 @@ static void test_iq4_xs_layout(void)
 	CHECK_EQ_F(y[32], 1016.0f); /* ib 1: -8 * -127 */
 }
 
+static void test_mxfp4_layout(void)
+{
+	uint8_t b[3 * 17] = { 0 };
+	float y[96];
+
+	/* Block 0: e = 128 (factor 1); qs[0] = 0x97: e0 = level 7 (12), e16 = level 9 (-1).
+	 * Block 1: e = 0 (2^-128, a subnormal float); qs[0] = 0x01: e32 = level 1 = 2^-128,
+	 * e48 = level 0 = 0.  Block 2: e = 130 (4); qs[15] = 0xe6: e79 = level 6 (8) * 4,
+	 * e95 = level 14 (-8) * 4; e64 = level 0 = 0. */
+	b[0] = 128;
+	b[1] = 0x97;
+	b[17] = 0;
+	b[18] = 0x01;
+	b[34] = 130;
+	b[35 + 15] = 0xe6;
+	md_dequant_row(MD_DT_MXFP4, b, y, 96);
+	CHECK_EQ_F(y[0], 12.0f);
+	CHECK_EQ_F(y[16], -1.0f);
+	CHECK_EQ_F(y[32], 0x1p-128f);
+	CHECK_EQ_F(y[48], 0.0f);
+	CHECK_EQ_F(y[79], 32.0f);
+	CHECK_EQ_F(y[95], -32.0f);
+	CHECK_EQ_F(y[64], 0.0f);
+	CHECK_EQ_F(md_e8m0_half(1), 0x1p-127f);
+	CHECK_EQ_F(md_e8m0_half(2), 0x1p-126f);
+	CHECK_EQ_F(md_e8m0_half(254), 0x1p126f);
+
+	/* GGML's rounding: max |x| = 6.5 -> e = floor(log2 6.5) - 2 + 127 = 127, factor 0.5,
+	 * so level k stands for half its doubled value (0, 0.5, 1, 1.5, 2, 3, 4, 6 and
+	 * negatives). 5 lies halfway between 4 (level 6) and 6 (level 7): the first wins;
+	 * -0.3 -> -0.5 (level 9); 0.2 -> 0 (level 0); -6.5 -> -6 (level 15). */
+	float x[32] = { 0 };
+	x[0] = 5.0f;
+	x[1] = -0.3f;
+	x[17] = 0.2f;
+	x[18] = -6.5f;
+	md_quantize_row(MD_DT_MXFP4, x, b, 32);
+	CHECK_EQ_U(b[0], 127);
+	CHECK_EQ_U(b[1] & 15, 6);
+	CHECK_EQ_U(b[2] & 15, 9);
+	CHECK_EQ_U(b[2] >> 4, 0);
+	CHECK_EQ_U(b[3] >> 4, 15);
+}
+
 static void test_q6_K_layout(void)
 {
 	uint8_t b[210];
@@ -661,7 +705,7 @@ static void test_round_trip(void)
 		{ MD_DT_Q4_K, 0.08 },    { MD_DT_Q4_0, 0.12 },   { MD_DT_Q4_1, 0.13 },
 		{ MD_DT_Q5_0, 0.06 },    { MD_DT_Q5_1, 0.07 },   { MD_DT_Q2_K, 0.30 },
 		{ MD_DT_Q3_K, 0.17 },    { MD_DT_IQ4_NL, 0.10 },
-		{ MD_DT_IQ4_XS, 0.10 },
+		{ MD_DT_IQ4_XS, 0.10 },  { MD_DT_MXFP4, 0.16 },
 	};
 	enum { N = 256 * 64 };
 	float *x = malloc(N * sizeof(float));
@@ -699,7 +743,7 @@ static void test_round_trip(void)
 	static const enum md_dtype qtypes[] = { MD_DT_Q8_0, MD_DT_Q4_0, MD_DT_Q4_K, MD_DT_Q5_K,
 						MD_DT_Q6_K, MD_DT_Q4_1, MD_DT_Q5_0, MD_DT_Q5_1,
 						MD_DT_Q2_K, MD_DT_Q3_K, MD_DT_IQ4_NL,
-						MD_DT_IQ4_XS };
+						MD_DT_IQ4_XS, MD_DT_MXFP4 };
 	for (size_t c = 0; c < sizeof(qtypes) / sizeof(qtypes[0]); c++) {
 		enum md_dtype t = qtypes[c];
 		memset(x, 0, 512 * sizeof(float));
@@ -729,8 +773,9 @@ static void test_round_trip(void)
 			}
 		}
 		double rel = sqrt(se / sx);
-		/* 2 and 3 bits cannot reach 10% on offset data (4 / 8 levels over max - min). */
-		double lim = t == MD_DT_Q2_K ? 0.2 : t == MD_DT_Q3_K ? 0.15 : 0.1;
+		/* 2 and 3 bits cannot reach 10% on offset data (4 / 8 levels over max - min), nor
+		 * E2M1's coarse top steps (4, 6) with a power-of-two scale. */
+		double lim = t == MD_DT_Q2_K ? 0.2 : t == MD_DT_Q3_K || t == MD_DT_MXFP4 ? 0.15 : 0.1;
 		if (!(rel < lim)) {
 			fprintf(stderr, "%s: offset row relative rmse %.5f >= %g\n",
 				md_dtype_info(t)->name, rel, lim);
@@ -748,7 +793,8 @@ static void test_vec_dot(void)
 	static const enum md_dtype types[] = { MD_DT_F32, MD_DT_F16, MD_DT_BF16, MD_DT_Q8_0,
 					       MD_DT_Q4_0, MD_DT_Q4_K, MD_DT_Q5_K, MD_DT_Q6_K,
 					       MD_DT_Q4_1, MD_DT_Q5_0, MD_DT_Q5_1, MD_DT_Q2_K,
-					       MD_DT_Q3_K, MD_DT_IQ4_NL, MD_DT_IQ4_XS };
+					       MD_DT_Q3_K, MD_DT_IQ4_NL, MD_DT_IQ4_XS,
+					       MD_DT_MXFP4 };
 	enum { N = 256 * 12 };
 	float *w = malloc(N * sizeof(float));
 	float *x = malloc(N * sizeof(float));
@@ -810,6 +856,7 @@ int main(void)
 	test_q3_K_layout();
 	test_iq4_nl_layout();
 	test_iq4_xs_layout();
+	test_mxfp4_layout();
 	test_round_trip();
 	test_vec_dot();
 	if (failures) {
