@@ -19,9 +19,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import Server, call, check, curl, finish, free_port  # noqa: E402
+from nginx_run import NGINX, start_nginx  # noqa: E402
 
 moed, model, root = sys.argv[1], sys.argv[2], sys.argv[3]
-NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
 if not NGINX:
     print("SKIP: nginx is not installed (Debian package nginx; scripts/deps.sh installs it)")
     sys.exit(77)
@@ -31,51 +31,6 @@ class Base:
     def __init__(self, port):
         self.port = port
         self.base = "http://127.0.0.1:%d" % port
-
-
-def start_nginx(prefix, port, upstreams, site_text=None):
-    """nginx in the foreground with every path under prefix; the site is conf/nginx-moed.conf
-    with its listen address and upstream servers pointed at this test's ports."""
-    site = site_text or open(os.path.join(root, "conf", "nginx-moed.conf")).read()
-    site = re.sub(r"^\tlisten 80;$", "\tlisten 127.0.0.1:%d;" % port, site, flags=re.M)
-    servers = [l for l in site.splitlines() if re.match(r"^\tserver 127\.0\.0\.1:\d+ ", l)]
-    assert len(servers) == len(upstreams), servers
-    for line, up in zip(servers, upstreams):
-        site = site.replace(line, re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:%d" % up, line))
-    open(os.path.join(prefix, "site.conf"), "w").write(site)
-    for d in ("tmp", "logs"):
-        os.makedirs(os.path.join(prefix, d), exist_ok=True)
-    main = """daemon off;
-worker_processes 1;
-pid %(p)s/nginx.pid;
-error_log %(p)s/logs/error.log warn;
-events { worker_connections 1024; }
-http {
-	access_log %(p)s/logs/access.log;
-	client_body_temp_path %(p)s/tmp/body;
-	proxy_temp_path %(p)s/tmp/proxy;
-	fastcgi_temp_path %(p)s/tmp/fastcgi;
-	uwsgi_temp_path %(p)s/tmp/uwsgi;
-	scgi_temp_path %(p)s/tmp/scgi;
-	include %(p)s/site.conf;
-}
-""" % {"p": prefix}
-    open(os.path.join(prefix, "nginx.conf"), "w").write(main)
-    os.chmod(prefix, 0o755)
-    args = [NGINX, "-p", prefix, "-c", os.path.join(prefix, "nginx.conf"), "-e",
-            os.path.join(prefix, "logs", "error.log")]
-    r = subprocess.run(args + ["-t"], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError("nginx -t failed: " + r.stderr)
-    p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return p
-        except OSError:
-            time.sleep(0.05)
-    p.kill()
-    raise RuntimeError("nginx did not start: " + open(os.path.join(prefix, "logs", "error.log")).read())
 
 
 def stream(port, body, path="/v1/completions", timeout=60):
