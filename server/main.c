@@ -144,7 +144,9 @@ static void on_state(void *arg, enum md_engine_state st)
 		char msg[600];
 		snprintf(msg, sizeof(msg), "STATUS=failed: %.500s", md_engine_error(a->eng));
 		md_notify(msg);
-		a->exit_code = 1;
+		/* EX_CONFIG: the model (or a setting it needs) is unusable, and would be again on a
+		 * restart; moed.service does not restart on it (RestartPreventExitStatus=). */
+		a->exit_code = 78;
 		close_all(a);
 	}
 }
