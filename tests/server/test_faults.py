@@ -92,21 +92,23 @@ try:
         check(st == 200, "round %d: serving after %d clients vanished" % (rnd, N), st, d)
         rss.append(rss_kib(srv.proc.pid))
     print("RSS after each round of %d vanishing clients (KiB): %s" % (N, rss))
-    # the first round sizes the allocator's pools; later rounds must not keep growing
-    check(rss[2] - rss[1] < 4096, "no growth from round to round (leak)", rss)
+    # the first round sizes the allocator's pools; later rounds must not keep growing (under
+    # ASan, whose quarantine holds freed memory, LeakSanitizer checks at exit instead)
+    if "libasan" not in open("/proc/%d/maps" % srv.proc.pid).read():
+        check(rss[2] - rss[1] < 4096, "no growth from round to round (leak)", rss)
 finally:
     check(srv.stop() == 0, "clean exit")
 
 # ---- SIGTERM with streams in flight: each ends with [DONE], exit 0 ----
 LONG_ARGS = ["--ctx-size", "16384", "--max-tokens-cap", "16000"]  # streams that cannot end soon
-srv = Server(moed, model, args=["--drain-timeout", "2"] + LONG_ARGS)
+srv = Server(moed, model, args=["--drain-timeout", "4"] + LONG_ARGS)
 try:
     outs, procs = [], []
     for i in range(6):
         out = open(os.path.join(tmp, "drain-%d" % i), "wb")
         procs.append(subprocess.Popen(
             ["curl", "-sSN", "-H", "Content-Type: application/json", "-d",
-             json.dumps({"prompt": "drain %d" % i, "max_tokens": 100 if i < 3 else 15000,
+             json.dumps({"prompt": "drain %d" % i, "max_tokens": 5 if i < 3 else 15000,
                          "ignore_eos": True, "stream": True}), srv.base + "/v1/completions"],
             stdout=out))
         outs.append(out.name)
@@ -118,7 +120,7 @@ try:
     rc = srv.stop(signal.SIGTERM)
     for p in procs:
         p.wait(20)
-    check(rc == 0 and time.time() - t0 < 10, "SIGTERM mid-stream: drained, exit 0",
+    check(rc == 0 and time.time() - t0 < 12, "SIGTERM mid-stream: drained, exit 0",
           rc, time.time() - t0)
     fins = []
     for i, name in enumerate(outs):

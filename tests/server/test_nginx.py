@@ -88,9 +88,9 @@ try:
     check(st in (400, 431, 494), "a head over moed's limit is refused", st)
 
     # ---- SSE: events arrive as they are made; first byte within a few ms of direct ----
-    req = {"prompt": "Once upon a time", "max_tokens": 300, "temperature": 0,
+    req = {"prompt": "Once upon a time", "max_tokens": 120, "temperature": 0,
            "ignore_eos": True, "stream": True}
-    ttfb_d, ttfb_p, spread_d, spread_p = [], [], [], []
+    ttfb_d, ttfb_p, spread_d, spread_p, rates = [], [], [], [], []
     for i in range(5):
         for port, ttfb, spread in ((reps[0].port, ttfb_d, spread_d), (nport, ttfb_p, spread_p)):
             tfb, reads, out, st = stream(port, req)
@@ -98,6 +98,8 @@ try:
             check(st == 200 and out.rstrip().endswith(b"0") and b"data: [DONE]" in out,
                   "stream complete (%s)" % ("direct" if port != nport else "nginx"), out[-100:])
             ttfb.append(reads[0][0] if reads else 60.0)  # time to the first event
+            if port != nport and len(reads) > 1 and reads[-1][0] > reads[0][0]:
+                rates.append(n_ev / (reads[-1][0] - reads[0][0]))  # events/s, one stream
             # reads that brought events, against events: 1.0 = one event per read
             spread.append(len(reads) / max(1, n_ev))
             if port == nport:
@@ -167,15 +169,19 @@ try:
         m = re.search(r"^%s(\{[^}]*\})? (\S+)$" % re.escape(name), b, re.M)
         return float(m.group(2)) if m else None
 
-    long_req = {"prompt": "long", "max_tokens": 1500, "temperature": 0, "ignore_eos": True}
+    # Long enough to be running at the kill, short enough to end soon after on any build
+    # (a sanitizer build decodes a hundred times slower): about 6 s of one stream's pace.
+    rate = sorted(rates)[len(rates) // 2] if rates else 100.0
+    n_long = int(min(1500, max(40, rate * 6)))
+    print("one stream: %.0f events/s; long requests: %d tokens" % (rate, n_long))
+    long_req = {"prompt": "long", "max_tokens": n_long, "temperature": 0, "ignore_eos": True}
     results = [None] * 6
 
     def run(i):
         if i < 4:
             results[i] = ("stream",) + stream(nport, dict(long_req, stream=True), timeout=120)[2:]
         else:
-            st, h, b = curl(px, "POST", "/v1/completions", dict(long_req, max_tokens=1200),
-                            timeout=120)
+            st, h, b = curl(px, "POST", "/v1/completions", long_req, timeout=120)
             results[i] = ("plain", b, st)
     threads = []
     for i in range(6):
