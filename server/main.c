@@ -143,8 +143,13 @@ static void on_state(void *arg, enum md_engine_state st)
 		md_log(MD_LOG_ERROR, "%s", md_engine_error(a->eng));
 		char msg[600];
 		snprintf(msg, sizeof(msg), "STATUS=failed: %.500s", md_engine_error(a->eng));
+		for (char *p = msg; *p; p++)
+			if (*p == '\n')
+				*p = ' ';
 		md_notify(msg);
-		a->exit_code = 1;
+		/* EX_CONFIG: the model (or a setting it needs) is unusable, and would be again on a
+		 * restart; moed.service does not restart on it (RestartPreventExitStatus=). */
+		a->exit_code = 78;
 		close_all(a);
 	}
 }
@@ -155,6 +160,9 @@ static void on_load_status(void *arg, const char *status)
 {
 	char msg[4300];
 	snprintf(msg, sizeof(msg), "STATUS=%s", status);
+	for (char *p = msg; *p; p++)
+		if (*p == '\n')
+			*p = ' '; /* one line: a newline would start another KEY=VALUE */
 	md_notify(msg);
 }
 

@@ -13,7 +13,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Server, call, check, curl, finish, sse_events  # noqa: E402
+from harness import Server, call, check, curl, finish  # noqa: E402
 
 moed, model = sys.argv[1], sys.argv[2]
 
@@ -186,7 +186,6 @@ try:
     st, h, b = curl(srv, "GET", "/health", timeout=10)
     check(st == 503 and h.get("retry-after") == "7", "curl over the cap gets 503 + Retry-After",
           st, h)
-    rf = None
     # once the in-progress requests go away, clients are served again
     for s in held:
         s.close()

@@ -19,9 +19,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import Server, call, check, curl, finish, free_port  # noqa: E402
+from nginx_run import NGINX, start_nginx  # noqa: E402
 
 moed, model, root = sys.argv[1], sys.argv[2], sys.argv[3]
-NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
 if not NGINX:
     print("SKIP: nginx is not installed (Debian package nginx; scripts/deps.sh installs it)")
     sys.exit(77)
@@ -31,51 +31,6 @@ class Base:
     def __init__(self, port):
         self.port = port
         self.base = "http://127.0.0.1:%d" % port
-
-
-def start_nginx(prefix, port, upstreams, site_text=None):
-    """nginx in the foreground with every path under prefix; the site is conf/nginx-moed.conf
-    with its listen address and upstream servers pointed at this test's ports."""
-    site = site_text or open(os.path.join(root, "conf", "nginx-moed.conf")).read()
-    site = re.sub(r"^\tlisten 80;$", "\tlisten 127.0.0.1:%d;" % port, site, flags=re.M)
-    servers = [l for l in site.splitlines() if re.match(r"^\tserver 127\.0\.0\.1:\d+ ", l)]
-    assert len(servers) == len(upstreams), servers
-    for line, up in zip(servers, upstreams):
-        site = site.replace(line, re.sub(r"127\.0\.0\.1:\d+", "127.0.0.1:%d" % up, line))
-    open(os.path.join(prefix, "site.conf"), "w").write(site)
-    for d in ("tmp", "logs"):
-        os.makedirs(os.path.join(prefix, d), exist_ok=True)
-    main = """daemon off;
-worker_processes 1;
-pid %(p)s/nginx.pid;
-error_log %(p)s/logs/error.log warn;
-events { worker_connections 1024; }
-http {
-	access_log %(p)s/logs/access.log;
-	client_body_temp_path %(p)s/tmp/body;
-	proxy_temp_path %(p)s/tmp/proxy;
-	fastcgi_temp_path %(p)s/tmp/fastcgi;
-	uwsgi_temp_path %(p)s/tmp/uwsgi;
-	scgi_temp_path %(p)s/tmp/scgi;
-	include %(p)s/site.conf;
-}
-""" % {"p": prefix}
-    open(os.path.join(prefix, "nginx.conf"), "w").write(main)
-    os.chmod(prefix, 0o755)
-    args = [NGINX, "-p", prefix, "-c", os.path.join(prefix, "nginx.conf"), "-e",
-            os.path.join(prefix, "logs", "error.log")]
-    r = subprocess.run(args + ["-t"], capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError("nginx -t failed: " + r.stderr)
-    p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return p
-        except OSError:
-            time.sleep(0.05)
-    p.kill()
-    raise RuntimeError("nginx did not start: " + open(os.path.join(prefix, "logs", "error.log")).read())
 
 
 def stream(port, body, path="/v1/completions", timeout=60):
@@ -133,9 +88,9 @@ try:
     check(st in (400, 431, 494), "a head over moed's limit is refused", st)
 
     # ---- SSE: events arrive as they are made; first byte within a few ms of direct ----
-    req = {"prompt": "Once upon a time", "max_tokens": 300, "temperature": 0,
+    req = {"prompt": "Once upon a time", "max_tokens": 120, "temperature": 0,
            "ignore_eos": True, "stream": True}
-    ttfb_d, ttfb_p, spread_d, spread_p = [], [], [], []
+    ttfb_d, ttfb_p, spread_d, spread_p, rates = [], [], [], [], []
     for i in range(5):
         for port, ttfb, spread in ((reps[0].port, ttfb_d, spread_d), (nport, ttfb_p, spread_p)):
             tfb, reads, out, st = stream(port, req)
@@ -143,6 +98,8 @@ try:
             check(st == 200 and out.rstrip().endswith(b"0") and b"data: [DONE]" in out,
                   "stream complete (%s)" % ("direct" if port != nport else "nginx"), out[-100:])
             ttfb.append(reads[0][0] if reads else 60.0)  # time to the first event
+            if port != nport and len(reads) > 1 and reads[-1][0] > reads[0][0]:
+                rates.append(n_ev / (reads[-1][0] - reads[0][0]))  # events/s, one stream
             # reads that brought events, against events: 1.0 = one event per read
             spread.append(len(reads) / max(1, n_ev))
             if port == nport:
@@ -213,15 +170,19 @@ try:
         m = re.search(r"^%s(\{[^}]*\})? (\S+)$" % re.escape(name), b, re.M)
         return float(m.group(2)) if m else None
 
-    long_req = {"prompt": "long", "max_tokens": 1500, "temperature": 0, "ignore_eos": True}
+    # Long enough to be running at the kill, short enough to end soon after on any build
+    # (a sanitizer build decodes a hundred times slower): about 6 s of one stream's pace.
+    rate = sorted(rates)[len(rates) // 2] if rates else 100.0
+    n_long = int(min(1500, max(40, rate * 6)))
+    print("one stream: %.0f events/s; long requests: %d tokens" % (rate, n_long))
+    long_req = {"prompt": "long", "max_tokens": n_long, "temperature": 0, "ignore_eos": True}
     results = [None] * 6
 
     def run(i):
         if i < 4:
             results[i] = ("stream",) + stream(nport, dict(long_req, stream=True), timeout=120)[2:]
         else:
-            st, h, b = curl(px, "POST", "/v1/completions", dict(long_req, max_tokens=1200),
-                            timeout=120)
+            st, h, b = curl(px, "POST", "/v1/completions", long_req, timeout=120)
             results[i] = ("plain", b, st)
     threads = []
     for i in range(6):

@@ -18,7 +18,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import FAILS, Server, call, check, curl, finish, free_port  # noqa: E402
+from harness import FAILS, Server, call, check, finish, free_port  # noqa: E402
 
 moed, model, root = sys.argv[1], sys.argv[2], sys.argv[3]
 tmp = tempfile.mkdtemp(prefix="moed-systemd-")
