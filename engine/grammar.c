@@ -1109,7 +1109,8 @@ static int flatten(struct builder *b, struct md_grammar **out)
 		grammar_free(g);
 		return oom(b);
 	}
-	memcpy(g->sets, b->sets, 32 * (size_t)b->n_sets);
+	if (b->n_sets) /* memcpy from NULL is undefined even for 0 bytes */
+		memcpy(g->sets, b->sets, 32 * (size_t)b->n_sets);
 	g->n_sets = b->n_sets;
 	uint32_t a = 0, e = 0;
 	for (uint32_t r = 0; r < b->n_rules; r++) {
@@ -1117,7 +1118,8 @@ static int flatten(struct builder *b, struct md_grammar **out)
 		for (uint32_t i = 0; i < b->rules[r].n_alts; i++) {
 			const struct u32vec *v = &b->rules[r].alts[i];
 			g->alt_start[a++] = e;
-			memcpy(g->el + e, v->a, sizeof(uint32_t) * v->n);
+			if (v->n)
+				memcpy(g->el + e, v->a, sizeof(uint32_t) * v->n);
 			e += v->n;
 			g->el[e++] = EL(EL_END, 0);
 		}

@@ -411,7 +411,7 @@ static int32_t state_intern(struct md_gmatch *m, bool accept, int *err)
 	while (m->state_ht[j]) {
 		const struct gstate *s = &m->states[m->state_ht[j] - 1];
 		if (s->n == sc->n && s->accept == accept &&
-		    memcmp(m->pool + s->off, sc->a, sizeof(uint32_t) * sc->n) == 0)
+		    (sc->n == 0 || memcmp(m->pool + s->off, sc->a, sizeof(uint32_t) * sc->n) == 0))
 			return (int32_t)(m->state_ht[j] - 1);
 		j = (j + 1) & mask;
 	}
@@ -441,7 +441,8 @@ static int32_t state_intern(struct md_gmatch *m, bool accept, int *err)
 		m->pool = np;
 		m->cap_pool = nc;
 	}
-	memcpy(m->pool + m->n_pool, sc->a, sizeof(uint32_t) * sc->n);
+	if (sc->n)
+		memcpy(m->pool + m->n_pool, sc->a, sizeof(uint32_t) * sc->n);
 	uint32_t min_left = accept ? 0 : MIN_INF;
 	for (uint32_t i = 0; i < sc->n; i++)
 		if (m->nodes[sc->a[i]].cost < min_left)
