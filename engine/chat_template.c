@@ -869,11 +869,67 @@ static void render_llama3(struct sbuf *b, const struct md_chat_msg *m, size_t n,
 }
 
 /* DeepSeek-V3: every system message, joined by a blank line, goes first after BOS. */
+/*
+ * DeepSeek-V3 with tool calls and results, as its template writes them: an assistant message
+ * whose content is null writes its calls (the first call of the whole conversation opens
+ * <｜tool▁calls▁begin｜>; only later ones close it, a quirk of the template kept as is); one with
+ * content after tool results closes the outputs first; tool results share one outputs block.
+ * The tools themselves are not rendered: the template has no place for them.
+ */
+static void render_deepseek3_tools(struct sbuf *b, const struct md_chat_msg *m,
+				   const enum role *r, size_t n, const struct md_chat_opts *o)
+{
+	bool is_first = false, is_tool = false, output_first = true;
+
+	for (size_t i = 0; i < n; i++) {
+		if (r[i] == R_USER) {
+			is_tool = false;
+			sb_puts(b, "<｜User｜>");
+			sb_puts(b, m[i].content);
+		}
+		if (r[i] == R_ASSISTANT && m[i].content_null) {
+			is_tool = false;
+			for (size_t k = 0; k < m[i].n_tool_calls; k++) {
+				sb_puts(b, is_first ? "\n<｜tool▁call▁begin｜>"
+						    : "<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>");
+				sb_puts(b, "function<｜tool▁sep｜>");
+				sb_puts(b, m[i].tool_calls[k].name);
+				sb_puts(b, "\n```json\n");
+				sb_puts(b, m[i].tool_calls[k].arguments);
+				sb_puts(b, "\n```<｜tool▁call▁end｜>");
+				if (is_first)
+					sb_puts(b, "<｜tool▁calls▁end｜><｜end▁of▁sentence｜>");
+				is_first = true;
+			}
+		}
+		if (r[i] == R_ASSISTANT && !m[i].content_null) {
+			sb_puts(b, is_tool ? "<｜tool▁outputs▁end｜>" : "<｜Assistant｜>");
+			sb_puts(b, m[i].content);
+			sb_puts(b, "<｜end▁of▁sentence｜>");
+			is_tool = false;
+		}
+		if (r[i] == R_TOOL) {
+			is_tool = true;
+			sb_puts(b, output_first ? "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>"
+						: "\n<｜tool▁output▁begin｜>");
+			sb_puts(b, m[i].content);
+			sb_puts(b, "<｜tool▁output▁end｜>");
+			output_first = false;
+		}
+	}
+	if (is_tool)
+		sb_puts(b, "<｜tool▁outputs▁end｜>");
+	if (o->add_generation_prompt && !is_tool)
+		sb_puts(b, "<｜Assistant｜>");
+}
+
 static void render_deepseek3(struct sbuf *b, const struct md_chat_msg *m, const enum role *r,
                              size_t n, const struct md_chat_opts *o)
 {
-	bool first_sys = true;
+	bool first_sys = true, tools = false;
 
+	for (size_t i = 0; i < n && !tools; i++)
+		tools = r[i] == R_TOOL || m[i].n_tool_calls > 0 || m[i].content_null;
 	sb_puts(b, o->bos_text);
 	for (size_t i = 0; i < n; i++) {
 		if (r[i] != R_SYSTEM)
@@ -882,6 +938,10 @@ static void render_deepseek3(struct sbuf *b, const struct md_chat_msg *m, const 
 			sb_puts(b, "\n\n");
 		sb_puts(b, m[i].content);
 		first_sys = false;
+	}
+	if (tools) {
+		render_deepseek3_tools(b, m, r, n, o);
+		return;
 	}
 	for (size_t i = 0; i < n; i++) {
 		if (r[i] == R_USER) {
@@ -1014,7 +1074,16 @@ out_free_roles:
 
 bool md_chat_family_has_tools(enum md_chat_family f)
 {
-	return f == MD_CHAT_QWEN3 || f == MD_CHAT_CHATML;
+	return md_chat_family_tool_format(f) != MD_TOOL_FORMAT_NONE;
+}
+
+enum md_tool_format md_chat_family_tool_format(enum md_chat_family f)
+{
+	if (f == MD_CHAT_QWEN3 || f == MD_CHAT_CHATML)
+		return MD_TOOL_FORMAT_HERMES;
+	if (f == MD_CHAT_DEEPSEEK3)
+		return MD_TOOL_FORMAT_DEEPSEEK3;
+	return MD_TOOL_FORMAT_NONE;
 }
 
 int md_chat_render(enum md_chat_family f, const struct md_chat_msg *msgs, size_t n,

@@ -40,6 +40,8 @@ struct md_chat_msg {
 	const char *content;
 	const struct md_chat_tool_call *tool_calls; /* borrowed (n_tool_calls), assistant only */
 	size_t n_tool_calls;
+	bool content_null;     /* the client sent null content (content is then ""): templates
+				* that tell null from "" (deepseek3) see it */
 };
 
 /* Knobs a template reads beyond the messages (the Jinja context variables). */
@@ -64,9 +66,21 @@ struct md_chat_opts {
  * <tool_call>{"name": ..., "arguments": ...}</tool_call>, results as <tool_response> in a user
  * turn). chatml's own template has no tool format; with tools, tool calls or tool messages it
  * renders them as Qwen3 does (without Qwen3's reasoning blocks), the format the default model's
- * family uses. Every other family refuses tools and tool messages with -ENOTSUP.
+ * family uses. deepseek3 writes calls and results with DeepSeek-V3's tool tokens, exactly as its
+ * template does (which has no place for the tool list itself, and writes a call only for an
+ * assistant turn whose content is null: md_chat_msg.content_null). Every other family refuses
+ * tools and tool messages with -ENOTSUP.
  */
 bool md_chat_family_has_tools(enum md_chat_family f);
+
+/* The format a family's model writes tool calls in (what the output parser reads). */
+enum md_tool_format {
+	MD_TOOL_FORMAT_NONE = 0,
+	MD_TOOL_FORMAT_HERMES,    /* <tool_call>\n{"name": ..., "arguments": ...}\n</tool_call> */
+	MD_TOOL_FORMAT_DEEPSEEK3, /* <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
+				   * \n```json\nARGS\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜> */
+};
+enum md_tool_format md_chat_family_tool_format(enum md_chat_family f);
 
 /*
  * Recognise the GGUF's tokenizer.chat_template. Matching is by distinctive pieces of the

@@ -1412,6 +1412,11 @@ bool md_engine_has_draft(const struct md_engine *e)
 	return e->draft_ready;
 }
 
+int md_engine_tool_format(const struct md_engine *e)
+{
+	return (int)md_chat_family_tool_format(e->text.chat);
+}
+
 int md_engine_tokenize(const struct md_engine *e, const char *text, size_t len, bool add_bos,
 		       bool parse_special, int32_t **ids)
 {
@@ -1455,6 +1460,7 @@ int md_engine_chat_tokenize_tools(const struct md_engine *e, const struct md_eng
 		cm[i].content = msgs[i].content;
 		cm[i].tool_calls = calls + k;
 		cm[i].n_tool_calls = msgs[i].n_tool_calls;
+		cm[i].content_null = msgs[i].content_null;
 		for (size_t j = 0; j < msgs[i].n_tool_calls; j++, k++) {
 			calls[k].name = msgs[i].tool_calls[j].name;
 			calls[k].arguments = msgs[i].tool_calls[j].arguments;

@@ -230,6 +230,8 @@ struct md_engine_msg {
 	const char *content;
 	const struct md_engine_tool_call *tool_calls; /* borrowed (n_tool_calls): assistant */
 	size_t n_tool_calls;
+	bool content_null;     /* the client sent null content (content is ""), which some
+				* templates render differently (DeepSeek-V3's tool calls) */
 };
 int md_engine_chat_tokenize(const struct md_engine *e, const struct md_engine_msg *msgs,
 			    size_t n, int32_t **ids);
@@ -238,6 +240,9 @@ int md_engine_chat_tokenize(const struct md_engine *e, const struct md_engine_ms
  * request has tools, tool calls or tool messages. */
 int md_engine_chat_tokenize_tools(const struct md_engine *e, const struct md_engine_msg *msgs,
 				  size_t n, const char *const *tools, size_t n_tools, int32_t **ids);
+/* How the model writes tool calls (its chat template's family): 0 none (tools are refused),
+ * 1 Hermes <tool_call> JSON (Qwen3, chatml), 2 DeepSeek-V3's tool tokens. */
+int md_engine_tool_format(const struct md_engine *e);
 
 /* Incremental detokenizer that yields only complete UTF-8 (one per choice). */
 struct md_engine_detok; /* opaque */

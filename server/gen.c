@@ -874,7 +874,8 @@ static struct md_gen *gen_new(struct md_gen_ctx *x, const struct md_oai_reply *o
 	/* nothing can fail from here on */
 	g->tools_on = p->tools.n > 0 && p->tools.choice != MD_TOOL_CHOICE_NONE;
 	for (size_t i = 0; i < n_ch; i++)
-		md_tool_parser_init(&g->ch[i].tp, tool_emit, &g->ch[i]);
+		md_tool_parser_init(&g->ch[i].tp, (enum md_tool_fmt)md_engine_tool_format(x->eng),
+				    tool_emit, &g->ch[i]);
 	g->stream = p->stream;
 	g->include_usage = p->include_usage;
 	g->want_lp = p->want_lp;
@@ -1045,7 +1046,8 @@ static struct md_oai_limits limits_of(const struct md_gen_ctx *x)
 	return (struct md_oai_limits){ .model_name = x->model,
 				       .max_tokens_cap = x->cfg->max_tokens_cap,
 				       .n_vocab = x->n_vocab,
-				       .has_draft = md_engine_has_draft(x->eng) };
+				       .has_draft = md_engine_has_draft(x->eng),
+				       .tool_format = md_engine_tool_format(x->eng) };
 }
 
 void md_gen_chat(struct md_gen_ctx *x, const struct md_oai_reply *o, cJSON *body)

@@ -210,6 +210,8 @@ static uint64_t pow10u(int n)
 /* Alternatives for the equal-length digit strings from a to b (a <= b, n digits). */
 static void digits_range(struct sb *o, const char *a, const char *b, size_t n)
 {
+	if (n == 0 || n > 20) /* callers pass 1..20 digits (uint64_t) */
+		return;
 	if (n == 1) {
 		if (a[0] == b[0])
 			sb_printf(o, "\"%c\"", a[0]);

@@ -531,6 +531,7 @@ static int p_tools(const struct param *row, struct pctx *x, cJSON *t)
 	char err[300];
 	md_tools_release(&x->p->tools);
 	int rc = md_tools_parse(&x->p->tools, t, err, sizeof(err));
+	x->p->tools.format = (enum md_tool_fmt)x->lim->tool_format;
 	if (rc == -ENOMEM) {
 		out_of_memory(x->o);
 		return -1;
@@ -892,6 +893,7 @@ int md_oai_parse_messages(const struct md_oai_reply *o, cJSON *body, struct md_o
 				goto fail;
 			}
 			m.msgs[i].content = "";
+			m.msgs[i].content_null = true;
 		} else if (cJSON_IsString(content)) {
 			m.msgs[i].content = content->valuestring;
 		} else if (cJSON_IsArray(content)) {

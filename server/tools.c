@@ -250,12 +250,14 @@ int md_tools_grammar(const struct md_tools *t, char **text, char *err, size_t er
 	*text = NULL;
 	if (t->n == 0 || (t->choice != MD_TOOL_CHOICE_REQUIRED && t->choice != MD_TOOL_CHOICE_NAMED))
 		return 0;
+	bool ds = t->format == MD_TOOL_FMT_DEEPSEEK3;
 	struct md_jgrammar *b = md_jgrammar_new();
 	struct buf call = { 0 }, root = { 0 };
 	int rc = -ENOMEM;
 	if (!b)
 		return -ENOMEM;
-	puts_(&call, "( \"<tool_call>\\n{\\\"name\\\": \\\"\" ( ");
+	puts_(&call, ds ? "( \"<｜tool▁call▁begin｜>function<｜tool▁sep｜>\" ( "
+			: "( \"<tool_call>\\n{\\\"name\\\": \\\"\" ( ");
 	bool first = true;
 	for (size_t i = 0; i < t->n; i++) {
 		if (t->choice == MD_TOOL_CHOICE_NAMED && i != t->named)
@@ -273,17 +275,21 @@ int md_tools_grammar(const struct md_tools *t, char **text, char *err, size_t er
 			puts_(&call, " | ");
 		puts_(&call, "\"");
 		puts_(&call, t->names[i]); /* letters, digits, '_', '-': nothing to escape */
-		puts_(&call, "\\\", \\\"arguments\\\": \" ");
+		puts_(&call, ds ? "\\n```json\\n\" " : "\\\", \\\"arguments\\\": \" ");
 		puts_(&call, rule);
 		first = false;
 	}
-	puts_(&call, " ) \"}\\n</tool_call>\" )");
+	puts_(&call, ds ? " ) \"\\n```<｜tool▁call▁end｜>\" )" : " ) \"}\\n</tool_call>\" )");
+	if (ds)
+		puts_(&root, "\"<｜tool▁calls▁begin｜>\" ");
 	puts_(&root, call.s ? call.s : "");
 	if (t->parallel && t->choice == MD_TOOL_CHOICE_REQUIRED) {
 		puts_(&root, " ( \"\\n\" ");
 		puts_(&root, call.s ? call.s : "");
 		puts_(&root, " )*");
 	}
+	if (ds)
+		puts_(&root, " \"<｜tool▁calls▁end｜>\"");
 	rc = -ENOMEM;
 	if (!call.oom && !root.oom)
 		rc = md_jgrammar_finish(b, root.s, text);
@@ -323,14 +329,30 @@ void md_tools_call_id(char *out, size_t cap)
 
 enum { ST_TEXT, ST_HEAD, ST_ARGS, ST_RAW };
 
-static const char open_tag[] = "<tool_call>";
-static const char close_tag[] = "</tool_call>";
+static const char hermes_open[] = "<tool_call>";
+static const char hermes_close[] = "</tool_call>";
+static const char ds_open[] = "<｜tool▁call▁begin｜>";
+static const char ds_close[] = "\n```<｜tool▁call▁end｜>";
+static const char ds_calls_begin[] = "<｜tool▁calls▁begin｜>";
+static const char ds_calls_end[] = "<｜tool▁calls▁end｜>";
 
-void md_tool_parser_init(struct md_tool_parser *p, md_tool_emit_cb emit, void *arg)
+void md_tool_parser_init(struct md_tool_parser *p, enum md_tool_fmt fmt, md_tool_emit_cb emit,
+			 void *arg)
 {
 	memset(p, 0, sizeof(*p));
+	p->fmt = fmt;
 	p->emit = emit;
 	p->arg = arg;
+}
+
+static const char *open_of(const struct md_tool_parser *p)
+{
+	return p->fmt == MD_TOOL_FMT_DEEPSEEK3 ? ds_open : hermes_open;
+}
+
+static const char *close_of(const struct md_tool_parser *p)
+{
+	return p->fmt == MD_TOOL_FMT_DEEPSEEK3 ? ds_close : hermes_close;
 }
 
 void md_tool_parser_release(struct md_tool_parser *p)
@@ -372,7 +394,7 @@ static const char *find(const char *s, size_t n, const char *tag)
 
 /* Match `{ "name" : "NAME" , "arguments" :` with any spacing at the start of s. Returns 1 with
  * the name and the bytes used, 0 when s ends before a decision, -1 for another shape. */
-static int match_head(const char *s, size_t n, char *name, size_t *used)
+static int match_head_hermes(const char *s, size_t n, char *name, size_t *used)
 {
 	static const char *const parts[] = { "{", "\"name\"", ":", "\"", NULL, "\"", ",",
 					     "\"arguments\"", ":" };
@@ -411,10 +433,53 @@ static int match_head(const char *s, size_t n, char *name, size_t *used)
 	return 1;
 }
 
-/* A whole call read with cJSON (the fallback). */
+/* Match `function<｜tool▁sep｜>NAME\n```json\n` (DeepSeek-V3). Same returns. */
+static int match_head_ds(const char *s, size_t n, char *name, size_t *used)
+{
+	static const char pre[] = "function<｜tool▁sep｜>", post[] = "\n```json\n";
+	size_t i = 0, l = 0;
+	for (; i < sizeof(pre) - 1; i++) {
+		if (i >= n)
+			return 0;
+		if (s[i] != pre[i])
+			return -1;
+	}
+	while (i < n && s[i] != '\n') {
+		if (l >= MAX_NAME)
+			return -1;
+		name[l++] = s[i++];
+	}
+	name[l] = 0;
+	if (i >= n)
+		return 0;
+	if (l == 0)
+		return -1;
+	for (size_t k = 0; k < sizeof(post) - 1; k++, i++) {
+		if (i >= n)
+			return 0;
+		if (s[i] != post[k])
+			return -1;
+	}
+	*used = i;
+	return 1;
+}
+
+/* The buffered text of a call that is not one, back out as content. */
+static void call_as_content(struct md_tool_parser *p, size_t len)
+{
+	const char *open = open_of(p);
+	if (p->n_ws)
+		p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, p->ws, p->n_ws);
+	p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, open, strlen(open));
+	if (len)
+		p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, p->buf, len);
+	p->n_ws = 0;
+}
+
+/* A whole call read with cJSON (the Hermes fallback; DeepSeek-V3 has no other shape). */
 static void raw_call(struct md_tool_parser *p, size_t len)
 {
-	cJSON *o = cJSON_ParseWithLength(p->buf, len);
+	cJSON *o = p->fmt == MD_TOOL_FMT_HERMES ? cJSON_ParseWithLength(p->buf, len) : NULL;
 	const cJSON *name = cJSON_GetObjectItemCaseSensitive(o, "name");
 	const cJSON *args = cJSON_GetObjectItemCaseSensitive(o, "arguments");
 	if (cJSON_IsObject(o) && cJSON_IsString(name) && valid_name(name->valuestring) &&
@@ -426,39 +491,71 @@ static void raw_call(struct md_tool_parser *p, size_t len)
 		if (a)
 			p->emit(p->arg, MD_TOOL_EV_ARGS, idx, a, strlen(a));
 		free(a);
+		p->n_ws = 0;
 	} else {
-		if (p->n_ws)
-			p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, p->ws, p->n_ws);
-		p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, open_tag, sizeof(open_tag) - 1);
-		p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, p->buf, len + sizeof(close_tag) - 1);
+		call_as_content(p, len + strlen(close_of(p)));
 	}
-	p->n_ws = 0;
 	cJSON_Delete(o);
+}
+
+/* Outside calls: the first marker in buf (*which: 0 a call opens, 1 DeepSeek-V3's block
+ * markers, dropped), or NULL; *hold gets how much of the tail may be a marker's start. */
+static const char *find_marker(const struct md_tool_parser *p, int *which, size_t *hold)
+{
+	const char *open = open_of(p), *best = find(p->buf, p->n, open);
+	*which = 0;
+	*hold = partial_tail(p->buf, p->n, open);
+	if (p->fmt != MD_TOOL_FMT_DEEPSEEK3)
+		return best;
+	const char *const extra[] = { ds_calls_begin, ds_calls_end };
+	for (int k = 0; k < 2; k++) {
+		const char *h = find(p->buf, p->n, extra[k]);
+		if (h && (!best || h < best)) {
+			best = h;
+			*which = 1;
+		}
+		size_t t = partial_tail(p->buf, p->n, extra[k]);
+		if (t > *hold)
+			*hold = t;
+	}
+	return best;
 }
 
 static void process(struct md_tool_parser *p)
 {
+	bool ds = p->fmt == MD_TOOL_FMT_DEEPSEEK3;
+	const char *close = close_of(p);
+	size_t close_len = strlen(close);
 	for (;;) {
 		const char *hit;
-		size_t e;
+		size_t e, hold;
+		int which;
 		switch (p->state) {
 		case ST_TEXT:
-			if ((hit = find(p->buf, p->n, open_tag))) {
+			if ((hit = find_marker(p, &which, &hold))) {
 				size_t i = (size_t)(hit - p->buf);
+				size_t mlen = which ? strlen(strncmp(hit, ds_calls_begin,
+								     strlen(ds_calls_begin)) == 0
+								 ? ds_calls_begin : ds_calls_end)
+						    : strlen(open_of(p));
 				for (e = i; e > 0 && is_ws(p->buf[e - 1]) && i - e < sizeof(p->ws); e--)
 					;
 				if (e)
 					p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, p->buf, e);
 				p->n_ws = i - e; /* held: dropped if a call follows */
 				memcpy(p->ws, p->buf + e, p->n_ws);
-				consume(p, i + sizeof(open_tag) - 1);
-				p->state = ST_HEAD;
+				consume(p, i + mlen);
+				if (!which)
+					p->state = ST_HEAD;
 				continue;
 			}
-			e = p->n - partial_tail(p->buf, p->n, open_tag);
+			e = p->n - hold;
 			while (e > 0 && is_ws(p->buf[e - 1]))
 				e--;
 			if (e) {
+				if (p->n_ws) /* whitespace before a block marker: text after all */
+					p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, p->ws, p->n_ws);
+				p->n_ws = 0;
 				p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, p->buf, e);
 				consume(p, e);
 			}
@@ -466,11 +563,12 @@ static void process(struct md_tool_parser *p)
 		case ST_HEAD: {
 			char name[MAX_NAME + 1];
 			size_t used = 0;
-			int r = match_head(p->buf, p->n, name, &used);
+			int r = ds ? match_head_ds(p->buf, p->n, name, &used)
+				   : match_head_hermes(p->buf, p->n, name, &used);
 			if (r == 0 && p->n < 1024)
 				return;
 			/* arguments given as a JSON string need decoding: read the call whole */
-			if (r <= 0 || p->buf[used] == '"') {
+			if (r <= 0 || (!ds && p->buf[used] == '"')) {
 				p->state = ST_RAW;
 				continue;
 			}
@@ -481,35 +579,39 @@ static void process(struct md_tool_parser *p)
 			continue;
 		}
 		case ST_ARGS:
-			if ((hit = find(p->buf, p->n, close_tag))) {
+			if ((hit = find(p->buf, p->n, close))) {
 				size_t j = (size_t)(hit - p->buf);
-				for (e = j; e > 0 && is_ws(p->buf[e - 1]); e--)
-					;
-				if (e > 0 && p->buf[e - 1] == '}')
-					e--; /* the call's own closing brace */
-				while (e > 0 && is_ws(p->buf[e - 1]))
-					e--;
+				e = j;
+				if (!ds) {
+					while (e > 0 && is_ws(p->buf[e - 1]))
+						e--;
+					if (e > 0 && p->buf[e - 1] == '}')
+						e--; /* the call's own closing brace */
+					while (e > 0 && is_ws(p->buf[e - 1]))
+						e--;
+				}
 				if (e)
 					p->emit(p->arg, MD_TOOL_EV_ARGS, p->n_calls - 1, p->buf, e);
-				consume(p, j + sizeof(close_tag) - 1);
+				consume(p, j + close_len);
 				p->state = ST_TEXT;
 				continue;
 			}
-			/* everything before the last '}' is arguments for sure */
+			/* everything before the last '}' (Hermes: it may be the call's brace) or the
+			 * last newline (DeepSeek-V3: it may open the closing fence) is arguments */
 			e = p->n;
-			while (e > 0 && p->buf[e - 1] != '}')
+			while (e > 0 && p->buf[e - 1] != (ds ? '\n' : '}'))
 				e--;
-			e = e > 0 ? e - 1 : p->n - partial_tail(p->buf, p->n, close_tag);
+			e = e > 0 ? e - 1 : p->n - partial_tail(p->buf, p->n, close);
 			if (e) {
 				p->emit(p->arg, MD_TOOL_EV_ARGS, p->n_calls - 1, p->buf, e);
 				consume(p, e);
 			}
 			return;
 		default: /* ST_RAW */
-			if (!(hit = find(p->buf, p->n, close_tag)))
+			if (!(hit = find(p->buf, p->n, close)))
 				return;
 			raw_call(p, (size_t)(hit - p->buf));
-			consume(p, (size_t)(hit - p->buf) + sizeof(close_tag) - 1);
+			consume(p, (size_t)(hit - p->buf) + close_len);
 			p->state = ST_TEXT;
 			continue;
 		}
@@ -559,10 +661,7 @@ void md_tool_parser_finish(struct md_tool_parser *p)
 		p->emit(p->arg, MD_TOOL_EV_ARGS, p->n_calls - 1, p->buf, p->n);
 		break;
 	default:
-		if (p->n_ws)
-			p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, p->ws, p->n_ws);
-		p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, open_tag, sizeof(open_tag) - 1);
-		p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, p->buf, p->n);
+		call_as_content(p, p->n);
 		break;
 	}
 	p->n_ws = 0;

@@ -5,9 +5,9 @@
 
 /*
  * DESIGN
- * Format: the Hermes/Qwen3 one the chat templates render (engine/chat_template.h): a call is
+ * Format: the one the model's chat template renders (engine/chat_template.h): Hermes/Qwen3
  *   <tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call>
- * and parallel calls follow each other separated by a newline.
+ * with parallel calls separated by a newline, or DeepSeek-V3's tool tokens (enum md_tool_fmt).
  *
  * Request side (md_tools_*): tools are read into their `tool | tojson` text (what the template
  * writes), names and parameter schemas. tool_choice "auto" lets the model choose (nothing is
@@ -32,6 +32,14 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+/* How the model writes calls: md_engine_tool_format()'s values. */
+enum md_tool_fmt {
+	MD_TOOL_FMT_NONE = 0,
+	MD_TOOL_FMT_HERMES = 1,    /* <tool_call>\n{"name": N, "arguments": A}\n</tool_call> */
+	MD_TOOL_FMT_DEEPSEEK3 = 2, /* <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>N
+				    * \n```json\nA\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜> */
+};
+
 enum md_tool_choice {
 	MD_TOOL_CHOICE_AUTO = 0,
 	MD_TOOL_CHOICE_NONE,
@@ -47,6 +55,7 @@ struct md_tools {
 	enum md_tool_choice choice;
 	size_t named;         /* MD_TOOL_CHOICE_NAMED: the tool */
 	bool parallel;        /* parallel_tool_calls (default true) */
+	enum md_tool_fmt format; /* the model's call format (for the forced-call grammar) */
 };
 
 /* Read "tools" (an array of {"type":"function","function":{"name",...}}). Returns 0, or
@@ -76,6 +85,7 @@ typedef void (*md_tool_emit_cb)(void *arg, enum md_tool_ev ev, int index, const 
 				size_t n);
 
 struct md_tool_parser {
+	enum md_tool_fmt fmt;
 	md_tool_emit_cb emit;
 	void *arg;            /* borrowed */
 	int state;
@@ -87,7 +97,8 @@ struct md_tool_parser {
 	size_t n_ws;
 };
 
-void md_tool_parser_init(struct md_tool_parser *p, md_tool_emit_cb emit, void *arg);
+void md_tool_parser_init(struct md_tool_parser *p, enum md_tool_fmt fmt, md_tool_emit_cb emit,
+			 void *arg);
 void md_tool_parser_release(struct md_tool_parser *p);
 /* More output text. Returns 0 or -ENOMEM (the parser then passes text on as content). */
 int md_tool_parser_push(struct md_tool_parser *p, const char *s, size_t n);

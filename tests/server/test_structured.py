@@ -32,7 +32,7 @@ try:
     env = dict(os.environ, MOED_BASE=srv.base, MOED_NPM=os.path.abspath(npm))
     out = subprocess.run(["node", os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                "test_structured.mjs")],
-                         env=env, capture_output=True, text=True, timeout=400)
+                         env=env, capture_output=True, text=True, timeout=800)
     print(out.stdout, out.stderr)
     check(out.returncode == 0, "structured-output SDK test passed", out.returncode)
 finally:

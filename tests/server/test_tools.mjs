@@ -157,7 +157,20 @@ for (const [seed, parallel] of [[1, true], [2, false], [3, true], [4, false], [5
     'auto: stream equals whole', { content, name, args }, m);
 }
 
-// 5. errors
+// 5. tool calls with n = 2 and logprobs: each choice has its calls, logprobs come along
+{
+  const r = await client.chat.completions.create({ model, messages: [user], tools, tool_choice: 'required',
+    parallel_tool_calls: false, temperature: 1, seed: 31, n: 2, max_tokens: 120, logprobs: true, top_logprobs: 1 });
+  check(r.choices.length === 2, 'n=2: two choices', r.choices.length);
+  for (const c of r.choices) {
+    checkCalls(c.message.tool_calls, `n=2 choice ${c.index}`);
+    check(c.finish_reason === 'tool_calls', `n=2 choice ${c.index}: finish tool_calls`, c.finish_reason);
+    check(c.logprobs?.content?.length > 10 && c.logprobs.content.every((e) => e.top_logprobs.length === 1),
+      `n=2 choice ${c.index}: logprobs for the call's tokens`, c.logprobs?.content?.length);
+  }
+}
+
+// 6. errors
 try {
   await client.chat.completions.create({ model, messages: [user], tools, tool_choice: { type: 'function', function: { name: 'nope' } } });
   check(false, 'unknown named tool should be refused');

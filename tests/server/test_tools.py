@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import Server, check, finish  # noqa: E402
+from harness import Server, call, check, finish  # noqa: E402
 
 moed, model, npm = sys.argv[1:4]
 try:
@@ -35,6 +35,22 @@ try:
                          env=env, capture_output=True, text=True, timeout=300)
     print(out.stdout, out.stderr)
     check(out.returncode == 0, "tool-calling SDK test passed", out.returncode)
+    # the wire shapes against proto/openapi.yaml: a whole response and a stream with tool calls
+    body = {"messages": [{"role": "user", "content": "Weather?"}], "max_tokens": 100,
+            "temperature": 0, "tool_choice": "required",
+            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {
+                "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+                "required": ["city"], "additionalProperties": False}}}]}
+    key = ["Authorization: Bearer test-key"]
+    st, _, doc = call(srv, "POST", "/v1/chat/completions", body, headers=key)
+    check(st == 200 and doc["choices"][0]["finish_reason"] == "tool_calls" and
+          doc["choices"][0]["message"]["content"] is None, "whole tool-call response", doc)
+    st, _, evs = call(srv, "POST", "/v1/chat/completions", dict(body, stream=True), headers=key)
+    deltas = [d for e in evs for c in e["choices"] for d in c["delta"].get("tool_calls", [])]
+    check(st == 200 and deltas and deltas[0].get("id") and
+          "".join(d["function"].get("arguments", "") for d in deltas) ==
+          doc["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+          "streamed tool-call deltas reassemble", deltas[:3])
 finally:
     check(srv.stop() == 0, "clean exit")
 finish()

@@ -191,7 +191,12 @@ const toJson = (t) => new Template("{{ t | tojson }}").render({ t });
 function toolCases(tmplLabel, template, reasoning) {
 	const e = expect[family];
 	const out = [];
-	for (const [name, messages, tools] of toolConvs) {
+	for (const [name, messages0, tools] of toolConvs) {
+		// DeepSeek-V3's template writes calls only for content null (OpenAI's shape of a
+		// tool-call turn); the others are given "" as the Qwen examples do
+		const messages = family === "deepseek3"
+			? messages0.map((m) => (m.tool_calls && m.content === "" ? { ...m, content: null } : m))
+			: messages0;
 		for (const agp of [false, true]) {
 			// chatml's tool rendering is Qwen3's without reasoning: compare only where Qwen3 adds
 			// none (the conversation does not end with an assistant turn)
@@ -215,7 +220,7 @@ function toolCases(tmplLabel, template, reasoning) {
 function cases(tmplLabel, template) {
 	const e = expect[family];
 	const out = [];
-	if (family === "qwen3") out.push(...toolCases(tmplLabel, template, true));
+	if (family === "qwen3" || family === "deepseek3") out.push(...toolCases(tmplLabel, template, true));
 	for (const [name, messages] of convs) {
 		for (const agp of [false, true]) {
 			const thinks = family === "qwen3" ? [undefined, false, true] : [undefined];

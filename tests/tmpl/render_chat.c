@@ -135,6 +135,10 @@ static cJSON *run_case(const cJSON *c)
 
 		m[i].role = str_or(it, "role", NULL);
 		m[i].content = str_or(it, "content", NULL);
+		if (cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(it, "content"))) {
+			m[i].content = "";
+			m[i].content_null = true;
+		}
 		m[i].tool_calls = calls + 64 * i;
 		cJSON_ArrayForEach(call, tc) {
 			const cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");

@@ -9,6 +9,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "engine/grammar.h"
 #include "server/tools.h"
 #include "tests/check.h"
 
@@ -36,12 +37,14 @@ static void on_emit(void *arg, enum md_tool_ev ev, int index, const char *s, siz
 	}
 }
 
+static enum md_tool_fmt fmt = MD_TOOL_FMT_HERMES;
+
 /* Parse text cut at the given split points (sorted, within the text). */
 static void parse_split(const char *text, const size_t *cuts, size_t n_cuts, struct out *o)
 {
 	struct md_tool_parser p;
 	memset(o, 0, sizeof(*o));
-	md_tool_parser_init(&p, on_emit, o);
+	md_tool_parser_init(&p, fmt, on_emit, o);
 	size_t at = 0, len = strlen(text);
 	for (size_t i = 0; i <= n_cuts; i++) {
 		size_t end = i < n_cuts ? cuts[i] : len;
@@ -137,7 +140,7 @@ static void test_parser(void)
 	{
 		struct md_tool_parser p;
 		struct out o = { 0 };
-		md_tool_parser_init(&p, on_emit, &o);
+		md_tool_parser_init(&p, MD_TOOL_FMT_HERMES, on_emit, &o);
 		const char *head = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"q\": \"abc";
 		md_tool_parser_push(&p, head, strlen(head));
 		CHECK_EQ_I(o.n_calls, 1);
@@ -149,6 +152,23 @@ static void test_parser(void)
 		md_tool_parser_finish(&p);
 		md_tool_parser_release(&p);
 	}
+}
+
+/* DeepSeek-V3's tool tokens: content, block markers dropped, calls, arguments with newlines. */
+static void test_parser_deepseek(void)
+{
+	fmt = MD_TOOL_FMT_DEEPSEEK3;
+	const char *n[] = { "get_weather", "add" };
+	const char *a[] = { "{\"city\": \"Paris\"}", "{\n  \"a\": 1,\n  \"b\": 2\n}" };
+	check_text("Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+		   "get_weather\n```json\n{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜>\n"
+		   "<｜tool▁call▁begin｜>function<｜tool▁sep｜>add\n```json\n{\n  \"a\": 1,\n  \"b\": 2\n}"
+		   "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>", "Checking.", 2, n, a);
+	check_text("no calls here, just text", "no calls here, just text", 0, NULL, NULL);
+	check_text("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>other<｜tool▁sep｜>x<｜tool▁call▁end｜>"
+		   "\n```<｜tool▁call▁end｜>", "<｜tool▁call▁begin｜>other<｜tool▁sep｜>x<｜tool▁call▁end｜>"
+		   "\n```<｜tool▁call▁end｜>", 0, NULL, NULL);
+	fmt = MD_TOOL_FMT_HERMES;
 }
 
 static void test_tojson(void)
@@ -183,6 +203,37 @@ static void test_request(void)
 	CHECK_EQ_I(md_tools_grammar(&t, &g, err, sizeof(err)), 0);
 	CHECK(g && strstr(g, "<tool_call>") && strstr(g, "\"f\\\", \\\"arguments\\\": \""));
 	free(g);
+	t.format = MD_TOOL_FMT_DEEPSEEK3;
+	CHECK_EQ_I(md_tools_grammar(&t, &g, err, sizeof(err)), 0);
+	CHECK(g && strstr(g, "<｜tool▁calls▁begin｜>") && strstr(g, "<｜tool▁sep｜>"));
+	/* the grammar compiles and accepts a DeepSeek-V3 call */
+	struct md_grammar *gg = NULL;
+	REQUIRE(CHECK_EQ_I(md_grammar_parse(g, strlen(g), &gg, err, sizeof(err)), 0));
+	free(g);
+	static char one[256][1];
+	const char *pc[257];
+	size_t pl[257];
+	bool eog[257] = { 0 };
+	for (int i = 0; i < 256; i++) {
+		one[i][0] = (char)i;
+		pc[i] = one[i];
+		pl[i] = 1;
+	}
+	pc[256] = "";
+	pl[256] = 0;
+	eog[256] = true;
+	struct md_gvocab *v;
+	REQUIRE(CHECK_EQ_I(md_gvocab_new_pieces(&v, pc, pl, eog, 257), 0));
+	struct md_gmatch *m;
+	REQUIRE(CHECK_EQ_I(md_gmatch_new(&m, gg, v), 0));
+	const char *call = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n"
+			   "{\"x\": 3}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+	CHECK_EQ_I(md_gmatch_accept_bytes(m, call, strlen(call)), 0);
+	CHECK(md_gmatch_is_final(m));
+	md_gmatch_free(m);
+	md_gvocab_free(v);
+	md_grammar_unref(gg);
+	t.format = MD_TOOL_FMT_HERMES;
 	cJSON *named = cJSON_Parse("{\"type\":\"function\",\"function\":{\"name\":\"zz\"}}");
 	CHECK_EQ_I(md_tools_set_choice(&t, named, err, sizeof(err)), -EINVAL);
 	CHECK(strstr(err, "'zz'") != NULL);
@@ -211,6 +262,7 @@ static void test_request(void)
 int main(void)
 {
 	test_parser();
+	test_parser_deepseek();
 	test_tojson();
 	test_request();
 	return failures ? 1 : 0;
