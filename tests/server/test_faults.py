@@ -76,8 +76,13 @@ try:
                 if not piece:
                     break
                 got += piece
-        running = metric(srv, "moed:num_requests_running")
-        waiting = metric(srv, "moed:num_requests_waiting")
+        # the loop thread may still be reading the last requests: wait (bounded) for them
+        for _ in range(100):
+            running = metric(srv, "moed:num_requests_running")
+            waiting = metric(srv, "moed:num_requests_waiting")
+            if running == 16 and waiting and waiting > 0:
+                break
+            time.sleep(0.1)
         check(running == 16 and waiting and waiting > 0, "round %d: 16 streaming, rest queued"
               % rnd, running, waiting)
         for i, s in enumerate(socks):
