@@ -88,7 +88,9 @@ try:
     check(st in (400, 431, 494), "a head over moed's limit is refused", st)
 
     # ---- SSE: events arrive as they are made; first byte within a few ms of direct ----
+    # one token per engine step (no speculation), so each step's write is one event
     req = {"prompt": "Once upon a time", "max_tokens": 120, "temperature": 0,
+           "speculative": {"drafter": "off"},
            "ignore_eos": True, "stream": True}
     ttfb_d, ttfb_p, spread_d, spread_p, rates = [], [], [], [], []
     for i in range(5):
@@ -114,8 +116,9 @@ try:
     check(med(ttfb_p) - med(ttfb_d) < 0.010, "first event through nginx within 10 ms of direct",
           med(ttfb_p), med(ttfb_d))
     # Buffered, nginx would hand over the stream in 4-8 KiB pieces (dozens of events per
-    # read); unbuffered, it passes on what each read from moed brought.
-    check(med(spread_p) > 0.5 * med(spread_d), "nginx passes events on unbuffered",
+    # read); unbuffered, it passes on what each read from moed brought (on a loaded machine
+    # both sides coalesce some, so the bound leaves room).
+    check(med(spread_p) > 0.25 * med(spread_d), "nginx passes events on unbuffered",
           med(spread_p), med(spread_d))
 
     # headers that keep any proxy from buffering, and what nginx makes of them
@@ -138,8 +141,10 @@ try:
     st, h, d = call(Base(reps[0].port), "POST", "/tokenize", {"content": "lorem ipsum " * 100})
     per100 = max(1, len(d["tokens"]))
     def comment_times(port):
-        # a prompt of its own each time: a repeated one would come from the prefix cache
-        slow = {"prompt": "%d " % port + "lorem ipsum " * (100 * 1000 // per100),
+        # a prompt of its own each time (a repeated one would come from the prefix cache),
+        # ~3,500 tokens: in 16-token steps long enough for several 50 ms heartbeats even on
+        # a fast, idle machine, and within the default 4,096-token context
+        slow = {"prompt": "%d " % port + "lorem ipsum " * (100 * 3500 // per100),
                 "max_tokens": 1, "stream": True}
         data = json.dumps(slow).encode()
         s = socket.create_connection(("127.0.0.1", port), timeout=60)
