@@ -147,3 +147,30 @@ def validate(method, path, status, hdrs, body):
 def call(srv, method, path, body=None, **kw):
     st, h, b = curl(srv, method, path, body, **kw)
     return st, h, validate(method, path, st, h, b)
+
+
+def node_packages(npm, pkgs):
+    """Skip (exit 77) without Node 20+ (the openai SDK needs it); install pkgs into the shared
+    npm cache npm through tests/npm_install.sh (the installer and lock every suite uses), or
+    fail (exit 1)."""
+    try:
+        ver = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip()
+    except FileNotFoundError:
+        ver = ""
+    if not ver or int(ver.lstrip("v").split(".")[0]) < 20:
+        print("SKIP: the openai SDK needs Node 20+, found %r" % ver)
+        sys.exit(77)
+    here = os.path.dirname(os.path.abspath(__file__))
+    if subprocess.run(["sh", os.path.join(here, "..", "npm_install.sh"), npm] + pkgs).returncode:
+        print("FAIL: could not install the npm packages %s into %s" % (pkgs, npm))
+        sys.exit(1)
+
+
+def run_node(srv, npm, script, timeout):
+    """Run the Node test script (beside this file) against srv; returns its exit status after
+    printing what it wrote."""
+    env = dict(os.environ, MOED_BASE=srv.base, MOED_NPM=os.path.abspath(npm))
+    out = subprocess.run(["node", os.path.join(os.path.dirname(os.path.abspath(__file__)), script)],
+                         env=env, capture_output=True, text=True, timeout=timeout)
+    print(out.stdout, out.stderr)
+    return out.returncode
