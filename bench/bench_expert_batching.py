@@ -15,6 +15,7 @@ per run and a table of medians with the on/off ratio.
 usage: bench_expert_batching.py MOED MODEL [--streams 16,64] [--step 16] [--tokens 64]
                                 [--runs 3] [--port 18533] [--threads 2]"""
 import argparse, http.client, json, os, statistics, subprocess, tempfile, threading, time
+from sse_gaps import read_stream
 
 PROMPTS = [
     "In the beginning God created the heaven and the earth. And the earth was",
@@ -76,22 +77,7 @@ def stream(i, gaps, toks, lock):
     c = http.client.HTTPConnection("127.0.0.1", a.port, timeout=900)
     c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
     r = c.getresponse()
-    last, mine, got = None, [], 0
-    while True:
-        line = r.readline()
-        if not line:
-            break
-        if not line.startswith(b"data: ") or b"[DONE]" in line:
-            continue
-        now = time.perf_counter()
-        ev = json.loads(line[6:])
-        if ev.get("usage"):
-            got = ev["usage"]["completion_tokens"]
-        if not ev.get("choices"):
-            continue
-        if last is not None:
-            mine.append(now - last)
-        last = now
+    mine, got = read_stream(r)
     c.close()
     with lock:
         gaps.extend(mine)

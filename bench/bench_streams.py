@@ -11,6 +11,7 @@ between a stream's successive events; moed sends one event per token).
 
 usage: bench_streams.py PORT [STREAMS=1] [REQS=4] [MAX_TOKENS=96] [--json]"""
 import http.client, json, statistics, sys, threading, time
+from sse_gaps import read_stream
 
 PROMPTS = [
     "In the beginning God created the heaven and the earth. And the earth was",
@@ -45,22 +46,7 @@ def one(stream):
                            "stream": True, "stream_options": {"include_usage": True}})
         c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
         resp = c.getresponse()
-        last, mine, got = None, [], 0
-        while True:
-            line = resp.readline()
-            if not line:
-                break
-            if not line.startswith(b"data: ") or b"[DONE]" in line:
-                continue
-            now = time.perf_counter()
-            ev = json.loads(line[6:])
-            if ev.get("usage"):
-                got = ev["usage"]["completion_tokens"]
-            if not ev.get("choices"):
-                continue
-            if last is not None:
-                mine.append(now - last)
-            last = now
+        mine, got = read_stream(resp)
         resp.read()
         with lock:
             gaps.extend(mine)
