@@ -80,6 +80,8 @@ class Model:
         """act_quant: emulate kernels that round activations to 8 bits before every matmul
         with a quantized weight (a diagnostic: the default is the exact computation)."""
         self.act_quant = act_quant
+        self.route_flips = set()    # (layer, position): take the (k+1)-th expert for the k-th
+        self.route_margins = None   # or a list of per-layer dicts position -> margin
         g = GGUFFile(path)
         self.gguf = g
         arch = g.arch
@@ -218,15 +220,26 @@ class Model:
             y[:, :, 1:2 * half:2] = a * s + b * c
         return y
 
-    def moe_ffn(self, L, h):
-        """h: (T, N) -> (T, N)."""
+    def moe_ffn(self, L, h, li=0, pos=None):
+        """h: (T, N) -> (T, N); li: the layer's index, pos: (T,) the tokens' positions.
+
+        Where (li, position) is in self.route_flips, the k-th and (k+1)-th choices trade places
+        (the other side of a near-tie, see parity.py); every token's margin between them is
+        appended to self.route_margins[li] when that is a list."""
         T = h.shape[0]
         probs = softmax(h @ L.router.T)                     # (T, E)
         out = np.zeros_like(h)
         k = self.n_expert_used
         for t in range(T):
             # Top-k by probability, ties broken by the lower expert index (stable sort).
-            order = np.argsort(-probs[t], kind="stable")[:k]
+            full = np.argsort(-probs[t], kind="stable")
+            p = int(pos[t]) if pos is not None else t
+            if self.route_margins is not None and k < len(full):
+                self.route_margins[li][p] = float(probs[t, full[k - 1]] - probs[t, full[k]])
+            if (li, p) in self.route_flips and k < len(full):
+                full = full.copy()
+                full[k - 1], full[k] = full[k], full[k - 1]
+            order = full[:k]
             w = probs[t, order]
             if self.norm_topk:
                 w = w / np.sum(w)
@@ -295,7 +308,7 @@ class Model:
             x = x + self.mm(o, L.wo)
             h = rmsnorm(x, L.ffn_norm, self.eps)
             if L.moe:
-                x = x + self.moe_ffn(L, h)
+                x = x + self.moe_ffn(L, h, li, pos)
             else:
                 x = x + self.mm(silu(self.mm(h, L.gate)) * self.mm(h, L.up), L.down)
         return self.mm(rmsnorm(x, self.output_norm, self.eps), self.output)

@@ -63,6 +63,17 @@ TIE_FACTOR = 2.0
 
 MOE_ARCHES = ("qwen3moe", "qwen2moe", "mixtral", "olmoe")
 
+# The same noise that flips a near-tied token can flip a near-tied expert choice: where the
+# router's k-th and (k+1)-th probabilities are this close at a position, the engine may have
+# taken either. A row over tolerance at such a position is explained only by re-running the
+# reference with the other choice there (forward_ref's route_flips) and finding the engine
+# within tolerance of that; it is then counted as a routing tie. A real bug is not explained
+# this way: it shows at positions with no near-tie, or the flipped reference does not match.
+# Measured: olmoe q8_0 seed 7 on the AVX2 table, layer 1 margin 3.4e-4 at one generated
+# position (0.95 std off against the reference, 5e-7 against its flipped run).
+ROUTE_TIE = 0.01
+ROUTE_TIE_ROUNDS = 3
+
 # Model shape: small enough that a case takes about a second; K-quants need n_embd, H*D and
 # every FFN width to be multiples of 256.
 SHAPE = dict(n_layer=2, n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_ff=256,
@@ -124,6 +135,57 @@ def ref_logits(model, prompts, c_gen):
     """Teacher-forced reference rows for the engine's tokens, in the dump's layout."""
     return np.concatenate([model.forward(model.new_cache(), p + g[:-1])
                            for p, g in zip(prompts, c_gen)], axis=0)
+
+
+def route_tie_ref(model, prompts, c_gen, ref, res, flips):
+    """A reference with the near-tied expert choices at the positions of res's bad rows and
+    tokens taken the other way (accumulated in flips: seq -> set of (layer, position)), or
+    None where no bad position has a near-tie left to flip."""
+    if not model.n_expert_used:
+        return None
+    bad_pos = {}
+    for si, row, _, _, _ in res["rows_bad"]:
+        bad_pos.setdefault(si, set()).add(row)
+    for si, i, _, _, _ in res["bad"]:
+        bad_pos.setdefault(si, set()).add(len(prompts[si]) - 1 + i)
+    ref = ref.copy()
+    changed = False
+    r0 = 0
+    for si, (p, g) in enumerate(zip(prompts, c_gen)):
+        toks = p + g[:-1]
+        if si in bad_pos:
+            model.route_margins = [dict() for _ in range(model.n_layer)]
+            model.route_flips = set(flips.get(si, ()))
+            model.forward(model.new_cache(), toks)
+            new = {(li, pos) for pos in bad_pos[si] for li in range(model.n_layer)
+                   if model.route_margins[li].get(pos, 1.0) <= ROUTE_TIE}
+            new -= model.route_flips
+            if new:
+                changed = True
+                flips.setdefault(si, set()).update(new)
+                model.route_flips = set(flips[si])
+                model.route_margins = None
+                ref[r0:r0 + len(toks)] = model.forward(model.new_cache(), toks)
+            model.route_margins = None
+            model.route_flips = set()
+        r0 += len(toks)
+    return ref if changed else None
+
+
+def compare_routed(model, ref, prompts, c_gen, c_rows, tol_rel, cos_min):
+    """compare_case, then the routing-tie explanation of any failure (see ROUTE_TIE)."""
+    res = compare_case(ref, prompts, c_gen, c_rows, tol_rel, cos_min)
+    flips = {}
+    for _ in range(ROUTE_TIE_ROUNDS):
+        if res["ok"]:
+            break
+        alt = route_tie_ref(model, prompts, c_gen, ref, res, flips)
+        if alt is None:
+            break
+        ref = alt
+        res = compare_case(ref, prompts, c_gen, c_rows, tol_rel, cos_min)
+    res["route_ties"] = sorted((si, li, pos) for si, s in flips.items() for li, pos in s)
+    return res
 
 
 def compare_case(ref, prompts, c_gen, c_rows, tol_rel, cos_min):
@@ -230,8 +292,8 @@ def main(argv=None):
                 if c_rows.shape != ref.shape:
                     raise RuntimeError("%s: dump has %s rows, expected %s"
                                        % (name, c_rows.shape, ref.shape))
-                results[vname].append((name, compare_case(ref, prompts, c_gen, c_rows, tol_rel,
-                                                          cos_min)))
+                results[vname].append((name, compare_routed(model, ref, prompts, c_gen, c_rows,
+                                                            tol_rel, cos_min)))
     except (RuntimeError, OSError, ValueError, KeyError) as e:
         print("%-8s %-5s ERROR %s" % (a.arch, a.type, e))
         return 1
@@ -253,6 +315,9 @@ def main(argv=None):
         for si, i, top, t, gap in r["ties"]:
             print("  %s: tie at seq %d gen %d: reference %d, engine %d, reference gap %.3g "
                   "(continuing on the engine's token)" % (name, si, i, top, t, gap))
+        for si, li, pos in r["route_ties"]:
+            print("  %s: routing tie at seq %d layer %d position %d: the engine matches the "
+                  "reference that takes the other near-tied expert there" % (name, si, li, pos))
         for si, i, top, t, gap in r["bad"][:5]:
             print("  %s: MISMATCH seq %d gen %d: reference %d, engine %d, reference gap %.3g"
                   % (name, si, i, top, t, gap))
@@ -265,10 +330,12 @@ def main(argv=None):
     n_match = sum(r["n_match"] for _, r in results)
     n_tok = sum(r["n_tok"] for _, r in results)
     ties = sum(len(r["ties"]) for _, r in results)
+    route_ties = sum(len(r["route_ties"]) for _, r in results)
     print("%-8s %-5s ref=%-6s max|d|=%.3g (%.2g std, tol %.2f) 1-min_cos=%.2g (tol %.0e) "
-          "greedy=%d/%d ties=%d %s%s"
+          "greedy=%d/%d ties=%d%s %s%s"
           % (a.arch, a.type, best, max_abs, rel, tol_rel, 1 - min_cos, 1 - cos_min, n_match, n_tok,
-             ties, "PASS" if ok else "FAIL", " [vs %s]" % others if others else ""))
+             ties, " routing-ties=%d" % route_ties if route_ties else "",
+             "PASS" if ok else "FAIL", " [vs %s]" % others if others else ""))
     return 0 if ok else 1
 
 
