@@ -6,10 +6,20 @@ completion prompt REPS times (TTFT of the repeats) and a chat whose every turn r
 history (TTFT of turns 2..), and reads usage.prompt_tokens_details.cached_tokens. Prints
 per-setting medians and the ratio off/on.
 
-usage: bench_prefix.py MOED [ROUNDS=3] [REPS=8] [-- moed args, e.g. -m MODEL]"""
-import http.client, json, socket, statistics, subprocess, sys, time
+With --llama DIR (llama.cpp's binaries, built beside the project, never part of it; or
+MOED_LLAMA_CPP) each round also starts DIR/llama-server on the same model (-m, required then)
+with its own prompt caching (slot reuse, cache_prompt on by default), one slot, the same
+threads, and runs the same requests: the side-by-side column.
+
+usage: bench_prefix.py MOED [ROUNDS=3] [REPS=8] [--llama DIR] [-- moed args, e.g. -m MODEL -t 2]"""
+import http.client, json, os, socket, statistics, subprocess, sys, time
 
 argv = sys.argv[1:]
+llama = os.environ.get("MOED_LLAMA_CPP")
+if "--llama" in argv[:argv.index("--") if "--" in argv else len(argv)]:
+    i = argv.index("--llama")
+    llama = argv[i + 1]
+    del argv[i:i + 2]
 extra = []
 if "--" in argv:
     extra = argv[argv.index("--") + 1:]
@@ -57,11 +67,32 @@ def post_stream(port, path, body):
     return ttft, usage, text
 
 
-def one_run(cache):
+def cached_of(usage):
+    """usage.prompt_tokens_details.cached_tokens; -1 where the server does not report it."""
+    return ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens", -1)
+
+
+def arg_of(flag, default=None):
+    for f in flag:
+        if f in extra:
+            return extra[extra.index(f) + 1]
+    return default
+
+
+def one_run(kind):
+    """kind: "on" / "off" (moed with the prefix cache on / off) or "llama" (llama-server)."""
     port = free_port()
-    srv = subprocess.Popen([moed, "--port", str(port), "--log-level", "error",
-                            "--prefix-cache", "true" if cache else "false"] + extra,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if kind == "llama":
+        model = arg_of(["-m", "--model"])
+        if not model:
+            sys.exit("bench_prefix: --llama needs the model as a moed argument (-- -m MODEL)")
+        cmd = [os.path.join(llama, "llama-server"), "-m", model, "--host", "127.0.0.1",
+               "--port", str(port), "-t", arg_of(["-t", "--threads"], "2"), "-np", "1",
+               "-c", "4096", "--log-disable"]
+    else:
+        cmd = [moed, "--port", str(port), "--log-level", "error",
+               "--prefix-cache", "true" if kind == "on" else "false"] + extra
+    srv = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(600):
             try:
@@ -78,8 +109,8 @@ def one_run(cache):
                                          {"prompt": LONG, "max_tokens": 4, "ignore_eos": True})
             if i:  # the first one fills the cache
                 rep.append(ttft)
-                cached.append(usage["prompt_tokens_details"]["cached_tokens"])
-                n_prompt = usage["prompt_tokens"]
+                cached.append(cached_of(usage))
+                n_prompt = (usage or {}).get("prompt_tokens", 0)
         msgs = [{"role": "system", "content": "You are a helpful assistant. " * 20}]
         turns, turn_cached = [], []
         for q in ["Tell me about the sea.", "And the sky?", "And the stars?", "And the moon?",
@@ -90,8 +121,7 @@ def one_run(cache):
             msgs.append({"role": "assistant", "content": text})
             if len(msgs) > 3:
                 turns.append(ttft)
-                turn_cached.append((usage["prompt_tokens_details"]["cached_tokens"],
-                                    usage["prompt_tokens"]))
+                turn_cached.append((cached_of(usage), (usage or {}).get("prompt_tokens", 0)))
         return statistics.median(rep), statistics.median(cached), n_prompt, \
             statistics.median(turns), turn_cached
     finally:
@@ -99,18 +129,22 @@ def one_run(cache):
         srv.wait()
 
 
-res = {True: [], False: []}
+kinds = ["on", "off"] + (["llama"] if llama else [])
+res = {k: [] for k in kinds}
 for r in range(rounds):
-    for cache in ([True, False] if r % 2 == 0 else [False, True]):
-        res[cache].append(one_run(cache))
-for cache in (True, False):
-    rs = res[cache]
-    print("prefix cache %-3s: repeated %d-token prompt TTFT median %.1f ms (cached %d tokens); "
+    for kind in (kinds if r % 2 == 0 else kinds[::-1]):
+        res[kind].append(one_run(kind))
+names = {"on": "moed, prefix cache on", "off": "moed, prefix cache off", "llama": "llama-server"}
+for kind in kinds:
+    rs = res[kind]
+    print("%-23s: repeated %d-token prompt TTFT median %.1f ms (cached %d tokens); "
           "chat turns 2-5 TTFT median %.1f ms; last round's turns (cached, prompt): %s"
-          % ("on" if cache else "off", rs[0][2], 1e3 * statistics.median(x[0] for x in rs),
+          % (names[kind], rs[0][2], 1e3 * statistics.median(x[0] for x in rs),
              rs[0][1], 1e3 * statistics.median(x[3] for x in rs), rs[-1][4]))
-on_rep = statistics.median(x[0] for x in res[True])
-off_rep = statistics.median(x[0] for x in res[False])
-on_t = statistics.median(x[3] for x in res[True])
-off_t = statistics.median(x[3] for x in res[False])
-print("ratio off/on: repeated prompt %.2fx, chat turns %.2fx" % (off_rep / on_rep, off_t / on_t))
+med = {k: (statistics.median(x[0] for x in res[k]), statistics.median(x[3] for x in res[k]))
+       for k in kinds}
+print("ratio off/on: repeated prompt %.2fx, chat turns %.2fx"
+      % (med["off"][0] / med["on"][0], med["off"][1] / med["on"][1]))
+if llama:
+    print("ratio llama-server/moed (cache on): repeated prompt %.2fx, chat turns %.2fx"
+          % (med["llama"][0] / med["on"][0], med["llama"][1] / med["on"][1]))
