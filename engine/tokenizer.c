@@ -42,7 +42,7 @@
 #define SPM_SPACE "\xE2\x96\x81" /* U+2581 ▁ */
 
 enum tok_kind { KIND_BPE, KIND_SPM };
-enum tok_pre { PRE_GPT2, PRE_QWEN2, PRE_LLAMA3, PRE_DEEPSEEK3 };
+enum tok_pre { PRE_GPT2, PRE_QWEN2, PRE_LLAMA3, PRE_DEEPSEEK3, PRE_GPT4O };
 
 struct merge_ent {
 	uint64_t key; /* (left id << 32) | right id; UINT64_MAX when empty */
@@ -334,6 +334,17 @@ static const char *const re_deepseek3[] = {
 	 "[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"),
 };
 
+/* o200k (gpt-4o, gpt-oss; llama.cpp's "gpt-4o"): the tokenizer.json pattern as it is, case
+ * classes and (?i:) included, which PCRE2 takes directly (llama.cpp rewrites it for its own
+ * regex engine). */
+static const char *const re_gpt4o[] = {
+	"[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"
+	"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+	"[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*"
+	"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+	"\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+};
+
 #define WS_CLASS "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}" \
 		 "\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
 
@@ -623,9 +634,11 @@ int md_tokenizer_load(struct md_tokenizer **out, const struct md_gguf *g, char *
 			t->pre = PRE_LLAMA3;
 		} else if (md_gguf_str_eq(pre, "deepseek-v3")) {
 			t->pre = PRE_DEEPSEEK3;
+		} else if (md_gguf_str_eq(pre, "gpt-4o")) {
+			t->pre = PRE_GPT4O;
 		} else {
 			seterr(err, errlen, "unsupported tokenizer.ggml.pre '%.*s' (want default, "
-			       "qwen2, llama-bpe or deepseek-v3)",
+			       "qwen2, llama-bpe, deepseek-v3 or gpt-4o)",
 			       (int)(pre.len > 64 ? 64 : pre.len), pre.ptr);
 			rc = -ENOTSUP;
 			goto fail;
@@ -742,12 +755,13 @@ int md_tokenizer_load(struct md_tokenizer **out, const struct md_gguf *g, char *
 		if (rc)
 			goto fail;
 		t->nfc = t->pre == PRE_QWEN2;
-		t->ignore_merges = t->pre == PRE_LLAMA3;
+		t->ignore_merges = t->pre == PRE_LLAMA3 || t->pre == PRE_GPT4O;
 		switch (t->pre) {
 		case PRE_GPT2: rc = compile_res(t, re_gpt2, 1, err, errlen); break;
 		case PRE_QWEN2: rc = compile_res(t, re_qwen2, 1, err, errlen); break;
 		case PRE_LLAMA3: rc = compile_res(t, re_llama3, 1, err, errlen); break;
 		case PRE_DEEPSEEK3: rc = compile_res(t, re_deepseek3, 3, err, errlen); break;
+		case PRE_GPT4O: rc = compile_res(t, re_gpt4o, 1, err, errlen); break;
 		}
 		if (rc)
 			goto fail;
