@@ -1417,6 +1417,11 @@ int md_engine_tool_format(const struct md_engine *e)
 	return (int)md_chat_family_tool_format(e->text.chat);
 }
 
+bool md_engine_chat_harmony(const struct md_engine *e)
+{
+	return e->text.chat == MD_CHAT_GPT_OSS;
+}
+
 int md_engine_tokenize(const struct md_engine *e, const char *text, size_t len, bool add_bos,
 		       bool parse_special, int32_t **ids)
 {

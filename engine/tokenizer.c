@@ -528,8 +528,27 @@ static int build_pieces(struct md_tokenizer *t);
 
 static const char *const eog_texts[] = {
 	"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "<|end|>", "<end_of_turn>",
-	"<|end_of_text|>", "<｜end▁of▁sentence｜>", "<EOT>", "</s>",
+	"<|end_of_text|>", "<｜end▁of▁sentence｜>", "<EOT>", "</s>", "<|return|>", "<|call|>",
 };
+
+/* Take <|end|> off the end-of-generation list where <|return|> and <|call|> are on it. */
+static void drop_harmony_end(struct md_tokenizer *t)
+{
+	int32_t end = lookup(t, "<|end|>", 7), ret = lookup(t, "<|return|>", 10);
+	int32_t call = lookup(t, "<|call|>", 8);
+	bool has_ret = false, has_call = false;
+	for (int i = 0; i < t->n_eog; i++) {
+		has_ret |= ret >= 0 && t->eog[i] == ret;
+		has_call |= call >= 0 && t->eog[i] == call;
+	}
+	if (!has_ret || !has_call || end < 0)
+		return;
+	for (int i = 0; i < t->n_eog; i++)
+		if (t->eog[i] == end) {
+			t->eog[i] = t->eog[--t->n_eog];
+			return;
+		}
+}
 
 static void add_eog(struct md_tokenizer *t, int32_t id)
 {
@@ -732,6 +751,9 @@ int md_tokenizer_load(struct md_tokenizer **out, const struct md_gguf *g, char *
 		if (id >= 0 && t->types[id] == MD_TOKEN_CONTROL)
 			add_eog(t, id);
 	}
+	/* o200k_harmony (gpt-oss): <|end|> closes a message, not the generation, when the
+	 * vocabulary has <|return|> and <|call|> (llama.cpp's rule too). */
+	drop_harmony_end(t);
 
 	if (t->kind == KIND_BPE) {
 		byte_level_tables(t);

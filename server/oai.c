@@ -1065,6 +1065,30 @@ cJSON *md_oai_choice_delta(const struct md_oai_ident *id, uint32_t index, const 
 	return c0;
 }
 
+cJSON *md_oai_choice_reasoning_delta(uint32_t index, const char *text, size_t len)
+{
+	cJSON *c0 = cJSON_CreateObject();
+	cJSON_AddNumberToObject(c0, "index", index);
+	cJSON *delta = cJSON_AddObjectToObject(c0, "delta");
+	char *txt = strndup(text, len);
+	cJSON_AddStringToObject(delta, "reasoning_content", txt ? txt : "");
+	free(txt);
+	cJSON_AddNullToObject(c0, "logprobs");
+	cJSON_AddNullToObject(c0, "finish_reason");
+	return c0;
+}
+
+void md_oai_choice_set_reasoning(cJSON *choice, const char *text)
+{
+	cJSON *msg = cJSON_GetObjectItemCaseSensitive(choice, "message");
+	if (!msg)
+		return;
+	if (text && *text)
+		cJSON_AddStringToObject(msg, "reasoning_content", text);
+	else
+		cJSON_AddNullToObject(msg, "reasoning_content");
+}
+
 cJSON *md_oai_choice_finish(const struct md_oai_ident *id, uint32_t index, const char *reason)
 {
 	cJSON *c0 = cJSON_CreateObject();
