@@ -1136,8 +1136,8 @@ void md_gen_chat(struct md_gen_ctx *x, const struct md_oai_reply *o, cJSON *body
 		goto release_params;
 	if (md_oai_parse_messages(o, body, &m) < 0)
 		goto release_params;
-	int n = md_engine_chat_tokenize_tools(x->eng, m.msgs, m.n, (const char *const *)p.tools.json,
-					      p.tools.n, &ids);
+	int n = md_engine_chat_tokenize_effort(x->eng, m.msgs, m.n, (const char *const *)p.tools.json,
+					       p.tools.n, p.reasoning_effort, &ids);
 	md_oai_msgs_release(&m);
 	if (n == -ENOTSUP) {
 		md_oai_error(o, 400, "invalid_request_error", "tools", "unsupported",

@@ -94,6 +94,7 @@ struct md_oai_params {
 				      * calls (tool_choice required or named) */
 	struct md_tools tools;       /* tools, tool_choice, parallel_tool_calls (chat) */
 	struct md_spec_opts spec;    /* moed extension "speculative" (zero: the server's) */
+	const char *reasoning_effort; /* static: "low", "medium" or "high" (chat), NULL: absent */
 	/* raw values, combined into the fields above once every row is read */
 	int64_t _top_k, _seed, _lp_n, _top_lp;
 	bool _lp_on, _lp_n_set, _top_lp_set;

@@ -70,15 +70,36 @@ try:
     check(doc["usage"]["completion_tokens"] == 0 or msg.get("content"),
           "a model that does not write harmony keeps its text as content", doc)
 
-    # The prompt is the harmony rendering: /tokenize is not chat-aware, so check through the
-    # prompt's token count against a rendering with one more user word.
-    st, _, a = call(srv, "POST", "/v1/chat/completions",
-                    {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1})
-    st2, _, b = call(srv, "POST", "/v1/chat/completions",
-                     {"messages": [{"role": "system", "content": "sys"},
-                                   {"role": "user", "content": "x"}], "max_tokens": 1})
-    check(st == st2 == 200 and b["usage"]["prompt_tokens"] > a["usage"]["prompt_tokens"],
-          "a system message becomes the developer block", a.get("usage"), b.get("usage"))
+    # The prompt is the harmony rendering (the template's byte-exact check is tmpl-gpt-oss):
+    # /tokenize renders the messages, /detokenize gives the text back.
+    st, _, t = call(srv, "POST", "/tokenize",
+                    {"messages": [{"role": "developer", "content": "Be brief."},
+                                  {"role": "user", "content": "x"}]})
+    st2, _, dt = call(srv, "POST", "/detokenize", {"tokens": t["tokens"]})
+    text = dt.get("content", "") if isinstance(dt, dict) else ""
+    want_head = ("<|start|>system<|message|>You are ChatGPT, a large language model trained by "
+                 "OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: ")
+    want_tail = ("\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel "
+                 "must be included for every message.<|end|><|start|>developer<|message|>"
+                 "# Instructions\n\nBe brief.\n\n<|end|><|start|>user<|message|>x<|end|>"
+                 "<|start|>assistant")
+    check(st == st2 == 200 and text.startswith(want_head) and text.endswith(want_tail) and
+          len(text) == len(want_head) + len("YYYY-MM-DD") + len(want_tail),
+          "the prompt is the harmony rendering", text)
+    # reasoning_effort lands in the system header ("Reasoning: low" is shorter than the default
+    # "medium"); an effort gpt-oss does not know is refused by name.
+    eff = {}
+    for e in ("low", None):
+        req = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+        if e:
+            req["reasoning_effort"] = e
+        st, _, d = call(srv, "POST", "/v1/chat/completions", req)
+        eff[e] = d["usage"]["prompt_tokens"] if st == 200 else None
+    check(eff["low"] is not None and eff[None] is not None and eff["low"] < eff[None],
+          "reasoning_effort reaches the harmony system header", eff)
+    st, _, d = call(srv, "POST", "/v1/chat/completions",
+                    {"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "max"})
+    check(st == 400 and d["error"]["param"] == "reasoning_effort", "unknown effort refused", st, d)
     log = srv.logtext()
     check("gpt-oss" in log, "the log names the chat template", log[-2000:])
 finally:
