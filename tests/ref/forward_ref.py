@@ -296,7 +296,7 @@ class Model:
         appended to self.route_margins[li] when that is a list."""
         T = h.shape[0]
         if self.oss:
-            return self.moe_oss(L, h)
+            return self.moe_oss(L, h, li, pos)
         probs = softmax(h @ L.router.T)                     # (T, E)
         out = np.zeros_like(h)
         k = self.n_expert_used
@@ -328,15 +328,23 @@ class Model:
             out += y
         return out
 
-    def moe_oss(self, L, h):
+    def moe_oss(self, L, h, li=0, pos=None):
         """gpt-oss: the k largest biased router logits, weights a softmax over those k; each
-        expert with its biases and the clamped SwiGLU."""
+        expert with its biases and the clamped SwiGLU. Near ties between the k-th and
+        (k+1)-th logits are recorded and flipped as in moe_ffn."""
         logits = h @ L.router.T + L.router_b                # (T, E)
         out = np.zeros_like(h)
         k = self.n_expert_used
         tg, tu, td = (self.wtype[id(a)] for a in (L.gate_exps, L.up_exps, L.down_exps))
         for t in range(h.shape[0]):
-            order = np.argsort(-logits[t], kind="stable")[:k]
+            full = np.argsort(-logits[t], kind="stable")
+            p = int(pos[t]) if pos is not None else t
+            if self.route_margins is not None and k < len(full):
+                self.route_margins[li][p] = float(logits[t, full[k - 1]] - logits[t, full[k]])
+            if (li, p) in self.route_flips and k < len(full):
+                full = full.copy()
+                full[k - 1], full[k] = full[k], full[k - 1]
+            order = full[:k]
             w = softmax(logits[t, order])
             for e, we in zip(order, w):
                 g = self.mm(h[t], L.gate_exps[e], tg) + L.gate_b[e]
