@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /*
  * DESIGN: moed does not interpret Jinja. Each formatter below is a transcription of one real
@@ -33,11 +34,12 @@ static const char *const family_names[MD_CHAT_FAMILY_COUNT] = {
 	[MD_CHAT_QWEN25] = "qwen2.5",
 	[MD_CHAT_MISTRAL_V1] = "mistral-v1",
 	[MD_CHAT_OLMO2] = "olmo2",
+	[MD_CHAT_GPT_OSS] = "gpt-oss",
 };
 
 static const char all_names[] =
 	"chatml, chatml-bos, qwen1.5, qwen2, qwen2.5, qwen3, mistral (mixtral), mistral-v1, "
-	"tulu, olmo2, llama3, deepseek3";
+	"tulu, olmo2, llama3, deepseek3, gpt-oss";
 
 const char *md_chat_family_name(enum md_chat_family f)
 {
@@ -310,12 +312,28 @@ static bool is_chatml(const char *norm, bool *bos)
 	return strcmp(norm, chatml_body) == 0;
 }
 
+/* gpt-oss-20b/120b's chat_template.jinja (harmony). */
+static const char *const sig_gpt_oss[] = {
+	"'<|start|>system<|message|>'",
+	"Knowledge cutoff: 2024-06",
+	"# Valid channels: analysis, commentary, final. Channel must be included for every message.",
+	"'<|start|>developer<|message|>'",
+	"'# Instructions\n\n'",
+	"'<|start|>assistant<|channel|>final<|message|>'+message['content']+'<|end|>'",
+	"'<|start|>assistant<|channel|>final<|message|>'+message['content']+'<|return|>'",
+	"'<|start|>user<|message|>'+message['content']+'<|end|>'",
+	NULL,
+};
+
 static enum md_chat_family classify(const char *norm, bool *found)
 {
 	bool bos;
 
 	*found = true;
-	if (has(norm, "<｜Assistant｜>")) {
+	if (has(norm, "<|channel|>")) {
+		if (has_all(norm, sig_gpt_oss))
+			return MD_CHAT_GPT_OSS;
+	} else if (has(norm, "<｜Assistant｜>")) {
 		if (!has(norm, "think") && has_all(norm, sig_deepseek3))
 			return MD_CHAT_DEEPSEEK3;
 	} else if (has(norm, "<|start_header_id|>")) {
@@ -957,6 +975,74 @@ static void render_deepseek3(struct sbuf *b, const struct md_chat_msg *m, const 
 		sb_puts(b, "<｜Assistant｜>");
 }
 
+/*
+ * gpt-oss-20b/120b's harmony template (see the header for what it renders). The template's
+ * kwargs model_identity and builtin_tools are not taken (their defaults: the ChatGPT identity,
+ * none); reasoning_effort and the date are md_chat_opts fields.
+ */
+static bool has_channel_tags(const char *s)
+{
+	return s && (strstr(s, "<|channel|>analysis<|message|>") || strstr(s, "<|channel|>final<|message|>"));
+}
+
+static int render_gpt_oss(struct sbuf *b, const struct md_chat_msg *m, const enum role *r,
+			  size_t n, const struct md_chat_opts *o)
+{
+	char today[16];
+	const char *date = o->date_text;
+
+	if (!date) {
+		time_t now = time(NULL);
+		struct tm tm;
+
+		if (!localtime_r(&now, &tm) || !strftime(today, sizeof(today), "%Y-%m-%d", &tm))
+			snprintf(today, sizeof(today), "1970-01-01");
+		date = today;
+	}
+	for (size_t i = 0; i < n; i++)
+		if (r[i] == R_ASSISTANT && (has_channel_tags(m[i].content) || has_channel_tags(m[i].reasoning)))
+			return -EINVAL; /* the template's raise_exception */
+	sb_puts(b, "<|start|>system<|message|>You are ChatGPT, a large language model trained by "
+		   "OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: ");
+	sb_puts(b, date);
+	sb_puts(b, "\n\nReasoning: ");
+	sb_puts(b, o->reasoning_effort ? o->reasoning_effort : "medium");
+	sb_puts(b, "\n\n# Valid channels: analysis, commentary, final. Channel must be included for "
+		   "every message.<|end|>");
+	size_t i0 = 0;
+	if (r[0] == R_SYSTEM) {
+		i0 = 1;
+		if (m[0].content[0]) {
+			sb_puts(b, "<|start|>developer<|message|># Instructions\n\n");
+			sb_puts(b, m[0].content);
+			sb_puts(b, "\n\n<|end|>");
+		}
+	}
+	for (size_t i = i0; i < n; i++) {
+		if (r[i] == R_USER) {
+			sb_puts(b, "<|start|>user<|message|>");
+			sb_puts(b, m[i].content);
+			sb_puts(b, "<|end|>");
+		} else if (r[i] == R_ASSISTANT && i + 1 == n && !o->add_generation_prompt) {
+			if (m[i].reasoning) {
+				sb_puts(b, "<|start|>assistant<|channel|>analysis<|message|>");
+				sb_puts(b, m[i].reasoning);
+				sb_puts(b, "<|end|>");
+			}
+			sb_puts(b, "<|start|>assistant<|channel|>final<|message|>");
+			sb_puts(b, m[i].content);
+			sb_puts(b, "<|return|>");
+		} else if (r[i] == R_ASSISTANT) {
+			sb_puts(b, "<|start|>assistant<|channel|>final<|message|>");
+			sb_puts(b, m[i].content);
+			sb_puts(b, "<|end|>");
+		}
+	}
+	if (o->add_generation_prompt)
+		sb_puts(b, "<|start|>assistant");
+	return 0;
+}
+
 int md_chat_render_opts(enum md_chat_family f, const struct md_chat_msg *msgs, size_t n,
                         const struct md_chat_opts *opts, char **out, size_t *out_len)
 {
@@ -982,8 +1068,8 @@ int md_chat_render_opts(enum md_chat_family f, const struct md_chat_msg *msgs, s
 			rc = -EINVAL;
 			goto out_free_roles;
 		}
-		if (strcmp(msgs[i].role, "system") == 0) {
-			r[i] = R_SYSTEM;
+		if (strcmp(msgs[i].role, "system") == 0 || strcmp(msgs[i].role, "developer") == 0) {
+			r[i] = R_SYSTEM; /* OpenAI's developer role is the system role of older models */
 		} else if (strcmp(msgs[i].role, "user") == 0) {
 			r[i] = R_USER;
 		} else if (strcmp(msgs[i].role, "assistant") == 0) {
@@ -1045,6 +1131,9 @@ int md_chat_render_opts(enum md_chat_family f, const struct md_chat_msg *msgs, s
 		break;
 	case MD_CHAT_DEEPSEEK3:
 		render_deepseek3(&b, msgs, r, n, &o);
+		break;
+	case MD_CHAT_GPT_OSS:
+		rc = render_gpt_oss(&b, msgs, r, n, &o);
 		break;
 	default:
 		rc = -EINVAL;

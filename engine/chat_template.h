@@ -23,6 +23,7 @@ enum md_chat_family {
 	MD_CHAT_QWEN25,     /* "qwen2.5": Qwen2.5-Instruct, default "You are Qwen..." system */
 	MD_CHAT_MISTRAL_V1, /* "mistral-v1": Mistral-7B-Instruct v0.1/v0.2, no system role */
 	MD_CHAT_OLMO2,      /* "olmo2": bos_token + Tulu 3 (OLMo-2-1124-Instruct) */
+	MD_CHAT_GPT_OSS,    /* "gpt-oss": OpenAI's harmony format (gpt-oss-20b/120b) */
 	MD_CHAT_FAMILY_COUNT
 };
 
@@ -33,7 +34,8 @@ struct md_chat_tool_call {
 };
 
 /* One message. role and content are borrowed for the duration of the call and must be
- * non-NULL; role is "system", "user", "assistant" or "tool" (anything else is -EINVAL).
+ * non-NULL; role is "system" (or its alias "developer"), "user", "assistant" or "tool"
+ * (anything else is -EINVAL).
  * An assistant message may carry tool calls; a tool message is a tool's result. */
 struct md_chat_msg {
 	const char *role;
@@ -42,6 +44,9 @@ struct md_chat_msg {
 	size_t n_tool_calls;
 	bool content_null;     /* the client sent null content (content is then ""): templates
 				* that tell null from "" (deepseek3) see it */
+	const char *reasoning; /* borrowed, NULL: none. An assistant turn's reasoning (OpenAI's
+				* reasoning_content; gpt-oss's template calls it `thinking` and
+				* renders it only in a conversation's closing assistant turn) */
 };
 
 /* Knobs a template reads beyond the messages (the Jinja context variables). */
@@ -58,9 +63,22 @@ struct md_chat_opts {
 	 * (n_tools). */
 	const char *const *tools;
 	size_t n_tools;
+	/* gpt-oss: the system header's "Current date" (YYYY-MM-DD; NULL: today, local time, as
+	 * the template's strftime_now does) and "Reasoning" effort (NULL: "medium"). */
+	const char *date_text;
+	const char *reasoning_effort;
 };
 
 /*
+ * gpt-oss (harmony): a system header (identity, knowledge cutoff, date, reasoning effort,
+ * valid channels), a leading system or developer message as the developer's "# Instructions",
+ * user turns, assistant turns in the final channel (<|end|> after history, <|return|> closing
+ * a conversation that ends with the assistant, its reasoning in the analysis channel before
+ * it), the generation prompt "<|start|>assistant". Later system messages are dropped, as the
+ * template drops them. Text holding channel tags raises, as the template does (-EINVAL).
+ * Tools (the TypeScript-like namespace, calls in the commentary channel) are not rendered
+ * yet: -ENOTSUP.
+ *
  * Tools: the families whose templates render tools do so in their own format (qwen3: the
  * Hermes format, a "# Tools" system block with <tools></tools>, calls as
  * <tool_call>{"name": ..., "arguments": ...}</tool_call>, results as <tool_response> in a user

@@ -1417,6 +1417,11 @@ int md_engine_tool_format(const struct md_engine *e)
 	return (int)md_chat_family_tool_format(e->text.chat);
 }
 
+bool md_engine_chat_harmony(const struct md_engine *e)
+{
+	return e->text.chat == MD_CHAT_GPT_OSS;
+}
+
 int md_engine_tokenize(const struct md_engine *e, const char *text, size_t len, bool add_bos,
 		       bool parse_special, int32_t **ids)
 {
@@ -1447,6 +1452,13 @@ int md_engine_chat_tokenize(const struct md_engine *e, const struct md_engine_ms
 int md_engine_chat_tokenize_tools(const struct md_engine *e, const struct md_engine_msg *msgs,
 				  size_t n, const char *const *tools, size_t n_tools, int32_t **ids)
 {
+	return md_engine_chat_tokenize_effort(e, msgs, n, tools, n_tools, NULL, ids);
+}
+
+int md_engine_chat_tokenize_effort(const struct md_engine *e, const struct md_engine_msg *msgs,
+				   size_t n, const char *const *tools, size_t n_tools,
+				   const char *reasoning_effort, int32_t **ids)
+{
 	size_t n_calls = 0;
 	for (size_t i = 0; i < n; i++)
 		n_calls += msgs[i].n_tool_calls;
@@ -1466,7 +1478,7 @@ int md_engine_chat_tokenize_tools(const struct md_engine *e, const struct md_eng
 			calls[k].arguments = msgs[i].tool_calls[j].arguments;
 		}
 	}
-	rc = md_text_chat_tokenize_tools(&e->text, cm, n, tools, n_tools, ids);
+	rc = md_text_chat_tokenize_effort(&e->text, cm, n, tools, n_tools, reasoning_effort, ids);
 out:
 	free(calls);
 	free(cm);

@@ -240,9 +240,17 @@ int md_engine_chat_tokenize(const struct md_engine *e, const struct md_engine_ms
  * request has tools, tool calls or tool messages. */
 int md_engine_chat_tokenize_tools(const struct md_engine *e, const struct md_engine_msg *msgs,
 				  size_t n, const char *const *tools, size_t n_tools, int32_t **ids);
+/* The same with the request's reasoning effort (NULL: the template's default), which the
+ * templates that have a place for it render (gpt-oss: "Reasoning: high"). */
+int md_engine_chat_tokenize_effort(const struct md_engine *e, const struct md_engine_msg *msgs,
+				   size_t n, const char *const *tools, size_t n_tools,
+				   const char *reasoning_effort, int32_t **ids);
 /* How the model writes tool calls (its chat template's family): 0 none (tools are refused),
  * 1 Hermes <tool_call> JSON (Qwen3, chatml), 2 DeepSeek-V3's tool tokens. */
 int md_engine_tool_format(const struct md_engine *e);
+/* Whether the chat template writes OpenAI's harmony channels (gpt-oss): the output then
+ * carries its analysis channel as reasoning and its final channel as content. */
+bool md_engine_chat_harmony(const struct md_engine *e);
 
 /* Incremental detokenizer that yields only complete UTF-8 (one per choice). */
 struct md_engine_detok; /* opaque */

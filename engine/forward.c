@@ -27,6 +27,11 @@
  *          device memory (md_expert_w.dev) run one by one through that backend's matmul;
  *       4. scatter-add the weighted outputs back in slot order, plus the shared expert with
  *          its sigmoid gate where the architecture has one; residual add.
+ *   gpt-oss adds (all from the model's tensors and hyper-parameters, nothing per arch here):
+ *   YaRN-scaled rope (engine/rope.c; sliding layers with their own base), a bias on the
+ *   output projection, a per-head sink logit in the softmax, a sliding window on alternate
+ *   layers (positions outside it are skipped, not masked: the KV cache still holds them), a
+ *   router bias, per-expert biases on gate, up and down, and its clamped SwiGLU (glu()).
  *   Commit: each sequence's new length (md_kv_commit) once every layer ran; then the final
  *   RMSNorm and logits for the rows the caller asks for only.
  *
@@ -43,6 +48,7 @@
 #include "engine/kern/cpu.h"
 #include "engine/kern/matmul.h"
 #include "engine/kern/threadpool.h"
+#include "engine/rope.h"
 
 struct md_forward_ctx {
 	const struct md_model *m; /* borrowed: outlives the context */
@@ -78,7 +84,10 @@ struct md_forward_ctx {
 	void *route_ud;                   /* borrowed: passed to route_cb */
 	float *att_scratch; /* per-thread attention scores (att_cap each) */
 	size_t att_cap;
-	float *rope_cs; /* (n_rot) cos, sin pairs of the current token's position (rope_table) */
+	float *rope_cs; /* (n_rot) cos, sin pairs of the current token's position (md_rope_table) */
+	struct md_rope rope[2]; /* full-attention layers' rope, sliding-window layers' */
+	int32_t *ex_id;      /* (E) expert id of each group of the get-order layout */
+	const struct md_layer *ex_L; /* borrowed: the layer whose experts run (their biases) */
 };
 
 static void *xalloc(size_t n, int *fail)
@@ -128,6 +137,7 @@ void md_forward_free(struct md_forward_ctx *f)
 	free(f->ex_pos);
 	free(f->att_scratch);
 	free(f->rope_cs);
+	free(f->ex_id);
 	free(f);
 }
 
@@ -185,9 +195,12 @@ struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, i
 		f->ex_order = xalloc(E * sizeof(int32_t), &fail);
 		f->ex_tok = xalloc(T * K * sizeof(int32_t), &fail);
 		f->ex_pos = xalloc(T * K * sizeof(int32_t), &fail);
+		f->ex_id = xalloc(E * sizeof(int32_t), &fail);
 	}
 	f->mm_scratch = xalloc(md_matmul_scratch_floats(f->pool, (int64_t)in_max, max_tokens) * sizeof(float), &fail);
 	f->rope_cs = xalloc((size_t)hp->n_rot * sizeof(float), &fail);
+	md_rope_init(&f->rope[0], hp, false);
+	md_rope_init(&f->rope[1], hp, true);
 	if (fail) {
 		md_forward_free(f);
 		return NULL;
@@ -227,16 +240,32 @@ static inline float silu(float x)
 	return x / (1.0f + expf(-x));
 }
 
-/* cos/sin of every rotary pair for position pos: cs[2i] = cos, cs[2i+1] = sin. Computed once
- * per token and shared by all its heads (the angles depend only on the position). */
-static void rope_table(float *cs, const struct md_hparams *hp, int32_t pos)
+/* The FFN's gated activation of one element (enum md_ffn_act). */
+static inline float glu(enum md_ffn_act act, float g, float u)
 {
-	const int half = (int)hp->n_rot / 2;
-	for (int i = 0; i < half; i++) {
-		double theta = (double)pos * pow((double)hp->rope_freq_base, -2.0 * i / (double)hp->n_rot);
-		cs[2 * i] = (float)cos(theta);
-		cs[2 * i + 1] = (float)sin(theta);
+	if (act == MD_ACT_SWIGLU_OAI) {
+		const float alpha = 1.702f, limit = 7.0f;
+		float x = g < limit ? g : limit;
+		float y = u < -limit ? -limit : u > limit ? limit : u;
+		return x / (1.0f + expf(alpha * -x)) * (y + 1.0f);
 	}
+	return silu(g) * u;
+}
+
+/* y (rows, n) += the bias row b (n) in every row; b NULL: nothing. */
+static void add_rows(float *y, const float *b, size_t rows, size_t n)
+{
+	if (!b)
+		return;
+	for (size_t r = 0; r < rows; r++)
+		for (size_t i = 0; i < n; i++)
+			y[r * n + i] += b[i];
+}
+
+/* Expert e's row of a per-expert bias (ne[0], n_expert), or NULL without one. */
+static const float *bias_row(const struct md_tensor *t, int32_t e)
+{
+	return t ? (const float *)t->data + (size_t)e * (size_t)t->ne[0] : NULL;
 }
 
 /* Rotate the pairs of one head in place with the table of its position. */
@@ -276,6 +305,12 @@ static void att_worker(void *ctx, int ith, int nth)
 	const int group = (int)(hp->n_head / hp->n_head_kv);
 	const float scale = 1.0f / sqrtf((float)D);
 	const struct md_kern *kn = md_kern_active(); /* NULL: portable loops */
+	/* gpt-oss: a sliding-window layer sees the n_swa positions ending at the token's own
+	 * (llama.cpp's LLAMA_SWA_TYPE_STANDARD masks p when pos - p >= n_swa); a sink logit per
+	 * head joins the softmax's denominator, unscaled, and weighs no value row. */
+	const struct md_layer *L = &f->m->layers[j->layer];
+	const int swa = md_layer_is_swa(hp, j->layer) ? (int)hp->n_swa : 0;
+	const float *sinks = L->attn_sinks ? L->attn_sinks->data : NULL;
 	float *sc = f->att_scratch + f->att_cap * (size_t)ith;
 	int total = j->b->n_tokens * H;
 	int per = (total + nth - 1) / nth;
@@ -284,8 +319,9 @@ static void att_worker(void *ctx, int ith, int nth)
 		int t = i / H, h = i % H, kvh = h / group;
 		int seq = j->b->seq[t], pos = j->b->pos[t];
 		const float *q = f->q + ((size_t)t * H + h) * D;
+		const int p0 = swa && pos >= swa ? pos - swa + 1 : 0;
 		float mx = -INFINITY;
-		for (int p = 0; p <= pos; p++) {
+		for (int p = p0; p <= pos; p++) {
 			const float *kr = md_kv_k(j->kv, j->layer, seq, (uint32_t)p) + (size_t)kvh * D;
 			float s;
 			if (kn) {
@@ -300,15 +336,17 @@ static void att_worker(void *ctx, int ith, int nth)
 			if (s > mx)
 				mx = s;
 		}
-		double sum = 0;
-		for (int p = 0; p <= pos; p++) {
+		if (sinks && sinks[h] > mx)
+			mx = sinks[h];
+		double sum = sinks ? (double)expf(sinks[h] - mx) : 0.0;
+		for (int p = p0; p <= pos; p++) {
 			sc[p] = expf(sc[p] - mx);
 			sum += sc[p];
 		}
 		float inv = (float)(1.0 / sum);
 		float *o = f->att + ((size_t)t * H + h) * D;
 		memset(o, 0, (size_t)D * sizeof(float));
-		for (int p = 0; p <= pos; p++) {
+		for (int p = p0; p <= pos; p++) {
 			const float *vr = md_kv_v(j->kv, j->layer, seq, (uint32_t)p) + (size_t)kvh * D;
 			float w = sc[p] * inv;
 			if (kn) {
@@ -363,7 +401,7 @@ static void attention(struct md_forward_ctx *f, struct md_kv_cache *kv, const st
 				rmsnorm(k + h * D, k + h * D, L->k_norm->data, D, eps);
 		}
 		if (t == 0 || b->pos[t] != b->pos[t - 1])
-			rope_table(f->rope_cs, hp, b->pos[t]);
+			md_rope_table(&f->rope[md_layer_is_swa(hp, il)], b->pos[t], f->rope_cs);
 		for (int64_t h = 0; h < H; h++)
 			rope_head(q + h * D, hp, f->rope_cs);
 		for (int64_t h = 0; h < K; h++)
@@ -379,27 +417,41 @@ static void attention(struct md_forward_ctx *f, struct md_kv_cache *kv, const st
 
 	struct md_mat wo = md_mat_of(L->wo, 0);
 	md_matmul(f->pool, &wo, f->att, n, f->tmp, f->mm_scratch);
+	add_bias(f->tmp, L->bo, n, N);
 	for (size_t i = 0; i < (size_t)n * N; i++)
 		f->x[i] += f->tmp[i];
 }
 
-/* out (n, N) = Wdown(silu(Wgate x) * (Wup x)) for x (n, N). */
-static void swiglu(struct md_forward_ctx *f, const struct md_mat *gate, const struct md_mat *up,
-		   const struct md_mat *down, const float *x, int n, float *out)
+/* out (n, N) = Wdown act(Wgate x + bg, Wup x + bu) + bd for x (n, N), act the model's
+ * (silu(g) * u, or gpt-oss's clamped variant); bias rows NULL where there are none. */
+static void swiglu_b(struct md_forward_ctx *f, const struct md_mat *gate, const struct md_mat *up,
+		     const struct md_mat *down, const float *bg, const float *bu, const float *bd,
+		     const float *x, int n, float *out)
 {
+	const enum md_ffn_act act = f->m->hp.ffn_act;
 	const struct md_mat wgu[2] = { *gate, *up };
 	float *const ygu[2] = { f->ge, f->ue };
 	md_matmul_multi(f->pool, wgu, 2, x, n, ygu, f->mm_scratch);
+	add_rows(f->ge, bg, (size_t)n, (size_t)gate->n_out);
+	add_rows(f->ue, bu, (size_t)n, (size_t)gate->n_out);
 	size_t m = (size_t)n * gate->n_out;
 	for (size_t i = 0; i < m; i++)
-		f->ge[i] = silu(f->ge[i]) * f->ue[i];
+		f->ge[i] = glu(act, f->ge[i], f->ue[i]);
 	md_matmul(f->pool, down, f->ge, n, out, f->mm_scratch);
+	add_rows(out, bd, (size_t)n, (size_t)down->n_out);
+}
+
+static void swiglu(struct md_forward_ctx *f, const struct md_mat *gate, const struct md_mat *up,
+		   const struct md_mat *down, const float *x, int n, float *out)
+{
+	swiglu_b(f, gate, up, down, NULL, NULL, NULL, x, n, out);
 }
 
 struct glu_job {
-	float *g;        /* (rows, F) gate in, silu(gate) * up out */
+	float *g;        /* (rows, F) gate in, act(gate, up) out */
 	const float *u;  /* (rows, F) */
 	size_t rows, F;
+	enum md_ffn_act act;
 };
 
 static void glu_worker(void *ctx, int ith, int nth)
@@ -409,7 +461,7 @@ static void glu_worker(void *ctx, int ith, int nth)
 	size_t a = per * (size_t)ith < j->rows ? per * (size_t)ith : j->rows;
 	size_t z = a + per < j->rows ? a + per : j->rows;
 	for (size_t i = a * j->F; i < z * j->F; i++)
-		j->g[i] = silu(j->g[i]) * j->u[i];
+		j->g[i] = glu(j->act, j->g[i], j->u[i]);
 }
 
 /* Step 3 for the experts of groups g0 .. g1-1 of the get-order layout at once: one pool pass
@@ -440,7 +492,14 @@ static bool moe_grouped(struct md_forward_ctx *f, int n, int g0, int g1)
 	float *const ygu[2] = { f->ge, f->ue };
 	md_matmul_experts(f->pool, wgu, 2, g1 - g0, f->ex_off + g0, f->xn, n, f->ex_tok + base, ygu,
 			  f->ex_scratch);
-	struct glu_job gj = { f->ge + (size_t)base * F, f->ue + (size_t)base * F, (size_t)rows, F };
+	const struct md_layer *L = f->ex_L;
+	for (int g = g0; g < g1 && L->gate_exps_b; g++) {
+		size_t a = (size_t)f->ex_off[g], m = (size_t)(f->ex_off[g + 1] - f->ex_off[g]);
+		add_rows(f->ge + a * F, bias_row(L->gate_exps_b, f->ex_id[g]), m, F);
+		add_rows(f->ue + a * F, bias_row(L->up_exps_b, f->ex_id[g]), m, F);
+	}
+	struct glu_job gj = { f->ge + (size_t)base * F, f->ue + (size_t)base * F, (size_t)rows, F,
+			      f->m->hp.ffn_act };
 	if (rows >= 16)
 		md_pool_run(f->pool, glu_worker, &gj);
 	else
@@ -448,6 +507,10 @@ static bool moe_grouped(struct md_forward_ctx *f, int n, int g0, int g1)
 	float *const yd[1] = { f->ye };
 	md_matmul_experts(f->pool, wd, 1, g1 - g0, f->ex_off + g0, f->ge + (size_t)base * F, rows,
 			  NULL, yd, f->ex_scratch);
+	const size_t N = (size_t)x0->down.n_out;
+	for (int g = g0; g < g1 && L->down_exps_b; g++)
+		add_rows(f->ye + (size_t)f->ex_off[g] * N, bias_row(L->down_exps_b, f->ex_id[g]),
+			 (size_t)(f->ex_off[g + 1] - f->ex_off[g]), N);
 	return true;
 }
 
@@ -461,7 +524,10 @@ static void moe_each(struct md_forward_ctx *f, int g0, int g1)
 			memcpy(f->xe + (size_t)j * N, f->xn + (size_t)f->ex_tok[a + j] * N,
 			       (size_t)N * sizeof(float));
 		const struct md_expert_w *x = &f->ex_got[g];
-		swiglu(f, &x->gate, &x->up, &x->down, f->xe, m, f->ye + (size_t)a * N);
+		const struct md_layer *L = f->ex_L;
+		swiglu_b(f, &x->gate, &x->up, &x->down, bias_row(L->gate_exps_b, f->ex_id[g]),
+			 bias_row(L->up_exps_b, f->ex_id[g]), bias_row(L->down_exps_b, f->ex_id[g]),
+			 f->xe, m, f->ye + (size_t)a * N);
 	}
 }
 
@@ -481,9 +547,17 @@ static int moe_dev(struct md_forward_ctx *f, int g)
 		rc = d->matmul(d, &x->up, f->xe, m, f->ue);
 	if (rc)
 		return rc;
-	struct glu_job gj = { f->ge, f->ue, (size_t)m, (size_t)x->gate.n_out };
+	const struct md_layer *L = f->ex_L;
+	const size_t F = (size_t)x->gate.n_out;
+	add_rows(f->ge, bias_row(L->gate_exps_b, f->ex_id[g]), (size_t)m, F);
+	add_rows(f->ue, bias_row(L->up_exps_b, f->ex_id[g]), (size_t)m, F);
+	struct glu_job gj = { f->ge, f->ue, (size_t)m, F, f->m->hp.ffn_act };
 	glu_worker(&gj, 0, 1);
-	return d->matmul(d, &x->down, f->ge, m, f->ye + (size_t)a * N);
+	rc = d->matmul(d, &x->down, f->ge, m, f->ye + (size_t)a * N);
+	if (!rc)
+		add_rows(f->ye + (size_t)a * N, bias_row(L->down_exps_b, f->ex_id[g]), (size_t)m,
+			 (size_t)N);
+	return rc;
 }
 
 /* Step 3 for groups g0 .. g1-1: device experts one by one, each run of host experts grouped
@@ -521,6 +595,7 @@ static void experts_layout(struct md_forward_ctx *f, const struct md_routing *r)
 	int32_t p = 0;
 	for (int g = 0; g < r->n_active; g++) {
 		int32_t e = r->active[f->ex_order[g]];
+		f->ex_id[g] = e;
 		f->ex_off[g] = p;
 		for (int32_t s = r->off[e]; s < r->off[e + 1]; s++, p++) {
 			f->ex_tok[p] = r->tok[s];
@@ -546,6 +621,7 @@ static void prefetch_next(struct md_forward_ctx *f, uint32_t il, int n)
 			hp->rms_eps);
 	struct md_mat wr = md_mat_of(L->gate_inp, 0);
 	md_matmul(f->pool, &wr, f->pre_x, n, f->pre_router.logits, f->mm_scratch);
+	add_bias(f->pre_router.logits, L->gate_inp_b, n, hp->n_expert);
 	const struct md_routing *p = md_router_route(&f->pre_router, n);
 	md_expert_src_prefetch(f->src, il + 1, p->active, p->n_active);
 }
@@ -597,11 +673,13 @@ static int moe(struct md_forward_ctx *f, int n, uint32_t il)
 	/* 1-2. Route and group (router.c); the observer sees the result. */
 	struct md_mat wr = md_mat_of(L->gate_inp, 0);
 	md_matmul(f->pool, &wr, f->xn, n, f->router.logits, f->mm_scratch);
+	add_bias(f->router.logits, L->gate_inp_b, n, hp->n_expert);
 	const struct md_routing *r = md_router_route(&f->router, n);
 	if (f->route_cb)
 		f->route_cb(f->route_ud, il, r);
 
 	/* 3. Get the active experts' weights and run each once over all its tokens. */
+	f->ex_L = L;
 	int rc = moe_experts(f, il, r, n);
 	if (rc)
 		return rc;

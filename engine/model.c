@@ -2,6 +2,7 @@
 #include "engine/model.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,14 +23,22 @@ static const struct arch_desc archs[] = {
 	{ MD_ARCH_OLMOE, "olmoe", MD_ROPE_NEOX, false, true },
 	{ MD_ARCH_QWEN2, "qwen2", MD_ROPE_NEOX, false, false },
 	{ MD_ARCH_QWEN3, "qwen3", MD_ROPE_NEOX, false, false },
+	{ MD_ARCH_GPT_OSS, "gpt-oss", MD_ROPE_NEOX, false, true },
 };
+
+#define N_ARCHS (sizeof(archs) / sizeof(archs[0]))
 
 const char *md_arch_name(enum md_arch a)
 {
-	for (size_t i = 0; i < sizeof(archs) / sizeof(archs[0]); i++)
+	for (size_t i = 0; i < N_ARCHS; i++)
 		if (archs[i].arch == a)
 			return archs[i].name;
 	return "?";
+}
+
+bool md_layer_is_swa(const struct md_hparams *hp, uint32_t il)
+{
+	return hp->n_swa > 0 && (hp->swa_period == 0 || il % hp->swa_period < hp->swa_period - 1);
 }
 
 bool md_model_is_moe(const struct md_model *m)
@@ -127,7 +136,7 @@ static bool shape_error(struct binder *b, const char *name, const struct md_gguf
 
 /* Check shape and type of gt against want; on failure set b->rc and err. */
 static bool check_tensor(struct binder *b, const char *name, const struct md_gguf_tensor *gt,
-			 int n, const int64_t *want)
+			 int n, const int64_t *want, bool vec)
 {
 	if (!shape_matches(gt, n, want))
 		return shape_error(b, name, gt, n, want);
@@ -142,9 +151,9 @@ static bool check_tensor(struct binder *b, const char *name, const struct md_ggu
 	}
 	/* Norm weights, biases and gate vectors are read as plain floats by the forward pass;
 	 * llama.cpp takes them in f16/bf16 too, so those are converted at load. */
-	if (n == 1 && gt->type != MD_DT_F32 && gt->type != MD_DT_F16 && gt->type != MD_DT_BF16) {
-		seterr(b->err, b->errlen, "model: 1-D tensor '%s' is %s, expected f32, f16 or bf16",
-		       name, ti->name);
+	if (vec && gt->type != MD_DT_F32 && gt->type != MD_DT_F16 && gt->type != MD_DT_BF16) {
+		seterr(b->err, b->errlen, "model: %s tensor '%s' is %s, expected f32, f16 or bf16",
+		       n == 1 ? "1-D" : "bias", name, ti->name);
 		b->rc = -ENOTSUP;
 		return false;
 	}
@@ -157,18 +166,16 @@ static void mark_used(struct binder *b, const struct md_gguf_tensor *gt)
 }
 
 /* Bind tensor `name` with the expected shape [ne0 .. ne(n_dims-1)]. Missing + optional gives
- * NULL; missing + required fails naming the tensor. 1-D tensors come out as f32. */
-__attribute__((format(printf, 7, 8)))
-static struct md_tensor *bind(struct binder *b, bool required, int n_dims, int64_t ne0,
-			      int64_t ne1, int64_t ne2, const char *fmt, ...)
+ * NULL; missing + required fails naming the tensor. Vectors (1-D tensors, and with vec the
+ * 2-D per-expert biases) must be float and come out as f32. */
+static struct md_tensor *vbind(struct binder *b, bool required, bool vec, int n_dims, int64_t ne0,
+			       int64_t ne1, int64_t ne2, const char *fmt, va_list ap)
 {
 	if (b->rc)
 		return NULL;
 	char name[128];
-	va_list ap;
-	va_start(ap, fmt);
 	vsnprintf(name, sizeof(name), fmt, ap);
-	va_end(ap);
+	vec = vec || n_dims == 1;
 
 	struct md_model *m = b->m;
 	const struct md_gguf_tensor *gt = md_gguf_find_tensor(&m->gguf, name);
@@ -181,7 +188,7 @@ static struct md_tensor *bind(struct binder *b, bool required, int n_dims, int64
 		return NULL;
 	}
 	const int64_t want[3] = { ne0, ne1, ne2 };
-	if (!check_tensor(b, name, gt, n_dims, want))
+	if (!check_tensor(b, name, gt, n_dims, want, vec))
 		return NULL;
 	mark_used(b, gt);
 	struct md_tensor *t = &m->tensors[m->n_tensors++];
@@ -191,19 +198,44 @@ static struct md_tensor *bind(struct binder *b, bool required, int n_dims, int64
 	for (int i = 0; i < 4; i++)
 		t->ne[i] = gt->ne[i];
 	t->data = gt->data;
-	if (n_dims == 1 && t->type != MD_DT_F32) {
-		float *f = model_alloc(m, (size_t)ne0 * sizeof(float), true);
+	if (vec && t->type != MD_DT_F32) {
+		int64_t rows = n_dims == 1 ? 1 : ne1;
+		float *f = model_alloc(m, (size_t)(ne0 * rows) * sizeof(float), true);
 		if (!f) {
 			seterr(b->err, b->errlen, "model: out of memory converting '%s' to f32", name);
 			b->rc = -ENOMEM;
 			return NULL;
 		}
-		md_dequant_row(t->type, gt->data, f, ne0);
+		size_t rb = md_dtype_row_size(t->type, ne0);
+		for (int64_t r = 0; r < rows; r++)
+			md_dequant_row(t->type, (const uint8_t *)gt->data + (size_t)r * rb, f + r * ne0, ne0);
 		t->type = MD_DT_F32;
 		t->data = f;
 	}
 	t->nb1 = md_dtype_row_size(t->type, t->ne[0]);
 	t->nb2 = t->nb1 * (size_t)t->ne[1];
+	return t;
+}
+
+__attribute__((format(printf, 7, 8)))
+static struct md_tensor *bind(struct binder *b, bool required, int n_dims, int64_t ne0,
+			      int64_t ne1, int64_t ne2, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	struct md_tensor *t = vbind(b, required, false, n_dims, ne0, ne1, ne2, fmt, ap);
+	va_end(ap);
+	return t;
+}
+
+/* A required 2-D bias [ne0, ne1] (one row per expert), read as f32. */
+__attribute__((format(printf, 4, 5)))
+static struct md_tensor *bind_bias2(struct binder *b, int64_t ne0, int64_t ne1, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	struct md_tensor *t = vbind(b, true, true, 2, ne0, ne1, 0, fmt, ap);
+	va_end(ap);
 	return t;
 }
 
@@ -251,7 +283,7 @@ static struct md_tensor *bind_experts(struct binder *b, uint32_t il, const char 
 			b->rc = -EINVAL;
 			break;
 		}
-		if (!check_tensor(b, name, gt, 2, want))
+		if (!check_tensor(b, name, gt, 2, want, false))
 			break;
 		if (e > 0 && gt->type != parts[0]->type) {
 			seterr(b->err, b->errlen,
@@ -362,34 +394,106 @@ static int get_u32(struct md_model *m, const char *suffix, bool required, uint32
 	return 0;
 }
 
-/* Rope scaling changes every position's angles; moed computes plain rope, so a file whose
- * scaling would change the result is refused by name (llama.cpp: a factor of 0 or 1 and
- * type "none" leave rope as it is; yarn with factor 1 also reduces to plain rope). */
-static int check_rope_scaling(struct md_model *m, char *err, size_t errlen)
+/* Rope scaling, read as llama.cpp reads it: type (default "linear"), factor (or the older
+ * rope.scale_linear; 0 and 1 mean none), original_context_length (default n_ctx_train),
+ * rope.scaling.attn_factor. YaRN is computed (engine/rope.c); a linear factor other than 1
+ * is refused by name, as are YaRN variants moed does not compute. The yarn_ext_factor and
+ * yarn_beta_fast/slow keys are read where present (the converter writes the betas from the
+ * Hugging Face config); llama.cpp reads them only for a few architectures and otherwise takes
+ * 1, 32 and 1, which is what gpt-oss's config says too. */
+static int read_rope_scaling(struct md_model *m, char *err, size_t errlen)
 {
+	struct md_hparams *hp = &m->hp;
 	char key[128], tkey[128];
 	struct md_gguf_str type = { 0 };
-	snprintf(tkey, sizeof(tkey), "%s.rope.scaling.type", m->hp.arch_name);
+	hp->rope_freq_scale = 1.0f;
+	hp->rope_attn_factor = 1.0f;
+	hp->n_ctx_orig_yarn = hp->n_ctx_train;
+	hp->yarn_ext_factor = 1.0f;
+	hp->yarn_beta_fast = 32.0f;
+	hp->yarn_beta_slow = 1.0f;
+	snprintf(tkey, sizeof(tkey), "%s.rope.scaling.type", hp->arch_name);
 	bool has_type = md_gguf_get_str(&m->gguf, tkey, &type);
 	if (has_type && md_gguf_str_eq(type, "none"))
 		return 0;
-	if (has_type && !md_gguf_str_eq(type, "linear") && !md_gguf_str_eq(type, "yarn")) {
-		seterr(err, errlen, "model: metadata '%s' is '%.*s'; moed supports no rope scaling of that type",
+	bool yarn = has_type && md_gguf_str_eq(type, "yarn");
+	if (has_type && !md_gguf_str_eq(type, "linear") && !yarn) {
+		seterr(err, errlen, "model: metadata '%s' is '%.*s'; moed supports rope scaling 'none', 'linear' with factor 1, and 'yarn'",
 		       tkey, (int)(type.len > 32 ? 32 : type.len), type.ptr);
 		return -ENOTSUP;
 	}
+	float factor = 0.0f;
 	const char *const suffixes[] = { "rope.scaling.factor", "rope.scale_linear" };
 	for (size_t i = 0; i < 2; i++) {
-		float f;
-		snprintf(key, sizeof(key), "%s.%s", m->hp.arch_name, suffixes[i]);
-		if (md_gguf_get_f32(&m->gguf, key, &f) && f != 0.0f && f != 1.0f) {
-			seterr(err, errlen,
-			       "model: metadata '%s' is %g (rope scaling '%.*s'); moed computes rope unscaled, expected 0 or 1",
-			       key, (double)f, has_type ? (int)(type.len > 32 ? 32 : type.len) : 6,
-			       has_type ? type.ptr : "linear");
-			return -ENOTSUP;
+		snprintf(key, sizeof(key), "%s.%s", hp->arch_name, suffixes[i]);
+		if (md_gguf_get_f32(&m->gguf, key, &factor))
+			break;
+	}
+	if (factor == 0.0f || factor == 1.0f)
+		return 0; /* no scaling (yarn with factor 1 reduces to plain rope) */
+	if (!yarn) {
+		seterr(err, errlen,
+		       "model: metadata '%s' is %g (rope scaling 'linear'); moed computes linear rope only unscaled, expected 0 or 1",
+		       key, (double)factor);
+		return -ENOTSUP;
+	}
+	if (!(factor > 0.0f) || !isfinite(factor)) {
+		seterr(err, errlen, "model: metadata '%s' is %g, expected a positive factor", key, (double)factor);
+		return -EINVAL;
+	}
+	snprintf(key, sizeof(key), "%s.rope.scaling.yarn_log_multiplier", hp->arch_name);
+	float f;
+	if (md_gguf_get_f32(&m->gguf, key, &f) && f != 0.0f) {
+		seterr(err, errlen, "model: metadata '%s' is %g; moed's YaRN does not apply a log multiplier (mscale_all_dim)",
+		       key, (double)f);
+		return -ENOTSUP;
+	}
+	hp->rope_yarn = true;
+	hp->rope_freq_scale = 1.0f / factor;
+	int rc = get_u32(m, "rope.scaling.original_context_length", false, hp->n_ctx_train,
+			 &hp->n_ctx_orig_yarn, err, errlen);
+	if (rc)
+		return rc;
+	struct { const char *suffix; float *v; } fk[] = {
+		{ "rope.scaling.attn_factor", &hp->rope_attn_factor },
+		{ "rope.scaling.yarn_ext_factor", &hp->yarn_ext_factor },
+		{ "rope.scaling.yarn_beta_fast", &hp->yarn_beta_fast },
+		{ "rope.scaling.yarn_beta_slow", &hp->yarn_beta_slow },
+	};
+	for (size_t i = 0; i < sizeof(fk) / sizeof(fk[0]); i++) {
+		snprintf(key, sizeof(key), "%s.%s", hp->arch_name, fk[i].suffix);
+		if (md_gguf_get_f32(&m->gguf, key, fk[i].v) && !isfinite(*fk[i].v)) {
+			seterr(err, errlen, "model: metadata '%s' is not finite", key);
+			return -EINVAL;
 		}
 	}
+	if (hp->n_ctx_orig_yarn == 0) {
+		seterr(err, errlen, "model: metadata '%s.rope.scaling.original_context_length' is 0", hp->arch_name);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* gpt-oss's own keys (llama.cpp's llama_model_openai_moe::load_arch_hparams): the sliding
+ * window (required), its layer pattern (default 2: even layers slide, odd ones attend to all),
+ * the sliding layers' rope base (default the global one). */
+static int read_gpt_oss(struct md_model *m, char *err, size_t errlen)
+{
+	struct md_hparams *hp = &m->hp;
+	int rc = get_u32(m, "attention.sliding_window", true, 0, &hp->n_swa, err, errlen);
+	rc = rc ? rc : get_u32(m, "attention.sliding_window_pattern", false, 2, &hp->swa_period, err, errlen);
+	if (rc)
+		return rc;
+	if (hp->n_swa == 0) {
+		seterr(err, errlen, "model: metadata '%s.attention.sliding_window' is 0, expected the window length",
+		       hp->arch_name);
+		return -EINVAL;
+	}
+	char key[128];
+	snprintf(key, sizeof(key), "%s.rope.freq_base_swa", hp->arch_name);
+	if (!md_gguf_get_f32(&m->gguf, key, &hp->rope_freq_base_swa))
+		hp->rope_freq_base_swa = hp->rope_freq_base;
+	hp->ffn_act = MD_ACT_SWIGLU_OAI;
 	return 0;
 }
 
@@ -402,13 +506,18 @@ static int read_hparams(struct md_model *m, char *err, size_t errlen)
 		return -EINVAL;
 	}
 	const struct arch_desc *ad = NULL;
-	for (size_t i = 0; i < sizeof(archs) / sizeof(archs[0]); i++)
+	for (size_t i = 0; i < N_ARCHS; i++)
 		if (md_gguf_str_eq(s, archs[i].name))
 			ad = &archs[i];
 	if (!ad) {
-		seterr(err, errlen,
-		       "model: unsupported architecture '%.*s' (supported: qwen3moe, qwen2moe, llama/mixtral, olmoe, qwen2, qwen3)",
-		       (int)(s.len > 64 ? 64 : s.len), s.ptr);
+		char names[256];
+		size_t o = 0;
+		for (size_t i = 0; i < N_ARCHS && o < sizeof(names); i++)
+			o += (size_t)snprintf(names + o, sizeof(names) - o, "%s%s%s", i ? ", " : "",
+					      archs[i].name,
+					      archs[i].arch == MD_ARCH_LLAMA ? " (dense, or Mixtral with experts)" : "");
+		seterr(err, errlen, "model: unsupported architecture '%.*s' (general.architecture; supported: %s)",
+		       (int)(s.len > 64 ? 64 : s.len), s.ptr, names);
 		return -ENOTSUP;
 	}
 	hp->arch = ad->arch;
@@ -458,13 +567,16 @@ static int read_hparams(struct md_model *m, char *err, size_t errlen)
 		if (hp->arch == MD_ARCH_QWEN3MOE || hp->arch == MD_ARCH_QWEN2MOE)
 			rc = get_u32(m, "expert_feed_forward_length", false, hp->n_ff / hp->n_expert_used,
 				     &hp->n_ff_exp, err, errlen);
+		else if (hp->arch == MD_ARCH_GPT_OSS) /* required there */
+			rc = get_u32(m, "expert_feed_forward_length", true, 0, &hp->n_ff_exp, err, errlen);
 		else
 			hp->n_ff_exp = hp->n_ff;
 		if (!rc && hp->arch == MD_ARCH_QWEN2MOE)
 			rc = get_u32(m, "expert_shared_feed_forward_length", false, hp->n_ff, &hp->n_ff_shexp, err, errlen);
 		if (rc)
 			return rc;
-	} else if (hp->arch == MD_ARCH_QWEN3MOE || hp->arch == MD_ARCH_QWEN2MOE || hp->arch == MD_ARCH_OLMOE) {
+	} else if (hp->arch == MD_ARCH_QWEN3MOE || hp->arch == MD_ARCH_QWEN2MOE || hp->arch == MD_ARCH_OLMOE ||
+		   hp->arch == MD_ARCH_GPT_OSS) {
 		seterr(err, errlen, "model: metadata '%s.expert_count' missing for an MoE architecture", hp->arch_name);
 		return -EINVAL;
 	}
@@ -482,7 +594,11 @@ static int read_hparams(struct md_model *m, char *err, size_t errlen)
 	bool b;
 	if (md_gguf_get_bool(&m->gguf, key, &b))
 		hp->norm_topk = b;
-	return check_rope_scaling(m, err, errlen);
+	hp->rope_freq_base_swa = hp->rope_freq_base;
+	rc = read_rope_scaling(m, err, errlen);
+	if (!rc && hp->arch == MD_ARCH_GPT_OSS)
+		rc = read_gpt_oss(m, err, errlen);
+	return rc;
 }
 
 /* Bind every tensor of the architecture (hparams read, n_vocab set). Returns 0 or b->rc. */
@@ -497,7 +613,7 @@ static int bind_tensors(struct binder *b)
 	m->output = bind(b, false, 2, N, n_vocab, 0, "output.weight");
 	if (!m->output && !b->rc) { /* llama.cpp ties it to token_embd where the arch allows */
 		const struct arch_desc *ad = NULL;
-		for (size_t i = 0; i < sizeof(archs) / sizeof(archs[0]); i++)
+		for (size_t i = 0; i < N_ARCHS; i++)
 			if (archs[i].arch == hp->arch)
 				ad = &archs[i];
 		if (ad->output_required) {
@@ -528,13 +644,19 @@ static int bind_tensors(struct binder *b)
 			L->k_norm = bind(b, true, 1, D, 0, 0, "blk.%u.attn_k_norm.weight", i);
 			hp->qk_norm = MD_QK_NORM_HEAD;
 		}
-		L->ffn_norm = bind(b, true, 1, N, 0, 0, "blk.%u.ffn_norm.weight", i);
+		if (hp->arch == MD_ARCH_GPT_OSS) { /* llama.cpp: create_tensor_qkv, wo_b, sinks */
+			L->bo = bind(b, true, 1, N, 0, 0, "blk.%u.attn_output.bias", i);
+			L->attn_sinks = bind(b, true, 1, H, 0, 0, "blk.%u.attn_sinks.weight", i);
+			L->ffn_norm = bind(b, true, 1, N, 0, 0, "blk.%u.post_attention_norm.weight", i);
+		} else {
+			L->ffn_norm = bind(b, true, 1, N, 0, 0, "blk.%u.ffn_norm.weight", i);
+		}
 		if (hp->n_expert) {
 			const int64_t E = hp->n_expert, F = hp->n_ff_exp;
 			if (F == 0) {
 				seterr(b->err, b->errlen, "model: metadata '%s.%s' is 0 or missing, expected the experts' width",
-				       hp->arch_name, hp->arch == MD_ARCH_QWEN3MOE || hp->arch == MD_ARCH_QWEN2MOE
-				       ? "expert_feed_forward_length" : "feed_forward_length");
+				       hp->arch_name, hp->arch == MD_ARCH_QWEN3MOE || hp->arch == MD_ARCH_QWEN2MOE ||
+				       hp->arch == MD_ARCH_GPT_OSS ? "expert_feed_forward_length" : "feed_forward_length");
 				b->rc = -EINVAL;
 				break;
 			}
@@ -542,6 +664,12 @@ static int bind_tensors(struct binder *b)
 			L->gate_exps = bind_experts(b, i, "gate", N, F, E);
 			L->up_exps = bind_experts(b, i, "up", N, F, E);
 			L->down_exps = bind_experts(b, i, "down", F, N, E);
+			if (hp->arch == MD_ARCH_GPT_OSS) {
+				L->gate_inp_b = bind(b, true, 1, E, 0, 0, "blk.%u.ffn_gate_inp.bias", i);
+				L->gate_exps_b = bind_bias2(b, F, E, "blk.%u.ffn_gate_exps.bias", i);
+				L->up_exps_b = bind_bias2(b, F, E, "blk.%u.ffn_up_exps.bias", i);
+				L->down_exps_b = bind_bias2(b, N, E, "blk.%u.ffn_down_exps.bias", i);
+			}
 			if (hp->arch == MD_ARCH_QWEN2MOE) {
 				const int64_t S = hp->n_ff_shexp;
 				/* 1-D here; the converter writes it [n_embd, 1] (as llama.cpp reads it). */

@@ -17,9 +17,18 @@ enum md_arch {
 	MD_ARCH_OLMOE,
 	MD_ARCH_QWEN2,
 	MD_ARCH_QWEN3,
+	MD_ARCH_GPT_OSS, /* OpenAI gpt-oss (llama.cpp's LLM_ARCH_OPENAI_MOE) */
 };
 
 enum md_rope_type { MD_ROPE_NORM, MD_ROPE_NEOX };
+
+/* The gated activation of the FFN (experts and dense alike). */
+enum md_ffn_act {
+	MD_ACT_SWIGLU,     /* silu(gate) * up */
+	/* gpt-oss (ggml_swiglu_oai, alpha 1.702, limit 7): g = min(gate, 7),
+	 * u = clamp(up, -7, 7), g * sigmoid(1.702 g) * (u + 1) */
+	MD_ACT_SWIGLU_OAI,
+};
 
 enum md_qk_norm {
 	MD_QK_NORM_NONE,
@@ -49,6 +58,9 @@ struct md_layer {
 	struct md_tensor *wq, *wk, *wv; /* (n_embd -> n_head*head_dim / n_head_kv*head_dim) */
 	struct md_tensor *bq, *bk, *bv; /* optional biases */
 	struct md_tensor *wo;        /* (n_head*head_dim -> n_embd) */
+	struct md_tensor *bo;        /* optional: output projection bias (n_embd) */
+	struct md_tensor *attn_sinks; /* optional: (n_head) per-head sink logit joining the
+				       * softmax (gpt-oss) */
 	struct md_tensor *q_norm, *k_norm; /* optional: (head_dim) or (full projection) */
 	struct md_tensor *ffn_norm;  /* (n_embd) */
 	/* dense FFN */
@@ -57,6 +69,10 @@ struct md_layer {
 	struct md_tensor *gate_inp;  /* router: (n_embd -> n_expert) */
 	struct md_tensor *gate_exps, *up_exps; /* (n_embd -> n_ff_exp) x n_expert */
 	struct md_tensor *down_exps; /* (n_ff_exp -> n_embd) x n_expert */
+	/* optional biases, f32 (gpt-oss): router (n_expert); per expert, expert e's row e */
+	struct md_tensor *gate_inp_b;
+	struct md_tensor *gate_exps_b, *up_exps_b; /* (n_ff_exp, n_expert) */
+	struct md_tensor *down_exps_b;             /* (n_embd, n_expert) */
 	/* shared expert (Qwen2-MoE) */
 	struct md_tensor *gate_inp_shexp; /* (n_embd) -> scalar gate, sigmoid */
 	struct md_tensor *gate_shexp, *up_shexp, *down_shexp;
@@ -71,8 +87,22 @@ struct md_hparams {
 	uint32_t n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
 	float rms_eps;
 	float rope_freq_base;
+	float rope_freq_base_swa;             /* sliding-window layers' base (default: the same) */
 	uint32_t n_rot;                       /* rotary dims (<= head_dim) */
 	enum md_rope_type rope_type;
+	/* YaRN rope scaling (rope.scaling.type "yarn"), as llama.cpp computes it; rope_yarn false:
+	 * plain rope (freq_scale 1). */
+	bool rope_yarn;
+	float rope_freq_scale;                /* 1 / rope.scaling.factor */
+	uint32_t n_ctx_orig_yarn;             /* rope.scaling.original_context_length */
+	float yarn_ext_factor, yarn_beta_fast, yarn_beta_slow;
+	float rope_attn_factor;               /* rope.scaling.attn_factor (default 1) */
+	/* Sliding-window attention (gpt-oss): layer il attends to the n_swa positions ending at
+	 * the token's own when md_layer_is_swa; n_swa 0: every layer attends to all. */
+	uint32_t n_swa;
+	uint32_t swa_period;                  /* il % period < period - 1 is SWA (llama.cpp's
+					       * set_swa_pattern, dense last) */
+	enum md_ffn_act ffn_act;
 	enum md_qk_norm qk_norm;
 	bool norm_topk;                       /* renormalise top-k router weights */
 	bool tied_output;                     /* output.weight absent: token_embd reused */
@@ -107,6 +137,8 @@ void md_model_free(struct md_model *m);
 struct md_mat md_mat_of(const struct md_tensor *t, int64_t expert);
 
 const char *md_arch_name(enum md_arch a);
+/* Whether layer il uses sliding-window attention (always false when hp->n_swa is 0). */
+bool md_layer_is_swa(const struct md_hparams *hp, uint32_t il);
 bool md_model_is_moe(const struct md_model *m);
 
 #endif

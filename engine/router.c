@@ -49,14 +49,39 @@ static void select_softmax_topk(const struct md_router *r, float *p, int32_t *id
 			w[k] = (float)(w[k] / wsum);
 }
 
+/* Top-k on the raw logits (the same arg-max rule), then a softmax over the k chosen: float exp,
+ * double sum, as the softmax above. */
+static void select_softmax_weight(const struct md_router *r, float *p, int32_t *ids, float *w)
+{
+	const int E = r->n_expert, K = r->n_used;
+	memset(r->taken, 0, (size_t)E);
+	for (int k = 0; k < K; k++) {
+		int best = -1;
+		for (int e = 0; e < E; e++)
+			if (!r->taken[e] && (best < 0 || p[e] > p[best]))
+				best = e;
+		r->taken[best] = 1;
+		ids[k] = best;
+	}
+	float mx = p[ids[0]];
+	double sum = 0;
+	for (int k = 0; k < K; k++) {
+		w[k] = expf(p[ids[k]] - mx);
+		sum += w[k];
+	}
+	for (int k = 0; k < K; k++)
+		w[k] = (float)(w[k] / sum);
+}
+
 static const struct {
 	const char *name;
 	route_select_fn select;
 } route_fns[MD_ROUTE_FN_COUNT] = {
 	[MD_ROUTE_SOFTMAX_TOPK] = { "softmax_topk", select_softmax_topk },
+	[MD_ROUTE_SOFTMAX_WEIGHT] = { "softmax_weight", select_softmax_weight },
 };
 
-/* Every architecture bound today gates by softmax. The switch names each one so that adding an
+/* Every architecture but gpt-oss gates by softmax over all experts. The switch names each one so that adding an
  * md_arch without deciding its routing is a compile error (-Wswitch, -Werror). */
 enum md_route_fn md_route_fn_of(const struct md_hparams *hp)
 {
@@ -68,6 +93,8 @@ enum md_route_fn md_route_fn_of(const struct md_hparams *hp)
 	case MD_ARCH_QWEN2:
 	case MD_ARCH_QWEN3:
 		break;
+	case MD_ARCH_GPT_OSS:
+		return MD_ROUTE_SOFTMAX_WEIGHT;
 	}
 	return MD_ROUTE_SOFTMAX_TOPK;
 }

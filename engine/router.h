@@ -19,6 +19,9 @@ enum md_route_fn {
 	 * Next to come: sigmoid scores with a per-expert selection bias, group-limited top-k and
 	 * a routed scaling factor (DeepSeek-V3, Kimi-K2, GLM-4.5). */
 	MD_ROUTE_SOFTMAX_TOPK,
+	/* The k largest logits (ties: the lower id), their weights a softmax over those k alone
+	 * (llama.cpp's SOFTMAX_WEIGHT gating: gpt-oss). */
+	MD_ROUTE_SOFTMAX_WEIGHT,
 	MD_ROUTE_FN_COUNT,
 };
 

@@ -73,11 +73,19 @@ int md_text_chat_tokenize(const struct md_text *t, const struct md_chat_msg *msg
 int md_text_chat_tokenize_tools(const struct md_text *t, const struct md_chat_msg *msgs, size_t n,
 				const char *const *tools, size_t n_tools, int32_t **ids)
 {
+	return md_text_chat_tokenize_effort(t, msgs, n, tools, n_tools, NULL, ids);
+}
+
+int md_text_chat_tokenize_effort(const struct md_text *t, const struct md_chat_msg *msgs, size_t n,
+				 const char *const *tools, size_t n_tools,
+				 const char *reasoning_effort, int32_t **ids)
+{
 	char *text = NULL;
 	size_t len = 0;
 	struct md_chat_opts o = {
 		.add_generation_prompt = true, .enable_thinking = -1, .bos_text = t->bos_text,
 		.eos_text = t->eos_text, .tools = tools, .n_tools = n_tools,
+		.reasoning_effort = reasoning_effort,
 	};
 	int rc = md_chat_render_opts(t->chat, msgs, n, &o, &text, &len);
 	if (rc)

@@ -40,5 +40,9 @@ int md_text_chat_tokenize(const struct md_text *t, const struct md_chat_msg *msg
  * the template has no tool format and the chat uses tools. */
 int md_text_chat_tokenize_tools(const struct md_text *t, const struct md_chat_msg *msgs, size_t n,
 				const char *const *tools, size_t n_tools, int32_t **ids);
+/* The same with a reasoning effort (md_chat_opts.reasoning_effort; NULL: the default). */
+int md_text_chat_tokenize_effort(const struct md_text *t, const struct md_chat_msg *msgs, size_t n,
+				 const char *const *tools, size_t n_tools,
+				 const char *reasoning_effort, int32_t **ids);
 
 #endif

@@ -42,7 +42,7 @@
 #define SPM_SPACE "\xE2\x96\x81" /* U+2581 ▁ */
 
 enum tok_kind { KIND_BPE, KIND_SPM };
-enum tok_pre { PRE_GPT2, PRE_QWEN2, PRE_LLAMA3, PRE_DEEPSEEK3 };
+enum tok_pre { PRE_GPT2, PRE_QWEN2, PRE_LLAMA3, PRE_DEEPSEEK3, PRE_GPT4O };
 
 struct merge_ent {
 	uint64_t key; /* (left id << 32) | right id; UINT64_MAX when empty */
@@ -334,6 +334,17 @@ static const char *const re_deepseek3[] = {
 	 "[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"),
 };
 
+/* o200k (gpt-4o, gpt-oss; llama.cpp's "gpt-4o"): the tokenizer.json pattern as it is, case
+ * classes and (?i:) included, which PCRE2 takes directly (llama.cpp rewrites it for its own
+ * regex engine). */
+static const char *const re_gpt4o[] = {
+	"[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"
+	"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+	"[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*"
+	"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+	"\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+};
+
 #define WS_CLASS "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}" \
 		 "\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
 
@@ -517,8 +528,27 @@ static int build_pieces(struct md_tokenizer *t);
 
 static const char *const eog_texts[] = {
 	"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "<|end|>", "<end_of_turn>",
-	"<|end_of_text|>", "<｜end▁of▁sentence｜>", "<EOT>", "</s>",
+	"<|end_of_text|>", "<｜end▁of▁sentence｜>", "<EOT>", "</s>", "<|return|>", "<|call|>",
 };
+
+/* Take <|end|> off the end-of-generation list where <|return|> and <|call|> are on it. */
+static void drop_harmony_end(struct md_tokenizer *t)
+{
+	int32_t end = lookup(t, "<|end|>", 7), ret = lookup(t, "<|return|>", 10);
+	int32_t call = lookup(t, "<|call|>", 8);
+	bool has_ret = false, has_call = false;
+	for (int i = 0; i < t->n_eog; i++) {
+		has_ret |= ret >= 0 && t->eog[i] == ret;
+		has_call |= call >= 0 && t->eog[i] == call;
+	}
+	if (!has_ret || !has_call || end < 0)
+		return;
+	for (int i = 0; i < t->n_eog; i++)
+		if (t->eog[i] == end) {
+			t->eog[i] = t->eog[--t->n_eog];
+			return;
+		}
+}
 
 static void add_eog(struct md_tokenizer *t, int32_t id)
 {
@@ -623,9 +653,11 @@ int md_tokenizer_load(struct md_tokenizer **out, const struct md_gguf *g, char *
 			t->pre = PRE_LLAMA3;
 		} else if (md_gguf_str_eq(pre, "deepseek-v3")) {
 			t->pre = PRE_DEEPSEEK3;
+		} else if (md_gguf_str_eq(pre, "gpt-4o")) {
+			t->pre = PRE_GPT4O;
 		} else {
 			seterr(err, errlen, "unsupported tokenizer.ggml.pre '%.*s' (want default, "
-			       "qwen2, llama-bpe or deepseek-v3)",
+			       "qwen2, llama-bpe, deepseek-v3 or gpt-4o)",
 			       (int)(pre.len > 64 ? 64 : pre.len), pre.ptr);
 			rc = -ENOTSUP;
 			goto fail;
@@ -719,6 +751,9 @@ int md_tokenizer_load(struct md_tokenizer **out, const struct md_gguf *g, char *
 		if (id >= 0 && t->types[id] == MD_TOKEN_CONTROL)
 			add_eog(t, id);
 	}
+	/* o200k_harmony (gpt-oss): <|end|> closes a message, not the generation, when the
+	 * vocabulary has <|return|> and <|call|> (llama.cpp's rule too). */
+	drop_harmony_end(t);
 
 	if (t->kind == KIND_BPE) {
 		byte_level_tables(t);
@@ -742,12 +777,13 @@ int md_tokenizer_load(struct md_tokenizer **out, const struct md_gguf *g, char *
 		if (rc)
 			goto fail;
 		t->nfc = t->pre == PRE_QWEN2;
-		t->ignore_merges = t->pre == PRE_LLAMA3;
+		t->ignore_merges = t->pre == PRE_LLAMA3 || t->pre == PRE_GPT4O;
 		switch (t->pre) {
 		case PRE_GPT2: rc = compile_res(t, re_gpt2, 1, err, errlen); break;
 		case PRE_QWEN2: rc = compile_res(t, re_qwen2, 1, err, errlen); break;
 		case PRE_LLAMA3: rc = compile_res(t, re_llama3, 1, err, errlen); break;
 		case PRE_DEEPSEEK3: rc = compile_res(t, re_deepseek3, 3, err, errlen); break;
+		case PRE_GPT4O: rc = compile_res(t, re_gpt4o, 1, err, errlen); break;
 		}
 		if (rc)
 			goto fail;

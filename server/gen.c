@@ -9,6 +9,7 @@
 
 #include "common/assert.h"
 #include "common/log.h"
+#include "server/harmony.h"
 #include "server/stop.h"
 
 #define SSE_HEADERS "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n"
@@ -53,6 +54,11 @@ struct choice {
 	size_t tp_k;
 	struct tcall *calls;            /* owned (n_calls) */
 	size_t n_calls;
+	struct md_harmony hm;           /* stage 2b when the model writes harmony channels */
+	const struct lp_ent *hm_ents;   /* logprobs the channel parser's next emission carries */
+	size_t hm_k;
+	char *rtext;                    /* owned (rtext_cap): reasoning (whole response) */
+	size_t rtext_len, rtext_cap;
 };
 
 struct md_gen {
@@ -62,6 +68,7 @@ struct md_gen {
 	bool linked;
 	bool stream, include_usage, want_lp;
 	bool tools_on;                  /* parse tool calls out of the output (server/tools.h) */
+	bool harmony_on;                /* split harmony channels (server/harmony.h): chat only */
 	struct md_oai_ident ident;      /* strings point into id and the context's model */
 	char id[64];
 	char **stops;                   /* owned (n_stops) */
@@ -245,6 +252,7 @@ static void gen_free(struct md_gen *g)
 		free(ch->calls);
 		free(ch->ents);
 		free(ch->text);
+		free(ch->rtext);
 		cJSON_Delete(ch->lp);
 	}
 	free(g->ch);
@@ -481,6 +489,67 @@ static void stage_tools(struct choice *ch, const char *text, size_t n, const str
 	ch->tp_k = 0;
 }
 
+/* Reasoning text (the analysis channel): a delta.reasoning_content chunk, or kept for the
+ * whole response's message.reasoning_content. */
+static void stage_reasoning(struct choice *ch, const char *s, size_t n)
+{
+	struct md_gen *g = ch->g;
+	if (g->stream) {
+		sse_choice(g, md_oai_choice_reasoning_delta(ch->index, s, n));
+		return;
+	}
+	if (ch->rtext_len + n + 1 > ch->rtext_cap) {
+		size_t nc = ch->rtext_cap ? ch->rtext_cap : 256;
+		while (nc < ch->rtext_len + n + 1)
+			nc *= 2;
+		char *nt = realloc(ch->rtext, nc);
+		if (!nt)
+			return; /* the piece is lost; the content still flows */
+		ch->rtext = nt;
+		ch->rtext_cap = nc;
+	}
+	memcpy(ch->rtext + ch->rtext_len, s, n);
+	ch->rtext_len += n;
+	ch->rtext[ch->rtext_len] = 0;
+}
+
+/* The channel parser's output (md_harmony_emit_cb): content goes on to stage 3 with the
+ * logprob entries that were waiting; reasoning out as reasoning, its entries (when asked
+ * for) with an empty content piece. */
+static void harmony_emit(void *arg, enum md_harmony_ev ev, const char *s, size_t n)
+{
+	struct choice *ch = arg;
+	const struct lp_ent *ents = ch->hm_ents;
+	size_t k = ch->hm_k;
+	ch->hm_ents = NULL;
+	ch->hm_k = 0;
+	if (ev == MD_HARMONY_CONTENT) {
+		stage_tools(ch, s, n, ents, k);
+		return;
+	}
+	stage_reasoning(ch, s, n);
+	if (k && ch->g->want_lp)
+		stage_tools(ch, "", 0, ents, k);
+}
+
+/* Stage 2b, channels: for a model that writes harmony (gpt-oss), the parser splits the
+ * output into reasoning and content and drops the markers; otherwise text passes through. */
+static void stage_channels(struct choice *ch, const char *text, size_t n,
+			   const struct lp_ent *ents, size_t k)
+{
+	if (!ch->g->harmony_on) {
+		stage_tools(ch, text, n, ents, k);
+		return;
+	}
+	ch->hm_ents = ents;
+	ch->hm_k = k;
+	md_harmony_push(&ch->hm, text, n);
+	if (ch->hm_k && ch->g->want_lp) /* all text held: the entries go on now, without text */
+		stage_tools(ch, "", 0, ch->hm_ents, ch->hm_k);
+	ch->hm_ents = NULL;
+	ch->hm_k = 0;
+}
+
 /* Move the first n pending bytes down the chain with the logprob entries of the tokens whose
  * text starts there (all waiting entries when final, even with no text). */
 static void pass_on(struct choice *ch, size_t n, bool final)
@@ -490,7 +559,7 @@ static void pass_on(struct choice *ch, size_t n, bool final)
 		k++;
 	if (n == 0 && (k == 0 || !final))
 		return;
-	stage_tools(ch, md_stop_text(&ch->stop), n, ch->ents, k);
+	stage_channels(ch, md_stop_text(&ch->stop), n, ch->ents, k);
 	md_stop_consume(&ch->stop, n);
 	if (k)
 		memmove(ch->ents, ch->ents + k, (ch->n_ents - k) * sizeof(*ch->ents));
@@ -682,6 +751,8 @@ static void respond_whole(struct md_gen *g, uint32_t comp, double ttft)
 		cJSON *c0 = md_oai_choice_whole(&g->ident, ch->index, ch->text ? ch->text : "", ch->lp,
 						ch->finish ? ch->finish : "stop");
 		ch->lp = NULL;
+		if (g->harmony_on)
+			md_oai_choice_set_reasoning(c0, ch->rtext ? ch->rtext : "");
 		if (ch->n_calls) {
 			cJSON *calls = cJSON_CreateArray();
 			for (size_t k = 0; k < ch->n_calls; k++) {
@@ -775,6 +846,8 @@ static void choice_finish(struct choice *ch, const char *reason, bool cancel_eng
 	if (!ch->active)
 		return;
 	MD_ASSERT(g->n_open > 0);
+	if (g->harmony_on)
+		md_harmony_finish(&ch->hm);
 	if (g->tools_on) {
 		md_tool_parser_finish(&ch->tp);
 		if (ch->n_calls > 0 && strcmp(reason, "stop") == 0)
@@ -876,6 +949,9 @@ static struct md_gen *gen_new(struct md_gen_ctx *x, const struct md_oai_reply *o
 	for (size_t i = 0; i < n_ch; i++)
 		md_tool_parser_init(&g->ch[i].tp, (enum md_tool_fmt)md_engine_tool_format(x->eng),
 				    tool_emit, &g->ch[i]);
+	g->harmony_on = chat && md_engine_chat_harmony(x->eng);
+	for (size_t i = 0; i < n_ch; i++)
+		md_harmony_init(&g->ch[i].hm, harmony_emit, &g->ch[i]);
 	g->stream = p->stream;
 	g->include_usage = p->include_usage;
 	g->want_lp = p->want_lp;
@@ -1060,8 +1136,8 @@ void md_gen_chat(struct md_gen_ctx *x, const struct md_oai_reply *o, cJSON *body
 		goto release_params;
 	if (md_oai_parse_messages(o, body, &m) < 0)
 		goto release_params;
-	int n = md_engine_chat_tokenize_tools(x->eng, m.msgs, m.n, (const char *const *)p.tools.json,
-					      p.tools.n, &ids);
+	int n = md_engine_chat_tokenize_effort(x->eng, m.msgs, m.n, (const char *const *)p.tools.json,
+					       p.tools.n, p.reasoning_effort, &ids);
 	md_oai_msgs_release(&m);
 	if (n == -ENOTSUP) {
 		md_oai_error(o, 400, "invalid_request_error", "tools", "unsupported",

@@ -631,6 +631,24 @@ static int p_grammar(const struct param *row, struct pctx *x, cJSON *g)
 	return set_grammar(x, "grammar", g->valuestring, strlen(g->valuestring));
 }
 
+/* OpenAI's reasoning_effort: where the chat template has a place for it (gpt-oss's system
+ * header "Reasoning: ..."), it goes there; other templates ignore it, as OpenAI's non-reasoning
+ * models do. gpt-oss knows low, medium and high. */
+static int p_reasoning_effort(const struct param *row, struct pctx *x, cJSON *v)
+{
+	static const char *const efforts[] = { "low", "medium", "high" };
+	if (cJSON_IsNull(v))
+		return 0;
+	for (size_t i = 0; cJSON_IsString(v) && i < 3; i++)
+		if (strcmp(v->valuestring, efforts[i]) == 0) {
+			x->p->reasoning_effort = efforts[i];
+			return 0;
+		}
+	md_oai_error(x->o, 400, "invalid_request_error", "reasoning_effort", "invalid_value",
+		     "'reasoning_effort' must be one of 'low', 'medium', 'high'");
+	return -1;
+}
+
 /*
  * Every parameter moed reads, in the order they are checked (the first bad one is the one
  * answered). A new parameter is one row: a plain number, integer or boolean needs no code;
@@ -666,6 +684,7 @@ static const struct param params[] = {
 	BOOL("parallel_tool_calls", MD_OAI_CHAT, tools.parallel),
 	CUSTOM("tool_choice", MD_OAI_CHAT, p_tool_choice),
 	CUSTOM("speculative", GEN_EPS, p_speculative),
+	CUSTOM("reasoning_effort", MD_OAI_CHAT, p_reasoning_effort),
 	BOOL("add_special", MD_OAI_TOKENIZE, add_special),
 	BOOL("with_pieces", MD_OAI_TOKENIZE, with_pieces),
 };
@@ -1063,6 +1082,30 @@ cJSON *md_oai_choice_delta(const struct md_oai_ident *id, uint32_t index, const 
 		cJSON_AddNullToObject(c0, "logprobs");
 	cJSON_AddNullToObject(c0, "finish_reason");
 	return c0;
+}
+
+cJSON *md_oai_choice_reasoning_delta(uint32_t index, const char *text, size_t len)
+{
+	cJSON *c0 = cJSON_CreateObject();
+	cJSON_AddNumberToObject(c0, "index", index);
+	cJSON *delta = cJSON_AddObjectToObject(c0, "delta");
+	char *txt = strndup(text, len);
+	cJSON_AddStringToObject(delta, "reasoning_content", txt ? txt : "");
+	free(txt);
+	cJSON_AddNullToObject(c0, "logprobs");
+	cJSON_AddNullToObject(c0, "finish_reason");
+	return c0;
+}
+
+void md_oai_choice_set_reasoning(cJSON *choice, const char *text)
+{
+	cJSON *msg = cJSON_GetObjectItemCaseSensitive(choice, "message");
+	if (!msg)
+		return;
+	if (text && *text)
+		cJSON_AddStringToObject(msg, "reasoning_content", text);
+	else
+		cJSON_AddNullToObject(msg, "reasoning_content");
 }
 
 cJSON *md_oai_choice_finish(const struct md_oai_ident *id, uint32_t index, const char *reason)

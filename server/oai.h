@@ -94,6 +94,7 @@ struct md_oai_params {
 				      * calls (tool_choice required or named) */
 	struct md_tools tools;       /* tools, tool_choice, parallel_tool_calls (chat) */
 	struct md_spec_opts spec;    /* moed extension "speculative" (zero: the server's) */
+	const char *reasoning_effort; /* static: "low", "medium" or "high" (chat), NULL: absent */
 	/* raw values, combined into the fields above once every row is read */
 	int64_t _top_k, _seed, _lp_n, _top_lp;
 	bool _lp_on, _lp_n_set, _top_lp_set;
@@ -161,6 +162,11 @@ cJSON *md_oai_choice_role(uint32_t index);
 cJSON *md_oai_choice_delta(const struct md_oai_ident *id, uint32_t index, const char *text,
 			   size_t len, cJSON *logprobs);
 cJSON *md_oai_choice_finish(const struct md_oai_ident *id, uint32_t index, const char *reason);
+/* A chunk choice carrying a piece of reasoning: {"delta":{"reasoning_content": ...}}, as
+ * llama.cpp's server and vLLM stream a reasoning model's thinking. */
+cJSON *md_oai_choice_reasoning_delta(uint32_t index, const char *text, size_t len);
+/* Give a whole chat response's choice message.reasoning_content (null when empty). */
+void md_oai_choice_set_reasoning(cJSON *choice, const char *text);
 /* A whole response's choice: text, logprobs (consumed, NULL for null), finish reason. */
 cJSON *md_oai_choice_whole(const struct md_oai_ident *id, uint32_t index, const char *text,
 			   cJSON *logprobs, const char *reason);

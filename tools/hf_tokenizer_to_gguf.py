@@ -6,7 +6,7 @@ The keys follow llama.cpp's converter (convert_hf_to_gguf.py), so `moed-gguf gen
 knows llama.cpp's layout understands them:
 
   tokenizer.ggml.model        "gpt2" (byte-level BPE) or "llama" (SentencePiece BPE)
-  tokenizer.ggml.pre          "qwen2", "llama-bpe", "deepseek-v3" or "default" (gpt2 only)
+  tokenizer.ggml.pre          "qwen2", "llama-bpe", "deepseek-v3", "gpt-4o" or "default" (gpt2 only)
   tokenizer.ggml.tokens       every id 0..max id; holes become "[PAD<id>]" (type UNUSED)
   tokenizer.ggml.token_type   1 normal, 2 unknown, 3 control (special added tokens),
                               4 user-defined (non-special added tokens), 5 unused, 6 byte
@@ -94,6 +94,11 @@ KNOWN_PRE = {
     "deepseek-v3": ["\\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
                     "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?"
                     "[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"],
+    # o200k (gpt-4o, gpt-oss): llama.cpp's "gpt-4o" pre-tokenizer type
+    "gpt-4o": ["[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}"
+               "\\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}"
+               "\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}|"
+               " ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"],
 }
 
 

@@ -45,7 +45,7 @@ static void usage(FILE *f)
 "\n"
 "gen       write a seeded random-weight model (weights N(0,std), norms 1+N(0,0.1),\n"
 "          biases N(0,std)); options (defaults in brackets):\n"
-"  --arch A            qwen3moe|qwen2moe|llama|mixtral|olmoe|qwen2|qwen3 [qwen3moe]\n"
+"  --arch A            qwen3moe|qwen2moe|llama|mixtral|olmoe|qwen2|qwen3|gpt-oss [qwen3moe]\n"
 "                      (mixtral = arch \"llama\" with experts; llama = dense)\n"
 "  --type T            f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k\n"
 "                      |q6_k|iq4_nl|iq4_xs|mxfp4 for 2-D/3-D weights [f32];\n"
@@ -54,7 +54,10 @@ static void usage(FILE *f)
 "  --seed N [1]  --n-layer N [2]  --n-embd N [64]  --n-head N [4]  --n-head-kv N [2]\n"
 "  --head-dim N [16]  --n-ff N [128] (dense)  --n-expert N [4]  --n-expert-used N [2]\n"
 "  --n-ff-exp N [64]  --n-ff-shexp N [128]  --n-vocab N [512]  --n-ctx N [4096]\n"
-"  --rope-base F [1e6; 1e4 for llama, olmoe]  --rms-eps F [1e-6]  --std F [0.02]\n"
+"  --rope-base F [1e6; 1e4 for llama, olmoe; 150000 for gpt-oss]  --rms-eps F [1e-6]\n"
+"  --std F [0.02]  --exp-type T: type of the 3-D expert tensors [--type]\n"
+"  gpt-oss: --sliding-window N [128]  --yarn-factor F [32; 0: no YaRN]\n"
+"  --yarn-orig-ctx N [4096] (attention sinks N(0,1), q/k/v/o, router and expert biases)\n"
 "  --tied              omit output.weight (not for qwen2moe, olmoe)\n"
 "  --layout L          tensor layout as a writer of llama.cpp's world lays it out [moed]:\n"
 "                      moed: merged expert tensors, 1-D shared-expert gate\n"
@@ -68,9 +71,10 @@ static void usage(FILE *f)
 "  --tokenizer-gguf F  copy all tokenizer.* keys from F (n_vocab = its token count);\n"
 "                      default: a synthetic byte-level \"gpt2\" vocabulary\n"
 "\n"
-"quantize  requantize every 2-D/3-D weight of IN into OUT; 1-D tensors and ffn_gate_inp*\n"
-"          are kept as they are. MIX: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k_m\n"
-"          q4_k_m q5_k_m q6_k iq4_nl iq4_xs mxfp4_moe\n"
+"quantize  requantize every 2-D/3-D weight of IN into OUT; 1-D tensors, ffn_gate_inp* and\n"
+"          tensors whose name does not end in \"weight\" (biases) are kept as they are.\n"
+"          MIX: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k_m q4_k_m q5_k_m q6_k\n"
+"          iq4_nl iq4_xs mxfp4_moe\n"
 "          mxfp4_moe: mxfp4 for the 3-D expert tensors, q8_0 for every other weight and\n"
 "          for output.weight (gpt-oss's MXFP4_MOE files);\n"
 "          q2_k: q2_K, with q3_K for ffn_down* and attn_output (q5_K with 8 experts), attn_v\n"
@@ -360,16 +364,18 @@ struct arch_def {
 	enum qk_norm qk;
 	bool exp_ff_key;   /* expert width in ARCH.expert_feed_forward_length (qwen*moe) */
 	double rope_base;
+	bool oss;          /* gpt-oss: sinks, biases, post_attention_norm, sliding window, YaRN */
 };
 
 static const struct arch_def archs[] = {
-	{ "qwen3moe", "qwen3moe", true, false, false, false, QK_HEAD, true, 1e6 },
-	{ "qwen2moe", "qwen2moe", true, true, true, true, QK_NONE, true, 1e6 },
-	{ "llama", "llama", false, false, false, false, QK_NONE, false, 1e4 },
-	{ "mixtral", "llama", true, false, false, false, QK_NONE, false, 1e6 },
-	{ "olmoe", "olmoe", true, false, false, true, QK_FULL, false, 1e4 },
-	{ "qwen2", "qwen2", false, false, true, false, QK_NONE, false, 1e6 },
-	{ "qwen3", "qwen3", false, false, false, false, QK_HEAD, false, 1e6 },
+	{ "qwen3moe", "qwen3moe", true, false, false, false, QK_HEAD, true, 1e6, false },
+	{ "qwen2moe", "qwen2moe", true, true, true, true, QK_NONE, true, 1e6, false },
+	{ "llama", "llama", false, false, false, false, QK_NONE, false, 1e4, false },
+	{ "mixtral", "llama", true, false, false, false, QK_NONE, false, 1e6, false },
+	{ "olmoe", "olmoe", true, false, false, true, QK_FULL, false, 1e4, false },
+	{ "qwen2", "qwen2", false, false, true, false, QK_NONE, false, 1e6, false },
+	{ "qwen3", "qwen3", false, false, false, false, QK_HEAD, false, 1e6, false },
+	{ "gpt-oss", "gpt-oss", true, false, true, true, QK_NONE, true, 150000, true },
 };
 
 struct wtype_def {
@@ -390,7 +396,7 @@ static const struct wtype_def gen_types[] = {
 	{ "mxfp4", MD_DT_MXFP4, FTYPE_MXFP4_MOE },
 };
 
-enum init_kind { INIT_WEIGHT, INIT_NORM, INIT_BIAS };
+enum init_kind { INIT_WEIGHT, INIT_NORM, INIT_BIAS, INIT_SINK };
 
 struct gen_tensor {
 	char name[64];
@@ -423,7 +429,8 @@ static int gen_fill(void *vctx, void *dst, size_t nbytes)
 	for (int64_t i = 0; i < rows; i++) {
 		for (int64_t j = 0; j < n0; j++) {
 			double z = rng_normal(&r);
-			row[j] = t->kind == INIT_NORM ? (float)(1.0 + 0.1 * z) : (float)(t->std * z);
+			row[j] = t->kind == INIT_NORM ? (float)(1.0 + 0.1 * z)
+				 : t->kind == INIT_SINK ? (float)z : (float)(t->std * z);
 		}
 		md_quantize_row((enum md_dtype)t->type, row, out, n0);
 		out += row_bytes;
@@ -440,6 +447,10 @@ struct gen_opts {
 	uint32_t n_expert, n_expert_used, n_ff_exp, n_ff_shexp, n_vocab, n_ctx;
 	double rope_base, rms_eps, std;
 	bool rope_base_set, tied, bias;
+	const struct wtype_def *exp_wt; /* type of the 3-D expert tensors (NULL: wt) */
+	uint32_t n_swa;                 /* gpt-oss sliding window */
+	double yarn_factor;             /* gpt-oss YaRN factor (0 or 1: none) */
+	uint32_t yarn_orig_ctx;
 	enum { LAYOUT_MOED, LAYOUT_CONVERTER, LAYOUT_SPLIT } layout;
 	uint32_t vec_type;  /* type of 1-D tensors */
 	const char *tokenizer;
@@ -476,10 +487,14 @@ static struct gen_tensor *add_tensor(struct gen_list *l, const struct gen_opts *
 	/* The shared-expert gate is a vector whatever its layout (2-D [n_embd, 1] from the
 	 * converter); today's converter keeps it and the router f32, older ones wrote it in the
 	 * file's float type: --vec-type picks. */
-	if (n_dims == 1 || strstr(name, "ffn_gate_inp_shexp"))
-		t->type = o->vec_type;
+	size_t nl = strlen(name);
+	bool bias = nl > 5 && strcmp(name + nl - 5, ".bias") == 0;
+	if (n_dims == 1 || strstr(name, "ffn_gate_inp_shexp") || bias)
+		t->type = bias && n_dims > 1 ? MD_DT_F32 : o->vec_type; /* the converter: biases f32 */
+	else if (n_dims == 3 && o->exp_wt)
+		t->type = o->exp_wt->type;
 	else if (strstr(name, "ffn_gate_inp") &&
-		 (is_quantized(o->wt->type) || o->layout == LAYOUT_CONVERTER))
+		 (is_quantized(o->wt->type) || o->layout == LAYOUT_CONVERTER || o->arch->oss))
 		t->type = MD_DT_F32;
 	else
 		t->type = o->wt->type;
@@ -512,6 +527,10 @@ static void build_tensors(struct gen_list *l, const struct gen_opts *o)
 			add_blk(l, o, i, "attn_k.bias", INIT_BIAS, 1, KD, 1, 1);
 			add_blk(l, o, i, "attn_v.bias", INIT_BIAS, 1, KD, 1, 1);
 		}
+		if (a->oss) {
+			add_blk(l, o, i, "attn_output.bias", INIT_BIAS, 1, N, 1, 1);
+			add_blk(l, o, i, "attn_sinks.weight", INIT_SINK, 1, o->n_head, 1, 1);
+		}
 		if (a->qk == QK_HEAD) {
 			add_blk(l, o, i, "attn_q_norm.weight", INIT_NORM, 1, D, 1, 1);
 			add_blk(l, o, i, "attn_k_norm.weight", INIT_NORM, 1, D, 1, 1);
@@ -520,7 +539,8 @@ static void build_tensors(struct gen_list *l, const struct gen_opts *o)
 			add_blk(l, o, i, "attn_k_norm.weight", INIT_NORM, 1, KD, 1, 1);
 		}
 		add_blk(l, o, i, "attn_output.weight", INIT_WEIGHT, 2, QD, N, 1);
-		add_blk(l, o, i, "ffn_norm.weight", INIT_NORM, 1, N, 1, 1);
+		add_blk(l, o, i, a->oss ? "post_attention_norm.weight" : "ffn_norm.weight", INIT_NORM, 1,
+			N, 1, 1);
 		if (a->moe) {
 			add_blk(l, o, i, "ffn_gate_inp.weight", INIT_WEIGHT, 2, N, E, 1);
 			if (o->layout == LAYOUT_SPLIT) {
@@ -537,6 +557,12 @@ static void build_tensors(struct gen_list *l, const struct gen_opts *o)
 				add_blk(l, o, i, "ffn_gate_exps.weight", INIT_WEIGHT, 3, N, F, E);
 				add_blk(l, o, i, "ffn_up_exps.weight", INIT_WEIGHT, 3, N, F, E);
 				add_blk(l, o, i, "ffn_down_exps.weight", INIT_WEIGHT, 3, F, N, E);
+			}
+			if (a->oss) {
+				add_blk(l, o, i, "ffn_gate_inp.bias", INIT_BIAS, 1, E, 1, 1);
+				add_blk(l, o, i, "ffn_gate_exps.bias", INIT_BIAS, 2, F, E, 1);
+				add_blk(l, o, i, "ffn_up_exps.bias", INIT_BIAS, 2, F, E, 1);
+				add_blk(l, o, i, "ffn_down_exps.bias", INIT_BIAS, 2, N, E, 1);
 			}
 			if (a->shexp && o->layout == LAYOUT_CONVERTER) {
 				add_blk(l, o, i, "ffn_gate_inp_shexp.weight", INIT_WEIGHT, 2, N, 1, 1);
@@ -686,6 +712,7 @@ static int cmd_gen(int argc, char **argv)
 		.n_ff = 128, .n_expert = 4, .n_expert_used = 2, .n_ff_exp = 64, .n_ff_shexp = 128,
 		.n_vocab = 512, .n_ctx = 4096, .rms_eps = 1e-6, .std = 0.02,
 		.layout = LAYOUT_MOED, .vec_type = MD_DT_F32,
+		.n_swa = 128, .yarn_factor = 32, .yarn_orig_ctx = 4096,
 	};
 	bool vocab_set = false;
 	struct {
@@ -697,6 +724,7 @@ static int cmd_gen(int argc, char **argv)
 		{ "n-expert", &o.n_expert }, { "n-expert-used", &o.n_expert_used },
 		{ "n-ff-exp", &o.n_ff_exp }, { "n-ff-shexp", &o.n_ff_shexp },
 		{ "n-vocab", &o.n_vocab }, { "n-ctx", &o.n_ctx },
+		{ "sliding-window", &o.n_swa }, { "yarn-orig-ctx", &o.yarn_orig_ctx },
 	};
 
 	for (int i = 0; i < argc; i++) {
@@ -748,11 +776,19 @@ static int cmd_gen(int argc, char **argv)
 			for (size_t k = 0; k < sizeof(archs) / sizeof(archs[0]); k++)
 				if (strcmp(val, archs[k].opt) == 0)
 					o.arch = &archs[k], ok = true;
-		} else if (strcmp(name, "type") == 0) {
+		} else if (strcmp(name, "type") == 0 || strcmp(name, "exp-type") == 0) {
 			known = true;
 			for (size_t k = 0; k < sizeof(gen_types) / sizeof(gen_types[0]); k++)
-				if (strcasecmp(val, gen_types[k].name) == 0)
-					o.wt = &gen_types[k], ok = true;
+				if (strcasecmp(val, gen_types[k].name) == 0) {
+					if (name[0] == 't')
+						o.wt = &gen_types[k];
+					else
+						o.exp_wt = &gen_types[k];
+					ok = true;
+				}
+		} else if (strcmp(name, "yarn-factor") == 0) {
+			known = true;
+			ok = parse_f64(val, &o.yarn_factor) && o.yarn_factor >= 0;
 		} else if (strcmp(name, "seed") == 0) {
 			char *end;
 			known = true;
@@ -857,6 +893,14 @@ static int cmd_gen(int argc, char **argv)
 		fprintf(stderr, "moed-gguf gen: --n-ff must be positive\n");
 		goto out;
 	}
+	if (a->oss && (!o.n_swa || !o.yarn_orig_ctx)) {
+		fprintf(stderr, "moed-gguf gen: --sliding-window and --yarn-orig-ctx must be positive\n");
+		goto out;
+	}
+	if (o.exp_wt && !a->moe) {
+		fprintf(stderr, "moed-gguf gen: --exp-type needs an MoE arch\n");
+		goto out;
+	}
 	if (o.layout == LAYOUT_SPLIT && !a->moe) {
 		fprintf(stderr, "moed-gguf gen: --layout split-experts needs an MoE arch\n");
 		goto out;
@@ -883,14 +927,17 @@ static int cmd_gen(int argc, char **argv)
 	md_gguf_w_str(w, "general.architecture", a->name);
 	snprintf(err, sizeof(err), "moed-gen-%s", a->opt);
 	md_gguf_w_str(w, "general.name", err);
-	md_gguf_w_u32(w, "general.file_type", o.wt->ftype);
-	if (is_quantized(o.wt->type))
+	/* Experts in mxfp4 beside float or q8_0 weights: llama.cpp's MXFP4_MOE file type. */
+	md_gguf_w_u32(w, "general.file_type", o.exp_wt && o.exp_wt->type == MD_DT_MXFP4
+		      ? FTYPE_MXFP4_MOE : o.wt->ftype);
+	if (is_quantized(o.wt->type) || (o.exp_wt && is_quantized(o.exp_wt->type)))
 		md_gguf_w_u32(w, "general.quantization_version", 2);
 	md_gguf_w_u32(w, AK("block_count"), o.n_layer);
 	md_gguf_w_u32(w, AK("context_length"), o.n_ctx);
 	md_gguf_w_u32(w, AK("embedding_length"), o.n_embd);
+	/* gpt-oss's converter writes intermediate_size as both widths. */
 	md_gguf_w_u32(w, AK("feed_forward_length"),
-		      a->moe && !a->exp_ff_key ? o.n_ff_exp : o.n_ff);
+		      a->moe && (!a->exp_ff_key || a->oss) ? o.n_ff_exp : o.n_ff);
 	md_gguf_w_u32(w, AK("attention.head_count"), o.n_head);
 	md_gguf_w_u32(w, AK("attention.head_count_kv"), o.n_head_kv);
 	md_gguf_w_u32(w, AK("attention.key_length"), o.head_dim);
@@ -905,6 +952,16 @@ static int cmd_gen(int argc, char **argv)
 			md_gguf_w_u32(w, AK("expert_feed_forward_length"), o.n_ff_exp);
 		if (a->shexp)
 			md_gguf_w_u32(w, AK("expert_shared_feed_forward_length"), o.n_ff_shexp);
+	}
+	if (a->oss) { /* as convert_hf_to_gguf.py writes gpt-oss's config */
+		md_gguf_w_u32(w, AK("attention.sliding_window"), o.n_swa);
+		if (o.yarn_factor != 0 && o.yarn_factor != 1) {
+			md_gguf_w_str(w, AK("rope.scaling.type"), "yarn");
+			md_gguf_w_f32(w, AK("rope.scaling.factor"), (float)o.yarn_factor);
+			md_gguf_w_u32(w, AK("rope.scaling.original_context_length"), o.yarn_orig_ctx);
+			md_gguf_w_f32(w, AK("rope.scaling.yarn_beta_fast"), 32.0f);
+			md_gguf_w_f32(w, AK("rope.scaling.yarn_beta_slow"), 1.0f);
+		}
 	}
 #undef AK
 	if (!o.tokenizer && synth_tokenizer(w, o.n_vocab)) {
@@ -992,7 +1049,10 @@ static uint32_t pick_type(const struct mix_def *m, const struct md_gguf_tensor *
 			  const char *name, const struct q_model *qm, const char **why)
 {
 	*why = NULL;
-	if (t->n_dims < 2 || name_has(name, "ffn_gate_inp"))
+	size_t nl = strlen(name);
+	/* llama-quantize quantizes only tensors whose name ends in "weight" (not gpt-oss's 2-D
+	 * expert biases). */
+	if (t->n_dims < 2 || name_has(name, "ffn_gate_inp") || nl < 6 || strcmp(name + nl - 6, "weight"))
 		return t->type;
 	const uint32_t base = m->base;
 	if (!is_quantized(base))

@@ -2,7 +2,8 @@
 """Independent float64 reference forward pass (numpy) for every architecture moed supports.
 
 Implements the shared architecture notes (llama.cpp-compatible semantics): qwen3moe, qwen2moe, llama
-(with experts = Mixtral, or dense), olmoe, qwen2, qwen3. Each sequence has its own KV cache and
+(with experts = Mixtral, or dense), olmoe, qwen2, qwen3, gpt-oss (attention sinks, sliding-window
+layers, YaRN rope, biases everywhere, clamped SwiGLU, softmax over the chosen experts' logits). Each sequence has its own KV cache and
 is computed on its own: batching in the C engine must not change the mathematics, so this is
 the answer any micro-batch composition has to reproduce.
 
@@ -34,7 +35,34 @@ ARCH_TRAITS = {
     "olmoe":    dict(rope=ROPE_NEOX, qk_norm="full", norm_topk=False),
     "qwen2":    dict(rope=ROPE_NEOX, qk_norm=None, norm_topk=False),
     "qwen3":    dict(rope=ROPE_NEOX, qk_norm="head", norm_topk=False),
+    "gpt-oss":  dict(rope=ROPE_NEOX, qk_norm=None, norm_topk=False),
 }
+
+# gpt-oss's SwiGLU (OpenAI's reference: alpha 1.702, limit 7, "+ 1" on the linear half).
+OAI_ALPHA, OAI_LIMIT = 1.702, 7.0
+
+
+def swiglu_oai(g, u):
+    g = np.minimum(g, OAI_LIMIT)
+    u = np.clip(u, -OAI_LIMIT, OAI_LIMIT)
+    return g / (1.0 + np.exp(-OAI_ALPHA * g)) * (u + 1.0)
+
+
+def yarn_angles(pos, n_rot, base, factor, orig_ctx, beta_fast, beta_slow, ext_factor):
+    """YaRN angles (T, n_rot/2) from the paper's recipe: each pair's frequency interpolated
+    (divided by factor) below the slow correction dim, kept above the fast one, ramped
+    between; the dims rounded outward as llama.cpp does."""
+    half = n_rot // 2
+    i = np.arange(half, dtype=np.float64)
+    freq = base ** (-2.0 * i / n_rot)
+
+    def dim_for(beta):   # the pair index whose wavelength fits beta turns in orig_ctx
+        return n_rot * np.log(orig_ctx / (beta * 2.0 * np.pi)) / (2.0 * np.log(base))
+    lo = max(0.0, np.floor(dim_for(beta_fast)))
+    hi = min(n_rot - 1.0, np.ceil(dim_for(beta_slow)))
+    keep = (1.0 - np.clip((i - lo) / max(0.001, hi - lo), 0.0, 1.0)) * ext_factor
+    freq = freq / factor * (1.0 - keep) + freq * keep
+    return pos[:, None].astype(np.float64) * freq[None, :]
 
 
 def rmsnorm(x, w, eps):
@@ -115,6 +143,30 @@ class Model:
         self.norm_topk = bool(kv.get(arch + ".expert_weights_norm", tr["norm_topk"]))
         self.rope = tr["rope"]
         self.qk_norm = tr["qk_norm"]
+        self.oss = arch == "gpt-oss"
+        # Rope scaling: "yarn" with a factor other than 0/1 changes the angles and scales cos
+        # and sin by 1 + 0.1 ln(factor) (times rope.scaling.attn_factor).
+        self.yarn = None
+        rtype = kv.get(arch + ".rope.scaling.type", "linear")
+        factor = float(kv.get(arch + ".rope.scaling.factor", 0.0))
+        if rtype == "yarn" and factor not in (0.0, 1.0):
+            self.yarn = dict(factor=factor,
+                             orig_ctx=int(meta("rope.scaling.original_context_length",
+                                               kv.get(arch + ".context_length", 4096))),
+                             beta_fast=float(kv.get(arch + ".rope.scaling.yarn_beta_fast", 32.0)),
+                             beta_slow=float(kv.get(arch + ".rope.scaling.yarn_beta_slow", 1.0)),
+                             ext_factor=float(kv.get(arch + ".rope.scaling.yarn_ext_factor", 1.0)),
+                             mscale=float(kv.get(arch + ".rope.scaling.attn_factor", 1.0)))
+            self.yarn["mscale"] *= 1.0 + 0.1 * np.log(factor) if self.yarn["ext_factor"] else 1.0
+        elif rtype not in ("none", "linear") or (rtype == "linear" and factor not in (0.0, 1.0)):
+            raise ValueError("rope scaling %s factor %g not implemented" % (rtype, factor))
+        # Sliding window (gpt-oss): layers with il % period < period - 1 see the last n_swa
+        # positions only.
+        self.n_swa = int(meta("attention.sliding_window")) if self.oss else 0
+        period = int(kv.get(arch + ".attention.sliding_window_pattern", 2))
+        self.is_swa = [self.n_swa > 0 and (period == 0 or i % period < period - 1)
+                       for i in range(self.n_layer)]
+        self.rope_base_swa = float(kv.get(arch + ".rope.freq_base_swa", self.rope_base))
 
         self.wtype = {}   # id(weight array) -> GGML type, for act_quant
 
@@ -166,7 +218,9 @@ class Model:
                 assert L.q_norm.shape == (D,) and L.k_norm.shape == (D,), "per-head qk norm"
             elif self.qk_norm == "full":
                 assert L.q_norm.shape == (H * D,) and L.k_norm.shape == (K * D,), "full qk norm"
-            L.ffn_norm = t(p + "ffn_norm.weight")
+            L.bo = t(p + "attn_output.bias", self.oss)
+            L.sinks = t(p + "attn_sinks.weight", self.oss)                   # (H,)
+            L.ffn_norm = t(p + ("post_attention_norm.weight" if self.oss else "ffn_norm.weight"))
             L.moe = (p + "ffn_gate_inp.weight") in g.tensors
             if L.moe:
                 L.router = t(p + "ffn_gate_inp.weight")     # (E, N)
@@ -174,6 +228,10 @@ class Model:
                 L.up_exps = experts(i, "up")                 # (E, F, N)
                 L.down_exps = experts(i, "down")             # (E, N, F)
                 assert L.router.shape[0] == self.n_expert, "router rows != expert_count"
+                L.router_b = t(p + "ffn_gate_inp.bias", self.oss)            # (E,)
+                L.gate_b = t(p + "ffn_gate_exps.bias", self.oss)             # (E, F)
+                L.up_b = t(p + "ffn_up_exps.bias", self.oss)
+                L.down_b = t(p + "ffn_down_exps.bias", self.oss)             # (E, N)
                 L.shexp_gate = t(p + "ffn_gate_inp_shexp.weight", False)  # (N,)
                 if L.shexp_gate is not None:
                     # The converter writes it [n_embd, 1] (read here as (1, N)), the
@@ -201,12 +259,22 @@ class Model:
                 x = act_q8(x, blk)
         return x @ w.T
 
-    def rope_apply(self, x, pos):
-        """x: (T, n_heads, D); pos: (T,) int. Rotates the first n_rot dims of each head."""
+    def rope_apply(self, x, pos, swa=False):
+        """x: (T, n_heads, D); pos: (T,) int. Rotates the first n_rot dims of each head
+        (a sliding-window layer with its own base where the file gives one)."""
         half = self.n_rot // 2
-        ang = pos[:, None].astype(np.float64) * self.inv_freq[None, :]   # (T, half)
-        c = np.cos(ang)[:, None, :]
-        s = np.sin(ang)[:, None, :]
+        base = self.rope_base_swa if swa else self.rope_base
+        if self.yarn:
+            y = self.yarn
+            ang = yarn_angles(pos, self.n_rot, base, y["factor"], y["orig_ctx"], y["beta_fast"],
+                              y["beta_slow"], y["ext_factor"])
+            ms = y["mscale"]
+        else:
+            inv = base ** (-2.0 * np.arange(half) / self.n_rot)
+            ang = pos[:, None].astype(np.float64) * inv[None, :]   # (T, half)
+            ms = 1.0
+        c = np.cos(ang)[:, None, :] * ms
+        s = np.sin(ang)[:, None, :] * ms
         y = x.copy()
         if self.rope == ROPE_NEOX:
             a = x[:, :, 0:half]
@@ -227,6 +295,8 @@ class Model:
         (the other side of a near-tie, see parity.py); every token's margin between them is
         appended to self.route_margins[li] when that is a list."""
         T = h.shape[0]
+        if self.oss:
+            return self.moe_oss(L, h, li, pos)
         probs = softmax(h @ L.router.T)                     # (T, E)
         out = np.zeros_like(h)
         k = self.n_expert_used
@@ -256,6 +326,30 @@ class Model:
                 sg = 1.0 / (1.0 + np.exp(-(h @ L.shexp_gate)))  # (T,)
                 y = y * sg[:, None]
             out += y
+        return out
+
+    def moe_oss(self, L, h, li=0, pos=None):
+        """gpt-oss: the k largest biased router logits, weights a softmax over those k; each
+        expert with its biases and the clamped SwiGLU. Near ties between the k-th and
+        (k+1)-th logits are recorded and flipped as in moe_ffn."""
+        logits = h @ L.router.T + L.router_b                # (T, E)
+        out = np.zeros_like(h)
+        k = self.n_expert_used
+        tg, tu, td = (self.wtype[id(a)] for a in (L.gate_exps, L.up_exps, L.down_exps))
+        for t in range(h.shape[0]):
+            full = np.argsort(-logits[t], kind="stable")
+            p = int(pos[t]) if pos is not None else t
+            if self.route_margins is not None and k < len(full):
+                self.route_margins[li][p] = float(logits[t, full[k - 1]] - logits[t, full[k]])
+            if (li, p) in self.route_flips and k < len(full):
+                full = full.copy()
+                full[k - 1], full[k] = full[k], full[k - 1]
+            order = full[:k]
+            w = softmax(logits[t, order])
+            for e, we in zip(order, w):
+                g = self.mm(h[t], L.gate_exps[e], tg) + L.gate_b[e]
+                u = self.mm(h[t], L.up_exps[e], tu) + L.up_b[e]
+                out[t] += we * (self.mm(swiglu_oai(g, u), L.down_exps[e], td) + L.down_b[e])
         return out
 
     def new_cache(self):
@@ -292,8 +386,8 @@ class Model:
             if self.qk_norm == "head":
                 q = rmsnorm(q, L.q_norm, self.eps)
                 k = rmsnorm(k, L.k_norm, self.eps)
-            q = self.rope_apply(q, pos)
-            k = self.rope_apply(k, pos)
+            q = self.rope_apply(q, pos, self.is_swa[li])
+            k = self.rope_apply(k, pos, self.is_swa[li])
             c = cache[li]
             c["k"] = np.concatenate([c["k"], k], axis=0)
             c["v"] = np.concatenate([c["v"], v], axis=0)
@@ -302,10 +396,19 @@ class Model:
             vv = np.repeat(c["v"], group, axis=1)
             scores = np.einsum("thd,shd->hts", q, kk) / np.sqrt(D)   # (H, T, S)
             mask = np.arange(S)[None, :] > pos[:, None]     # (T, S) future positions
+            if self.is_swa[li]:                             # and those out of the window
+                mask |= pos[:, None] - np.arange(S)[None, :] >= self.n_swa
             scores = np.where(mask[None, :, :], -np.inf, scores)
-            att = softmax(scores, axis=-1)
+            if L.sinks is not None:
+                # The sink: one more logit per head in the softmax, with no value row.
+                sk = np.broadcast_to(L.sinks[:, None, None], (H, T, 1))
+                att = softmax(np.concatenate([scores, sk], axis=-1), axis=-1)[:, :, :S]
+            else:
+                att = softmax(scores, axis=-1)
             o = np.einsum("hts,shd->thd", att, vv).reshape(T, H * D)
             x = x + self.mm(o, L.wo)
+            if L.bo is not None:
+                x = x + L.bo
             h = rmsnorm(x, L.ffn_norm, self.eps)
             if L.moe:
                 x = x + self.moe_ffn(L, h, li, pos)

@@ -61,7 +61,13 @@ QUANT_TYPES = ("q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "q4_1", "q5_0", "q5_1", "
 # each of the two logits may move by the tolerance.
 TIE_FACTOR = 2.0
 
-MOE_ARCHES = ("qwen3moe", "qwen2moe", "mixtral", "olmoe")
+MOE_ARCHES = ("qwen3moe", "qwen2moe", "mixtral", "olmoe", "gpt-oss")
+
+# gpt-oss: a sliding window shorter than every case's context (12 + 32 and 14 + 32 positions),
+# so the sliding layers' window cuts in both in the prompt and while decoding; YaRN as the
+# real model has it (factor 32 from 4096), which at these positions already mixes the
+# interpolated and the original frequencies (pairs 8..17 of 32 ramp).
+OSS_GEN = ["--sliding-window", "16"]
 
 # The same noise that flips a near-tied token can flip a near-tied expert choice: where the
 # router's k-th and (k+1)-th probabilities are this close at a position, the engine may have
@@ -93,6 +99,10 @@ def shape_for(arch):
     return sh
 
 
+def gen_extra(arch):
+    return OSS_GEN if arch == "gpt-oss" else []
+
+
 def gen_cmd(moed_gguf, arch, wtype, seed, std, path, extra=()):
     """moed-gguf gen takes the test arch names (mixtral = llama with experts) and the output
     path as the last argument; extra: more gen options (a layout, --vec-type, --bias)."""
@@ -102,7 +112,7 @@ def gen_cmd(moed_gguf, arch, wtype, seed, std, path, extra=()):
         cmd += ["--" + k.replace("_", "-"), str(v)]
     if arch == "llama":
         cmd.append("--tied")       # cover tied output embeddings on one arch
-    return cmd + list(extra) + [path]
+    return cmd + gen_extra(arch) + list(extra) + [path]
 
 
 def py_gen(arch, wtype, seed, std, path):
@@ -231,8 +241,14 @@ def main(argv=None):
                          "instead of moed-gguf: random valid quant blocks, not quantized floats")
     ap.add_argument("--moed-run", required=True)
     ap.add_argument("--arch", required=True,
-                    choices=["qwen3moe", "qwen2moe", "mixtral", "olmoe", "llama", "qwen2", "qwen3"])
+                    choices=["qwen3moe", "qwen2moe", "mixtral", "olmoe", "llama", "qwen2", "qwen3",
+                             "gpt-oss"])
     ap.add_argument("--type", required=True, choices=sorted(TOL))
+    ap.add_argument("--exp-type", choices=sorted(TOL),
+                    help="type of the 3-D expert tensors (moed-gguf gen --exp-type), e.g. gpt-oss's "
+                         "mxfp4 experts beside f16 (the converter's file) or q8_0 (llama-quantize's "
+                         "MXFP4_MOE) weights; the tolerance and the reference variants are then "
+                         "those of the coarser type")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--std", type=float, default=0.08)
     ap.add_argument("--threads", type=int, default=2)
@@ -245,11 +261,16 @@ def main(argv=None):
                          "converter): the layouts llama.cpp's converters write")
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args(argv)
-    tol_rel, cos_min = TOL["f32" if a.exact else a.type]
+    # Judged as the coarser of the two types where the experts have their own.
+    jtype = a.exp_type if a.exp_type in QUANT_TYPES else a.type
+    label = a.type + ("+" + a.exp_type if a.exp_type else "")
+    if a.exp_type:
+        a.gen_opt = list(a.gen_opt) + ["--exp-type=" + a.exp_type]
+    tol_rel, cos_min = TOL["f32" if a.exact else jtype]
     tmp = a.keep or tempfile.mkdtemp(prefix="moed-parity-")
     os.makedirs(tmp, exist_ok=True)
     try:
-        model_path = os.path.join(tmp, "%s-%s.gguf" % (a.arch, a.type))
+        model_path = os.path.join(tmp, "%s-%s.gguf" % (a.arch, label))
         if a.model:
             model_path = a.model
         elif a.py_gen:
@@ -260,7 +281,7 @@ def main(argv=None):
         else:
             raise ValueError("give --moed-gguf or --py-gen")
         variants = [("exact", forward_ref.Model(model_path))]
-        if a.type in QUANT_TYPES and not a.exact:
+        if jtype in QUANT_TYPES and not a.exact:
             variants.append(("act-q8", forward_ref.Model(model_path, act_quant=True)))
         rng = np.random.default_rng(a.seed + 1000)
         V = variants[0][1].n_vocab
@@ -295,7 +316,7 @@ def main(argv=None):
                 results[vname].append((name, compare_routed(model, ref, prompts, c_gen, c_rows,
                                                             tol_rel, cos_min)))
     except (RuntimeError, OSError, ValueError, KeyError) as e:
-        print("%-8s %-5s ERROR %s" % (a.arch, a.type, e))
+        print("%-8s %-5s ERROR %s" % (a.arch, label, e))
         return 1
     finally:
         if not a.keep:
@@ -333,7 +354,7 @@ def main(argv=None):
     route_ties = sum(len(r["route_ties"]) for _, r in results)
     print("%-8s %-5s ref=%-6s max|d|=%.3g (%.2g std, tol %.2f) 1-min_cos=%.2g (tol %.0e) "
           "greedy=%d/%d ties=%d%s %s%s"
-          % (a.arch, a.type, best, max_abs, rel, tol_rel, 1 - min_cos, 1 - cos_min, n_match, n_tok,
+          % (a.arch, label, best, max_abs, rel, tol_rel, 1 - min_cos, 1 - cos_min, n_match, n_tok,
              ties, " routing-ties=%d" % route_ties if route_ties else "",
              "PASS" if ok else "FAIL", " [vs %s]" % others if others else ""))
     return 0 if ok else 1

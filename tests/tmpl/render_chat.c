@@ -14,7 +14,8 @@
  *         "family" picks the formatter; without it the formatter is the one detected from
  *         "template". Either may be absent; "enable_thinking" absent means undefined.
  *         Tools: "tools": ["<tool as tojson>", ...]; a message may have "tool_calls":
- *         [{"function": {"name": "...", "arguments": "<JSON text>"}}].
+ *         [{"function": {"name": "...", "arguments": "<JSON text>"}}]; "thinking": an
+ *         assistant turn's reasoning (gpt-oss's name for it). gpt-oss: "date", "reasoning_effort".
  * stdout: [{"detect_rc": 0, "detected": "qwen3", "detect_err": "", "rc": 0, "text": "..."}]
  *         detect_* only when "template" was given; text is null when rc != 0.
  */
@@ -72,6 +73,8 @@ static cJSON *run_case(const cJSON *c)
 		.enable_thinking = cJSON_IsBool(think) ? cJSON_IsTrue(think) : -1,
 		.bos_text = str_or(c, "bos", NULL),
 		.eos_text = str_or(c, "eos", NULL),
+		.date_text = str_or(c, "date", NULL),
+		.reasoning_effort = str_or(c, "reasoning_effort", NULL),
 	};
 	char *text = NULL;
 	size_t len = 0;
@@ -135,6 +138,7 @@ static cJSON *run_case(const cJSON *c)
 
 		m[i].role = str_or(it, "role", NULL);
 		m[i].content = str_or(it, "content", NULL);
+		m[i].reasoning = str_or(it, "thinking", NULL);
 		if (cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(it, "content"))) {
 			m[i].content = "";
 			m[i].content_null = true;

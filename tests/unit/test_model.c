@@ -89,7 +89,9 @@ static void spec_init(struct spec *s, const char *a)
 	bool mixtral = strcmp(a, "mixtral") == 0;
 	s->arch = mixtral ? "llama" : a;
 	s->moe = mixtral || strstr(a, "moe") != NULL;
-	bool qwen2moe = strcmp(a, "qwen2moe") == 0, bias = qwen2moe || strcmp(a, "qwen2") == 0;
+	bool qwen2moe = strcmp(a, "qwen2moe") == 0, oss = strcmp(a, "gpt-oss") == 0;
+	bool bias = qwen2moe || strcmp(a, "qwen2") == 0 || oss;
+	s->moe = s->moe || oss;
 	const int64_t QD = H * D, KD = K * D, FE = s->moe ? F : FF;
 	add(s, MD_DT_F32, 2, N, V, 1, "token_embd.weight", 0, 0);
 	add(s, MD_DT_F32, 1, N, 1, 1, "output_norm.weight", 0, 0);
@@ -112,7 +114,17 @@ static void spec_init(struct spec *s, const char *a)
 			add(s, MD_DT_F32, 1, QD, 1, 1, "blk.%d.attn_q_norm.weight", i, 0);
 			add(s, MD_DT_F32, 1, KD, 1, 1, "blk.%d.attn_k_norm.weight", i, 0);
 		}
-		add(s, MD_DT_F32, 1, N, 1, 1, "blk.%d.ffn_norm.weight", i, 0);
+		if (oss) { /* llama.cpp's llama_model_openai_moe::load_arch_tensors */
+			add(s, MD_DT_F32, 1, N, 1, 1, "blk.%d.attn_output.bias", i, 0);
+			add(s, MD_DT_F32, 1, H, 1, 1, "blk.%d.attn_sinks.weight", i, 0);
+			add(s, MD_DT_F32, 1, N, 1, 1, "blk.%d.post_attention_norm.weight", i, 0);
+			add(s, MD_DT_F32, 1, E, 1, 1, "blk.%d.ffn_gate_inp.bias", i, 0);
+			add(s, MD_DT_F32, 2, FE, E, 1, "blk.%d.ffn_gate_exps.bias", i, 0);
+			add(s, MD_DT_F32, 2, FE, E, 1, "blk.%d.ffn_up_exps.bias", i, 0);
+			add(s, MD_DT_F32, 2, N, E, 1, "blk.%d.ffn_down_exps.bias", i, 0);
+		} else {
+			add(s, MD_DT_F32, 1, N, 1, 1, "blk.%d.ffn_norm.weight", i, 0);
+		}
 		if (s->moe) {
 			add(s, MD_DT_F32, 2, N, E, 1, "blk.%d.ffn_gate_inp.weight", i, 0);
 			add(s, MD_DT_F32, 3, N, FE, E, "blk.%d.ffn_gate_exps.weight", i, 0);
@@ -203,7 +215,8 @@ static void write_spec(struct spec *s)
 	struct md_gguf_writer *w = md_gguf_writer_new();
 	SETUP(w);
 	md_gguf_w_str(w, "general.architecture", s->arch);
-	bool qwenmoe = strcmp(s->arch, "qwen3moe") == 0 || strcmp(s->arch, "qwen2moe") == 0;
+	bool oss = strcmp(s->arch, "gpt-oss") == 0;
+	bool qwenmoe = strcmp(s->arch, "qwen3moe") == 0 || strcmp(s->arch, "qwen2moe") == 0 || oss;
 	kv_u32(w, s, "block_count", NL);
 	kv_u32(w, s, "context_length", 512);
 	kv_u32(w, s, "embedding_length", N);
@@ -227,6 +240,8 @@ static void write_spec(struct spec *s)
 		if (strcmp(s->arch, "qwen2moe") == 0)
 			kv_u32(w, s, "expert_shared_feed_forward_length", S);
 	}
+	if (oss) /* as convert_hf_to_gguf.py writes gpt-oss-20b's config (window shortened) */
+		kv_u32(w, s, "attention.sliding_window", 8);
 	if (s->kv)
 		s->kv(w, s->arch);
 	for (int i = 0; i < s->n; i++)
@@ -765,10 +780,111 @@ static void t_rope_scaling(void)
 	unload();
 }
 
+static void kv_yarn32(struct md_gguf_writer *w, const char *arch)
+{
+	char key[128];
+	snprintf(key, sizeof(key), "%s.rope.scaling.type", arch);
+	md_gguf_w_str(w, key, "yarn");
+	snprintf(key, sizeof(key), "%s.rope.scaling.factor", arch);
+	md_gguf_w_f32(w, key, 32.0f);
+	snprintf(key, sizeof(key), "%s.rope.scaling.original_context_length", arch);
+	md_gguf_w_u32(w, key, 4096);
+}
+
+static void kv_yarn_log_mul(struct md_gguf_writer *w, const char *arch)
+{
+	kv_yarn32(w, arch);
+	char key[128];
+	snprintf(key, sizeof(key), "%s.rope.scaling.yarn_log_multiplier", arch);
+	md_gguf_w_f32(w, key, 0.1f);
+}
+
+static void kv_oss_pattern3(struct md_gguf_writer *w, const char *arch)
+{
+	kv_yarn32(w, arch);
+	char key[128];
+	snprintf(key, sizeof(key), "%s.attention.sliding_window_pattern", arch);
+	md_gguf_w_u32(w, key, 3);
+	snprintf(key, sizeof(key), "%s.rope.freq_base_swa", arch);
+	md_gguf_w_f32(w, key, 10000.0f);
+}
+
+/* gpt-oss as the converter writes it: sinks, post_attention_norm as the FFN norm, biases on
+ * the output projection, router and experts (the 2-D expert biases f16 here: read as f32),
+ * the window, YaRN; llama.cpp's default pattern: even layers slide. */
+static void t_gpt_oss(void)
+{
+	struct spec s;
+	spec_init(&s, "gpt-oss");
+	s.kv = kv_yarn32;
+	find(&s, "blk.1.ffn_up_exps.bias")->type = MD_DT_F16;
+	EXPECT_LOADS(&s);
+	const struct md_hparams *hp = &model.hp;
+	CHECK_EQ_U(hp->arch, MD_ARCH_GPT_OSS);
+	CHECK_EQ_U(hp->n_swa, 8);
+	CHECK(md_layer_is_swa(hp, 0) && !md_layer_is_swa(hp, 1));
+	CHECK(hp->rope_yarn);
+	CHECK(fabsf(hp->rope_freq_scale - 1.0f / 32) < 1e-9f);
+	CHECK_EQ_U(hp->n_ctx_orig_yarn, 4096);
+	CHECK(hp->rope_freq_base_swa == hp->rope_freq_base);
+	CHECK_EQ_U(hp->ffn_act, MD_ACT_SWIGLU_OAI);
+	CHECK_EQ_U(hp->n_ff_exp, F);
+	const struct md_layer *L = &model.layers[1];
+	CHECK(L->attn_sinks && L->bo && L->gate_inp_b && L->gate_exps_b && L->down_exps_b);
+	check_vector_equals_file(L->attn_sinks, "blk.1.attn_sinks.weight", H);
+	check_vector_equals_file(L->ffn_norm, "blk.1.post_attention_norm.weight", N);
+	check_vector_equals_file(L->up_exps_b, "blk.1.ffn_up_exps.bias", F * E);
+	CHECK_EQ_U(L->up_exps_b->type, MD_DT_F32);
+	CHECK_EQ_U(L->down_exps_b->ne[0], N);
+	CHECK_EQ_U(L->down_exps_b->ne[1], E);
+	CHECK_EQ_U(model.n_tensors, (size_t)s.n);
+	unload();
+	/* A pattern from the file, and the sliding layers' own rope base. */
+	spec_init(&s, "gpt-oss");
+	s.kv = kv_oss_pattern3;
+	EXPECT_LOADS(&s);
+	CHECK(md_layer_is_swa(&model.hp, 0) && md_layer_is_swa(&model.hp, 1));
+	CHECK(model.hp.rope_freq_base_swa == 10000.0f);
+	unload();
+}
+
+/* What gpt-oss needs and a file may lack or get wrong, each named. */
+static void t_gpt_oss_refused(void)
+{
+	struct spec s;
+	spec_init(&s, "gpt-oss");
+	drop(&s, "blk.1.attn_sinks.weight");
+	EXPECT_REFUSED(&s, -EINVAL, "missing tensor 'blk.1.attn_sinks.weight'", "arch gpt-oss");
+	spec_init(&s, "gpt-oss");
+	drop(&s, "blk.0.ffn_down_exps.bias");
+	EXPECT_REFUSED(&s, -EINVAL, "missing tensor 'blk.0.ffn_down_exps.bias'");
+	spec_init(&s, "gpt-oss");
+	find(&s, "blk.0.ffn_gate_exps.bias")->type = MD_DT_Q8_0;
+	EXPECT_REFUSED(&s, -ENOTSUP, "bias tensor 'blk.0.ffn_gate_exps.bias' is q8_0",
+		       "expected f32, f16 or bf16");
+	spec_init(&s, "gpt-oss");
+	s.omit[0] = "attention.sliding_window";
+	EXPECT_REFUSED(&s, -EINVAL, "missing metadata 'gpt-oss.attention.sliding_window'");
+	spec_init(&s, "gpt-oss");
+	s.kv = kv_yarn_log_mul;
+	EXPECT_REFUSED(&s, -ENOTSUP, "'gpt-oss.rope.scaling.yarn_log_multiplier' is 0.1");
+}
+
+/* An architecture moed does not know is named, with every one it does. */
+static void t_arch_unsupported(void)
+{
+	struct spec s;
+	spec_init(&s, "qwen3");
+	s.arch = "bogus-arch";
+	EXPECT_REFUSED(&s, -ENOTSUP, "unsupported architecture 'bogus-arch'", "general.architecture",
+		       "supported: qwen3moe, qwen2moe, llama (dense, or Mixtral with experts), olmoe, qwen2, qwen3, gpt-oss");
+}
+
 /* Every arch in its plain layout loads, with the shapes bound as the forward pass reads them. */
 static void t_plain_all_archs(void)
 {
-	const char *archs[] = { "qwen3moe", "qwen2moe", "mixtral", "olmoe", "llama", "qwen2", "qwen3" };
+	const char *archs[] = { "qwen3moe", "qwen2moe", "mixtral", "olmoe", "llama", "qwen2", "qwen3",
+				"gpt-oss" };
 	struct spec s;
 	for (size_t i = 0; i < sizeof(archs) / sizeof(archs[0]); i++) {
 		spec_init(&s, archs[i]);
@@ -804,6 +920,9 @@ static const struct {
 	{ "metadata-required", t_metadata_required },
 	{ "metadata-arrays", t_metadata_arrays },
 	{ "rope-scaling", t_rope_scaling },
+	{ "gpt-oss", t_gpt_oss },
+	{ "gpt-oss-refused", t_gpt_oss_refused },
+	{ "arch-unsupported", t_arch_unsupported },
 };
 
 int main(int argc, char **argv)
