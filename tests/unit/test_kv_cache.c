@@ -614,6 +614,51 @@ static void test_prefix_cache(void)
 	md_kv_release(&kv);
 }
 
+/* Rows without V (latent attention): K rows of their own width, no V storage, the same
+ * sharing and copy-on-write. */
+static void test_k_only(void)
+{
+	enum { W = 12 };
+	struct md_kv_cache kv;
+	CHECK_EQ_I(md_kv_init_dims(&kv, 2, W, 0, 6, 2), 0);
+	CHECK(kv.v == NULL);
+	CHECK_EQ_U(md_kv_token_bytes(2, W, 0), 2 * W * sizeof(float));
+	CHECK_EQ_U(md_kv_token_bytes(2, W, W), 4 * W * sizeof(float));
+	int a = md_kv_seq_new(&kv);
+	CHECK_EQ_I(md_kv_reserve(&kv, a, 20), 0);
+	int32_t sq[20], ps[20];
+	for (int t = 0; t < 20; t++)
+		sq[t] = a, ps[t] = t;
+	CHECK_EQ_I(md_kv_batch_begin(&kv, 20, sq, ps), 0);
+	for (uint32_t l = 0; l < 2; l++)
+		for (uint32_t p = 0; p < 20; p++) {
+			float *k, *v;
+			md_kv_write_rows(&kv, l, a, p, &k, &v);
+			CHECK(v == NULL);
+			for (int i = 0; i < W; i++)
+				k[i] = val(l, 1, p, i);
+		}
+	CHECK_EQ_I(md_kv_commit(&kv, a, 20), 0);
+	/* A fork at 18 writes into the shared tail block: a copy, a's rows stay. */
+	int b = md_kv_seq_fork(&kv, a, 18);
+	CHECK_EQ_I(md_kv_reserve(&kv, b, 19), 0);
+	CHECK(md_kv_seq_block(&kv, a, 17) != md_kv_seq_block(&kv, b, 17));
+	float *k, *v;
+	md_kv_write_rows(&kv, 1, b, 18, &k, &v);
+	k[0] = -1.0f;
+	int ok = 1;
+	for (uint32_t l = 0; l < 2; l++)
+		for (uint32_t p = 0; p < 20; p++)
+			for (int i = 0; i < W; i++) {
+				ok &= md_kv_k(&kv, l, a, p)[i] == val(l, 1, p, i);
+				if (p < 18)
+					ok &= md_kv_k(&kv, l, b, p)[i] == val(l, 1, p, i);
+			}
+	CHECK(ok);
+	check_accounting(&kv);
+	md_kv_release(&kv);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 1) {
@@ -626,6 +671,7 @@ int main(int argc, char **argv)
 		test_exhaustion();
 		test_batch_checks();
 		test_prefix_cache();
+		test_k_only();
 	}
 	if (failures) {
 		fprintf(stderr, "kv_cache: %d failures\n", failures);
