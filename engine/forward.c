@@ -40,6 +40,7 @@
 #include <string.h>
 
 #include "common/assert.h"
+#include "engine/attn_mla.h"
 #include "engine/kern/cpu.h"
 #include "engine/kern/matmul.h"
 #include "engine/kern/threadpool.h"
@@ -79,6 +80,7 @@ struct md_forward_ctx {
 	float *att_scratch; /* per-thread attention scores (att_cap each) */
 	size_t att_cap;
 	float *rope_cs; /* (n_rot) cos, sin pairs of the current token's position (rope_table) */
+	struct md_mla *mla; /* owned: latent attention's scratch (deepseek2), else NULL */
 };
 
 static void *xalloc(size_t n, int *fail)
@@ -128,6 +130,7 @@ void md_forward_free(struct md_forward_ctx *f)
 	free(f->ex_pos);
 	free(f->att_scratch);
 	free(f->rope_cs);
+	md_mla_free(f->mla);
 	free(f);
 }
 
@@ -154,8 +157,8 @@ struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, i
 	size_t F = hp->n_ff_exp;
 	if (hp->n_ff_shexp > F)
 		F = hp->n_ff_shexp;
-	if (!hp->n_expert && hp->n_ff > F)
-		F = hp->n_ff;
+	if ((!hp->n_expert || hp->n_layer_dense_lead) && hp->n_ff > F)
+		F = hp->n_ff; /* dense layers: all of them, or the leading ones of an MoE model */
 	size_t in_max = N > QD ? N : QD;
 	if (F > in_max)
 		in_max = F;
@@ -188,6 +191,8 @@ struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, i
 	}
 	f->mm_scratch = xalloc(md_matmul_scratch_floats(f->pool, (int64_t)in_max, max_tokens) * sizeof(float), &fail);
 	f->rope_cs = xalloc((size_t)hp->n_rot * sizeof(float), &fail);
+	if (hp->kv_lora_rank && !fail && !(f->mla = md_mla_new(m, f->pool, max_tokens)))
+		fail = 1;
 	if (fail) {
 		md_forward_free(f);
 		return NULL;
@@ -274,7 +279,7 @@ static void att_worker(void *ctx, int ith, int nth)
 	const struct md_hparams *hp = &f->m->hp;
 	const int H = (int)hp->n_head, D = (int)hp->head_dim;
 	const int group = (int)(hp->n_head / hp->n_head_kv);
-	const float scale = 1.0f / sqrtf((float)D);
+	const float scale = hp->attn_scale;
 	const struct md_kern *kn = md_kern_active(); /* NULL: portable loops */
 	float *sc = f->att_scratch + f->att_cap * (size_t)ith;
 	int total = j->b->n_tokens * H;
@@ -342,6 +347,12 @@ static void attention(struct md_forward_ctx *f, struct md_kv_cache *kv, const st
 
 	for (int t = 0; t < n; t++)
 		rmsnorm(f->xn + (size_t)t * N, f->x + (size_t)t * N, L->attn_norm->data, N, eps);
+	if (f->mla) { /* latent attention (engine/attn_mla.h) */
+		md_mla_attention(f->mla, f->pool, kv, b, il, f->xn, f->tmp, f->att_scratch, f->att_cap);
+		for (size_t i = 0; i < (size_t)n * N; i++)
+			f->x[i] += f->tmp[i];
+		return;
+	}
 
 	struct md_mat wq = md_mat_of(L->wq, 0), wk = md_mat_of(L->wk, 0), wv = md_mat_of(L->wv, 0);
 	const struct md_mat wqkv[3] = { wq, wk, wv };
@@ -541,12 +552,15 @@ static void prefetch_next(struct md_forward_ctx *f, uint32_t il, int n)
 		return;
 	const struct md_layer *L = &f->m->layers[il + 1];
 	const int64_t N = hp->n_embd;
+	if (!L->gate_inp)
+		return;
 	for (int t = 0; t < n; t++)
 		rmsnorm(f->pre_x + (size_t)t * N, f->x + (size_t)t * N, L->ffn_norm->data, N,
 			hp->rms_eps);
 	struct md_mat wr = md_mat_of(L->gate_inp, 0);
 	md_matmul(f->pool, &wr, f->pre_x, n, f->pre_router.logits, f->mm_scratch);
-	const struct md_routing *p = md_router_route(&f->pre_router, n);
+	const struct md_routing *p = md_router_route_bias(&f->pre_router, n,
+							  L->exp_probs_b ? L->exp_probs_b->data : NULL);
 	md_expert_src_prefetch(f->src, il + 1, p->active, p->n_active);
 }
 
@@ -597,7 +611,8 @@ static int moe(struct md_forward_ctx *f, int n, uint32_t il)
 	/* 1-2. Route and group (router.c); the observer sees the result. */
 	struct md_mat wr = md_mat_of(L->gate_inp, 0);
 	md_matmul(f->pool, &wr, f->xn, n, f->router.logits, f->mm_scratch);
-	const struct md_routing *r = md_router_route(&f->router, n);
+	const struct md_routing *r = md_router_route_bias(&f->router, n,
+							  L->exp_probs_b ? L->exp_probs_b->data : NULL);
 	if (f->route_cb)
 		f->route_cb(f->route_ud, il, r);
 
@@ -617,18 +632,18 @@ static int moe(struct md_forward_ctx *f, int n, uint32_t il)
 			dst[j] += w * src[j];
 	}
 
-	/* Qwen2-MoE shared expert with its sigmoid gate. */
+	/* The shared expert: with its sigmoid gate (Qwen2-MoE), or ungated (DeepSeek, GLM). */
 	if (L->gate_shexp) {
 		struct md_mat g = md_mat_of(L->gate_shexp, 0), u = md_mat_of(L->up_shexp, 0);
 		struct md_mat d = md_mat_of(L->down_shexp, 0);
 		swiglu(f, &g, &u, &d, f->xn, n, f->ye);
-		const float *gw = L->gate_inp_shexp->data;
+		const float *gw = L->gate_inp_shexp ? L->gate_inp_shexp->data : NULL;
 		for (int t = 0; t < n; t++) {
 			const float *xr = f->xn + (size_t)t * N;
 			double s = 0;
-			for (int64_t j = 0; j < N; j++)
+			for (int64_t j = 0; gw && j < N; j++)
 				s += (double)gw[j] * xr[j];
-			float gate = (float)(1.0 / (1.0 + exp(-s)));
+			float gate = gw ? (float)(1.0 / (1.0 + exp(-s))) : 1.0f;
 			float *dst = f->tmp + (size_t)t * N;
 			const float *src = f->ye + (size_t)t * N;
 			for (int64_t j = 0; j < N; j++)
@@ -646,7 +661,7 @@ static int ffn(struct md_forward_ctx *f, int n, uint32_t il)
 	const int64_t N = hp->n_embd;
 	for (int t = 0; t < n; t++)
 		rmsnorm(f->xn + (size_t)t * N, f->x + (size_t)t * N, L->ffn_norm->data, N, hp->rms_eps);
-	if (hp->n_expert) {
+	if (L->gate_inp) { /* routed experts; dense FFN in dense models and leading layers */
 		int rc = moe(f, n, il);
 		if (rc)
 			return rc;

@@ -417,6 +417,17 @@ static void t_weight_type_refused(void)
 		       "supported: f32, f16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs, bf16, mxfp4");
 }
 
+/* An architecture moed does not bind is refused at load, by name, with the list of those it
+ * does. */
+static void t_arch_refused(void)
+{
+	struct spec s;
+	spec_init(&s, "qwen3moe");
+	s.arch = "grok";
+	EXPECT_REFUSED(&s, -ENOTSUP, "unsupported architecture 'grok'",
+		       "supported: qwen3moe, qwen2moe, llama/mixtral, olmoe, deepseek2, glm4moe, qwen2, qwen3");
+}
+
 /* Trailing dimensions of 1 on any tensor: [a, b, 1] and [a, b, 1, 1] match [a, b]. */
 static void t_trailing_ones(void)
 {
@@ -790,6 +801,7 @@ static const struct {
 	{ "vectors-f16-bf16", t_vectors_f16_bf16 },
 	{ "vector-quantized-refused", t_vector_quantized_refused },
 	{ "weight-type-refused", t_weight_type_refused },
+	{ "arch-refused", t_arch_refused },
 	{ "trailing-ones", t_trailing_ones },
 	{ "wrong-shape-refused", t_wrong_shape_refused },
 	{ "mixtral-split-experts-view", t_mixtral_split_experts_view },
