@@ -375,6 +375,7 @@ class Model:
             sel = grp.reshape(T, -1)
         out = np.zeros_like(h)
         k = self.n_expert_used
+        picks = {}   # expert -> [(token, weight)]
         for t in range(T):
             # Top-k by probability, ties broken by the lower expert index (stable sort).
             full = np.argsort(-sel[t], kind="stable")
@@ -389,11 +390,16 @@ class Model:
             if self.norm_topk:
                 w = w / max(np.sum(w), 6.103515625e-5)
             w = w * self.w_scale
-            tg, tu, td = (self.wtype[id(a)] for a in (L.gate_exps, L.up_exps, L.down_exps))
             for e, we in zip(order, w):
-                g = self.mm(h[t], L.gate_exps[e], tg)
-                u = self.mm(h[t], L.up_exps[e], tu)
-                out[t] += we * self.mm(silu(g) * u, L.down_exps[e], td)
+                picks.setdefault(int(e), []).append((t, we))
+        # Each expert once over the tokens that chose it (row by row the same products).
+        tg, tu, td = (self.wtype[id(a)] for a in (L.gate_exps, L.up_exps, L.down_exps))
+        for e, tw in sorted(picks.items()):
+            ts = np.array([t for t, _ in tw])
+            we = np.array([w for _, w in tw])
+            g = self.mm(h[ts], L.gate_exps[e], tg)
+            u = self.mm(h[ts], L.up_exps[e], tu)
+            out[ts] += we[:, None] * self.mm(silu(g) * u, L.down_exps[e], td)
         if L.gate_sh is not None:
             g = self.mm(h, L.gate_sh)
             u = self.mm(h, L.up_sh)

@@ -198,13 +198,19 @@ def route_tie_ref(model, prompts, c_gen, c_rows, ref, res, flips, tol):
             cand = [c for c in cand if c not in have][:4]
             model.route_margins = model.group_margins = None
             best = None
-            for mask in range(1, 1 << len(cand)):
-                pick = {c for j, c in enumerate(cand) if mask >> j & 1}
-                model.route_flips = have | pick
-                rows = model.forward(model.new_cache(), toks)
-                d = float(np.abs(rows[pos] - c_rows[r0 + pos]).max())
-                if best is None or d < best[0]:
-                    best = (d, pick, rows)
+            # One flip at a time first, then pairs, ...: the fewest that explain the row.
+            for size in range(1, len(cand) + 1):
+                for mask in range(1, 1 << len(cand)):
+                    if bin(mask).count("1") != size:
+                        continue
+                    pick = {c for j, c in enumerate(cand) if mask >> j & 1}
+                    model.route_flips = have | pick
+                    rows = model.forward(model.new_cache(), toks)
+                    d = float(np.abs(rows[pos] - c_rows[r0 + pos]).max())
+                    if best is None or d < best[0]:
+                        best = (d, pick, rows)
+                if best is not None and best[0] <= tol:
+                    break
             model.route_flips = set()
             if best is not None and best[0] <= tol:
                 changed = True
