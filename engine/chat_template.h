@@ -24,6 +24,7 @@ enum md_chat_family {
 	MD_CHAT_MISTRAL_V1, /* "mistral-v1": Mistral-7B-Instruct v0.1/v0.2, no system role */
 	MD_CHAT_OLMO2,      /* "olmo2": bos_token + Tulu 3 (OLMo-2-1124-Instruct) */
 	MD_CHAT_GPT_OSS,    /* "gpt-oss": OpenAI's harmony format (gpt-oss-20b/120b) */
+	MD_CHAT_GLM45,      /* "glm4.5": GLM-4.5/4.6 ([gMASK]<sop>, <think></think> turns; no tools) */
 	MD_CHAT_FAMILY_COUNT
 };
 

@@ -565,7 +565,8 @@ static int setup_experts(struct md_engine *e)
 	md_expert_store_get_stats(e->store, &st);
 	md_log(MD_LOG_INFO, "experts: store, host cache %.0f MiB (%u of %u experts, %.2f MiB "
 	       "each, %s reads), policy %s, prefetch %s, KV %.0f MiB, limit %.0f MiB (%s): %s",
-	       plan.cache_bytes / 1048576.0, st.n_slots, m->hp.n_layer * m->hp.n_expert,
+	       plan.cache_bytes / 1048576.0, st.n_slots,
+	       (m->hp.n_layer - m->hp.n_layer_dense_lead) * m->hp.n_expert, /* dense layers: none */
 	       st.slot_bytes / 1048576.0, st.direct ? "O_DIRECT" : "buffered",
 	       md_epol_name(pol), c->no_expert_prefetch ? "off" : "on", plan.kv_bytes / 1048576.0,
 	       lim.bytes / 1048576.0, lim.bytes ? lim.source : "unknown", plan.why);
@@ -1088,8 +1089,9 @@ static int setup_kv(struct md_engine *e)
 {
 	const struct md_engine_config *c = &e->cfg;
 	const struct md_hparams *hp = &e->model.hp;
-	uint32_t kv_dim = hp->n_head_kv * hp->head_dim;
-	uint64_t block_bytes = (uint64_t)hp->n_layer * MD_KV_BLOCK_TOKENS * kv_dim * sizeof(float) * 2;
+	uint32_t k_dim, v_dim; /* latent attention caches one row of its own width, no V */
+	md_model_kv_dims(&e->model, &k_dim, &v_dim);
+	uint64_t block_bytes = MD_KV_BLOCK_TOKENS * md_kv_token_bytes(hp->n_layer, k_dim, v_dim);
 	uint64_t min_blocks = blocks_for(e->n_ctx) + 1;
 	uint64_t n_blocks = c->kv_blocks;
 	if (n_blocks && n_blocks < min_blocks) {
@@ -1106,7 +1108,7 @@ static int setup_kv(struct md_engine *e)
 		n_blocks = useful;
 	if (n_blocks < min_blocks)
 		n_blocks = min_blocks;
-	int rc = md_kv_init(&e->kv, hp->n_layer, kv_dim, (uint32_t)n_blocks, c->max_seqs);
+	int rc = md_kv_init_dims(&e->kv, hp->n_layer, k_dim, v_dim, (uint32_t)n_blocks, c->max_seqs);
 	if (rc) {
 		snprintf(e->err, sizeof(e->err), "cannot allocate the KV cache (%llu blocks)",
 			 (unsigned long long)n_blocks);
