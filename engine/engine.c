@@ -1417,6 +1417,11 @@ int md_engine_tool_format(const struct md_engine *e)
 	return (int)md_chat_family_tool_format(e->text.chat);
 }
 
+int md_engine_tool_text(const struct md_engine *e)
+{
+	return (int)md_chat_family_tool_text(e->text.chat);
+}
+
 int md_engine_tokenize(const struct md_engine *e, const char *text, size_t len, bool add_bos,
 		       bool parse_special, int32_t **ids)
 {
@@ -1461,9 +1466,12 @@ int md_engine_chat_tokenize_tools(const struct md_engine *e, const struct md_eng
 		cm[i].tool_calls = calls + k;
 		cm[i].n_tool_calls = msgs[i].n_tool_calls;
 		cm[i].content_null = msgs[i].content_null;
+		cm[i].tool_call_id = msgs[i].tool_call_id;
 		for (size_t j = 0; j < msgs[i].n_tool_calls; j++, k++) {
 			calls[k].name = msgs[i].tool_calls[j].name;
 			calls[k].arguments = msgs[i].tool_calls[j].arguments;
+			calls[k].arguments_obj = msgs[i].tool_calls[j].arguments_obj;
+			calls[k].id = msgs[i].tool_calls[j].id;
 		}
 	}
 	rc = md_text_chat_tokenize_tools(&e->text, cm, n, tools, n_tools, ids);

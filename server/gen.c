@@ -427,7 +427,7 @@ static void tool_emit(void *arg, enum md_tool_ev ev, int index, const char *s, s
 		ch->calls = nc;
 		struct tcall *c = &ch->calls[ch->n_calls++];
 		memset(c, 0, sizeof(*c));
-		md_tools_call_id(c->id, sizeof(c->id));
+		md_tools_call_id(ch->tp.fmt, c->id, sizeof(c->id));
 		snprintf(c->name, sizeof(c->name), "%.*s", (int)n, s);
 		if (g->stream)
 			sse_choice(g, md_oai_choice_tool_delta(ch->index, index, c->id, c->name, "", 0,
@@ -1047,7 +1047,8 @@ static struct md_oai_limits limits_of(const struct md_gen_ctx *x)
 				       .max_tokens_cap = x->cfg->max_tokens_cap,
 				       .n_vocab = x->n_vocab,
 				       .has_draft = md_engine_has_draft(x->eng),
-				       .tool_format = md_engine_tool_format(x->eng) };
+				       .tool_format = md_engine_tool_format(x->eng),
+				       .tool_text = md_engine_tool_text(x->eng) };
 }
 
 void md_gen_chat(struct md_gen_ctx *x, const struct md_oai_reply *o, cJSON *body)

@@ -530,7 +530,8 @@ static int p_tools(const struct param *row, struct pctx *x, cJSON *t)
 {
 	char err[300];
 	md_tools_release(&x->p->tools);
-	int rc = md_tools_parse(&x->p->tools, t, err, sizeof(err));
+	int rc = md_tools_parse(&x->p->tools, t, (enum md_tool_text)x->lim->tool_text, err,
+				sizeof(err));
 	x->p->tools.format = (enum md_tool_fmt)x->lim->tool_format;
 	if (rc == -ENOMEM) {
 		out_of_memory(x->o);
@@ -818,7 +819,7 @@ int md_oai_parse_messages(const struct md_oai_reply *o, cJSON *body, struct md_o
 			n_calls += (size_t)cJSON_GetArraySize(tc);
 	}
 	struct md_oai_msgs m = { .msgs = calloc(n, sizeof(*m.msgs)),
-				 .owned = calloc(n + n_calls, sizeof(char *)),
+				 .owned = calloc(n + 2 * n_calls, sizeof(char *)),
 				 .calls = calloc(n_calls ? n_calls : 1, sizeof(*m.calls)) };
 	char param[64];
 	if (!m.msgs || !m.owned || !m.calls) {
@@ -870,21 +871,32 @@ int md_oai_parse_messages(const struct md_oai_reply *o, cJSON *body, struct md_o
 				}
 				struct md_engine_tool_call *c = &m.calls[at_call++];
 				c->name = name->valuestring;
-				if (cJSON_IsString(args)) {
-					c->arguments = args->valuestring;
-				} else {
-					char *a = md_tools_tojson(args);
-					if (!a) {
-						out_of_memory(o);
-						goto fail;
-					}
-					m.owned[m.n_owned++] = a;
-					c->arguments = a;
+				cJSON *id = cJSON_GetObjectItemCaseSensitive(call, "id");
+				c->id = cJSON_IsString(id) ? id->valuestring : NULL;
+				/* the arguments as sent, and as `tojson` of their value for the
+				 * templates that take them as an object (NULL: not JSON) */
+				cJSON *parsed = cJSON_IsString(args) ? cJSON_Parse(args->valuestring)
+								      : NULL;
+				char *a = cJSON_IsString(args) ? NULL : md_tools_tojson(args);
+				char *obj = parsed ? md_tools_tojson(parsed) : NULL;
+				cJSON_Delete(parsed);
+				if (!cJSON_IsString(args) && !a) {
+					free(obj);
+					out_of_memory(o);
+					goto fail;
 				}
+				if (a)
+					m.owned[m.n_owned++] = a;
+				if (obj)
+					m.owned[m.n_owned++] = obj;
+				c->arguments = a ? a : args->valuestring;
+				c->arguments_obj = a ? a : obj;
 				m.msgs[i].n_tool_calls++;
 			}
 		}
 		m.msgs[i].role = rs;
+		cJSON *tcid = cJSON_GetObjectItemCaseSensitive(msg, "tool_call_id");
+		m.msgs[i].tool_call_id = cJSON_IsString(tcid) ? tcid->valuestring : NULL;
 		cJSON *content = cJSON_GetObjectItemCaseSensitive(msg, "content");
 		if (!content || cJSON_IsNull(content)) {
 			if (strcmp(rs, "assistant") != 0) {

@@ -70,6 +70,7 @@ struct md_oai_limits {
 	uint32_t n_vocab;        /* token ids are in [0, n_vocab) */
 	bool has_draft;          /* a draft model is loaded ("speculative": {"drafter": "draft"}) */
 	int tool_format;         /* md_engine_tool_format(): how forced tool calls are written */
+	int tool_text;           /* md_engine_tool_text(): the form of each tool's text */
 };
 
 #define MD_OAI_MAX_N 64          /* choices per prompt */
