@@ -1481,6 +1481,12 @@ out:
 	return rc;
 }
 
+int md_engine_detokenize(const struct md_engine *e, const int32_t *ids, size_t n, char **out,
+			 size_t *len)
+{
+	return md_tokenizer_decode(e->text.tok, ids, n, false, out, len);
+}
+
 struct md_engine_detok {
 	struct md_detok d;
 };

@@ -251,6 +251,12 @@ int md_engine_tool_format(const struct md_engine *e);
  * md_chat_tool_text): 0 `tool | tojson`, 1 `tool | tojson(indent=4)`, 2 Mistral's. */
 int md_engine_tool_text(const struct md_engine *e);
 
+/* Decode a whole id sequence as Hugging Face's decode does (special tokens as their text;
+ * engine/tokenizer.h md_tokenizer_decode): a malloc'd NUL-terminated *out of *len bytes.
+ * Returns 0, -EINVAL (a bad id) or -ENOMEM. */
+int md_engine_detokenize(const struct md_engine *e, const int32_t *ids, size_t n, char **out,
+			 size_t *len);
+
 /* Incremental detokenizer that yields only complete UTF-8 (one per choice). */
 struct md_engine_detok; /* opaque */
 /* continuation: the text continues earlier text (raw completions), so a SentencePiece

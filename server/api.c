@@ -270,44 +270,24 @@ static void h_detokenize(struct md_api *a, const struct md_oai_reply *o, cJSON *
 			return;
 		}
 	}
-	struct md_engine_detok *d = md_engine_detok_new(a->eng, false);
-	size_t cap = 1024, len = 0;
-	char *out = malloc(cap);
-	if (!d || !out) {
-		md_engine_detok_free(d);
-		free(out);
-		md_oai_error(o, 500, "server_error", NULL, NULL, "out of memory");
+	/* the whole sequence at once, as Hugging Face decodes it (a stream cannot know how a
+	 * run of byte tokens ends: engine/tokenizer.h) */
+	size_t n = (size_t)cJSON_GetArraySize(toks), len = 0, i = 0;
+	int32_t *ids = malloc(sizeof(int32_t) * (n ? n : 1));
+	char *out = NULL;
+	if (ids) {
+		cJSON_ArrayForEach(t, toks)
+			ids[i++] = (int32_t)t->valuedouble;
+	}
+	int rc2 = ids ? md_engine_detokenize(a->eng, ids, n, &out, &len) : -ENOMEM;
+	free(ids);
+	if (rc2) {
+		md_oai_error(o, rc2 == -EINVAL ? 400 : 500,
+			     rc2 == -EINVAL ? "invalid_request_error" : "server_error",
+			     rc2 == -EINVAL ? "tokens" : NULL, NULL, "cannot decode the tokens (%s)",
+			     strerror(-rc2));
 		return;
 	}
-	char buf[1024];
-	int k;
-	bool last = false;
-	t = toks->child;
-	for (;;) {
-		if (t) {
-			k = md_engine_detok_push(d, (int32_t)t->valuedouble, buf, sizeof(buf));
-			t = t->next;
-		} else {
-			k = md_engine_detok_flush(d, buf, sizeof(buf));
-			last = true;
-		}
-		if (k > 0) {
-			if (len + (size_t)k + 1 > cap) {
-				while (len + (size_t)k + 1 > cap)
-					cap *= 2;
-				char *no = realloc(out, cap);
-				if (!no)
-					break;
-				out = no;
-			}
-			memcpy(out + len, buf, (size_t)k);
-			len += (size_t)k;
-		}
-		if (last)
-			break;
-	}
-	md_engine_detok_free(d);
-	out[len] = 0;
 	cJSON *doc = cJSON_CreateObject();
 	cJSON_AddStringToObject(doc, "content", out);
 	cJSON_AddStringToObject(doc, "prompt", out);

@@ -44,6 +44,12 @@ try:
     check(st == 200 and doc["count"] > 2, "tokenize a chat", doc)
     st, h, doc = call(srv, "POST", "/detokenize", {"tokens": [-1]})
     check(st == 400, "detokenize bad id 400", st, doc)
+    # a character cut in two decodes as Hugging Face's byte-level decoder does: one U+FFFD for
+    # the cut sequence, the whole character after it intact (tests/tok checks against HF)
+    eur = call(srv, "POST", "/tokenize", {"content": "\u20ac"})[2]["tokens"]
+    if len(eur) == 3:
+        st, h, doc = call(srv, "POST", "/detokenize", {"tokens": eur[:2] + eur + eur[:1]})
+        check(st == 200 and doc["content"] == "\ufffd\u20ac\ufffd", "detokenize a cut character", doc)
 
     # ---- completions ----
     req = {"prompt": "The quick brown fox", "max_tokens": 8, "temperature": 0}
