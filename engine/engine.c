@@ -366,17 +366,22 @@ static void seq_finish(struct md_engine *e, struct md_seq *s, enum md_finish f, 
 	md_seq_free(s);
 }
 
-/* Constrained decoding: the grammar's mask for s's next token (the matcher is made on the
- * first token; near max_tokens the mask keeps only tokens after which the grammar can still
- * be completed, so the output closes rather than being cut). Requests with a grammar do not
- * speculate (spec_attach), so one token is decided per step and the matcher advances by it
- * in decide_item. */
-static int grammar_mask(struct md_engine *e, struct md_seq *s, const uint32_t **allowed)
+/* Constrained decoding: the grammar's mask for the token s decides at row j of this step
+ * (the matcher is made on the first token; near max_tokens the mask keeps only tokens after
+ * which the grammar can still be completed, so the output closes rather than being cut).
+ * Row j's mask is the one at the state after the j tokens decided before it in the step: a
+ * verifying step decides row by row, the matcher advancing by each decided token (decide_item),
+ * so every row's target distribution is masked as plain decoding would mask it, and a drafted
+ * token the grammar does not allow is rejected like any other mismatch (it has probability 0;
+ * md_spec_decide draws the correction from the masked residual). Nothing to roll back: the
+ * matcher only ever takes decided tokens. */
+static int grammar_mask(struct md_engine *e, struct md_seq *s, uint32_t j,
+			const uint32_t **allowed)
 {
 	struct md_engine_req *r = s->req;
 	int rc = r->_gm ? 0 : md_gmatch_new(&r->_gm, r->grammar, e->gvocab);
 	if (!rc)
-		rc = md_gmatch_mask_budget(r->_gm, r->max_tokens - s->n_gen, allowed);
+		rc = md_gmatch_mask_budget(r->_gm, r->max_tokens - s->n_gen - j, allowed);
 	return rc;
 }
 
@@ -397,7 +402,8 @@ static bool at_limit(const struct md_engine *e, const struct md_seq *s, uint32_t
 /* Emit one decided token of s: post its event and append it, or finish s (end-of-generation,
  * max_tokens, context, a completed grammar). Returns true when the sequence finished (it is
  * then freed). */
-static bool emit_token(struct md_engine *e, struct md_seq *s, const struct md_sample_out *so)
+static bool emit_token(struct md_engine *e, struct md_seq *s, const struct md_sample_out *so,
+		       bool last)
 {
 	const struct md_engine_req *r = s->req;
 	s->n_gen++;
@@ -425,7 +431,8 @@ static bool emit_token(struct md_engine *e, struct md_seq *s, const struct md_sa
 	}
 	ev_stage(e, ev);
 	md_sched_append(&e->sched, s, so->token);
-	if (r->grammar && r->_gm && md_gmatch_is_final(r->_gm)) {
+	/* the matcher is at the state after the step's last decided token */
+	if (last && r->grammar && r->_gm && md_gmatch_is_final(r->_gm)) {
 		seq_end(e, s, MD_FINISH_STOP, 0);
 		return true;
 	}
@@ -621,8 +628,8 @@ static void decide_item(struct md_engine *e, uint32_t i, const float *rows,
 			.prompt = s->toks, .n_prompt = s->n_prompt,
 			.gen = s->toks + s->n_prompt, .n_gen = s->n_toks - s->n_prompt + j,
 		};
-		if (r->grammar) { /* one row: grammar requests do not speculate */
-			int grc = grammar_mask(e, s, &ctx.allowed);
+		if (r->grammar) {
+			int grc = grammar_mask(e, s, j, &ctx.allowed);
 			if (grc) {
 				sp->err[i] = grc;
 				break;
@@ -644,9 +651,10 @@ static void decide_item(struct md_engine *e, uint32_t i, const float *rows,
 		if (!ok)
 			break;
 		acc++;
-		if ((md_tokenizer_is_eog(e->text.tok, out[n - 1].token) && !r->ignore_eos) ||
-		    at_limit(e, s, n))
-			break;
+		if ((md_tokenizer_is_eog(e->text.tok, out[n - 1].token) &&
+		     (!r->ignore_eos || r->grammar)) ||
+		    at_limit(e, s, n) || (r->grammar && md_gmatch_is_final(r->_gm)))
+			break; /* nothing may follow: the sequence ends with this token */
 	}
 	sp->n_out[i] = n;
 	sp->n_acc[i] = acc;
@@ -671,7 +679,7 @@ static void emit_item(struct md_engine *e, uint32_t i, const struct md_sample_ou
 		return;
 	}
 	for (uint32_t j = 0; j < sp->n_out[i]; j++)
-		if (emit_token(e, s, &out[j]))
+		if (emit_token(e, s, &out[j], j + 1 == sp->n_out[i]))
 			return;
 }
 
@@ -869,8 +877,6 @@ static int spec_attach(struct md_engine *e, struct md_seq *s, uint64_t seed)
 	enum md_spec_drafter d = o->drafter == MD_SPEC_DEFAULT ? e->sp.drafter : o->drafter;
 	if (d == MD_SPEC_DRAFT && !e->draft_ready)
 		d = MD_SPEC_OFF; /* no draft model: the server refuses such requests before */
-	if (s->req->grammar)
-		d = MD_SPEC_OFF; /* the grammar's matcher advances one decided token at a time */
 	if (d != MD_SPEC_NGRAM && d != MD_SPEC_DRAFT)
 		return 0;
 	uint32_t k = o->max_k ? o->max_k : e->sp.k;
@@ -1422,6 +1428,11 @@ bool md_engine_chat_harmony(const struct md_engine *e)
 	return e->text.chat == MD_CHAT_GPT_OSS;
 }
 
+int md_engine_tool_text(const struct md_engine *e)
+{
+	return (int)md_chat_family_tool_text(e->text.chat);
+}
+
 int md_engine_tokenize(const struct md_engine *e, const char *text, size_t len, bool add_bos,
 		       bool parse_special, int32_t **ids)
 {
@@ -1473,9 +1484,12 @@ int md_engine_chat_tokenize_effort(const struct md_engine *e, const struct md_en
 		cm[i].tool_calls = calls + k;
 		cm[i].n_tool_calls = msgs[i].n_tool_calls;
 		cm[i].content_null = msgs[i].content_null;
+		cm[i].tool_call_id = msgs[i].tool_call_id;
 		for (size_t j = 0; j < msgs[i].n_tool_calls; j++, k++) {
 			calls[k].name = msgs[i].tool_calls[j].name;
 			calls[k].arguments = msgs[i].tool_calls[j].arguments;
+			calls[k].arguments_obj = msgs[i].tool_calls[j].arguments_obj;
+			calls[k].id = msgs[i].tool_calls[j].id;
 		}
 	}
 	rc = md_text_chat_tokenize_effort(&e->text, cm, n, tools, n_tools, reasoning_effort, ids);
@@ -1483,6 +1497,12 @@ out:
 	free(calls);
 	free(cm);
 	return rc;
+}
+
+int md_engine_detokenize(const struct md_engine *e, const int32_t *ids, size_t n, char **out,
+			 size_t *len)
+{
+	return md_tokenizer_decode(e->text.tok, ids, n, false, out, len);
 }
 
 struct md_engine_detok {

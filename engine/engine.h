@@ -224,6 +224,8 @@ bool md_engine_token_is_eog(const struct md_engine *e, int32_t id);
 struct md_engine_tool_call {
 	const char *name;      /* borrowed */
 	const char *arguments; /* borrowed: JSON text as the client sent it */
+	const char *arguments_obj; /* borrowed, may be NULL: chat_template.h md_chat_tool_call */
+	const char *id;        /* borrowed, may be NULL: the call's id */
 };
 struct md_engine_msg {
 	const char *role;      /* system, user, assistant or tool */
@@ -232,10 +234,11 @@ struct md_engine_msg {
 	size_t n_tool_calls;
 	bool content_null;     /* the client sent null content (content is ""), which some
 				* templates render differently (DeepSeek-V3's tool calls) */
+	const char *tool_call_id; /* borrowed, may be NULL: a tool message's call id */
 };
 int md_engine_chat_tokenize(const struct md_engine *e, const struct md_engine_msg *msgs,
 			    size_t n, int32_t **ids);
-/* The same with the request's tools, each as the chat template's `tool | tojson` writes it
+/* The same with the request's tools, each in the form md_engine_tool_text() names
  * (n_tools may be 0). -ENOTSUP when the model's chat template has no tool format and the
  * request has tools, tool calls or tool messages. */
 int md_engine_chat_tokenize_tools(const struct md_engine *e, const struct md_engine_msg *msgs,
@@ -246,11 +249,21 @@ int md_engine_chat_tokenize_effort(const struct md_engine *e, const struct md_en
 				   size_t n, const char *const *tools, size_t n_tools,
 				   const char *reasoning_effort, int32_t **ids);
 /* How the model writes tool calls (its chat template's family): 0 none (tools are refused),
- * 1 Hermes <tool_call> JSON (Qwen3, chatml), 2 DeepSeek-V3's tool tokens. */
+ * 1 Hermes <tool_call> JSON (Qwen3, chatml), 2 DeepSeek-V3's tool tokens, 3 Mistral
+ * [TOOL_CALLS], 4 Llama 3.1 JSON (chat_template.h enum md_tool_format). */
 int md_engine_tool_format(const struct md_engine *e);
 /* Whether the chat template writes OpenAI's harmony channels (gpt-oss): the output then
  * carries its analysis channel as reasoning and its final channel as content. */
 bool md_engine_chat_harmony(const struct md_engine *e);
+/* The form the chat template wants each tool text in (chat_template.h enum
+ * md_chat_tool_text): 0 `tool | tojson`, 1 `tool | tojson(indent=4)`, 2 Mistral's. */
+int md_engine_tool_text(const struct md_engine *e);
+
+/* Decode a whole id sequence as Hugging Face's decode does (special tokens as their text;
+ * engine/tokenizer.h md_tokenizer_decode): a malloc'd NUL-terminated *out of *len bytes.
+ * Returns 0, -EINVAL (a bad id) or -ENOMEM. */
+int md_engine_detokenize(const struct md_engine *e, const int32_t *ids, size_t n, char **out,
+			 size_t *len);
 
 /* Incremental detokenizer that yields only complete UTF-8 (one per choice). */
 struct md_engine_detok; /* opaque */

@@ -305,7 +305,7 @@ int main(int argc, char **argv)
 	};
 	check_fd_limit(&a->cfg);
 	if ((rc = md_engine_new(&a->eng, &ec, engine_wake, &a->wake)) ||
-	    (rc = md_api_new(&a->api, a->eng, &a->cfg)) ||
+	    (rc = md_api_new(&a->api, a->eng, &a->cfg, a->loop)) ||
 	    (rc = md_http_server_new(&a->http, a->loop, &lim, md_api_on_request, a->api))) {
 		fprintf(stderr, "moed: cannot initialise: %s\n", strerror(-rc));
 		return 1;

@@ -546,19 +546,23 @@ static void test_prefix_cache(void)
 	CHECK(holds(&kv, b, 0, 32, 1));
 	CHECK_EQ_U(md_kv_prefix_attach(&kv, b, toks, 40), 0); /* not empty any more */
 	check_accounting(&kv);
-	/* Different second block: only the first attaches; too short: none. */
+	/* Different second block: the first attaches, and the 4 tokens the second shares come
+	 * as rows copied into a block of c's own; shorter than a block: copied rows only. */
 	int c = md_kv_seq_new(&kv);
-	CHECK_EQ_U(md_kv_prefix_attach(&kv, c, other, 40), 16);
+	CHECK_EQ_U(md_kv_prefix_attach(&kv, c, other, 40), 20);
 	CHECK_EQ_I(md_kv_block_refs(&kv, b0), 2);
+	CHECK(md_kv_seq_block(&kv, c, 16) != b1);
+	CHECK(holds(&kv, c, 0, 20, 1));
 	int d = md_kv_seq_new(&kv);
-	CHECK_EQ_U(md_kv_prefix_attach(&kv, d, toks, 15), 0);
+	CHECK_EQ_U(md_kv_prefix_attach(&kv, d, toks, 15), 15);
+	CHECK(md_kv_seq_block(&kv, d, 0) != b0 && holds(&kv, d, 0, 15, 1));
 	md_kv_seq_free(&kv, d);
+	check_accounting(&kv);
 
-	/* c writes into its copy of the first block's range? No: it continues at 16, in a block
-	 * of its own; b0 stays shared and registered. */
+	/* c continues at 20 in its own block; b0 stays shared and registered. */
 	CHECK_EQ_I(md_kv_reserve(&kv, c, 40), 0);
-	CHECK_EQ_I(write_span(&kv, c, 16, 40, 2), 0);
-	CHECK(holds(&kv, c, 0, 16, 1));
+	CHECK_EQ_I(write_span(&kv, c, 20, 40, 2), 0);
+	CHECK(holds(&kv, c, 0, 20, 1) && holds(&kv, c, 20, 40, 2));
 	CHECK_EQ_I(md_kv_seq_block(&kv, c, 0), b0);
 	md_kv_prefix_register(&kv, c, other, 40);
 	CHECK_EQ_U(md_kv_prefix_blocks(&kv), 3);
@@ -583,7 +587,7 @@ static void test_prefix_cache(void)
 	CHECK_EQ_I(write_span(&kv, c, 20, 24, 4), 0);
 	CHECK_EQ_I(md_kv_seq_block(&kv, c, 16), c1);
 	CHECK_EQ_U(md_kv_prefix_blocks(&kv), 2);
-	CHECK(holds(&kv, c, 16, 20, 2) && holds(&kv, c, 20, 24, 4));
+	CHECK(holds(&kv, c, 16, 20, 1) && holds(&kv, c, 20, 24, 4));
 	md_kv_seq_free(&kv, b);
 	md_kv_seq_free(&kv, c);
 	check_accounting(&kv);
@@ -614,6 +618,70 @@ static void test_prefix_cache(void)
 	md_kv_release(&kv);
 }
 
+/* A sequence's last, partial block, registered when it ends, gives its rows to the next
+ * sequence with those tokens (copied: it is never shared); evicted like any block. */
+static void test_prefix_tail(void)
+{
+	struct md_kv_cache kv;
+	REQUIRE(CHECK_EQ_I(md_kv_init(&kv, 2, DIM, 6, 4), 0));
+	REQUIRE(CHECK_EQ_I(md_kv_prefix_enable(&kv), 0));
+	int32_t toks[128], other[128];
+	for (int i = 0; i < 128; i++)
+		toks[i] = other[i] = 500 + i;
+	other[18] = 3;
+
+	int a = md_kv_seq_new(&kv);
+	CHECK_EQ_I(md_kv_reserve(&kv, a, 21), 0);
+	CHECK_EQ_I(write_span(&kv, a, 0, 21, 1), 0);
+	int32_t at = md_kv_seq_block(&kv, a, 16);
+	md_kv_prefix_register_tail(&kv, a, toks, 21);
+	CHECK_EQ_U(md_kv_prefix_blocks(&kv), 2); /* the whole first block and the tail */
+	md_kv_seq_free(&kv, a);
+	check_accounting(&kv);
+	CHECK_EQ_U(md_kv_blocks_used(&kv), 0);
+
+	/* The same 21 tokens and more: 16 shared, 5 copied; the tail itself stays unheld. */
+	int b = md_kv_seq_new(&kv);
+	CHECK_EQ_U(md_kv_prefix_attach(&kv, b, toks, 30), 21);
+	CHECK(md_kv_seq_block(&kv, b, 16) != at && md_kv_block_refs(&kv, at) == 0);
+	CHECK(holds(&kv, b, 0, 21, 1));
+	CHECK_EQ_I(md_kv_reserve(&kv, b, 30), 0);
+	CHECK_EQ_I(write_span(&kv, b, 21, 30, 2), 0);
+	CHECK(holds(&kv, b, 0, 21, 1) && holds(&kv, b, 21, 30, 2));
+	/* A repeat that must recompute its last token (attach up to 20 of 21): 20. */
+	int c = md_kv_seq_new(&kv);
+	CHECK_EQ_U(md_kv_prefix_attach(&kv, c, toks, 20), 20);
+	CHECK(holds(&kv, c, 0, 20, 1));
+	/* Tokens that part at 18: two rows of the tail. */
+	int d = md_kv_seq_new(&kv);
+	CHECK_EQ_U(md_kv_prefix_attach(&kv, d, other, 30), 18);
+	CHECK(holds(&kv, d, 0, 18, 1));
+	check_accounting(&kv);
+	md_kv_seq_free(&kv, b);
+	md_kv_seq_free(&kv, c);
+	md_kv_seq_free(&kv, d);
+	check_accounting(&kv);
+
+	/* A shared last block (a fork's) is not registered as a tail. */
+	int e = md_kv_seq_new(&kv);
+	CHECK_EQ_U(md_kv_prefix_attach(&kv, e, toks, 16), 16);
+	int f = md_kv_seq_fork(&kv, e, 16);
+	REQUIRE(CHECK(f >= 0));
+	md_kv_prefix_register_tail(&kv, e, toks, 16);
+	md_kv_seq_free(&kv, f);
+	md_kv_seq_free(&kv, e);
+
+	/* The pool needs every block: the tail goes like the others. */
+	int g = md_kv_seq_new(&kv);
+	CHECK_EQ_I(md_kv_reserve(&kv, g, 6 * MD_KV_BLOCK_TOKENS), 0);
+	CHECK_EQ_U(md_kv_prefix_blocks(&kv), 0);
+	md_kv_seq_free(&kv, g);
+	int h = md_kv_seq_new(&kv);
+	CHECK_EQ_U(md_kv_prefix_attach(&kv, h, toks, 30), 0);
+	check_accounting(&kv);
+	md_kv_release(&kv);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 1) {
@@ -626,6 +694,7 @@ int main(int argc, char **argv)
 		test_exhaustion();
 		test_batch_checks();
 		test_prefix_cache();
+		test_prefix_tail();
 	}
 	if (failures) {
 		fprintf(stderr, "kv_cache: %d failures\n", failures);
