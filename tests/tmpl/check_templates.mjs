@@ -212,7 +212,7 @@ const convs = [
 // tags in text (the template raises), reasoning effort and date.
 const pad2 = (n) => String(n).padStart(2, "0");
 const now = new Date();
-const today = `${now.getFullYear()}-${pad2(now.getMonth() + 1)}-${pad2(now.getDate())}`;
+const todayIso = `${now.getFullYear()}-${pad2(now.getMonth() + 1)}-${pad2(now.getDate())}`;
 const D = (content) => ({ role: "developer", content });
 const AR = (content, thinking) => ({ role: "assistant", content, thinking });
 if (family === "gpt-oss") {
@@ -326,7 +326,7 @@ function cases(tmplLabel, template) {
 					// cannot be overridden); moed takes today's by default and a given one
 					// as date_text (given here as today's, for half the cases). One effort
 					// other than the default.
-					if (agp) c.date = today;
+					if (agp) c.date = todayIso;
 					if (name.startsWith("multi-turn")) ctx.reasoning_effort = c.reasoning_effort = "high";
 				}
 				if (family === "llama3.2") c.date_string = today;
