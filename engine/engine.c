@@ -511,7 +511,8 @@ static void save_hot(struct md_engine *e)
 		return;
 	int rc = md_expert_store_save(e->store, path);
 	if (rc)
-		md_log(MD_LOG_WARN, "experts: cannot write the hot set '%s': %s", path, strerror(-rc));
+		md_log(MD_LOG_ERROR, "experts: cannot write the hot set '%s': %s (any previous one is "
+		       "kept as it was; the next start may be colder)", path, strerror(-rc));
 	else
 		md_log(MD_LOG_INFO, "experts: hot set written to '%s'", path);
 }
