@@ -8,6 +8,8 @@
 #define MIB (1024.0 * 1024.0)
 /* cgroup v1 writes "no limit" as a page-rounded 2^63 - 1; anything this large is none. */
 #define NO_LIMIT ((uint64_t)1 << 60)
+/* The least of a limit kept for the process itself when the experts go through the store. */
+#define RESERVE ((uint64_t)32 << 20)
 
 static bool read_u64(const char *path, uint64_t *out)
 {
@@ -135,10 +137,27 @@ void md_mem_plan_make(const struct md_mem_plan_in *in, struct md_mem_plan *out)
 	uint64_t dense = in->file_bytes - in->expert_bytes;
 	if (out->kv_bytes > usable / 8)
 		out->kv_bytes = usable / 8;
-	uint64_t left = usable > dense + out->kv_bytes ? usable - dense - out->kv_bytes : 0;
+	if (out->kv_bytes < in->kv_min)
+		out->kv_bytes = in->kv_min;
+	/* What dense weights, KV and cache may never exceed: the limit less the process's own
+	 * share (code, heap, buffers), a tenth of it and at least RESERVE. */
+	uint64_t reserve = in->limit / 10 > RESERVE ? in->limit / 10 : RESERVE;
+	uint64_t hard = in->limit > reserve ? in->limit - reserve : 0;
+	uint64_t top = usable < hard ? usable : hard;
+	uint64_t left = top > dense + out->kv_bytes ? top - dense - out->kv_bytes : 0;
 	out->cache_bytes = left < in->min_cache ? in->min_cache : left;
 	if (out->cache_bytes > in->expert_bytes)
 		out->cache_bytes = in->expert_bytes;
+	uint64_t need = dense + out->kv_bytes + out->cache_bytes;
+	if (need > hard) {
+		out->refuse = true;
+		snprintf(out->why, sizeof(out->why), "dense weights %.0f MiB + KV %.0f MiB + the "
+			 "smallest expert cache %.0f MiB need %.0f MiB, more than the memory limit "
+			 "(%.0f MiB) less %.0f MiB for the process itself", dense / MIB,
+			 out->kv_bytes / MIB, out->cache_bytes / MIB, need / MIB, in->limit / MIB,
+			 reserve / MIB);
+		return;
+	}
 	snprintf(out->why, sizeof(out->why), "the file (%.0f MiB) exceeds 80%% of the memory limit "
 		 "(%.0f MiB): dense weights %.0f MiB stay mapped, KV %.0f MiB, experts get the "
 		 "rest%s", in->file_bytes / MIB, in->limit / MIB, dense / MIB, out->kv_bytes / MIB,
