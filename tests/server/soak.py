@@ -19,7 +19,7 @@ The requests run in rounds (--concurrency clients at once); between rounds, with
 flight, the server's VmRSS and open descriptors are read from /proc/PID. RSS is flat when,
 after the warm-up (the first --warmup fraction of the requests), the peak over the second half
 of the remaining samples exceeds the peak over their first half by at most
-max(--rss-slack-mib, 2 %): a leak of L bytes per request shows as L x (a third of the
+max(--rss-slack-mib, 0.5 %): a leak of L bytes per request shows as L x (a third of the
 requests). The KV pool is resident as far as its blocks have ever been used (the prefix cache
 keeps whole freed blocks and takes never-used ones first), so before the mix the soak sends
 distinct long prompts until every block has been used once; --kv-memory-mb (default: the
@@ -945,7 +945,7 @@ def main():
             half = len(post) // 2
             first = max(x[1] for x in post[:half])
             second = max(x[1] for x in post[half:])
-            slack = max(a.rss_slack_mib * 1024, 0.02 * first)
+            slack = max(a.rss_slack_mib * 1024, 0.005 * first)
             flat = second - first <= slack
             rss_verdict = ("flat" if flat else "GROWING") + (
                 ": peak %.1f MiB over requests %d-%d, %.1f MiB over %d-%d (%+.1f MiB, "
