@@ -567,12 +567,12 @@ static int setup_experts(struct md_engine *e)
 	if (c->device_expert_mb > 0)
 		md_log(MD_LOG_WARN, "device-expert-mb %lld ignored: moed has no device expert tier "
 		       "yet", (long long)c->device_expert_mb);
+	e->kv_mem_bytes = plan.kv_bytes;
 	if (!plan.store) {
 		md_log(MD_LOG_INFO, "experts: mmap (the whole file mapped), limit %.0f MiB (%s): %s",
 		       lim.bytes / 1048576.0, lim.bytes ? lim.source : "unknown", plan.why);
 		return 0;
 	}
-	e->kv_mem_bytes = plan.kv_bytes;
 	struct md_expert_store_config sc = {
 		.host_bytes = plan.cache_bytes,
 		.policy = pol,

@@ -64,6 +64,33 @@ static void test_plan(void)
 	md_mem_plan_make(&in, &p);
 	CHECK(p.refuse);
 	CHECK(strstr(p.why, "KV 32 MiB") != NULL);
+	/* The whole file mapped: the KV pool (anonymous) kept below the limit less the
+	 * reserve, never below one context; refused when one context does not fit. */
+	struct md_mem_plan_in mm = { .limit = 64 * MB, .file_bytes = 12 * MB,
+				     .expert_bytes = 9 * MB, .kv_bytes = 512 * MB,
+				     .kv_min = 4 * MB, .min_cache = 1 * MB, .cache_mb = 0 };
+	md_mem_plan_make(&mm, &p);
+	CHECK(!p.store && !p.refuse);
+	CHECK_EQ_U(p.kv_bytes, 32 * MB);
+	CHECK(strstr(p.why, "KV capped at 32 MiB") != NULL);
+	mm.cache_mb = -1; /* forced mapping, and a dense model: the same cap */
+	md_mem_plan_make(&mm, &p);
+	CHECK(!p.store && p.kv_bytes == 32 * MB);
+	mm.cache_mb = 0;
+	mm.expert_bytes = 0;
+	md_mem_plan_make(&mm, &p);
+	CHECK(!p.store && p.kv_bytes == 32 * MB);
+	mm.kv_min = 40 * MB;
+	md_mem_plan_make(&mm, &p);
+	CHECK(p.refuse);
+	CHECK(strstr(p.why, "smallest KV pool (40 MiB)") != NULL);
+	mm.limit = 0; /* no limit known: nothing capped */
+	md_mem_plan_make(&mm, &p);
+	CHECK(!p.refuse && p.kv_bytes == 512 * MB);
+	mm.limit = 64000 * MB; /* a pool that fits is left as it is */
+	md_mem_plan_make(&mm, &p);
+	CHECK(!p.refuse && p.kv_bytes == 512 * MB && strstr(p.why, "capped") == NULL);
+
 	in.limit = 128 * MB; /* 3 + 32 + 13 fit; the cache gets the rest below 128 - 32 */
 	md_mem_plan_make(&in, &p);
 	CHECK(p.store && !p.refuse);
