@@ -518,9 +518,22 @@ static void save_hot(struct md_engine *e)
 		return;
 	int rc = md_expert_store_save(e->store, path);
 	if (rc)
-		md_log(MD_LOG_WARN, "experts: cannot write the hot set '%s': %s", path, strerror(-rc));
+		md_log(MD_LOG_ERROR, "experts: cannot write the hot set '%s': %s (any previous one is "
+		       "kept as it was; the next start may be colder)", path, strerror(-rc));
 	else
 		md_log(MD_LOG_INFO, "experts: hot set written to '%s'", path);
+}
+
+static uint32_t blocks_for(uint32_t n_pos)
+{
+	return (n_pos + MD_KV_BLOCK_TOKENS - 1) / MD_KV_BLOCK_TOKENS;
+}
+
+/* Bytes of one KV block (K and V, every layer). */
+static uint64_t kv_block_bytes(const struct md_hparams *hp)
+{
+	return (uint64_t)hp->n_layer * MD_KV_BLOCK_TOKENS * hp->n_head_kv * hp->head_dim *
+	       sizeof(float) * 2;
 }
 
 /* Choose the mode from the memory limit (mem_plan.h), size the KV budget with it, and make
@@ -536,25 +549,37 @@ static int setup_experts(struct md_engine *e)
 	}
 	struct md_mem_limit lim;
 	md_mem_limit_read(&lim, NULL);
+	/* setup_kv's pool: kv-blocks when set, else the budget, never less than one context */
+	uint64_t bb = kv_block_bytes(&m->hp);
+	uint64_t kv_min = (blocks_for(e->n_ctx) + 1) * bb;
+	uint64_t kv = c->kv_blocks ? c->kv_blocks * bb : e->kv_mem_bytes;
 	struct md_mem_plan_in in = {
 		.limit = lim.bytes,
 		.file_bytes = m->gguf.size,
 		.expert_bytes = md_expert_store_expert_bytes(m),
-		.kv_bytes = e->kv_mem_bytes,
+		.kv_bytes = kv,
+		.kv_min = c->kv_blocks ? kv : kv_min,
 		.min_cache = md_expert_store_min_bytes(m, (int)c->step_tokens),
 		.cache_mb = c->expert_cache_mb,
 	};
 	struct md_mem_plan plan;
 	md_mem_plan_make(&in, &plan);
+	if (plan.refuse) {
+		snprintf(e->err, sizeof(e->err), "'%s' cannot be served within the memory limit "
+			 "(%s): %s; raise the limit, lower ctx-size (KV for one context of %u "
+			 "tokens is %.0f MiB) or serve a smaller model", c->model_path, lim.source,
+			 plan.why, e->n_ctx, kv_min / 1048576.0);
+		return -ENOMEM;
+	}
 	if (c->device_expert_mb > 0)
 		md_log(MD_LOG_WARN, "device-expert-mb %lld ignored: moed has no device expert tier "
 		       "yet", (long long)c->device_expert_mb);
+	e->kv_mem_bytes = plan.kv_bytes;
 	if (!plan.store) {
 		md_log(MD_LOG_INFO, "experts: mmap (the whole file mapped), limit %.0f MiB (%s): %s",
 		       lim.bytes / 1048576.0, lim.bytes ? lim.source : "unknown", plan.why);
 		return 0;
 	}
-	e->kv_mem_bytes = plan.kv_bytes;
 	struct md_expert_store_config sc = {
 		.host_bytes = plan.cache_bytes,
 		.policy = pol,
@@ -1083,11 +1108,6 @@ static void name_model(struct md_engine *e)
 		*dot = 0;
 }
 
-static uint32_t blocks_for(uint32_t n_pos)
-{
-	return (n_pos + MD_KV_BLOCK_TOKENS - 1) / MD_KV_BLOCK_TOKENS;
-}
-
 /* Size and allocate the KV pool. An explicit block count too small for one full context is
  * a configuration that cannot work: refuse it rather than silently growing it. */
 static int setup_kv(struct md_engine *e)
@@ -1095,7 +1115,7 @@ static int setup_kv(struct md_engine *e)
 	const struct md_engine_config *c = &e->cfg;
 	const struct md_hparams *hp = &e->model.hp;
 	uint32_t kv_dim = hp->n_head_kv * hp->head_dim;
-	uint64_t block_bytes = (uint64_t)hp->n_layer * MD_KV_BLOCK_TOKENS * kv_dim * sizeof(float) * 2;
+	uint64_t block_bytes = kv_block_bytes(hp);
 	uint64_t min_blocks = blocks_for(e->n_ctx) + 1;
 	uint64_t n_blocks = c->kv_blocks;
 	if (n_blocks && n_blocks < min_blocks) {
@@ -1151,6 +1171,15 @@ static int load(struct md_engine *e)
 		md_log(MD_LOG_INFO, "%s, %u layers, n_embd %u, %u experts (%u active), vocab %u, "
 		       "%.1f MiB", hp->arch_name, hp->n_layer, hp->n_embd, hp->n_expert,
 		       hp->n_expert_used, hp->n_vocab, e->model.gguf.size / 1048576.0);
+	/* Like llama.cpp, a context longer than the training context is allowed (RoPE works at any
+	 * position) but warned about: quality past the training length is the model's business. */
+	e->n_ctx = c->n_ctx ? c->n_ctx : hp->n_ctx_train;
+	if (e->n_ctx == 0)
+		e->n_ctx = 4096;
+	if (hp->n_ctx_train && e->n_ctx > hp->n_ctx_train)
+		md_log(MD_LOG_WARN, "context %u exceeds the model's training context %u; output "
+		       "past %u tokens may degrade", e->n_ctx, hp->n_ctx_train, hp->n_ctx_train);
+
 	rc = setup_experts(e);
 	if (rc)
 		return rc;
@@ -1174,15 +1203,6 @@ static int load(struct md_engine *e)
 		snprintf(e->err, sizeof(e->err), "out of memory indexing the vocabulary");
 		return -ENOMEM;
 	}
-	/* Like llama.cpp, a context longer than the training context is allowed (RoPE works at any
-	 * position) but warned about: quality past the training length is the model's business. */
-	e->n_ctx = c->n_ctx ? c->n_ctx : hp->n_ctx_train;
-	if (e->n_ctx == 0)
-		e->n_ctx = 4096;
-	if (hp->n_ctx_train && e->n_ctx > hp->n_ctx_train)
-		md_log(MD_LOG_WARN, "context %u exceeds the model's training context %u; output "
-		       "past %u tokens may degrade", e->n_ctx, hp->n_ctx_train, hp->n_ctx_train);
-
 	rc = setup_kv(e);
 	if (rc)
 		return rc;

@@ -807,6 +807,18 @@ static int cmp_recent(const void *a, const void *b, void *arg)
 	return x < y ? 1 : x > y ? -1 : 0;
 }
 
+/* The directory part of path ("." without one) into buf. */
+static void dir_of(const char *path, char *buf, size_t cap)
+{
+	const char *slash = strrchr(path, '/');
+	if (!slash)
+		snprintf(buf, cap, ".");
+	else if (slash == path)
+		snprintf(buf, cap, "/");
+	else
+		snprintf(buf, cap, "%.*s", (int)(slash - path), path);
+}
+
 int md_expert_store_save(struct md_expert_store *s, const char *path)
 {
 	uint32_t *u = malloc(s->n_units * sizeof(*u));
@@ -831,14 +843,33 @@ int md_expert_store_save(struct md_expert_store *s, const char *path)
 	for (uint32_t i = 0; i < n; i++)
 		fprintf(f, "%u %u\n", u[i] / s->n_expert, u[i] % s->n_expert);
 	free(u);
-	int rc = ferror(f) ? -EIO : 0;
+	/* Every byte reaches the disk before the rename makes the file the one the next start
+	 * reads: a full disk (ENOSPC), a file-size limit (EFBIG) or an I/O error shows here, and
+	 * a crash or power cut after the rename finds the whole new file, never a cut one. */
+	int rc = 0;
+	errno = 0;
+	if (fflush(f) || ferror(f))
+		rc = errno ? -errno : -EIO;
+	if (!rc && fsync(fileno(f)))
+		rc = -errno;
 	if (fclose(f) && !rc)
 		rc = -errno;
 	if (!rc && rename(tmp, path))
 		rc = -errno;
-	if (rc)
+	if (rc) {
 		unlink(tmp);
-	return rc;
+		return rc;
+	}
+	/* The rename itself is made durable by syncing the directory; failing that only risks
+	 * the previous file after a power cut, so it is not an error. */
+	char dir[4200];
+	dir_of(path, dir, sizeof(dir));
+	int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd >= 0) {
+		fsync(dfd);
+		close(dfd);
+	}
+	return 0;
 }
 
 int md_expert_store_warm(struct md_expert_store *s, const char *path, uint32_t *n)

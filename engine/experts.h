@@ -115,7 +115,9 @@ struct md_expert_src *md_expert_store_src(struct md_expert_store *s);
 void md_expert_store_get_stats(struct md_expert_store *s, struct md_expert_store_stats *out);
 
 /* Warm restart. save writes the hot set, the resident experts most recently used first, to
- * path (atomically: a temporary file renamed), with the model's shape and file size; warm
+ * path (atomically: PATH.tmp written and synced, then renamed over path; on any failure the
+ * temporary file is removed and a previous path is left as it was), with the model's shape
+ * and file size; warm
  * reads such a file and queues reads (prefetch priority) for as many of its experts as the
  * cache holds, returning how many in *n. Both on the engine thread, between forward passes.
  * Return 0, -EINVAL for a file of another model (nothing queued) or a malformed line (the

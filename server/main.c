@@ -265,6 +265,9 @@ int main(int argc, char **argv)
 	md_log_setup((enum md_log_level)md_log_level_parse(a->cfg.log_level),
 		     strcmp(a->cfg.log_format, "json") == 0);
 	signal(SIGPIPE, SIG_IGN);
+	/* A write past RLIMIT_FSIZE fails with EFBIG (reported where it happens: the warm-restart
+	 * state file) instead of killing the process. */
+	signal(SIGXFSZ, SIG_IGN);
 
 	a->loop = uv_default_loop();
 	uv_async_init(a->loop, &a->wake, on_wake);
