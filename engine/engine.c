@@ -118,6 +118,10 @@ struct md_engine {
 	struct md_sched sched;
 	bool sched_ready;
 	float *logits;                   /* owned: (max_logits, n_vocab) */
+	int32_t *tok_err;                /* owned: (step_tokens) per batch row, an expert read
+					  * error of that token in the last step (md_batch) */
+	int *item_err;                   /* owned: (max_seqs) per plan item, the first of its
+					  * tokens' errors */
 	uint32_t max_logits;             /* rows: max_seqs, plus spec_k for up to 16 of them */
 	struct md_engine_event *out_head, *out_tail; /* events of the current step */
 	struct md_route_trace *trace;    /* owned, NULL: no --trace-routing */
@@ -962,6 +966,27 @@ static int spec_load_draft(struct md_engine *e, int threads)
 	return 0;
 }
 
+/* After the forward pass: each plan item's first token error (md_batch.tok_err: an expert its
+ * tokens needed could not be read) into e->item_err. Those sequences fail with it; the rest of
+ * the step is exact and goes on. Returns how many items failed. */
+static uint32_t items_failed(struct md_engine *e, const struct md_plan *p)
+{
+	uint32_t n_bad = 0;
+	for (uint32_t i = 0; i < p->n_items; i++) {
+		const struct md_plan_item *it = &p->items[i];
+		e->item_err[i] = 0;
+		for (uint32_t t = it->row; t < it->row + it->n_tok && !e->item_err[i]; t++)
+			e->item_err[i] = e->tok_err[t];
+		if (e->item_err[i]) {
+			n_bad++;
+			md_log(MD_LOG_WARN, "request %llu failed: an expert it needs cannot be read "
+			       "(%s); the other requests go on", (unsigned long long)it->seq->req->id,
+			       strerror(-e->item_err[i]));
+		}
+	}
+	return n_bad;
+}
+
 /* One scheduler step. Returns true when it did work. */
 static bool step(struct md_engine *e)
 {
@@ -981,7 +1006,7 @@ static bool step(struct md_engine *e)
 
 	struct md_batch b = {
 		.n_tokens = (int32_t)n, .tokens = p->tokens, .seq = p->seq, .pos = p->pos,
-		.want_logits = p->want_logits,
+		.want_logits = p->want_logits, .tok_err = e->tok_err,
 	};
 	trace_step_begin(e, p);
 	double t0 = mono_s();
@@ -998,26 +1023,29 @@ static bool step(struct md_engine *e)
 	 * remove a sequence, which the commit still reads. Logits rows come in item order; an
 	 * item's rows are its last n_logits tokens. */
 	struct spec_step *sp = &e->sp;
+	uint32_t n_bad = items_failed(e, p);
 	uint32_t k = 0;
 	for (uint32_t i = 0; i < p->n_items; i++) {
 		sp->n_out[i] = sp->n_acc[i] = sp->keep[i] = 0;
-		if (p->items[i].n_logits == 0)
-			continue;
+		if (p->items[i].n_logits == 0 || e->item_err[i])
+			goto next;
 		decide_item(e, i, e->logits + (size_t)k * e->n_vocab, sp->out + k);
+	next:
 		k += p->items[i].n_logits;
 	}
 	/* The controller's cost table: forward plus decisions of decode-only steps. */
-	if (p->n_prompt == 0 && p->n_recompute == 0)
+	if (p->n_prompt == 0 && p->n_recompute == 0 && n_bad == 0)
 		md_spec_ctl_observe(&e->ctl, n, mono_s() - t0);
 	md_sched_commit(sc, sp->keep);
 	spec_account(e);
 	k = 0;
 	for (uint32_t i = 0; i < p->n_items; i++) {
-		if (p->items[i].n_logits == 0)
-			continue;
 		uint32_t rows0 = k;
 		k += p->items[i].n_logits;
-		emit_item(e, i, sp->out + rows0);
+		if (e->item_err[i])
+			seq_end(e, p->items[i].seq, MD_FINISH_ERROR, e->item_err[i]);
+		else if (p->items[i].n_logits)
+			emit_item(e, i, sp->out + rows0);
 	}
 	return true;
 }
@@ -1203,7 +1231,9 @@ static int load(struct md_engine *e)
 	/* One logits row per running sequence and its drafts; the scheduler keeps a step
 	 * within that. */
 	e->logits = malloc(sizeof(float) * (size_t)e->max_logits * e->n_vocab);
-	if (!e->fw || !e->logits) {
+	e->tok_err = malloc(sizeof(*e->tok_err) * c->step_tokens);
+	e->item_err = malloc(sizeof(*e->item_err) * c->max_seqs);
+	if (!e->fw || !e->logits || !e->tok_err || !e->item_err) {
 		snprintf(e->err, sizeof(e->err), "out of memory setting up the engine");
 		return -ENOMEM;
 	}
@@ -1367,6 +1397,8 @@ void md_engine_free(struct md_engine *e)
 	if (e->model_loaded)
 		md_model_free(&e->model);
 	free(e->logits);
+	free(e->tok_err);
+	free(e->item_err);
 	spec_release(e);
 	free((char *)e->cfg.model_path);
 	free((char *)e->cfg.chat_template);

@@ -22,7 +22,9 @@
  *      valid and unchanged until release(layer, e); all the layer's experts are held at once
  *      (up to min(n_expert, tokens * n_expert_used)). May block until the weights are
  *      resident. A negative return fails md_forward with that code, after the experts already
- *      got are released.
+ *      got are released; or, for a batch with md_batch.tok_err, only the tokens routed to
+ *      that expert (the forward pass gets the layer's other experts and goes on). Either way
+ *      the failed expert is not released, and the source must be usable for the next plan.
  *   3. release(layer, e): once per successful get, after the layer's expert compute, in get
  *      order. The views are not used after it. Optional (NULL: views live as long as the
  *      source, which must outlive every forward context using it).

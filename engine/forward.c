@@ -24,7 +24,9 @@
  *          prefetches is told, once this layer's gets are done and before its last wave
  *          runs, the experts layer l+1's router picks on this layer's input (pre-gating,
  *          prefetch_next). Experts the source returns in
- *          device memory (md_expert_w.dev) run one by one through that backend's matmul;
+ *          device memory (md_expert_w.dev) run one by one through that backend's matmul.
+ *          In a batch with tok_err, an expert whose get fails (a read error) is skipped:
+ *          its tokens are marked and get zero from it, the others are exact (expert_failed);
  *       4. scatter-add the weighted outputs back in slot order, plus the shared expert with
  *          its sigmoid gate where the architecture has one; residual add.
  *   Commit: each sequence's new length (md_kv_commit) once every layer ran; then the final
@@ -72,6 +74,8 @@ struct md_forward_ctx {
 	int32_t *ex_off;     /* (E + 1) slot offsets of the active experts, in get order */
 	int32_t *ex_tok;     /* (T * k) token of each slot of that layout */
 	int32_t *ex_pos;     /* (T * k) routing slot -> slot of that layout */
+	uint8_t *ex_bad;     /* (E) the get of get-order entry g failed (tok_err batches only) */
+	int32_t *tok_err;    /* borrowed: the current batch's md_batch.tok_err, or NULL */
 	struct md_expert_src_map map_src; /* the default expert source */
 	struct md_expert_src *src;        /* borrowed: &map_src or the caller's (set_expert_src) */
 	md_forward_route_cb route_cb;     /* NULL: no observer */
@@ -126,6 +130,7 @@ void md_forward_free(struct md_forward_ctx *f)
 	free(f->ex_order);
 	free(f->ex_tok);
 	free(f->ex_pos);
+	free(f->ex_bad);
 	free(f->att_scratch);
 	free(f->rope_cs);
 	free(f);
@@ -185,6 +190,7 @@ struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, i
 		f->ex_order = xalloc(E * sizeof(int32_t), &fail);
 		f->ex_tok = xalloc(T * K * sizeof(int32_t), &fail);
 		f->ex_pos = xalloc(T * K * sizeof(int32_t), &fail);
+		f->ex_bad = xalloc(E, &fail);
 	}
 	f->mm_scratch = xalloc(md_matmul_scratch_floats(f->pool, (int64_t)in_max, max_tokens) * sizeof(float), &fail);
 	f->rope_cs = xalloc((size_t)hp->n_rot * sizeof(float), &fail);
@@ -491,6 +497,10 @@ static int moe_dev(struct md_forward_ctx *f, int g)
 static int moe_wave(struct md_forward_ctx *f, int n, int g0, int g1)
 {
 	for (int g = g0; g < g1;) {
+		if (f->ex_bad[g]) { /* its rows stay zero (expert_failed) */
+			g++;
+			continue;
+		}
 		if (f->ex_got[g].dev) {
 			int rc = moe_dev(f, g++);
 			if (rc)
@@ -498,7 +508,7 @@ static int moe_wave(struct md_forward_ctx *f, int n, int g0, int g1)
 			continue;
 		}
 		int h = g;
-		while (h < g1 && !f->ex_got[h].dev)
+		while (h < g1 && !f->ex_got[h].dev && !f->ex_bad[h])
 			h++;
 		if (!moe_grouped(f, n, g, h))
 			moe_each(f, g, h);
@@ -507,12 +517,28 @@ static int moe_wave(struct md_forward_ctx *f, int n, int g0, int g1)
 	return 0;
 }
 
-/* Release the first n_got experts of the get order. */
+/* Release the first n_got experts of the get order (those whose get succeeded). */
 static void experts_release(struct md_forward_ctx *f, uint32_t il, const struct md_routing *r,
 			    int n_got)
 {
 	for (int i = 0; i < n_got; i++)
-		md_expert_src_release(f->src, il, r->active[f->ex_order[i]]);
+		if (!f->ex_bad[i])
+			md_expert_src_release(f->src, il, r->active[f->ex_order[i]]);
+}
+
+/* The get of get-order entry g failed with rc in a batch with tok_err: its tokens are marked
+ * (the first error a token gets stays), its output rows are zero, and it is neither computed
+ * nor released. */
+static void expert_failed(struct md_forward_ctx *f, int g, int rc)
+{
+	const int64_t N = f->m->hp.n_embd;
+	f->ex_bad[g] = 1;
+	for (int32_t a = f->ex_off[g]; a < f->ex_off[g + 1]; a++) {
+		int32_t t = f->ex_tok[a];
+		if (!f->tok_err[t])
+			f->tok_err[t] = rc;
+		memset(f->ye + (size_t)a * N, 0, (size_t)N * sizeof(float));
+	}
 }
 
 /* The get-order layout (see the header comment) from f->ex_order. */
@@ -562,13 +588,16 @@ static int moe_experts(struct md_forward_ctx *f, uint32_t il, const struct md_ro
 	if (n_ready == 0 || n_ready > na)
 		n_ready = na;
 	experts_layout(f, r);
+	memset(f->ex_bad, 0, (size_t)na);
 	int got = 0;
 	for (int g0 = 0; g0 < na;) {
 		int g1 = g0 == 0 ? n_ready : na;
 		for (; got < g1; got++) {
 			int rc = md_expert_src_get(f->src, il, r->active[f->ex_order[got]],
 						   &f->ex_got[got]);
-			if (rc) {
+			if (rc && f->tok_err) {
+				expert_failed(f, got, rc);
+			} else if (rc) {
 				experts_release(f, il, r, got);
 				return rc;
 			}
@@ -677,6 +706,9 @@ int md_forward(struct md_forward_ctx *f, struct md_kv_cache *kv, const struct md
 	int rc = md_kv_batch_begin(kv, n, b->seq, b->pos);
 	if (rc)
 		return rc;
+	f->tok_err = b->tok_err;
+	if (b->tok_err)
+		memset(b->tok_err, 0, (size_t)n * sizeof(*b->tok_err));
 
 	int32_t max_pos = 0;
 	for (int t = 0; t < n; t++)

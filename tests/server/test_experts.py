@@ -2,7 +2,8 @@
 several budgets on the default model and on a generated 64-expert model; the start-up line and
 /metrics; a budget below one layer's active experts refused at start with a clear message; a
 model file cut short under the server fails that request, the server keeps serving, and once the
-file is whole again the same completions come back.
+file is whole again the same completions come back; with one expert cut from the file, of two
+requests served together only the one that needs it fails.
 
 usage: test_experts.py MOED DEFAULT_MODEL MOED_GGUF"""
 
@@ -13,6 +14,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 
 from harness import Server, call, check, curl, finish
 
@@ -214,6 +216,87 @@ def truncated(model, ref, n_layer):
         shutil.rmtree(d)
 
 
+def layer_use(trace, layer):
+    """{request id: set of experts its fed tokens used at layer} from a routing trace."""
+    use = {}
+    for line in open(trace):
+        if line.startswith("#"):
+            continue
+        f = line.split()
+        if int(f[1]) == layer:
+            k = (len(f) - 4) // 2
+            use.setdefault(int(f[2]), set()).update(int(x) for x in f[4:4 + k])
+    return use
+
+
+def partial_failure(model, n_layer, n_expert):
+    """The last experts of the last layer cut from the file: of two requests served in the same
+    steps, the one whose tokens need one of them fails, the other completes with the text it
+    gets from the whole file, and the server keeps serving."""
+    d = tempfile.mkdtemp(prefix="moed-part-")
+    try:
+        cut = os.path.join(d, "cut.gguf")
+        off, size = experts_last(model, cut, "blk.%d.ffn_down_exps.weight" % (n_layer - 1))
+        trace = os.path.join(d, "r.trace")
+        cands = ["Item %d of the list:" % i for i in range(12)]
+        srv = Server(moed, cut, BASE + ["--expert-cache-mb", "100000", "--trace-routing", trace])
+        texts = {}
+        try:
+            for p in cands:
+                st, _, doc = call(srv, "POST", "/v1/completions",
+                                  {"prompt": p, "max_tokens": 8, "temperature": 0,
+                                   "ignore_eos": True})
+                check(st == 200, "reference completion", st, doc)
+                texts[p] = doc["choices"][0]["text"] if st == 200 else None
+        finally:
+            srv.stop()
+        use = layer_use(trace, n_layer - 1)
+        ids = sorted(use)  # requests in the order they were sent
+        check(len(ids) == len(cands), "one traced request per prompt", len(ids))
+        # Cutting the tensor short takes its last experts away: from the highest one a request
+        # used, so that request needs a lost expert and those below it do not.
+        top = {p: max(use[i]) for p, i in zip(cands, ids)}
+        gone = max(top.values())
+        needs = [p for p in cands if top[p] >= gone]
+        clean = [p for p in cands if top[p] < gone]
+        check(needs and clean, "prompts that need expert %d and prompts that do not" % gone,
+              top)
+        if not (needs and clean):
+            return
+        srv = Server(moed, cut, BASE + ["--expert-cache-mb", "100000"])
+        try:
+            os.truncate(cut, off + size * gone // n_expert)  # the loader checks sizes
+            res = {}
+
+            def one(p):
+                res[p] = call(srv, "POST", "/v1/completions",
+                              {"prompt": p, "max_tokens": 8, "temperature": 0,
+                               "ignore_eos": True})
+            ts = [threading.Thread(target=one, args=(p,)) for p in (needs[0], clean[0])]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            st, _, doc = res[needs[0]]
+            check(st >= 500 and "error" in doc, "the request needing the lost expert fails",
+                  st, doc)
+            st, _, doc = res[clean[0]]
+            check(st == 200 and doc["choices"][0]["text"] == texts[clean[0]],
+                  "the request beside it completes with its text", st, doc, texts[clean[0]])
+            st, _, doc = call(srv, "POST", "/v1/completions",
+                              {"prompt": clean[-1], "max_tokens": 8, "temperature": 0,
+                               "ignore_eos": True})
+            check(st == 200 and doc["choices"][0]["text"] == texts[clean[-1]],
+                  "and the server keeps serving", st, doc)
+            check(srv.proc.poll() is None, "the server never exited")
+        finally:
+            srv.stop()
+        check("cannot be read" in srv.logtext() and "the other requests go on" in srv.logtext(),
+              "the failed request is logged", srv.logtext()[-800:])
+    finally:
+        shutil.rmtree(d)
+
+
 # The default model: 4 layers x 16 experts, 2 used; a 16-token step may need all 16 of a layer
 # (25% of the experts' bytes), so 10% is below the smallest budget and refused.
 r = budgets(default_model, [0.25, 0.5], "default")
@@ -233,6 +316,7 @@ try:
                     "--n-expert-used", "2", "--n-vocab", "512", gen], check=True,
                    stdout=subprocess.DEVNULL)
     budgets(gen, [0.1, 0.5], "64 experts")
+    partial_failure(gen, 8, 64)
 finally:
     shutil.rmtree(d)
 finish()

@@ -167,11 +167,11 @@ static int run(struct fw *w, const int32_t *tok, int n, float *out)
 		ps[t] = t;
 		want[t] = true;
 	}
-	struct md_batch b = { n, tok, sq, ps, want };
+	struct md_batch b = { n, tok, sq, ps, want, NULL };
 	rc = md_forward(w->f, &w->kv, &b, out);
 	for (int step = 0; rc >= 0 && step < 3; step++) {
 		rows += rc;
-		struct md_batch d = { 1, tok + step, sq, ps + n + step, want };
+		struct md_batch d = { 1, tok + step, sq, ps + n + step, want, NULL };
 		rc = md_forward(w->f, &w->kv, &d, out + (size_t)rows * w->V);
 	}
 	if (rc >= 0)
@@ -251,7 +251,7 @@ static void test_model(const char *moed_gguf, const char *type)
 	int s = md_kv_seq_new(&w.kv);
 	CHECK_EQ_I(md_kv_reserve(&w.kv, s, 4), 0);
 	int32_t sq[4] = { s, s, s, s }, ps[4] = { 0, 1, 2, 3 };
-	struct md_batch b = { 4, tok, sq, ps, NULL };
+	struct md_batch b = { 4, tok, sq, ps, NULL, NULL };
 	CHECK_EQ_I(md_forward(w.f, &w.kv, &b, got), -EIO);
 	CHECK_EQ_I(c.n_held, 0);
 	CHECK_EQ_U(md_kv_seq_len(&w.kv, s), 0);

@@ -3,7 +3,8 @@
  * reads; a too-small budget refused; an expert between get and release never evicted nor
  * overwritten (also under a random plan/get/release load at the smallest budget); a file cut
  * short under the store fails the request with -EIO, and once the file is whole again the
- * same store serves identical logits.
+ * same store serves identical logits; with per-token errors (md_batch.tok_err) only the tokens
+ * routed to an unreadable expert fail and the others' logits stay exact.
  *
  * usage: test_experts MOED_GGUF */
 #include <errno.h>
@@ -51,7 +52,7 @@ static int run(struct fw *w, float *out)
 			sq[j] = s;
 			ps[j] = t + j;
 		}
-		struct md_batch b = { n, tok + t, sq, ps, want };
+		struct md_batch b = { n, tok + t, sq, ps, want, NULL };
 		rc = md_forward(w->f, &w->kv, &b, out + (size_t)rows * w->V);
 		if (rc > 0)
 			rows += rc;
@@ -542,6 +543,117 @@ static void test_truncated(const char *path, const float *ref, float *got)
 	unlink(cut);
 }
 
+/* Tokens of the last layer's routing that picked an expert >= first_bad (route observer). */
+struct bad_obs {
+	uint32_t layer;
+	int32_t first_bad;
+	bool bad[64];
+};
+
+static void on_route_bad(void *ud, uint32_t layer, const struct md_routing *r)
+{
+	struct bad_obs *o = ud;
+	if (layer != o->layer)
+		return;
+	for (int t = 0; t < r->n_tokens; t++)
+		for (int j = 0; j < r->n_used; j++)
+			o->bad[t] |= r->ids[t * r->n_used + j] >= o->first_bad;
+}
+
+enum { PF_SEQS = 8, PF_LEN = 3, PF_TOK = PF_SEQS * PF_LEN };
+
+/* One batch of PF_SEQS sequences of PF_LEN tokens each, logits of each sequence's last token
+ * into out (PF_SEQS rows). tok_err: the batch's per-token errors, or NULL. */
+static int run_partial(struct md_model *m, struct md_expert_src *src, int32_t *tok_err,
+		       struct bad_obs *obs, float *out)
+{
+	struct md_kv_cache kv;
+	if (md_kv_init(&kv, m->hp.n_layer, m->hp.n_head_kv * m->hp.head_dim, 2 * PF_SEQS, PF_SEQS))
+		return -ENOMEM;
+	struct md_forward_ctx *f = md_forward_new(m, 2, PF_TOK);
+	int32_t tok[PF_TOK], sq[PF_TOK], ps[PF_TOK];
+	for (int i = 0; i < PF_SEQS; i++) {
+		int s = md_kv_seq_new(&kv);
+		CHECK(s >= 0 && md_kv_reserve(&kv, s, PF_LEN) == 0);
+		for (int j = 0; j < PF_LEN; j++) {
+			tok[i * PF_LEN + j] = (int32_t)((i * 131 + j * 17 + 5) % (int)m->hp.n_vocab);
+			sq[i * PF_LEN + j] = s;
+			ps[i * PF_LEN + j] = j;
+		}
+	}
+	md_forward_set_expert_src(f, src);
+	if (obs)
+		md_forward_set_route_cb(f, on_route_bad, obs);
+	struct md_batch b = { PF_TOK, tok, sq, ps, NULL, tok_err };
+	int rc = md_forward(f, &kv, &b, out);
+	md_forward_free(f);
+	md_kv_release(&kv);
+	return rc;
+}
+
+/* A read error fails only the tokens routed to the expert that cannot be read: with
+ * md_batch.tok_err the forward pass goes on, marks exactly those tokens, and every sequence
+ * without a marked token gets the mapping's logits bit for bit. */
+static void test_partial(const char *path)
+{
+	char cut[700];
+	snprintf(cut, sizeof cut, "%s.cut2", path);
+	if (rewrite_down_last(path, cut, "blk.2.ffn_down_exps.weight")) {
+		failures++;
+		return;
+	}
+	struct fw w;
+	if (fw_open(&w, cut)) {
+		failures++;
+		unlink(cut);
+		return;
+	}
+	float *ref = calloc((size_t)PF_SEQS * w.V, sizeof(float));
+	float *got = calloc((size_t)PF_SEQS * w.V, sizeof(float));
+	CHECK_EQ_I(run_partial(&w.m, NULL, NULL, NULL, ref), PF_SEQS);
+	/* Experts 29..31 of layer 2 lose their down matrix (28 is cut mid-way). */
+	const struct md_tensor *d = w.m.layers[2].down_exps;
+	off_t keep = (off_t)((const uint8_t *)d->data - w.m.gguf.base) + (off_t)(d->nb2 * 28) + 100;
+	CHECK_EQ_I(truncate(cut, keep), 0);
+	char err[256];
+	int rc;
+	struct md_expert_store *s = store_new(&w.m, w.m.hp.n_layer * w.m.hp.n_expert, false, true,
+					      err, &rc);
+	CHECK(s != NULL);
+	if (s) {
+		int32_t tok_err[PF_TOK];
+		struct bad_obs obs = { .layer = 2, .first_bad = 28 };
+		CHECK_EQ_I(run_partial(&w.m, md_expert_store_src(s), tok_err, &obs, got), PF_SEQS);
+		int n_bad = 0, n_good = 0;
+		for (int i = 0; i < PF_SEQS; i++) {
+			bool seq_bad = false;
+			for (int j = 0; j < PF_LEN; j++) {
+				int t = i * PF_LEN + j;
+				CHECK_EQ_I(tok_err[t] != 0, obs.bad[t]);
+				if (tok_err[t])
+					CHECK_EQ_I(tok_err[t], -EIO);
+				seq_bad |= tok_err[t] != 0;
+			}
+			if (seq_bad) {
+				n_bad++;
+				continue;
+			}
+			n_good++;
+			CHECK(memcmp(got + (size_t)i * w.V, ref + (size_t)i * w.V,
+				     w.V * sizeof(float)) == 0);
+		}
+		/* The batch has both kinds, or the test shows nothing. */
+		CHECK(n_bad > 0 && n_good > 0);
+		/* Without tok_err the same batch fails as a whole. */
+		CHECK_EQ_I(run_partial(&w.m, md_expert_store_src(s), NULL, NULL, got), -EIO);
+		md_expert_store_free(s);
+	}
+	free(ref);
+	free(got);
+	fw_close(&w);
+	unlink(cut);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 2) {
@@ -558,6 +670,7 @@ int main(int argc, char **argv)
 	test_warm(path, ref, got);
 	test_device(path, ref, got);
 	test_truncated(path, ref, got);
+	test_partial(path);
 	free(ref);
 	free(got);
 	gen_model_cleanup(dir, path);
