@@ -29,10 +29,11 @@
  *      order. The views are not used after it. Optional (NULL: views live as long as the
  *      source, which must outlive every forward context using it).
  *   prefetch(layer, experts, n): optional. Where the source has it, the forward pass
- *      predicts layer l+1's experts during layer l (pre-gating: layer l+1's router on layer
- *      l's hidden state, engine/forward.c) and calls it once layer l's gets are done (before
- *      its last wave runs) with the predicted experts (ascending, distinct). A hint: the source may start reading them;
- *      nothing is held, and the next plan of that layer says what was used.
+ *      predicts layer l+1's experts (pre-gating: layer l+1's router on the hidden state
+ *      leaving layer l, engine/forward.c) and calls it once layer l is done, before layer
+ *      l+1's attention, with the predicted experts (ascending, distinct). A hint: the source
+ *      may start reading them; nothing is held, and the next plan of that layer says what
+ *      was used.
  * Weights of one layer's experts may differ in type; views of one expert must have gate and
  * up of the same shape (n_embd -> n_ff_exp) and down (n_ff_exp -> n_embd). */
 #ifndef MD_EXPERT_SRC_H
