@@ -576,6 +576,12 @@ static int setup_experts(struct md_engine *e)
 	return 0;
 }
 
+/* Expert-aware batching's residency predicate (md_sched_resident_fn): host RAM or device. */
+static bool store_resident(void *arg, uint32_t layer, uint32_t expert)
+{
+	return md_expert_store_resident(arg, layer, expert);
+}
+
 /* The store's counters into e->stats (engine thread, st_mu held). */
 static void experts_stats(struct md_engine *e)
 {
@@ -1215,7 +1221,7 @@ static int load(struct md_engine *e)
 	struct md_sched_config sc = {
 		.max_seqs = c->max_seqs, .step_tokens = c->step_tokens, .n_ctx = e->n_ctx,
 		.n_layer = hp->n_expert ? hp->n_layer : 0, .n_expert = hp->n_expert,
-		.expert_aware = c->expert_batching,
+		.expert_aware = c->expert_batching > 0 || (c->expert_batching < 0 && e->store),
 		.max_logits = e->max_logits,
 	};
 	rc = md_sched_init(&e->sched, &sc, &e->kv);
@@ -1225,6 +1231,8 @@ static int load(struct md_engine *e)
 	}
 	e->sched_ready = true;
 	md_owner_claim(&e->sched.owner, "engine");
+	if (e->store)
+		md_sched_set_resident(&e->sched, store_resident, e->store);
 
 	int threads = c->n_threads > 0 ? c->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
 	e->fw = md_forward_new(&e->model, threads, (int)c->step_tokens);

@@ -61,7 +61,9 @@ struct md_engine_config {
 	void *status_arg;           /* borrowed: passed to status_cb */
 	const char *trace_routing;  /* borrowed, may be NULL: write a routing trace to this file
 				     * (engine/route_trace.h) */
-	bool expert_batching;       /* expert-aware batching (sched.h) when decoders exceed a step */
+	int expert_batching;        /* expert-aware batching (sched.h) when decoders exceed a step:
+				     * 1 on, 0 off, -1 where experts go through the store (then it
+				     * also prefers sequences whose experts are resident) */
 	/* Expert store (engine/experts.h, engine/mem_plan.h); zeroes give the defaults. */
 	double expert_cache_mb;     /* host budget for experts: 0 auto (the store only when the
 				     * file exceeds 80% of the memory limit), -1 never, > 0 MiB */

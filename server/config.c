@@ -137,9 +137,9 @@ static const struct opt options[] = {
 	  false, "largest max_tokens a request may ask for (400 above)" },
 	{ "engine", "trace-routing", 0, OPT_STRING, OFF(trace_routing), "", 0, 0, NULL, false,
 	  "write every MoE layer's expert choices to this file (empty: off; bench/README.md)" },
-	{ "engine", "expert-batching", 0, OPT_INT, OFF(expert_batching), "0", 0, 1, NULL, false,
+	{ "engine", "expert-batching", 0, OPT_INT, OFF(expert_batching), "-1", -1, 1, NULL, false,
 	  "1: when more sequences decode than a step holds, batch those that share experts "
-	  "(age-bounded; pays off with an expert cache, bench/README.md); 0: off" },
+	  "(age-bounded; bench/README.md); 0: off; -1: on where experts go through the store" },
 	{ "speculative", "spec", 0, OPT_STRING, OFF(spec), "ngram", 0, 0, v_spec, false,
 	  "speculative decoding by default: off, ngram (prompt lookup) or draft (draft-model); "
 	  "requests choose with \"speculative\"" },

@@ -283,7 +283,7 @@ int main(int argc, char **argv)
 		.no_prefix_cache = !a->cfg.prefix_cache,
 		.status_cb = on_load_status,
 		.trace_routing = a->cfg.trace_routing,
-		.expert_batching = a->cfg.expert_batching != 0,
+		.expert_batching = a->cfg.expert_batching,
 		.expert_cache_mb = a->cfg.expert_cache_mb,
 		.device_expert_mb = a->cfg.device_expert_mb,
 		.expert_policy = a->cfg.expert_policy,
