@@ -43,6 +43,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/expert_cost.h"
 #include "engine/expert_policy.h"
 #include "engine/expert_src.h"
 #include "engine/model.h"
@@ -59,6 +60,9 @@ struct md_expert_store_config {
 	struct md_backend *dev;   /* borrowed, NULL: no device tier; else the device whose
 				   * memory holds the hottest experts (outlives the store) */
 	size_t dev_bytes;         /* device budget for experts */
+	const struct md_xcost *rates; /* borrowed, NULL: the cost model's rates are measured (a
+				       * probe of the device at start, then the forward pass's
+				       * timings); else these, fixed (tests, diagnostics) */
 };
 
 /* Counters since the store was made; a consistent-enough snapshot (each counter atomic). */
@@ -81,8 +85,20 @@ struct md_expert_store_stats {
 	size_t slot_bytes;
 	/* device tier (all 0 without one) */
 	uint64_t dev_hits;        /* planned experts found on the device (computed there) */
-	uint64_t dev_uploads;     /* experts copied host -> device */
+	uint64_t dev_misses;      /* planned experts not on the device */
+	uint64_t dev_compute_dev; /* of those, copied up for the step and computed there (the
+				   * cost model's choice) */
+	uint64_t dev_compute_host; /* ... and computed by the CPU from host RAM */
+	uint64_t dev_uploads;     /* experts copied host -> device (for the step or in the
+				   * background for later ones) */
+	uint64_t dev_bytes_uploaded;
 	uint64_t dev_evictions;
+	uint64_t dev_stall_ns;    /* time gets waited for copies */
+	uint64_t dev_prefetch_issued; /* background copies (of experts the CPU computed) */
+	uint64_t dev_prefetch_used;   /* of those, experts a plan then found on the device */
+	uint64_t dev_prefetch_wasted_bytes; /* ... evicted from the device unused */
+	uint64_t dev_mem_bytes;   /* device memory of the expert slots */
+	double dev_up_bps;        /* the cost model's copy rate (measured) */
 	uint32_t dev_slots, dev_resident;
 	bool direct;              /* reads bypass the page cache */
 };

@@ -40,6 +40,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/assert.h"
 #include "engine/kern/cpu.h"
@@ -74,7 +75,9 @@ struct md_forward_ctx {
 	int32_t *ex_off;     /* (E + 1) slot offsets of the active experts, in get order */
 	int32_t *ex_tok;     /* (T * k) token of each slot of that layout */
 	int32_t *ex_pos;     /* (T * k) routing slot -> slot of that layout */
-	uint8_t *ex_bad;     /* (E) the get of get-order entry g failed (tok_err batches only) */
+	uint8_t *ex_st;      /* (E) per get-order entry: EX_RUN, EX_FAILED (its get failed, tok_err
+			      * batches only) or EX_DONE (a device expert run as it arrived) */
+	int32_t *ex_ntok;    /* (E) tokens routed to each active expert, in the routing's order */
 	int32_t *tok_err;    /* borrowed: the current batch's md_batch.tok_err, or NULL */
 	struct md_expert_src_map map_src; /* the default expert source */
 	struct md_expert_src *src;        /* borrowed: &map_src or the caller's (set_expert_src) */
@@ -130,7 +133,8 @@ void md_forward_free(struct md_forward_ctx *f)
 	free(f->ex_order);
 	free(f->ex_tok);
 	free(f->ex_pos);
-	free(f->ex_bad);
+	free(f->ex_st);
+	free(f->ex_ntok);
 	free(f->att_scratch);
 	free(f->rope_cs);
 	free(f);
@@ -190,7 +194,8 @@ struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, i
 		f->ex_order = xalloc(E * sizeof(int32_t), &fail);
 		f->ex_tok = xalloc(T * K * sizeof(int32_t), &fail);
 		f->ex_pos = xalloc(T * K * sizeof(int32_t), &fail);
-		f->ex_bad = xalloc(E, &fail);
+		f->ex_st = xalloc(E, &fail);
+		f->ex_ntok = xalloc(E * sizeof(int32_t), &fail);
 	}
 	f->mm_scratch = xalloc(md_matmul_scratch_floats(f->pool, (int64_t)in_max, max_tokens) * sizeof(float), &fail);
 	f->rope_cs = xalloc((size_t)hp->n_rot * sizeof(float), &fail);
@@ -226,6 +231,15 @@ static void rmsnorm(float *out, const float *in, const float *w, int64_t n, floa
 	float s = (float)(1.0 / sqrt(ss / (double)n + eps));
 	for (int64_t i = 0; i < n; i++)
 		out[i] = in[i] * s * w[i];
+}
+
+enum { EX_RUN, EX_FAILED, EX_DONE };
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static inline float silu(float x)
@@ -492,26 +506,62 @@ static int moe_dev(struct md_forward_ctx *f, int g)
 	return d->matmul(d, &x->down, f->ge, m, f->ye + (size_t)a * N);
 }
 
+/* Weight bytes of groups g0 .. g1-1 and the sum of each one's bytes times its tokens (what a
+ * source's observe op is told). */
+static void groups_bytes(const struct md_forward_ctx *f, int g0, int g1, uint64_t *bytes,
+			 uint64_t *tok_bytes)
+{
+	*bytes = *tok_bytes = 0;
+	for (int g = g0; g < g1; g++) {
+		const struct md_expert_w *x = &f->ex_got[g];
+		uint64_t b = (uint64_t)x->gate.nb1 * (uint64_t)x->gate.n_out +
+			     (uint64_t)x->up.nb1 * (uint64_t)x->up.n_out +
+			     (uint64_t)x->down.nb1 * (uint64_t)x->down.n_out;
+		*bytes += b;
+		*tok_bytes += b * (uint64_t)(f->ex_off[g + 1] - f->ex_off[g]);
+	}
+}
+
+/* moe_dev, timed for a source that observes. */
+static int moe_dev_timed(struct md_forward_ctx *f, int g)
+{
+	if (!f->src->ops->observe)
+		return moe_dev(f, g);
+	double t0 = now_s();
+	int rc = moe_dev(f, g);
+	uint64_t b, tb;
+	groups_bytes(f, g, g + 1, &b, &tb);
+	f->src->ops->observe(f->src, true, b, tb, now_s() - t0);
+	return rc;
+}
+
 /* Step 3 for groups g0 .. g1-1: device experts one by one, each run of host experts grouped
- * (or one by one where the kernels can't group them). Returns 0 or a device error. */
+ * (or one by one where the kernels can't group them); failed and done ones skipped. Returns 0
+ * or a device error. */
 static int moe_wave(struct md_forward_ctx *f, int n, int g0, int g1)
 {
 	for (int g = g0; g < g1;) {
-		if (f->ex_bad[g]) { /* its rows stay zero (expert_failed) */
+		if (f->ex_st[g] != EX_RUN) { /* failed: its rows stay zero (expert_failed) */
 			g++;
 			continue;
 		}
 		if (f->ex_got[g].dev) {
-			int rc = moe_dev(f, g++);
+			int rc = moe_dev_timed(f, g++);
 			if (rc)
 				return rc;
 			continue;
 		}
 		int h = g;
-		while (h < g1 && !f->ex_got[h].dev && !f->ex_bad[h])
+		while (h < g1 && !f->ex_got[h].dev && f->ex_st[h] == EX_RUN)
 			h++;
+		double t0 = f->src->ops->observe ? now_s() : 0;
 		if (!moe_grouped(f, n, g, h))
 			moe_each(f, g, h);
+		if (f->src->ops->observe) {
+			uint64_t b, tb;
+			groups_bytes(f, g, h, &b, &tb);
+			f->src->ops->observe(f->src, false, b, tb, now_s() - t0);
+		}
 		g = h;
 	}
 	return 0;
@@ -522,7 +572,7 @@ static void experts_release(struct md_forward_ctx *f, uint32_t il, const struct 
 			    int n_got)
 {
 	for (int i = 0; i < n_got; i++)
-		if (!f->ex_bad[i])
+		if (f->ex_st[i] != EX_FAILED)
 			md_expert_src_release(f->src, il, r->active[f->ex_order[i]]);
 }
 
@@ -532,7 +582,7 @@ static void experts_release(struct md_forward_ctx *f, uint32_t il, const struct 
 static void expert_failed(struct md_forward_ctx *f, int g, int rc)
 {
 	const int64_t N = f->m->hp.n_embd;
-	f->ex_bad[g] = 1;
+	f->ex_st[g] = EX_FAILED;
 	for (int32_t a = f->ex_off[g]; a < f->ex_off[g + 1]; a++) {
 		int32_t t = f->ex_tok[a];
 		if (!f->tok_err[t])
@@ -583,18 +633,21 @@ static void prefetch_next(struct md_forward_ctx *f, uint32_t il, int n)
 	md_expert_src_prefetch(f->src, il + 1, p->active, p->n_active);
 }
 
-/* Step 3: plan, then per wave get its experts and run them; release all. Returns 0, or the
- * source's error with nothing held. */
+/* Step 3: plan, then per wave get its experts and run them; in the second wave a device
+ * expert runs as soon as its get returns (its copy has landed), the host ones together at the
+ * end. Release all. Returns 0, or the source's error with nothing held. */
 static int moe_experts(struct md_forward_ctx *f, uint32_t il, const struct md_routing *r, int n)
 {
 	const int na = r->n_active;
-	int n_ready = md_expert_src_plan(f->src, il, r->active, na, f->ex_order);
+	for (int i = 0; i < na; i++)
+		f->ex_ntok[i] = r->off[r->active[i] + 1] - r->off[r->active[i]];
+	int n_ready = md_expert_src_plan(f->src, il, r->active, f->ex_ntok, na, f->ex_order);
 	if (n_ready < 0)
 		return n_ready;
 	if (n_ready == 0 || n_ready > na)
 		n_ready = na;
 	experts_layout(f, r);
-	memset(f->ex_bad, 0, (size_t)na);
+	memset(f->ex_st, EX_RUN, (size_t)na);
 	int got = 0;
 	for (int g0 = 0; g0 < na;) {
 		int g1 = g0 == 0 ? n_ready : na;
@@ -606,6 +659,12 @@ static int moe_experts(struct md_forward_ctx *f, uint32_t il, const struct md_ro
 			} else if (rc) {
 				experts_release(f, il, r, got);
 				return rc;
+			} else if (g0 > 0 && f->ex_got[got].dev) {
+				f->ex_st[got] = EX_DONE;
+				if ((rc = moe_dev_timed(f, got))) {
+					experts_release(f, il, r, got + 1);
+					return rc;
+				}
 			}
 		}
 		int rc = moe_wave(f, n, g0, g1);

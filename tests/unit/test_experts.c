@@ -265,6 +265,7 @@ static void test_device(const char *path, const float *ref, float *got)
 			continue;
 		}
 		CHECK_EQ_U(md_backend_sim_used(dev), devs[bi] * slot);
+		unsigned long copies0 = md_backend_sim_copies(dev); /* the start-up probe's */
 		md_forward_set_expert_src(w.f, md_expert_store_src(s));
 		for (int pass = 0; pass < 2; pass++) {
 			memset(got, 0, ROWS * w.V * sizeof(float));
@@ -277,7 +278,9 @@ static void test_device(const char *path, const float *ref, float *got)
 		CHECK(st.dev_uploads >= devs[bi] && st.dev_resident == devs[bi]);
 		if (bi == 0) /* instant copies: the timing cannot hide the device from plans */
 			CHECK(st.dev_hits > 0 && st.dev_uploads > 6 && st.dev_evictions > 0);
-		CHECK_EQ_U(md_backend_sim_copies(dev), st.dev_uploads);
+		CHECK_EQ_U(md_backend_sim_copies(dev) - copies0, st.dev_uploads);
+		CHECK_EQ_U(st.dev_misses, st.dev_compute_dev + st.dev_compute_host);
+		CHECK_EQ_U(st.dev_mem_bytes, devs[bi] * slot);
 		printf("experts: device tier (%zu host, %zu device slots, %s copies): %llu device hits, %llu uploads, %llu "
 		       "evictions\n", host[bi], devs[bi], bi ? "20 MB/s" : "instant",
 		       (unsigned long long)st.dev_hits,
@@ -296,6 +299,76 @@ static void test_device(const char *path, const float *ref, float *got)
 	CHECK_EQ_I(md_expert_store_new(&s, &w.m, &c, err, sizeof err), -ENOMEM);
 	CHECK(s == NULL && strstr(err, "device memory") != NULL);
 	md_backend_sim_free(dev);
+	fw_close(&w);
+}
+
+/* Compute where it lives through the store: the cost model's choice for device misses, each
+ * way with the logits of the mapping. Copies at 2 MB/s (a slot takes ~100 ms, measured by the
+ * start-up probe): misses run on the CPU. Instant copies but a device whose matmul reads 5 MB/s
+ * (measured likewise): the CPU again. Fixed rates with a bus far faster than the CPU's reads:
+ * misses are copied up and computed on the device for the step; with a bus at 1 kB/s: none
+ * is. */
+static void test_compute_where(const char *path, const float *ref, float *got)
+{
+	struct fw w;
+	if (fw_open(&w, path)) {
+		failures++;
+		return;
+	}
+	const size_t slot = md_expert_store_slot_bytes(&w.m);
+	struct md_xcost fast, slow;
+	md_xcost_init(&fast, 1e9, 1e13, 1e12);
+	md_xcost_init(&slow, 1e9, 1e13, 1e3);
+	const struct md_xcost *rates[4] = { NULL, &fast, &slow, NULL };
+	/* measured: slow enough that no CPU under any load is slower; two device slots so that
+	 * background copies (at most one per device slot in flight) stay few */
+	const double bw[4] = { 2e6, 0, 0, 0 }, compute[4] = { 0, 0, 0, 5e6 };
+	const size_t devs[4] = { 2, 12, 12, 2 };
+	for (int ci = 0; ci < 4; ci++) {
+		struct md_backend *dev = md_backend_sim_new(64 * slot, 0);
+		CHECK(dev != NULL);
+		if (!dev)
+			break;
+		md_backend_sim_set_rates(dev, bw[ci], compute[ci]);
+		struct md_expert_store_config c = {
+			.host_bytes = 48 * slot, .policy = MD_EPOL_LRU, .io_threads = 2,
+			.max_tokens = BATCH, .prefetch = true, .dev = dev, .dev_bytes = devs[ci] * slot,
+			.rates = rates[ci],
+		};
+		char err[256];
+		struct md_expert_store *s = NULL;
+		CHECK_EQ_I(md_expert_store_new(&s, &w.m, &c, err, sizeof err), 0);
+		if (!s) {
+			md_backend_sim_free(dev);
+			continue;
+		}
+		md_forward_set_expert_src(w.f, md_expert_store_src(s));
+		for (int pass = 0; pass < 2; pass++) {
+			memset(got, 0, ROWS * w.V * sizeof(float));
+			CHECK_EQ_I(run(&w, got), ROWS);
+			CHECK(memcmp(got, ref, ROWS * w.V * sizeof(float)) == 0);
+		}
+		struct md_expert_store_stats st;
+		md_expert_store_get_stats(s, &st);
+		CHECK_EQ_U(st.dev_misses, st.dev_compute_dev + st.dev_compute_host);
+		if (ci == 1) {
+			CHECK(st.dev_compute_dev > 0 && st.dev_hits > 0);
+		} else {
+			CHECK_EQ_U(st.dev_compute_dev, 0);
+			CHECK(st.dev_compute_host > 0);
+		}
+		if (ci == 0) /* the probe measured the bus */
+			CHECK(st.dev_up_bps > 1e6 && st.dev_up_bps < 3e6);
+		printf("experts: compute where it lives (%s): %llu device hits, %llu misses copied up "
+		       "for the step, %llu on the CPU\n", ci == 0 ? "2 MB/s copies, measured" :
+		       ci == 1 ? "fixed rates, fast bus" : ci == 2 ? "fixed rates, slow bus" :
+		       "instant copies, device computing at 5 MB/s, measured",
+		       (unsigned long long)st.dev_hits,
+		       (unsigned long long)st.dev_compute_dev, (unsigned long long)st.dev_compute_host);
+		md_forward_set_expert_src(w.f, NULL);
+		md_expert_store_free(s);
+		md_backend_sim_free(dev);
+	}
 	fw_close(&w);
 }
 
@@ -395,7 +468,7 @@ static void test_in_use(const char *path)
 	const int32_t ex[4] = { 3, 9, 17, 30 };
 	int32_t order[32];
 	struct md_expert_w x[4];
-	CHECK_EQ_I(md_expert_src_plan(src, 0, ex, 4, order), 0); /* nothing resident yet */
+	CHECK_EQ_I(md_expert_src_plan(src, 0, ex, NULL, 4, order), 0); /* nothing resident yet */
 	for (int i = 0; i < 4; i++) {
 		CHECK_EQ_I(md_expert_src_get(src, 0, ex[order[i]], &x[i]), 0);
 		CHECK(same_as_file(&w.m, 0, ex[order[i]], &x[i]));
@@ -419,7 +492,7 @@ static void test_in_use(const char *path)
 	CHECK_EQ_U(st.prefetch_issued, 4);
 	CHECK_EQ_U(st.evictions, 4);
 	CHECK(!md_expert_store_resident(s, 0, 3));
-	CHECK(md_expert_src_plan(src, 1, pf, 4, order) >= 0);
+	CHECK(md_expert_src_plan(src, 1, pf, NULL, 4, order) >= 0);
 	for (int i = 0; i < 4; i++) {
 		CHECK_EQ_I(md_expert_src_get(src, 1, pf[order[i]], &x[i]), 0);
 		CHECK(same_as_file(&w.m, 1, pf[order[i]], &x[i]));
@@ -453,7 +526,7 @@ static void test_in_use(const char *path)
 				set[j] = set[j - 1];
 				set[j - 1] = t;
 			}
-		int ready = md_expert_src_plan(src, l, set, n, order);
+		int ready = md_expert_src_plan(src, l, set, NULL, n, order);
 		if (ready < 0 || ready > n)
 			bad++;
 		for (int i = 0; i < ready; i++)
@@ -514,11 +587,11 @@ static void test_truncated(const char *path, const float *ref, float *got)
 		struct md_expert_w x;
 		/* Expert 8 of layer 2 is cut mid-way, 20 is gone, 7 is whole. */
 		const int32_t e7 = 7, e8 = 8, e20 = 20;
-		CHECK_EQ_I(md_expert_src_plan(src, 2, &e8, 1, order), 0);
+		CHECK_EQ_I(md_expert_src_plan(src, 2, &e8, NULL, 1, order), 0);
 		CHECK_EQ_I(md_expert_src_get(src, 2, e8, &x), -EIO);
-		CHECK_EQ_I(md_expert_src_plan(src, 2, &e20, 1, order), 0);
+		CHECK_EQ_I(md_expert_src_plan(src, 2, &e20, NULL, 1, order), 0);
 		CHECK_EQ_I(md_expert_src_get(src, 2, e20, &x), -EIO);
-		CHECK_EQ_I(md_expert_src_plan(src, 2, &e7, 1, order), 0);
+		CHECK_EQ_I(md_expert_src_plan(src, 2, &e7, NULL, 1, order), 0);
 		CHECK_EQ_I(md_expert_src_get(src, 2, e7, &x), 0);
 		CHECK(same_as_file(&w.m, 2, e7, &x));
 		md_expert_src_release(src, 2, e7);
@@ -669,6 +742,7 @@ int main(int argc, char **argv)
 	test_in_use(path);
 	test_warm(path, ref, got);
 	test_device(path, ref, got);
+	test_compute_where(path, ref, got);
 	test_truncated(path, ref, got);
 	test_partial(path);
 	free(ref);
