@@ -49,7 +49,7 @@
 #include "engine/experts.h"
 #include "engine/draft_model.h"
 #include "engine/forward.h"
-#include "engine/mem_plan.h"
+#include "engine/expert_tiers.h"
 #include "engine/kv_cache.h"
 #include "engine/model.h"
 #include "engine/route_trace.h"
@@ -111,7 +111,8 @@ struct md_engine {
 	bool text_loaded;
 	struct md_gvocab *gvocab;        /* owned: the vocabulary as grammars see it */
 	struct md_forward_ctx *fw;       /* owned */
-	struct md_expert_store *store;   /* owned: NULL on the mmap path */
+	struct md_expert_tiers tiers;    /* owned: the store and its device, or the mapping */
+	struct md_expert_store *store;   /* borrowed from tiers: NULL on the mmap path */
 	uint64_t kv_mem_bytes;           /* KV budget after the memory plan */
 	struct md_kv_cache kv;
 	bool kv_ready;
@@ -150,6 +151,12 @@ static char *dup_or_null(const char *s)
 	return s ? strdup(s) : NULL;
 }
 
+int md_engine_check_expert_device(const char *spec, char *err, size_t errlen)
+{
+	struct md_expert_device d;
+	return md_expert_device_parse(spec, &d, err, errlen);
+}
+
 int md_engine_new(struct md_engine **out, const struct md_engine_config *cfg,
 		  md_engine_wake_cb wake, void *wake_arg)
 {
@@ -164,6 +171,7 @@ int md_engine_new(struct md_engine **out, const struct md_engine_config *cfg,
 	e->cfg.trace_routing = cfg->trace_routing && cfg->trace_routing[0]
 		? strdup(cfg->trace_routing) : NULL;
 	e->cfg.expert_policy = dup_or_null(cfg->expert_policy);
+	e->cfg.expert_device = dup_or_null(cfg->expert_device);
 	e->cfg.state_dir = dup_or_null(cfg->state_dir);
 	e->kv_mem_bytes = (uint64_t)cfg->kv_mem_mb << 20;
 	e->wake = wake;
@@ -442,137 +450,26 @@ static bool emit_token(struct md_engine *e, struct md_seq *s, const struct md_sa
 
 /* ---- the expert store ---- */
 
-/* Whether t is one of the layers' routed-expert tensors (read by the store, not mapped). */
-static bool is_expert_tensor(const struct md_model *m, const struct md_tensor *t)
-{
-	for (uint32_t l = 0; l < m->hp.n_layer; l++) {
-		const struct md_layer *L = &m->layers[l];
-		if (t == L->gate_exps || t == L->up_exps || t == L->down_exps)
-			return true;
-	}
-	return false;
-}
-
-/* Store mode: page in (and lock where the limit allows) only the dense weights; the routed
- * experts' pages of the mapping are never touched. */
-static void populate_dense(struct md_engine *e)
-{
-	const struct md_model *m = &e->model;
-	const uintptr_t pg = 4096, base = (uintptr_t)m->gguf.base;
-	uint64_t bytes = 0;
-	bool locked = true;
-	for (size_t i = 0; i < m->n_tensors; i++) {
-		const struct md_tensor *t = &m->tensors[i];
-		uintptr_t a = (uintptr_t)t->data, z = a + t->nb2 * (size_t)(t->ne[2] * t->ne[3]);
-		if (is_expert_tensor(m, t) || a < base || z > base + m->gguf.size)
-			continue; /* experts, or converted into the model's own buffers */
-		a &= ~(pg - 1);
-		z = (z + pg - 1) & ~(pg - 1);
-		if (locked && mlock((void *)a, z - a) != 0)
-			locked = false;
-#ifdef MADV_POPULATE_READ
-		if (!locked)
-			madvise((void *)a, z - a, MADV_POPULATE_READ);
-#endif
-		bytes += z - a;
-	}
-	md_log(MD_LOG_INFO, "dense weights %.1f MiB paged in%s", bytes / 1048576.0,
-	       locked ? " and locked" : " (not locked: RLIMIT_MEMLOCK)");
-}
-
-/* The hot-set file of the state directory (warm restart), or "" without one. */
-static void hot_path(const struct md_engine *e, char *buf, size_t cap)
-{
-	buf[0] = 0;
-	if (e->cfg.state_dir && e->cfg.state_dir[0])
-		snprintf(buf, cap, "%s/hot-experts", e->cfg.state_dir);
-}
-
-/* Queue reads of the experts the last clean shutdown found hot. */
-static void warm_start(struct md_engine *e)
-{
-	char path[4200];
-	uint32_t n = 0;
-	hot_path(e, path, sizeof(path));
-	if (!path[0])
-		return;
-	int rc = md_expert_store_warm(e->store, path, &n);
-	if (rc == -ENOENT)
-		md_log(MD_LOG_INFO, "experts: no hot set in '%s' yet (cold start)", path);
-	else if (rc)
-		md_log(MD_LOG_WARN, "experts: hot set '%s' not used: %s", path,
-		       rc == -EINVAL ? "another model's, or malformed" : strerror(-rc));
-	else
-		md_log(MD_LOG_INFO, "experts: warm start, reading %u hot experts from '%s'", n, path);
-}
-
-/* On a clean shutdown: write the hot set for the next start. */
-static void save_hot(struct md_engine *e)
-{
-	char path[4200];
-	hot_path(e, path, sizeof(path));
-	if (!e->store || !path[0])
-		return;
-	int rc = md_expert_store_save(e->store, path);
-	if (rc)
-		md_log(MD_LOG_WARN, "experts: cannot write the hot set '%s': %s", path, strerror(-rc));
-	else
-		md_log(MD_LOG_INFO, "experts: hot set written to '%s'", path);
-}
-
-/* Choose the mode from the memory limit (mem_plan.h), size the KV budget with it, and make
- * the store when experts go through it. Logs one line naming the mode, budgets and why. */
+/* Choose the experts' mode and make their tiers (engine/expert_tiers.h); the plan may lower
+ * the KV budget. */
 static int setup_experts(struct md_engine *e)
 {
 	const struct md_engine_config *c = &e->cfg;
-	const struct md_model *m = &e->model;
-	enum md_epol_kind pol = MD_EPOL_LRU;
-	if (c->expert_policy && md_epol_parse(c->expert_policy, &pol)) {
-		snprintf(e->err, sizeof(e->err), "unknown expert-policy '%s'", c->expert_policy);
-		return -EINVAL;
-	}
-	struct md_mem_limit lim;
-	md_mem_limit_read(&lim, NULL);
-	struct md_mem_plan_in in = {
-		.limit = lim.bytes,
-		.file_bytes = m->gguf.size,
-		.expert_bytes = md_expert_store_expert_bytes(m),
-		.kv_bytes = e->kv_mem_bytes,
-		.min_cache = md_expert_store_min_bytes(m, (int)c->step_tokens),
+	struct md_expert_tiers_config tc = {
 		.cache_mb = c->expert_cache_mb,
-	};
-	struct md_mem_plan plan;
-	md_mem_plan_make(&in, &plan);
-	if (c->device_expert_mb > 0)
-		md_log(MD_LOG_WARN, "device-expert-mb %lld ignored: moed has no device expert tier "
-		       "yet", (long long)c->device_expert_mb);
-	if (!plan.store) {
-		md_log(MD_LOG_INFO, "experts: mmap (the whole file mapped), limit %.0f MiB (%s): %s",
-		       lim.bytes / 1048576.0, lim.bytes ? lim.source : "unknown", plan.why);
-		return 0;
-	}
-	e->kv_mem_bytes = plan.kv_bytes;
-	struct md_expert_store_config sc = {
-		.host_bytes = plan.cache_bytes,
-		.policy = pol,
-		.max_tokens = (int)c->step_tokens,
+		.device_mb = c->device_expert_mb,
+		.device = c->expert_device,
+		.policy = c->expert_policy,
 		.prefetch = !c->no_expert_prefetch,
+		.step_tokens = c->step_tokens,
+		.state_dir = c->state_dir,
+		.kv_bytes = e->kv_mem_bytes,
 	};
-	char err[400];
-	int rc = md_expert_store_new(&e->store, m, &sc, err, sizeof(err));
-	if (rc) {
-		snprintf(e->err, sizeof(e->err), "cannot set up the expert store: %s", err);
+	int rc = md_expert_tiers_init(&e->tiers, &e->model, &tc, e->err, sizeof(e->err));
+	if (rc)
 		return rc;
-	}
-	warm_start(e);
-	struct md_expert_store_stats st;
-	md_expert_store_get_stats(e->store, &st);
-	md_log(MD_LOG_INFO, "experts: store, host cache %.0f MiB (%u of %u experts, %.2f MiB "
-	       "each, %s reads), policy %s, prefetch %s, KV %.0f MiB, limit %.0f MiB (%s): %s",
-	       plan.cache_bytes / 1048576.0, st.n_slots, m->hp.n_layer * m->hp.n_expert,
-	       st.slot_bytes / 1048576.0, st.direct ? "O_DIRECT" : "buffered",
-	       md_epol_name(pol), c->no_expert_prefetch ? "off" : "on", plan.kv_bytes / 1048576.0,
-	       lim.bytes / 1048576.0, lim.bytes ? lim.source : "unknown", plan.why);
+	e->store = e->tiers.store;
+	e->kv_mem_bytes = e->tiers.kv_bytes;
 	return 0;
 }
 
@@ -605,6 +502,20 @@ static void experts_stats(struct md_engine *e)
 	o->experts_slots = st.n_slots;
 	o->experts_resident = st.n_resident;
 	o->experts_cache_bytes = (uint64_t)st.n_slots * st.slot_bytes;
+	o->experts_device = st.dev_slots > 0;
+	o->dev_hits = st.dev_hits;
+	o->dev_misses = st.dev_misses;
+	o->dev_compute_dev = st.dev_compute_dev;
+	o->dev_compute_host = st.dev_compute_host;
+	o->dev_uploads = st.dev_uploads;
+	o->dev_bytes_uploaded = st.dev_bytes_uploaded;
+	o->dev_evictions = st.dev_evictions;
+	o->dev_stall_s = st.dev_stall_ns / 1e9;
+	o->dev_prefetch_issued = st.dev_prefetch_issued;
+	o->dev_prefetch_used = st.dev_prefetch_used;
+	o->dev_prefetch_wasted_bytes = st.dev_prefetch_wasted_bytes;
+	o->dev_resident = st.dev_resident;
+	o->dev_mem_bytes = st.dev_mem_bytes;
 }
 
 /*
@@ -1182,9 +1093,7 @@ static int load(struct md_engine *e)
 	rc = setup_experts(e);
 	if (rc)
 		return rc;
-	if (e->store)
-		populate_dense(e);
-	else
+	if (!e->store)
 		populate_weights(&e->model, c);
 
 	rc = md_text_load(&e->text, &e->model.gguf, c->chat_template, e->err, sizeof(e->err));
@@ -1342,7 +1251,7 @@ static void *engine_main(void *arg)
 		ev_flush(e);
 	}
 	if (!rc)
-		save_hot(e);
+		md_expert_tiers_save(&e->tiers);
 	atomic_store(&e->state, MD_ENGINE_STOPPED);
 	md_owner_release(&e->owner);
 	if (e->sched_ready)
@@ -1396,7 +1305,8 @@ void md_engine_free(struct md_engine *e)
 		md_log(MD_LOG_WARN, "routing trace '%s' is incomplete: a write failed",
 		       e->cfg.trace_routing);
 	free(e->trace_seq);
-	md_expert_store_free(e->store);
+	md_expert_tiers_release(&e->tiers);
+	e->store = NULL;
 	if (e->kv_ready)
 		md_kv_release(&e->kv);
 	md_gvocab_free(e->gvocab);
@@ -1412,6 +1322,7 @@ void md_engine_free(struct md_engine *e)
 	free((char *)e->cfg.chat_template);
 	free((char *)e->cfg.trace_routing);
 	free((char *)e->cfg.expert_policy);
+	free((char *)e->cfg.expert_device);
 	free((char *)e->cfg.state_dir);
 	pthread_mutex_destroy(&e->sub_mu);
 	pthread_cond_destroy(&e->sub_cv);

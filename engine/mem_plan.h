@@ -6,7 +6,9 @@
  * fastest (the kernel keeps it all; nothing is copied), so nothing changes. When it does not,
  * the dense weights (embeddings, attention, norms, routers, shared experts) stay mapped and
  * the routed experts go through the store, whose host budget is what is left of that 80%
- * after the dense weights and the KV pool; the KV pool gets at most an eighth of it then.
+ * after the dense weights and the KV pool; the KV pool gets at most an eighth of it then. A
+ * device tier needs the store (its copies come from host slots): with one, a file that fits
+ * gets the store too, with a host budget of every expert.
  * The limit is the tightest of the cgroup memory limits on the process's cgroup and its
  * ancestors (v2 memory.max, v1 memory.limit_in_bytes), else MemAvailable. The planning
  * itself is a pure function, tested on its own. */
@@ -32,6 +34,8 @@ struct md_mem_plan_in {
 	uint64_t kv_bytes;     /* the KV budget configured */
 	uint64_t min_cache;    /* the store's smallest budget (md_expert_store_min_bytes) */
 	double cache_mb;       /* expert-cache-mb: 0 auto, -1 never the store, > 0 that budget */
+	bool device;           /* a device tier is wanted: it goes through the store, so auto
+				* picks the store even when the file fits (every expert cached) */
 };
 
 struct md_mem_plan {

@@ -13,6 +13,7 @@
 #include <strings.h>
 
 #include "common/log.h"
+#include "engine/engine.h"
 
 #ifndef MOED_VERSION
 #define MOED_VERSION "0.0.0"
@@ -58,6 +59,11 @@ static int v_spec(const char *v, char *err, size_t errlen)
 		return 0;
 	snprintf(err, errlen, "must be off, ngram or draft");
 	return -EINVAL;
+}
+
+static int v_xdev(const char *v, char *err, size_t errlen)
+{
+	return md_engine_check_expert_device(v, err, errlen);
 }
 
 static int v_host(const char *v, char *err, size_t errlen)
@@ -126,7 +132,10 @@ static const struct opt options[] = {
 	  false, "host RAM for routed experts read from the file (0 = auto: only when the file "
 	  "exceeds 80% of the memory limit; -1 = never, keep the mapping)" },
 	{ "engine", "device-expert-mb", 0, OPT_INT, OFF(device_expert_mb), "0", 0, 1 << 30, NULL,
-	  false, "device memory for experts (no device tier yet: ignored with a warning)" },
+	  false, "device memory for the hottest experts (a tier above host RAM; 0 = none)" },
+	{ "engine", "expert-device", 0, OPT_STRING, OFF(expert_device), "auto", 0, 0, v_xdev,
+	  false, "device of the device tier: auto (CUDA when present), cuda, none, or "
+	  "sim[:COPY_MBPS[:COMPUTE_MBPS]] (host memory simulating one, for tests)" },
 	{ "engine", "expert-policy", 0, OPT_STRING, OFF(expert_policy), "lru", 0, 0, NULL, false,
 	  "eviction policy of the expert cache (lru, ...; checked when the model loads)" },
 	{ "engine", "expert-prefetch", 0, OPT_INT, OFF(expert_prefetch), "1", 0, 1, NULL, false,

@@ -3,7 +3,8 @@ several budgets on the default model and on a generated 64-expert model; the sta
 /metrics; a budget below one layer's active experts refused at start with a clear message; a
 model file cut short under the server fails that request, the server keeps serving, and once the
 file is whole again the same completions come back; with one expert cut from the file, of two
-requests served together only the one that needs it fails.
+requests served together only the one that needs it fails; the device tier on the simulated
+device gives the same completions and reports a device row of every per-tier series.
 
 usage: test_experts.py MOED DEFAULT_MODEL MOED_GGUF"""
 
@@ -88,6 +89,53 @@ def budgets(model, fracs, label):
           0 < m.get("moed:expert_prefetch_accuracy", 0) <= 1 and "prefetch on" in log,
           "%s: prefetch accuracy reported" % label, m)
     return ref, units, slot
+
+
+def tier_metrics(srv):
+    """{(name, tier or on= label): value} of the moed:expert_* series."""
+    _, _, body = curl(srv, "GET", "/metrics")
+    vals = {}
+    for line in body.decode().splitlines():
+        m = re.match(r'^(moed:expert_[a-z_]+)\{[^}]*(?:tier|on)="([a-z]+)"[^}]*\} ([0-9.e+-]+)$',
+                     line)
+        if m:
+            vals[(m.group(1), m.group(2))] = float(m.group(3))
+    return vals
+
+
+def device_tier(model, ref, units, slot):
+    """The device tier through the server on the simulated device: the same completions, the
+    start-up line, and a tier="device" row of every per-tier series; an instant device serves
+    hits, a 1 MB/s bus leaves every miss on the CPU."""
+    for spec, fast in (("sim", True), ("sim:1", False)):
+        mb = max(1, int(0.25 * units * slot / 1048576.0 + 1))
+        srv = Server(moed, model, BASE + ["--device-expert-mb", str(mb), "--expert-device", spec])
+        try:
+            got = completions(srv)
+            m = tier_metrics(srv)
+        finally:
+            srv.stop()
+        log = srv.logtext()
+        check(got == ref, "device tier (%s): same completions" % spec, got, ref)
+        check(re.search(r"experts: store, .*device tier \d+ MiB on simulated device", log),
+              "device tier (%s): start-up line names it" % spec, log[-900:])
+        for name in ("hits_total", "misses_total", "read_bytes_total", "evictions_total",
+                     "stall_seconds_total", "resident", "cache_bytes", "prefetch_issued_total",
+                     "prefetch_used_total", "prefetch_wasted_bytes_total"):
+            check(("moed:expert_" + name, "device") in m and ("moed:expert_" + name, "host") in m,
+                  "device tier (%s): %s has a host and a device row" % (spec, name), m)
+        check(m.get(("moed:expert_read_bytes_total", "device"), 0) > 0 and
+              m.get(("moed:expert_cache_bytes", "device"), 0) >= slot,
+              "device tier (%s): bytes uploaded, device memory used" % spec, m)
+        dev = m.get(("moed:expert_device_misses_computed_total", "device"), -1)
+        cpu = m.get(("moed:expert_device_misses_computed_total", "cpu"), -1)
+        check(dev + cpu == m.get(("moed:expert_misses_total", "device")),
+              "device tier (%s): every device miss computed somewhere" % spec, m)
+        if fast:  # whether a miss is copied up depends on measured rates: not checked here
+            check(m.get(("moed:expert_hits_total", "device"), 0) > 0,
+                  "instant device: device hits", m)
+        else:
+            check(dev == 0 and cpu > 0, "1 MB/s bus: misses computed on the CPU", m)
 
 
 def refused(model, mb):
@@ -306,6 +354,7 @@ if r:
     bad_policy(default_model)
     truncated(default_model, ref, 4)
     warm_restart(default_model, 0.5 * units * slot / 1048576.0, ref)
+    device_tier(default_model, ref, units, slot)
 
 # A generated many-expert model: 8 layers x 64 experts, 2 used: a step needs 32 of 512 (6.25%).
 d = tempfile.mkdtemp(prefix="moed-moe64-")
