@@ -19,7 +19,8 @@ expert store (the default plan) and the table adds the experts read per token.
 usage: bench_expert_batching.py MOED MODEL [--streams 16,64] [--step 16] [--tokens 64]
                                 [--runs 3] [--port 18533] [--threads 2] [--limit MIB]
                                 [--args "more moed arguments"]"""
-import argparse, http.client, json, os, statistics, subprocess, tempfile, threading, time
+import argparse, http.client, json, os, resource, statistics, subprocess, tempfile, threading
+import time
 import memlimit
 from sse_gaps import read_stream
 
@@ -133,6 +134,7 @@ def run(streams, on):
             time.sleep(0.05)
         m0 = metrics()
         c0 = cpu_s(srv.pid)
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
         gaps, toks, lock = [], [0], threading.Lock()
         ths = [threading.Thread(target=stream, args=(i, gaps, toks, lock)) for i in range(streams)]
         t0 = time.perf_counter()
@@ -141,6 +143,8 @@ def run(streams, on):
         wall = time.perf_counter() - t0
         m1 = metrics()
         cpu = cpu_s(srv.pid) - c0
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        client = r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime
     finally:
         srv.terminate()
         srv.wait()
@@ -153,7 +157,8 @@ def run(streams, on):
     n = m1["moed:moe_layer_steps_total"] - m0["moed:moe_layer_steps_total"]
     sel = m1["moed:expert_batching_selections_total"] - m0["moed:expert_batching_selections_total"]
     rd = m1.get("moed:expert_read_bytes_total", 0) - m0.get("moed:expert_read_bytes_total", 0)
-    return {"mib_tok": rd / toks[0] / 1048576 if toks[0] else 0.0, "tok_s": toks[0] / wall, "p99_ms": 1000 * gaps[int(0.99 * (len(gaps) - 1))],
+    return {"mib_tok": rd / toks[0] / 1048576 if toks[0] else 0.0, "tok_s": toks[0] / wall,
+            "cpu_share": cpu / wall, "client_cpu": client / wall, "p99_ms": 1000 * gaps[int(0.99 * (len(gaps) - 1))],
             "experts": d / n if n else 0.0, "selections": sel, "tok_cpu_s": toks[0] / cpu,
             "steps": m1["moed:engine_steps_total"] - m0["moed:engine_steps_total"],
             "gap_p50": sg[len(sg) // 2], "gap_p99": sg[int(0.99 * (len(sg) - 1))]}
@@ -171,10 +176,11 @@ for s in [int(x) for x in a.streams.split(",")]:
             res[on].append(x)
             print("streams %d expert-batching %d run %d: %.1f tok/s, %.1f tok per CPU s, p99 ITL "
                   "%.1f ms, %.2f experts per layer-step, %d steps, %d selected by experts, "
-                  "steps between tokens p50 %d p99 %d, %.2f MiB read per token, load %s"
+                  "steps between tokens p50 %d p99 %d, %.2f MiB read per token, server CPU %.2f "
+                  "and client CPU %.2f of wall, load %s"
                   % (s, on, r + 1, x["tok_s"], x["tok_cpu_s"], x["p99_ms"], x["experts"],
                      x["steps"], x["selections"], x["gap_p50"], x["gap_p99"], x["mib_tok"],
-                     memlimit.loadavg()),
+                     x["cpu_share"], x["client_cpu"], memlimit.loadavg()),
                   flush=True)
     med = {on: {k: statistics.median(v[k] for v in res[on]) for k in res[on][0]}
            for on in res}

@@ -72,6 +72,7 @@ struct md_epol {
 	float *cost;          /* owned (n_units): relative cost of a miss */
 	uint64_t *layer_last; /* owned (n_layer): time of the layer's latest access */
 	uint8_t *layer_seen;  /* owned (n_layer): the layer was accessed at least once */
+	uint8_t *transit;     /* owned (n_units): cached without admission (md_epol_demote) */
 };
 
 static const char *const kind_names[MD_EPOL_KIND_COUNT] = {
@@ -101,8 +102,9 @@ struct md_epol *md_epol_new(enum md_epol_kind kind, uint32_t n_layer, uint32_t n
 	p->cost = malloc(n * sizeof(*p->cost));
 	p->layer_last = calloc(n_layer, sizeof(*p->layer_last));
 	p->layer_seen = calloc(n_layer, 1);
+	p->transit = calloc(n, 1);
 	if (!p->resident || !p->last_use || !p->wcount || !p->hint_p || !p->hint_t ||
-	    !p->cost || !p->layer_last || !p->layer_seen) {
+	    !p->cost || !p->layer_last || !p->layer_seen || !p->transit) {
 		md_epol_free(p);
 		return NULL;
 	}
@@ -124,6 +126,7 @@ void md_epol_free(struct md_epol *p)
 	free(p->cost);
 	free(p->layer_last);
 	free(p->layer_seen);
+	free(p->transit);
 	free(p);
 }
 
@@ -173,6 +176,7 @@ void md_epol_remove(struct md_epol *p, uint32_t unit)
 	if (unit >= p->n_units || !p->resident[unit])
 		return;
 	p->resident[unit] = 0;
+	p->transit[unit] = 0;
 	p->n_resident--;
 }
 
@@ -181,6 +185,7 @@ void md_epol_access(struct md_epol *p, uint32_t unit, uint64_t now)
 	if (unit >= p->n_units)
 		return;
 	p->last_use[unit] = now;
+	p->transit[unit] = 0;
 	if (now > p->t_last)
 		p->t_last = now;
 	if (now > p->epoch && now - p->epoch > 256 * p->half_life)
@@ -249,21 +254,51 @@ static double score(const struct md_epol *p, uint32_t u, uint64_t now, double sc
 	}
 }
 
-int64_t md_epol_victim(struct md_epol *p, md_epol_evictable_fn ok, void *arg, uint64_t now)
+/* The lowest-scored evictable resident unit; transit ones first (by last use) unless
+ * cached_only, which skips them. */
+static int64_t search(struct md_epol *p, md_epol_evictable_fn ok, void *arg, uint64_t now,
+		      bool cached_only)
 {
 	int64_t best = -1;
+	bool best_tr = false;
 	double best_s = 0, scale = count_scale(p, now), rate = pred_rate(p);
 	for (uint32_t u = 0; u < p->n_units; u++) {
-		if (!p->resident[u] || (ok && !ok(arg, u)))
+		if (!p->resident[u] || (cached_only && p->transit[u]) || (ok && !ok(arg, u)))
 			continue;
-		double s = score(p, u, now, scale, rate);
-		if (best < 0 || s < best_s ||
+		bool tr = p->transit[u];
+		if (best >= 0 && best_tr && !tr)
+			continue;
+		double s = tr ? (double)p->last_use[u] : score(p, u, now, scale, rate);
+		if (best < 0 || (tr && !best_tr) || s < best_s ||
 		    (s == best_s && p->last_use[u] < p->last_use[best])) {
 			best = u;
 			best_s = s;
+			best_tr = tr;
 		}
 	}
 	return best;
+}
+
+int64_t md_epol_victim(struct md_epol *p, md_epol_evictable_fn ok, void *arg, uint64_t now)
+{
+	return search(p, ok, arg, now, false);
+}
+
+int64_t md_epol_victim_cached(struct md_epol *p, md_epol_evictable_fn ok, void *arg,
+			      uint64_t now)
+{
+	return search(p, ok, arg, now, true);
+}
+
+void md_epol_demote(struct md_epol *p, uint32_t unit)
+{
+	if (unit < p->n_units && p->resident[unit])
+		p->transit[unit] = 1;
+}
+
+bool md_epol_transit(const struct md_epol *p, uint32_t unit)
+{
+	return unit < p->n_units && p->transit[unit];
 }
 
 bool md_epol_admit(struct md_epol *p, uint32_t unit, uint32_t victim, uint64_t now)

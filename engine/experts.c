@@ -76,6 +76,8 @@ struct md_expert_store {
 	uint32_t step_distinct;
 	uint8_t *predicted;        /* owned (n_units): named by the layer's last prediction */
 	uint8_t *has_pred;         /* owned (n_layer) */
+	uint32_t *c_bypass;        /* owned (n_expert): the plan's misses cached as transit */
+	int n_bypass;
 	uint64_t *last_use;        /* owned (n_units): policy time of the last plan naming it */
 
 	struct md_backend *dev;    /* borrowed: NULL without a device tier */
@@ -111,7 +113,7 @@ struct md_expert_store {
 	int n_io;
 
 	_Atomic uint64_t hits, misses, bytes_read, read_errors, evictions, stall_ns;
-	_Atomic uint64_t pf_issued, pf_used, pf_wasted, pred_used, pred_total;
+	_Atomic uint64_t pf_issued, pf_used, pf_wasted, pred_used, pred_total, bypassed;
 	_Atomic uint64_t steps, step_experts;
 	_Atomic uint32_t last_step_experts, n_resident;
 	_Atomic uint64_t dev_hits, dev_misses, dev_uploads, dev_evictions, dev_bytes_up;
@@ -374,9 +376,14 @@ static void drop_unit(struct md_expert_store *s, uint32_t u, bool evicted)
 }
 
 /* A free slot, evicting the policy's victim if needed; with wait, waits for reads in flight
- * to end when every slot is busy. -1 when none can be had. */
-static int32_t take_slot(struct md_expert_store *s, bool wait)
+ * to end when every slot is busy. -1 when none can be had. With bypass (a demand read of unit
+ * want), *bypass says whether the policy would rather not cache want in the victim's place
+ * (md_epol_admit, weighed against the weakest cached unit when the victim is a transit one):
+ * the caller then caches it as transit (expert_policy.h). */
+static int32_t take_slot(struct md_expert_store *s, bool wait, uint32_t want, bool *bypass)
 {
+	if (bypass)
+		*bypass = false;
 	for (;;) {
 		if (s->free_head >= 0) {
 			int32_t sl = s->free_head;
@@ -385,6 +392,11 @@ static int32_t take_slot(struct md_expert_store *s, bool wait)
 		}
 		pthread_mutex_lock(&s->mu);
 		int64_t v = md_epol_victim(s->pol, evictable, s, s->now);
+		if (v >= 0 && bypass) {
+			int64_t w = md_epol_transit(s->pol, (uint32_t)v)
+				? md_epol_victim_cached(s->pol, evictable, s, s->now) : v;
+			*bypass = w >= 0 && !md_epol_admit(s->pol, want, (uint32_t)w, s->now);
+		}
 		bool loading = false;
 		uint64_t fence = 0; /* a copy to the device that holds a slot */
 		if (v < 0 && wait)
@@ -403,10 +415,11 @@ static int32_t take_slot(struct md_expert_store *s, bool wait)
 	}
 }
 
-/* Map unit u to a free slot and queue its read. Returns the slot or -1 (no slot). */
-static int32_t start_read(struct md_expert_store *s, uint32_t u, int q, bool wait)
+/* Map unit u to a free slot and queue its read. Returns the slot or -1 (no slot). bypass:
+ * as take_slot's (demand reads). */
+static int32_t start_read(struct md_expert_store *s, uint32_t u, int q, bool wait, bool *bypass)
 {
-	int32_t sl = take_slot(s, wait);
+	int32_t sl = take_slot(s, wait, u, bypass);
 	if (sl < 0)
 		return -1;
 	struct slot *x = &s->slots[sl];
@@ -668,16 +681,25 @@ static int st_plan(struct md_expert_src *src, uint32_t layer, const int32_t *exp
 		uint32_t u = layer * s->n_expert + (uint32_t)experts[order[j]];
 		if (s->unit_slot[u] >= 0)
 			continue;
-		int32_t sl = start_read(s, u, Q_DEMAND, true);
+		bool bypass;
+		int32_t sl = start_read(s, u, Q_DEMAND, true, &bypass);
 		if (sl < 0)
 			return -ENOSPC; /* cannot happen with the budget checked at start */
 		pin(s, sl);
 		atomic_fetch_add(&s->misses, 1);
+		if (bypass)
+			s->c_bypass[s->n_bypass++] = u;
 	}
 	for (int i = 0; i < n; i++) {
 		md_epol_access(s->pol, layer * s->n_expert + (uint32_t)experts[i], s->now);
 		s->last_use[layer * s->n_expert + (uint32_t)experts[i]] = s->now;
 	}
+	/* Misses the policy would not have admitted stream through as transit units: the first
+	 * victims once released, so what the cache holds stays. */
+	for (int i = 0; i < s->n_bypass; i++)
+		md_epol_demote(s->pol, s->c_bypass[i]);
+	atomic_fetch_add(&s->bypassed, (uint64_t)s->n_bypass);
+	s->n_bypass = 0;
 	return n_ready;
 }
 
@@ -792,7 +814,7 @@ static void st_prefetch(struct md_expert_src *src, uint32_t layer, const int32_t
 		md_epol_hint(s->pol, u, 1.0f, s->now);
 		if (s->unit_slot[u] >= 0)
 			continue;
-		if (start_read(s, u, Q_PREFETCH, false) < 0)
+		if (start_read(s, u, Q_PREFETCH, false, NULL) < 0)
 			break; /* every slot is in use: no room to guess */
 		atomic_fetch_add(&s->pf_issued, 1);
 	}
@@ -853,6 +875,7 @@ void md_expert_store_get_stats(struct md_expert_store *s, struct md_expert_store
 	o->bytes_read = atomic_load(&s->bytes_read);
 	o->read_errors = atomic_load(&s->read_errors);
 	o->evictions = atomic_load(&s->evictions);
+	o->bypassed = atomic_load(&s->bypassed);
 	o->stall_ns = atomic_load(&s->stall_ns);
 	o->prefetch_issued = atomic_load(&s->pf_issued);
 	o->prefetch_used = atomic_load(&s->pf_used);
@@ -923,6 +946,7 @@ void md_expert_store_free(struct md_expert_store *s)
 	free(s->step_seen);
 	free(s->predicted);
 	free(s->has_pred);
+	free(s->c_bypass);
 	free(s->last_use);
 	free(s);
 }
@@ -995,7 +1019,7 @@ int md_expert_store_warm(struct md_expert_store *s, const char *path, uint32_t *
 		uint32_t u = l * s->n_expert + e;
 		if (s->unit_slot[u] >= 0)
 			continue;
-		if (start_read(s, u, Q_PREFETCH, false) < 0)
+		if (start_read(s, u, Q_PREFETCH, false, NULL) < 0)
 			break;
 		atomic_fetch_add(&s->pf_issued, 1);
 		(*n)++;
@@ -1198,6 +1222,7 @@ int md_expert_store_new(struct md_expert_store **out, const struct md_model *m,
 	s->step_seen = calloc(s->n_units, 1);
 	s->predicted = calloc(s->n_units, 1);
 	s->has_pred = calloc(s->n_layer, 1);
+	s->c_bypass = calloc(s->n_expert, sizeof(*s->c_bypass));
 	s->last_use = calloc(s->n_units, sizeof(*s->last_use));
 	s->got_dev = calloc(s->n_units, 1);
 	s->unit_bytes = calloc(s->n_units, sizeof(*s->unit_bytes));
@@ -1208,7 +1233,8 @@ int md_expert_store_new(struct md_expert_store **out, const struct md_model *m,
 	s->arena = arena == MAP_FAILED ? NULL : arena;
 	int rc;
 	if (!s->units || !s->slots || !s->unit_slot || !s->plan_units || !s->step_seen ||
-	    !s->predicted || !s->has_pred || !s->last_use || !s->got_dev || !s->unit_bytes ||
+	    !s->predicted || !s->has_pred || !s->c_bypass || !s->last_use || !s->got_dev ||
+	    !s->unit_bytes ||
 	    !s->pol || !s->arena) {
 		snprintf(err, errlen, "out of memory for an expert cache of %u slots", s->n_slots);
 		rc = -ENOMEM;

@@ -72,6 +72,8 @@ struct md_expert_store_stats {
 	uint64_t bytes_read;      /* bytes read from the file (alignment included) */
 	uint64_t read_errors;     /* reads that failed (the gets got the error) */
 	uint64_t evictions;
+	uint64_t bypassed;        /* misses the policy would not admit, streamed through as
+				   * transit units (pred; expert_policy.h) */
 	uint64_t stall_ns;        /* time gets waited for reads */
 	uint64_t prefetch_issued; /* reads started by prefetch() or a warm start */
 	uint64_t prefetch_used;   /* of those, experts a plan then asked for */

@@ -148,6 +148,39 @@ static void test_pred(void)
 	md_epol_free(pr);
 }
 
+/* Transit units (what a store caches where admission says no): the first victims of every
+ * kind, least recently used first; an access makes one an ordinary resident again;
+ * victim_cached never picks one; removal clears the mark. */
+static void test_transit(void)
+{
+	for (int k = 0; k < MD_EPOL_KIND_COUNT; k++) {
+		struct md_epol *p = md_epol_new((enum md_epol_kind)k, 1, 6);
+		REQUIRE(CHECK(p != NULL));
+		for (uint32_t u = 0; u < 6; u++) {
+			md_epol_insert(p, u, u + 1);
+			for (uint32_t r = 0; r <= u; r++) /* later units used more, and later */
+				md_epol_access(p, u, 10 + 10 * u + r);
+		}
+		int64_t plain = md_epol_victim(p, NULL, NULL, 100);
+		CHECK_EQ_I(plain, 0);
+		md_epol_demote(p, 5);
+		md_epol_demote(p, 3);
+		CHECK(md_epol_transit(p, 5) && md_epol_transit(p, 3) && !md_epol_transit(p, 0));
+		CHECK_EQ_I(md_epol_victim(p, NULL, NULL, 100), 3); /* transit, used longest ago */
+		CHECK_EQ_I(md_epol_victim_cached(p, NULL, NULL, 100), plain);
+		md_epol_access(p, 3, 101); /* used again: an ordinary resident */
+		CHECK(!md_epol_transit(p, 3));
+		CHECK_EQ_I(md_epol_victim(p, NULL, NULL, 102), 5);
+		md_epol_remove(p, 5);
+		md_epol_insert(p, 5, 103);
+		CHECK(!md_epol_transit(p, 5));
+		md_epol_demote(p, 2);
+		md_epol_remove(p, 2);
+		CHECK_EQ_I(md_epol_victim(p, NULL, NULL, 104), plain); /* no transit left */
+		md_epol_free(p);
+	}
+}
+
 static void test_names(void)
 {
 	for (int k = 0; k < MD_EPOL_KIND_COUNT; k++) {
@@ -166,6 +199,7 @@ int main(void)
 {
 	test_lru();
 	test_lfu();
+	test_transit();
 	test_pred();
 	test_names();
 	if (failures) {

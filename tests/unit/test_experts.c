@@ -84,12 +84,14 @@ static void fw_close(struct fw *w)
 	md_model_free(&w->m);
 }
 
+static enum md_epol_kind store_policy = MD_EPOL_LRU; /* of the stores store_new makes */
+
 static struct md_expert_store *store_new(const struct md_model *m, size_t slots, bool buffered,
 					 bool prefetch, char *err, int *rc)
 {
 	struct md_expert_store_config c = {
 		.host_bytes = slots * md_expert_store_slot_bytes(m),
-		.policy = MD_EPOL_LRU,
+		.policy = store_policy,
 		.io_threads = 3,
 		.max_tokens = BATCH,
 		.buffered = buffered,
@@ -160,8 +162,12 @@ static void test_budgets(const char *path, float *ref, float *got)
 
 	const size_t budgets[] = { need, units / 10, units / 2, units };
 	for (int bi = 0; bi < 4; bi++)
-		for (int mode = 0; mode < 3; mode++) { /* O_DIRECT, buffered, O_DIRECT + prefetch */
+		for (int mode = 0; mode < 5; mode++) { /* O_DIRECT, buffered, O_DIRECT + prefetch;
+							* lfu, pred (with its transit misses) */
 			bool buffered = mode == 1, prefetch = mode == 2;
+			store_policy = mode == 3 ? MD_EPOL_LFU : mode == 4 ? MD_EPOL_PRED : MD_EPOL_LRU;
+			if (mode >= 3 && bi >= 2)
+				continue; /* the other policies where they evict */
 			char err[256] = "";
 			int rc;
 			struct md_expert_store *s = store_new(&w.m, budgets[bi], buffered, prefetch,
@@ -212,6 +218,12 @@ static void test_budgets(const char *path, float *ref, float *got)
 			} else {
 				CHECK_EQ_U(st.predicted_total, 0);
 			}
+			if (mode < 4)
+				CHECK_EQ_U(st.bypassed, 0); /* only pred declines to admit */
+			if (mode == 4)
+				printf("experts: pred at %zu slots: %llu misses, %llu streamed through "
+				       "as transit\n", budgets[bi], (unsigned long long)st.misses,
+				       (unsigned long long)st.bypassed);
 			if (bi == 0 && mode == 0)
 				printf("experts: reads %s; smallest budget: %llu misses, %llu hits, "
 				       "%llu evictions, %.1f MiB read\n",
@@ -221,6 +233,7 @@ static void test_budgets(const char *path, float *ref, float *got)
 			md_forward_set_expert_src(w.f, NULL);
 			md_expert_store_free(s);
 		}
+	store_policy = MD_EPOL_LRU;
 
 	/* One slot short of a layer's active experts for a full step: refused, with the numbers. */
 	char err[256] = "";
