@@ -68,7 +68,7 @@ struct md_engine_config {
 	double expert_cache_mb;     /* host budget for experts: 0 auto (the store only when the
 				     * file exceeds 80% of the memory limit), -1 never, > 0 MiB */
 	int64_t device_expert_mb;   /* device tier budget (0: none) */
-	const char *expert_policy;  /* borrowed (copied at start), NULL: "lru" */
+	const char *expert_policy;  /* borrowed (copied at start), NULL: "pred" */
 	const char *expert_device;  /* borrowed (copied), NULL: "auto"; the device tier's device
 				     * (engine/expert_tiers.h: auto, none, cuda, sim[:COPY:COMPUTE]) */
 	bool no_expert_prefetch;    /* no pre-gating prefetch */

@@ -151,7 +151,7 @@ int md_expert_tiers_init(struct md_expert_tiers *t, const struct md_model *m,
 {
 	memset(t, 0, sizeof(*t));
 	t->kv_bytes = c->kv_bytes;
-	enum md_epol_kind pol = MD_EPOL_LRU;
+	enum md_epol_kind pol = MD_EPOL_PRED;
 	if (c->policy && md_epol_parse(c->policy, &pol)) {
 		snprintf(err, errlen, "unknown expert-policy '%s'", c->policy);
 		return -EINVAL;

@@ -136,8 +136,8 @@ static const struct opt options[] = {
 	{ "engine", "expert-device", 0, OPT_STRING, OFF(expert_device), "auto", 0, 0, v_xdev,
 	  false, "device of the device tier: auto (CUDA when present), cuda, none, or "
 	  "sim[:COPY_MBPS[:COMPUTE_MBPS]] (host memory simulating one, for tests)" },
-	{ "engine", "expert-policy", 0, OPT_STRING, OFF(expert_policy), "lru", 0, 0, NULL, false,
-	  "eviction policy of the expert cache (lru, ...; checked when the model loads)" },
+	{ "engine", "expert-policy", 0, OPT_STRING, OFF(expert_policy), "pred", 0, 0, NULL, false,
+	  "eviction policy of the expert cache: pred, lfu or lru (bench/README.md)" },
 	{ "engine", "expert-prefetch", 0, OPT_INT, OFF(expert_prefetch), "1", 0, 1, NULL, false,
 	  "1 = read the next layer's predicted experts ahead (pre-gating), 0 = off" },
 	{ "engine", "state-dir", 0, OPT_STRING, OFF(state_dir), "", 0, 0, NULL, false,
