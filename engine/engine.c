@@ -495,6 +495,7 @@ static void experts_stats(struct md_engine *e)
 	o->experts_prefetch_issued = st.prefetch_issued;
 	o->experts_prefetch_used = st.prefetch_used;
 	o->experts_prefetch_wasted_bytes = st.prefetch_wasted_bytes;
+	o->experts_prefetch_cancelled = st.prefetch_cancelled;
 	o->experts_predicted_used = st.predicted_used;
 	o->experts_predicted_total = st.predicted_total;
 	o->experts_steps = st.steps;

@@ -161,6 +161,7 @@ struct md_engine_stats {
 	uint64_t experts_evictions;
 	double experts_stall_s;             /* time the forward pass waited for expert reads */
 	uint64_t experts_prefetch_issued, experts_prefetch_used, experts_prefetch_wasted_bytes;
+	uint64_t experts_prefetch_cancelled;
 	uint64_t experts_predicted_used, experts_predicted_total; /* prefetch accuracy */
 	uint64_t experts_steps, experts_step_distinct; /* distinct experts per step: their ratio */
 	uint32_t experts_slots, experts_resident;

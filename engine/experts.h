@@ -78,6 +78,8 @@ struct md_expert_store_stats {
 	uint64_t prefetch_issued; /* reads started by prefetch() or a warm start */
 	uint64_t prefetch_used;   /* of those, experts a plan then asked for */
 	uint64_t prefetch_wasted_bytes; /* bytes of prefetched experts evicted unused */
+	uint64_t prefetch_cancelled; /* of the issued, guesses their layer's plan did not use,
+				      * taken off the queue before their read started */
 	uint64_t predicted_used;  /* planned experts that the last prediction of the layer named */
 	uint64_t predicted_total; /* planned experts of layers that had a prediction */
 	uint64_t steps;           /* forward passes seen (plans of a layer not after the last) */

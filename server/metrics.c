@@ -311,6 +311,9 @@ static const struct row registry[] = {
 	       "used from the tier.", fam_ex_pf_used),
 	FAMILY("moed:expert_prefetch_wasted_bytes_total", "counter", "Bytes of experts brought "
 	       "in ahead and evicted unused.", fam_ex_pf_wasted),
+	COUNTER("moed:expert_prefetch_cancelled_total", "Prefetcher guesses their layer did not "
+		"use, taken off the queue before their read started.", SRC_ENGINE, ENG,
+		experts_prefetch_cancelled, V_U64),
 	FAMILY("moed:expert_device_misses_computed_total", "counter", "Device misses by where "
 	       "the cost model ran them: copied up and on the device, or on the CPU from host "
 	       "RAM.", fam_ex_where),

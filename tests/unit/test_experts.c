@@ -209,11 +209,14 @@ static void test_budgets(const char *path, float *ref, float *got)
 				CHECK(st.predicted_total > 0 && st.predicted_used > 0);
 				CHECK(st.predicted_used <= st.predicted_total);
 				CHECK(bi == 3 || st.prefetch_issued > 0);
+				CHECK(st.prefetch_used + st.prefetch_cancelled <= st.prefetch_issued);
+				CHECK(st.n_resident <= st.n_slots);
 				printf("experts: %zu slots: prefetch accuracy %.2f, %llu issued, %llu "
-				       "used, %.2f MiB wasted\n", budgets[bi],
+				       "used, %llu cancelled unread, %.2f MiB wasted\n", budgets[bi],
 				       (double)st.predicted_used / (double)st.predicted_total,
 				       (unsigned long long)st.prefetch_issued,
 				       (unsigned long long)st.prefetch_used,
+				       (unsigned long long)st.prefetch_cancelled,
 				       st.prefetch_wasted_bytes / 1048576.0);
 			} else {
 				CHECK_EQ_U(st.predicted_total, 0);
