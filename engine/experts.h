@@ -21,9 +21,11 @@
  * be got) and orders the gets resident-first, so the forward pass computes resident experts
  * while the others arrive; get() waits only for the expert it needs (moving it to the front
  * of the demand queue if a prefetch had queued it). prefetch() queues reads for a predicted
- * later layer, using only slots that the policy can give up now. A read that fails (short
- * file, I/O error) fails the get with its code and frees the slot, so a later request tries
- * again; nothing is cached from it.
+ * later layer, using only slots that the policy can give up now; that layer's plan takes the
+ * guesses it does not use off the queue. A miss the policy would not admit in place of its
+ * victim (pred's bypass) is cached as a transit unit, the first to go once released
+ * (expert_policy.h). A read that fails (short file, I/O error) fails the get with its code and
+ * frees the slot, so a later request tries again; nothing is cached from it.
  *
  * Device tier (optional, through engine/backend.h; engine/backend_sim.h simulates one): a
  * second set of slots in device memory with its own policy. An expert the forward pass got
@@ -31,7 +33,12 @@
  * evictable device slot; once its fence has passed, plans find it there, order it first, and
  * get returns device views (md_expert_w.dev) that the forward pass computes with the
  * backend's matmul. The host slot it came from is not reused before the fence passes, nor a
- * device slot in use or still being written.
+ * device slot in use or still being written. A planned expert in host RAM but not on the
+ * device (a device miss) runs on the CPU, or is copied up by the plan and computed on the
+ * device in the same step, as the cost model says (engine/expert_cost.h: bytes, tokens
+ * routed, copy and compute rates measured by a probe at start and from the forward pass's
+ * timings); copies chosen so go after the CPU's experts in the get order, and their gets wait
+ * for the fence.
  *
  * One forward pass at a time uses a store (the engine thread's), as md_expert_src requires.
  * md_expert_store_get_stats may be called from any thread.
