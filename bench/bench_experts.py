@@ -111,6 +111,7 @@ def bench_run(args, limit_mib, cache_mib):
     chose at this limit: one warm-up pass, then tg of --tokens random tokens."""
     memlimit.drop_caches([args.model], args.drop_caches == "all")
     cg = memlimit.MemCg(limit_mib) if args.use_cg else None
+    cache_mib = cache_mib or 0  # 0: the store was not chosen here, the engine on the mapping
     cmd = [args.moed_bench, "-m", args.model, "-t", str(args.threads), "-p", "0", "-n",
            str(args.tokens), "-r", "1", "-c", str(cache_mib)]
     try:
@@ -122,7 +123,8 @@ def bench_run(args, limit_mib, cache_mib):
             cg.close()
     m = re.search(r"\| tg%d \| ([0-9.]+) \|" % args.tokens, out)
     return {"tps": float(m.group(1)) if m else float("nan"), "tokens": args.tokens,
-            "load_s": 0.0, "mode_line": "moed-bench -c %d" % cache_mib, "bytes_per_tok": 0.0,
+            "load_s": 0.0, "mode_line": "moed-bench -c %d" % cache_mib if cache_mib else
+            "moed-bench on the mapping", "bytes_per_tok": 0.0,
             "hit": float("nan"), "stall": 0.0, "accuracy": float("nan"), "peak_mib": peak,
             "failcnt": failcnt, "note": ""}
 
@@ -235,6 +237,7 @@ def main():
               "store runs with --expert-cache-mb at 80% of the limit less --dense-mib")
     rows = []
     cache_mib = {}  # limit -> the host budget the server's default plan chose
+    mapped = set()  # limits where the default plan kept the mapping
     chunk = 5 * MIB
     for lim in limits:
         res = {m: [] for m in modes}
@@ -242,11 +245,15 @@ def main():
         for rnd in range(args.rounds):
             order = modes if rnd % 2 == 0 else modes[::-1]
             for mode in order:
+                if mode in POLICY and mode != "store" and lim in mapped:
+                    continue  # the default plan kept the mapping here: the same run as store
                 r = one_run(args, mode, lim, cache_mib.get(lim))
                 res[mode].append(r)
                 cm = re.search(r"host cache (\d+) MiB", r["mode_line"])
                 if cm and mode == "store":
                     cache_mib[lim] = int(cm.group(1))
+                if mode == "store" and "experts: mmap" in r["mode_line"]:
+                    mapped.add(lim)
                 print("limit %5d MiB %-10s round %d: %6.2f tok/s, load %.1f s, %.1f MiB "
                       "read/token, hit %.2f, stall %.2f s, prefetch accuracy %.2f, peak %.0f "
                       "MiB, load avg %s | %s" % (lim, mode, rnd, r["tps"], r["load_s"],
@@ -267,6 +274,8 @@ def main():
     for lim, res, bw in rows:
         b = med(res[base], "tps")
         for mode, rs in res.items():
+            if not rs:
+                continue
             t = [r["tps"] for r in rs]
             s = med(rs, "tps")
             bpt = med(rs, "bytes_per_tok")
