@@ -16,9 +16,9 @@ on 4 threads) before the first run and after the last one of each limit; the I/O
 mode is that bandwidth (the median of the measurements) over its bytes read per token, and
 "/ bound" says how close the mode came to it.
 
-Modes: store (the defaults: policy pred, prefetch on), store-lru, store-lfu, store-pred,
-store-nopf (no prefetch), mmap (--expert-cache-mb -1), llama (DIR/llama-server, with --llama DIR or
-MOED_LLAMA_CPP; llama.cpp is never part of moed), bench (moed-bench, the engine without the
+Modes: store (the defaults: policy pred, prefetch off), store-lru, store-lfu, store-pred,
+store-nopf (no prefetch), store-pf (prefetch on), mmap (--expert-cache-mb -1), llama
+(DIR/llama-server, with --llama DIR or MOED_LLAMA_CPP; llama.cpp is never part of moed), bench (moed-bench, the engine without the
 server, from the same build, with the store at the budget the store mode's server chose; it
 decodes random tokens, so its routing is not the server's text's; after store in --modes).
 
@@ -44,7 +44,7 @@ from memlimit import MIB
 
 POLICY = {"store": [], "store-lru": ["--expert-policy", "lru"],
           "store-lfu": ["--expert-policy", "lfu"], "store-pred": ["--expert-policy", "pred"],
-          "store-nopf": ["--expert-prefetch", "0"]}
+          "store-nopf": ["--expert-prefetch", "0"], "store-pf": ["--expert-prefetch", "1"]}
 
 
 def free_port():

@@ -704,6 +704,12 @@ static int st_plan(struct md_expert_src *src, uint32_t layer, const int32_t *exp
 		atomic_fetch_add(&s->dev_host_compute, (uint64_t)(n - n_dev - n_up));
 	}
 	int n_ready = k - n_up;
+	/* The policy hears of this visit before any victim is chosen for its misses, as the
+	 * replay (bench/cache-replay) does: a miss's admission then knows it was just used. */
+	for (int i = 0; i < n; i++) {
+		md_epol_access(s->pol, layer * s->n_expert + (uint32_t)experts[i], s->now);
+		s->last_use[layer * s->n_expert + (uint32_t)experts[i]] = s->now;
+	}
 	/* The others were stored backwards from the end: put them in plan order after the
 	 * ready ones, and start the reads of the missing ones in that order. */
 	for (int a = k, z = n - 1; a < z; a++, z--) {
@@ -723,10 +729,6 @@ static int st_plan(struct md_expert_src *src, uint32_t layer, const int32_t *exp
 		atomic_fetch_add(&s->misses, 1);
 		if (bypass)
 			s->c_bypass[s->n_bypass++] = u;
-	}
-	for (int i = 0; i < n; i++) {
-		md_epol_access(s->pol, layer * s->n_expert + (uint32_t)experts[i], s->now);
-		s->last_use[layer * s->n_expert + (uint32_t)experts[i]] = s->now;
 	}
 	/* Misses the policy would not have admitted stream through as transit units: the first
 	 * victims once released, so what the cache holds stays. */

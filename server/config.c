@@ -138,8 +138,9 @@ static const struct opt options[] = {
 	  "sim[:COPY_MBPS[:COMPUTE_MBPS]] (host memory simulating one, for tests)" },
 	{ "engine", "expert-policy", 0, OPT_STRING, OFF(expert_policy), "pred", 0, 0, NULL, false,
 	  "eviction policy of the expert cache: pred, lfu or lru (bench/README.md)" },
-	{ "engine", "expert-prefetch", 0, OPT_INT, OFF(expert_prefetch), "1", 0, 1, NULL, false,
-	  "1 = read the next layer's predicted experts ahead (pre-gating), 0 = off" },
+	{ "engine", "expert-prefetch", 0, OPT_INT, OFF(expert_prefetch), "0", 0, 1, NULL, false,
+	  "1 = read the next layer's predicted experts ahead (pre-gating); 0 = off (default: on "
+	  "a disk-bound store wrong guesses cost more reads than the early start saves)" },
 	{ "engine", "state-dir", 0, OPT_STRING, OFF(state_dir), "", 0, 0, NULL, false,
 	  "directory for state kept across restarts (the hot experts); empty = none" },
 	{ "engine", "max-tokens-cap", 0, OPT_INT, OFF(max_tokens_cap), "4096", 1, 1 << 24, NULL,
