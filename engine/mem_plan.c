@@ -157,6 +157,14 @@ void md_mem_plan_make(const struct md_mem_plan_in *in, struct md_mem_plan *out)
 		snprintf(out->why, sizeof(out->why), "expert-cache-mb is %g", in->cache_mb);
 		return;
 	}
+	if ((in->limit == 0 || in->file_bytes <= usable) && in->device) {
+		out->store = true;
+		out->cache_bytes = in->expert_bytes;
+		snprintf(out->why, sizeof(out->why), "a device tier goes through the store; the file "
+			 "(%.0f MiB) fits in memory, so every expert is in host RAM too",
+			 in->file_bytes / MIB);
+		return;
+	}
 	if (in->limit == 0 || in->file_bytes <= usable) {
 		if (in->limit)
 			snprintf(out->why, sizeof(out->why), "the file (%.0f MiB) fits in 80%% of the "

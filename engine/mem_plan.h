@@ -17,6 +17,8 @@
  * (expert-cache-mb > 0) is taken as it is. With the whole file mapped (its pages can always
  * be dropped and read again) the KV pool, which is anonymous, is kept below the limit less
  * the reserve, and a limit that cannot hold even one context's KV is refused the same way.
+ * A device tier needs the store (its copies come from host slots): with one, a file that fits
+ * gets the store too, with a host budget of every expert.
  * The limit is the tightest of the cgroup memory limits on the process's cgroup and its
  * ancestors (v2 memory.max, v1 memory.limit_in_bytes), else MemAvailable. The planning
  * itself is a pure function, tested on its own. */
@@ -44,6 +46,8 @@ struct md_mem_plan_in {
 				  of kv-blocks when that is set) */
 	uint64_t min_cache;    /* the store's smallest budget (md_expert_store_min_bytes) */
 	double cache_mb;       /* expert-cache-mb: 0 auto, -1 never the store, > 0 that budget */
+	bool device;           /* a device tier is wanted: it goes through the store, so auto
+				* picks the store even when the file fits (every expert cached) */
 };
 
 struct md_mem_plan {

@@ -425,7 +425,7 @@ static int run(struct fw *w, int seq, uint32_t p0, const int32_t *tok, int n, fl
 	}
 	if (md_kv_reserve(&w->kv, seq, p0 + (uint32_t)n))
 		return -1;
-	struct md_batch b = { n, tok, sq, ps, want };
+	struct md_batch b = { n, tok, sq, ps, want, NULL };
 	return md_forward(w->f, &w->kv, &b, out);
 }
 

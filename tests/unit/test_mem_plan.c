@@ -122,6 +122,14 @@ static void test_plan(void)
 	in.limit = 0;
 	md_mem_plan_make(&in, &p);
 	CHECK(!p.store);
+	/* a device tier: the store even where the file fits, every expert in host RAM */
+	in = (struct md_mem_plan_in){ .limit = 64000 * MB, .file_bytes = 2300 * MB,
+				      .expert_bytes = 2000 * MB, .kv_bytes = 512 * MB,
+				      .min_cache = 160 * MB, .device = true };
+	md_mem_plan_make(&in, &p);
+	CHECK(p.store);
+	CHECK_EQ_U(p.cache_bytes, 2000 * MB);
+	CHECK(strstr(p.why, "device tier") != NULL);
 	in.limit = 100 * MB;
 	in.expert_bytes = 0;
 	md_mem_plan_make(&in, &p);
