@@ -12,9 +12,16 @@ move it), and distinct experts per MoE layer and step (from /metrics:
 moed:moe_distinct_experts_total / moed:moe_layer_steps_total over the run). Prints one line
 per run and a table of medians with the on/off ratio.
 
+With --limit MIB each run is in a fresh cgroup v1 memory cgroup of that size (page cache
+counted; the model's pages dropped first), so a model larger than the limit goes through the
+expert store (the default plan) and the table adds the experts read per token.
+
 usage: bench_expert_batching.py MOED MODEL [--streams 16,64] [--step 16] [--tokens 64]
-                                [--runs 3] [--port 18533] [--threads 2]"""
-import argparse, http.client, json, os, statistics, subprocess, tempfile, threading, time
+                                [--runs 3] [--port 18533] [--threads 2] [--limit MIB]
+                                [--args "more moed arguments"]"""
+import argparse, http.client, json, os, resource, statistics, subprocess, tempfile, threading
+import time
+import memlimit
 from sse_gaps import read_stream
 
 PROMPTS = [
@@ -41,6 +48,8 @@ ap.add_argument("--tokens", type=int, default=64)
 ap.add_argument("--runs", type=int, default=3)
 ap.add_argument("--port", type=int, default=18533)
 ap.add_argument("--threads", type=int, default=2)
+ap.add_argument("--limit", type=int, default=0, help="MiB: run under a memory cgroup")
+ap.add_argument("--args", default="", help="more moed arguments, space-separated")
 a = ap.parse_args()
 
 
@@ -57,9 +66,10 @@ def metrics():
     _, body = get("/metrics")
     out = {}
     for line in body.decode().splitlines():
-        if line.startswith(("moed:moe_", "moed:expert_batching", "moed:engine_steps")):
+        if line.startswith(("moed:moe_", "moed:expert_batching", "moed:engine_steps",
+                            "moed:expert_read_bytes", "moed:expert_hits", "moed:expert_misses")):
             k, v = line.rsplit(" ", 1)
-            out[k.split("{")[0]] = float(v)
+            out.setdefault(k.split("{")[0], float(v))
     return out
 
 
@@ -103,10 +113,17 @@ def step_gaps(trace):
 
 def run(streams, on):
     trace = tempfile.NamedTemporaryFile(prefix="moed-eb-", suffix=".trace", delete=False).name
+    cg = None
+    if a.limit:
+        memlimit.drop_caches([a.model])
+        cg = memlimit.MemCg(a.limit)
+        if not cg:
+            raise SystemExit("bench_expert_batching: --limit needs a cgroup v1 memory controller")
     srv = subprocess.Popen([a.moed, "-m", a.model, "-p", str(a.port), "-t", str(a.threads),
                             "--step-tokens", str(a.step), "--max-seqs", str(max(streams, 1)),
-                            "--expert-batching", "1" if on else "0", "--trace-routing", trace],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            "--expert-batching", "1" if on else "0", "--trace-routing", trace]
+                           + a.args.split(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           preexec_fn=cg.preexec if cg else None)
     try:
         for _ in range(600):
             try:
@@ -117,6 +134,7 @@ def run(streams, on):
             time.sleep(0.05)
         m0 = metrics()
         c0 = cpu_s(srv.pid)
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
         gaps, toks, lock = [], [0], threading.Lock()
         ths = [threading.Thread(target=stream, args=(i, gaps, toks, lock)) for i in range(streams)]
         t0 = time.perf_counter()
@@ -125,23 +143,30 @@ def run(streams, on):
         wall = time.perf_counter() - t0
         m1 = metrics()
         cpu = cpu_s(srv.pid) - c0
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        client = r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime
     finally:
         srv.terminate()
         srv.wait()
+        if cg:
+            cg.close()
     gaps.sort()
     sg = step_gaps(trace)
     os.unlink(trace)
     d = m1["moed:moe_distinct_experts_total"] - m0["moed:moe_distinct_experts_total"]
     n = m1["moed:moe_layer_steps_total"] - m0["moed:moe_layer_steps_total"]
     sel = m1["moed:expert_batching_selections_total"] - m0["moed:expert_batching_selections_total"]
-    return {"tok_s": toks[0] / wall, "p99_ms": 1000 * gaps[int(0.99 * (len(gaps) - 1))],
+    rd = m1.get("moed:expert_read_bytes_total", 0) - m0.get("moed:expert_read_bytes_total", 0)
+    return {"mib_tok": rd / toks[0] / 1048576 if toks[0] else 0.0, "tok_s": toks[0] / wall,
+            "cpu_share": cpu / wall, "client_cpu": client / wall, "p99_ms": 1000 * gaps[int(0.99 * (len(gaps) - 1))],
             "experts": d / n if n else 0.0, "selections": sel, "tok_cpu_s": toks[0] / cpu,
             "steps": m1["moed:engine_steps_total"] - m0["moed:engine_steps_total"],
             "gap_p50": sg[len(sg) // 2], "gap_p99": sg[int(0.99 * (len(sg) - 1))]}
 
 
-print("moed %s, model %s, step-tokens %d, %d tokens per stream, %d alternating runs"
-      % (a.moed, a.model, a.step, a.tokens, a.runs))
+print("moed %s, model %s, step-tokens %d, %d tokens per stream, %d alternating runs%s, "
+      "load average %s" % (a.moed, a.model, a.step, a.tokens, a.runs,
+                           ", limit %d MiB" % a.limit if a.limit else "", memlimit.loadavg()))
 rows = []
 for s in [int(x) for x in a.streams.split(",")]:
     res = {True: [], False: []}
@@ -151,9 +176,11 @@ for s in [int(x) for x in a.streams.split(",")]:
             res[on].append(x)
             print("streams %d expert-batching %d run %d: %.1f tok/s, %.1f tok per CPU s, p99 ITL "
                   "%.1f ms, %.2f experts per layer-step, %d steps, %d selected by experts, "
-                  "steps between tokens p50 %d p99 %d"
+                  "steps between tokens p50 %d p99 %d, %.2f MiB read per token, server CPU %.2f "
+                  "and client CPU %.2f of wall, load %s"
                   % (s, on, r + 1, x["tok_s"], x["tok_cpu_s"], x["p99_ms"], x["experts"],
-                     x["steps"], x["selections"], x["gap_p50"], x["gap_p99"]),
+                     x["steps"], x["selections"], x["gap_p50"], x["gap_p99"], x["mib_tok"],
+                     x["cpu_share"], x["client_cpu"], memlimit.loadavg()),
                   flush=True)
     med = {on: {k: statistics.median(v[k] for v in res[on]) for k in res[on][0]}
            for on in res}
@@ -161,14 +188,15 @@ for s in [int(x) for x in a.streams.split(",")]:
 
 print("\n| streams | expert-batching | distinct experts per layer and step | steps | tok/s | "
       "tokens per CPU second | p99 inter-token latency (ms) | steps between tokens, p50 / p99 |"
-      "\n| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+      " MiB read per token |\n| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 for s, med in rows:
     for on in (False, True):
         m = med[on]
-        print("| %d | %s | %.2f | %d | %.1f | %.1f | %.1f | %d / %d |"
+        print("| %d | %s | %.2f | %d | %.1f | %.1f | %.1f | %d / %d | %.2f |"
               % (s, "on" if on else "off", m["experts"], m["steps"], m["tok_s"], m["tok_cpu_s"],
-                 m["p99_ms"], m["gap_p50"], m["gap_p99"]))
+                 m["p99_ms"], m["gap_p50"], m["gap_p99"], m["mib_tok"]))
     r = {k: med[True][k] / med[False][k] for k in med[True] if med[False][k]}
-    print("| %d | on / off | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f / %.2f |"
+    print("| %d | on / off | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f / %.2f | %s |"
           % (s, r["experts"], r["steps"], r["tok_s"], r["tok_cpu_s"], r["p99_ms"],
-             r["gap_p50"], r["gap_p99"]))
+             r["gap_p50"], r["gap_p99"], "%.3f" % r["mib_tok"] if "mib_tok" in r else "-"))
+print("load average at the end %s" % memlimit.loadavg())

@@ -1,80 +1,50 @@
 #!/usr/bin/python3
-"""Decode speed of the server under a memory limit: the expert store against the mmap path.
+"""Decode speed of servers under a real memory limit: moed's expert store (each policy, with
+and without prefetch) against moed's own mmap path and llama.cpp's server on the same file.
 
-For each limit, runs moed in a fresh cgroup v1 memory cgroup (page cache counted) with the
-model file's pages dropped from the page cache first (POSIX_FADV_DONTNEED), once with the
-default settings (the store takes over when the file exceeds 80% of the limit) and once with
---expert-cache-mb -1 (the plain mapping), alternating, --reps times each. Per run: a warm-up
-request, then one streamed greedy completion of --tokens tokens; decode tok/s is (tokens - 1)
-over the time from the first to the last token. Prints per-run figures, medians, the ratio
-store/mmap, the expert bytes read per decoded token (/metrics), the O_DIRECT read bandwidth of
-the model file measured here (random expert-sized reads), and the I/O bound they imply.
+For each limit (MiB, or --fractions of the file), every mode runs once per round, in a fresh
+cgroup v1 memory cgroup (page cache counted) with the model's pages dropped from the page
+cache first (--drop-caches all: the whole page cache), rounds alternating the order of the
+modes (A B C, C B A, ...). A run: start the server with the same threads, one warm-up request
+(8 tokens), then one streamed greedy completion of --tokens tokens; decode tok/s is
+(tokens - 1) over the time from the first to the last token. For moed it also reads, from
+/metrics over the measured request: expert bytes read per decoded token, the host tier's hit
+rate (hits / (hits + misses) of the planned experts), stall seconds and the prefetch accuracy.
 
-Without a usable memory cgroup (no v1 memory controller, or not allowed to make one) it says
-so and runs the store with --expert-cache-mb set to the store's share of the limit instead.
+The disk's O_DIRECT bandwidth is measured the way the store reads (random expert-sized reads
+on 4 threads) before the first run and after the last one of each limit; the I/O bound of a
+mode is that bandwidth (the median of the measurements) over its bytes read per token, and
+"/ bound" says how close the mode came to it.
 
-  bench/bench_experts.py --moed build/server/moed -m MODEL.gguf --limits 1300,1000 [--reps 3]
+Modes: store (the defaults: policy pred, prefetch off), store-lru, store-lfu, store-pred,
+store-nopf (no prefetch), store-pf (prefetch on), mmap (--expert-cache-mb -1), llama
+(DIR/llama-server, with --llama DIR or MOED_LLAMA_CPP; llama.cpp is never part of moed), bench (moed-bench, the engine without the
+server, from the same build, with the store at the budget the store mode's server chose; it
+decodes random tokens, so its routing is not the server's text's; after store in --modes).
+
+  bench/bench_experts.py --moed build/server/moed -m MODEL.gguf --limits 4096,1843,1331 \\
+      --modes store,store-lfu,store-pred,mmap,llama --llama ../llama.cpp/build/bin
+  bench/bench_experts.py --moed build/server/moed -m MOE64-2G.gguf --fractions 25,50,75
 """
 
 import argparse
 import http.client
 import json
-import mmap
 import os
-import random
 import re
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
-MIB = 1024 * 1024
+import memlimit
+from memlimit import MIB
 
-
-def own_memcg():
-    """The process's cgroup v1 memory directory, or None."""
-    try:
-        for line in open("/proc/self/cgroup"):
-            _, ctl, path = line.rstrip("\n").split(":", 2)
-            if "memory" in ctl.split(","):
-                d = "/sys/fs/cgroup/memory" + path
-                return d if os.path.isdir(d) else None
-    except OSError:
-        pass
-    return None
-
-
-def make_cg(base, limit_mb):
-    d = os.path.join(base, "moed-bench-%d-%d" % (os.getpid(), limit_mb))
-    try:
-        os.mkdir(d)
-        with open(os.path.join(d, "memory.limit_in_bytes"), "w") as f:
-            f.write(str(limit_mb * MIB))
-        return d
-    except OSError:
-        return None
-
-
-def drop_cg(d):
-    if d:
-        try:
-            with open(os.path.join(d, "memory.force_empty"), "w") as f:
-                f.write("0")
-        except OSError:
-            pass
-        try:
-            os.rmdir(d)
-        except OSError:
-            pass
-
-
-def drop_file_cache(path):
-    fd = os.open(path, os.O_RDONLY)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)
+POLICY = {"store": [], "store-lru": ["--expert-policy", "lru"],
+          "store-lfu": ["--expert-policy", "lfu"], "store-pred": ["--expert-policy", "pred"],
+          "store-nopf": ["--expert-prefetch", "0"], "store-pf": ["--expert-prefetch", "1"]}
 
 
 def free_port():
@@ -96,7 +66,7 @@ def req(port, method, path, body=None, timeout=900):
 
 
 def stream_times(port, prompt, n):
-    """Times (perf_counter) at which each streamed token arrived."""
+    """Times (perf_counter) at which each streamed chunk with text arrived."""
     body = json.dumps({"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True,
                        "stream": True})
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=900)
@@ -106,159 +76,217 @@ def stream_times(port, prompt, n):
     for line in r:
         line = line.strip()
         if line.startswith(b"data: ") and line != b"data: [DONE]":
-            if json.loads(line[6:])["choices"][0].get("text"):
+            ch = json.loads(line[6:]).get("choices") or [{}]
+            if ch[0].get("text"):
                 times.append(time.perf_counter())
     c.close()
     return times
 
 
 def expert_metrics(port):
+    """The host tier's moed:expert_* values (the first series of each name)."""
     _, body = req(port, "GET", "/metrics")
     vals = {}
     for line in body.decode().splitlines():
         m = re.match(r'^(moed:expert_[a-z_]+)(\{[^}]*\})? ([0-9.e+-]+)$', line)
-        if m:
-            vals[m.group(1)] = float(m.group(3))
+        if m and (not m.group(2) or 'tier="device"' not in m.group(2)):
+            vals.setdefault(m.group(1), float(m.group(3)))
     return vals
 
 
-def one_run(args, cg, extra):
-    drop_file_cache(args.model)
-    port = free_port()
-    cmd = [args.moed, "-m", args.model, "--port", str(port), "--threads", str(args.threads),
-           "--max-seqs", "4"] + extra
-    log = tempfile.NamedTemporaryFile("w+", prefix="moed-bench-", suffix=".log", delete=False)
-    pre = None
-    if cg:
-        procs = os.path.join(cg, "cgroup.procs")
+def wait_ready(p, port, log):
+    while True:
+        if p.poll() is not None:
+            raise RuntimeError("server exited: " + open(log).read()[-1500:])
+        try:
+            if req(port, "GET", "/health", timeout=2)[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
 
-        def pre():
-            with open(procs, "w") as f:
-                f.write(str(os.getpid()))
-    t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=pre)
+
+def bench_run(args, limit_mib, cache_mib):
+    """moed-bench (the engine alone, no server) with the store at the budget the server
+    chose at this limit: one warm-up pass, then tg of --tokens random tokens."""
+    memlimit.drop_caches([args.model], args.drop_caches == "all")
+    cg = memlimit.MemCg(limit_mib) if args.use_cg else None
+    cache_mib = cache_mib or 0  # 0: the store was not chosen here, the engine on the mapping
+    cmd = [args.moed_bench, "-m", args.model, "-t", str(args.threads), "-p", "0", "-n",
+           str(args.tokens), "-r", "1", "-c", str(cache_mib)]
     try:
-        while True:
-            if p.poll() is not None:
-                raise RuntimeError("moed exited: " + open(log.name).read()[-1500:])
-            try:
-                if req(port, "GET", "/health", timeout=2)[0] == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.2)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
+                             preexec_fn=cg.preexec if cg else None).stdout
+    finally:
+        peak, failcnt = cg.stats() if cg else (0.0, 0)
+        if cg:
+            cg.close()
+    m = re.search(r"\| tg%d \| ([0-9.]+) \|" % args.tokens, out)
+    return {"tps": float(m.group(1)) if m else float("nan"), "tokens": args.tokens,
+            "load_s": 0.0, "mode_line": "moed-bench -c %d" % cache_mib if cache_mib else
+            "moed-bench on the mapping", "bytes_per_tok": 0.0,
+            "hit": float("nan"), "stall": 0.0, "accuracy": float("nan"), "peak_mib": peak,
+            "failcnt": failcnt, "note": ""}
+
+
+def one_run(args, mode, limit_mib, cache_mib=None):
+    if mode == "bench":
+        return bench_run(args, limit_mib, cache_mib)
+    note = memlimit.drop_caches([args.model], args.drop_caches == "all")
+    cg = memlimit.MemCg(limit_mib) if args.use_cg else None
+    port = free_port()
+    if mode == "llama":
+        cmd = [os.path.join(args.llama, "llama-server"), "-m", args.model, "--host", "127.0.0.1",
+               "--port", str(port), "-t", str(args.threads), "-np", "1", "-c", "4096"]
+    else:
+        cmd = [args.moed, "-m", args.model, "--port", str(port), "--threads", str(args.threads)]
+        if mode == "mmap":
+            cmd += ["--expert-cache-mb", "-1"]
+        else:
+            cmd += POLICY[mode]
+            if not args.use_cg:  # no real limit: the store's share of it as a budget
+                cmd += ["--expert-cache-mb", str(max(64, int(limit_mib * 0.8 - args.dense_mib)))]
+        cmd += args.moed_args
+    log = tempfile.NamedTemporaryFile("w+", prefix="moed-bench-", suffix=".log", delete=False)
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                         preexec_fn=cg.preexec if cg else None)
+    try:
+        wait_ready(p, port, log.name)
         load_s = time.perf_counter() - t0
         st, _ = req(port, "POST", "/v1/completions",
-                     {"prompt": "Warm-up: the weather today", "max_tokens": 8, "temperature": 0})
+                    {"prompt": "Warm-up: the weather today", "max_tokens": 8, "temperature": 0})
         if st != 200:
             raise RuntimeError("warm-up failed: %d" % st)
-        m0 = expert_metrics(port)
+        m0 = expert_metrics(port) if mode != "llama" else {}
         times = stream_times(port, args.prompt, args.tokens)
-        m1 = expert_metrics(port)
+        m1 = expert_metrics(port) if mode != "llama" else {}
     finally:
         p.terminate()
         p.wait()
+        peak, failcnt = cg.stats() if cg else (0.0, 0)
+        if cg:
+            cg.close()
     text = open(log.name).read()
     os.unlink(log.name)
-    mode = re.search(r"experts: (store|mmap)[^\n]*", text)
+    mm = re.search(r"experts: (store|mmap)[^\n]*", text)
     n = len(times)
-    tps = (n - 1) / (times[-1] - times[0]) if n > 1 else float("nan")
-    dbytes = m1.get("moed:expert_read_bytes_total", 0) - m0.get("moed:expert_read_bytes_total", 0)
-    return {"tps": tps, "tokens": n, "load_s": load_s, "mode": mode.group(0) if mode else "?",
-            "bytes_per_tok": dbytes / n if n else 0.0,
-            "stall": m1.get("moed:expert_stall_seconds_total", 0)
-            - m0.get("moed:expert_stall_seconds_total", 0),
-            "accuracy": m1.get("moed:expert_prefetch_accuracy", 0)}
+
+    def d(k):
+        return m1.get(k, 0) - m0.get(k, 0)
+    hits, misses = d("moed:expert_hits_total"), d("moed:expert_misses_total")
+    pred_t = d("moed:expert_predicted_total")
+    return {"tps": (n - 1) / (times[-1] - times[0]) if n > 1 else float("nan"), "tokens": n,
+            "load_s": load_s, "mode_line": mm.group(0) if mm else "",
+            "bytes_per_tok": d("moed:expert_read_bytes_total") / (n - 1) if n > 1 else 0.0,
+            "hit": hits / (hits + misses) if hits + misses else float("nan"),
+            "stall": d("moed:expert_stall_seconds_total"),
+            "accuracy": d("moed:expert_predicted_used_total") / pred_t if pred_t else float("nan"),
+            "peak_mib": peak, "failcnt": failcnt, "note": note}
 
 
-def direct_bandwidth(path, chunk, n_threads, seconds=3.0):
-    """MiB/s of random chunk-sized O_DIRECT reads of path (aligned offsets) on n_threads
-    threads, as the store's readers do."""
-    size = os.path.getsize(path)
-    chunk = (chunk + 4095) // 4096 * 4096
-    done = [0] * n_threads
-
-    def reader(i):
-        buf = mmap.mmap(-1, chunk)
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-        rnd = random.Random(i + 1)
-        while time.perf_counter() - t0 < seconds:
-            off = rnd.randrange(0, (size - chunk) // 4096) * 4096
-            done[i] += os.preadv(fd, [buf], off)
-        os.close(fd)
-
-    t0 = time.perf_counter()
-    ts = [threading.Thread(target=reader, args=(i,)) for i in range(n_threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    return sum(done) / MIB / (time.perf_counter() - t0)
+def med(rs, k):
+    v = [r[k] for r in rs if r[k] == r[k]]
+    return statistics.median(v) if v else float("nan")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--moed", required=True)
     ap.add_argument("-m", "--model", required=True)
-    ap.add_argument("--limits", default="1300", help="MiB, comma-separated")
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--limits", help="MiB, comma-separated")
+    ap.add_argument("--fractions", help="percent of the file, comma-separated (instead)")
+    ap.add_argument("--rounds", "--reps", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt", default="The history of the city begins with")
-    ap.add_argument("--modes", default="store,mmap",
-                    help="store (defaults), store-nopf (no prefetch), mmap; run alternately")
+    ap.add_argument("--modes", default="store,mmap")
+    ap.add_argument("--llama", default=os.environ.get("MOED_LLAMA_CPP"),
+                    help="llama.cpp's bin directory (llama-server), for the llama mode")
+    ap.add_argument("--drop-caches", choices=("file", "all"), default="file",
+                    help="before each run drop the model's pages (default; the machine is "
+                    "shared) or the whole page cache")
+    ap.add_argument("--dense-mib", type=float, default=0,
+                    help="without a cgroup: MiB of dense weights, to size the budget")
+    ap.add_argument("moed_args", nargs="*", help="after --: more moed arguments")
     args = ap.parse_args()
-
-    base = own_memcg()
-    limits = [int(x) for x in args.limits.split(",")]
+    modes = args.modes.split(",")
+    for m in modes:
+        if m not in POLICY and m not in ("mmap", "llama", "bench"):
+            sys.exit("bench_experts: unknown mode '%s'" % m)
+    if "bench" in modes and (modes.index("bench") < modes.index("store") if "store" in modes
+                             else True):
+        sys.exit("bench_experts: the bench mode needs the store mode before it (for its budget)")
+    args.moed_bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(args.moed))),
+                                   "bench", "moed-bench")
+    if "llama" in modes and not (args.llama and os.path.exists(
+            os.path.join(args.llama, "llama-server"))):
+        sys.exit("bench_experts: the llama mode needs --llama DIR (or MOED_LLAMA_CPP) with "
+                 "llama-server in it")
     fsize = os.path.getsize(args.model)
-    print("model %s (%.0f MiB), %d threads, %d tokens decoded per run, %d runs per cell"
-          % (args.model, fsize / MIB, args.threads, args.tokens, args.reps))
-    probe = make_cg(base, 4096) if base else None
-    drop_cg(probe)
-    use_cg = probe is not None
-    if not use_cg:
+    if args.fractions:
+        limits = [int(fsize / MIB * int(x) / 100) for x in args.fractions.split(",")]
+    else:
+        limits = [int(x) for x in (args.limits or "1300").split(",")]
+    args.use_cg = memlimit.usable()
+    print("model %s (%.0f MiB), %d threads, %d tokens decoded per run, %d rounds, modes %s, "
+          "load average %s at start" % (args.model, fsize / MIB, args.threads, args.tokens,
+                                        args.rounds, ",".join(modes), memlimit.loadavg()))
+    if not args.use_cg:
         print("NOTE: no cgroup v1 memory controller usable here: no real memory limit; the "
-              "store runs with --expert-cache-mb at 80% of the limit less the dense weights")
+              "store runs with --expert-cache-mb at 80% of the limit less --dense-mib")
     rows = []
+    cache_mib = {}  # limit -> the host budget the server's default plan chose
+    mapped = set()  # limits where the default plan kept the mapping
+    chunk = 5 * MIB
     for lim in limits:
-        modes = args.modes.split(",")
         res = {m: [] for m in modes}
-        for rep in range(args.reps):
-            for mode in modes:
-                cg = make_cg(base, lim) if use_cg else None
-                extra = ["--expert-cache-mb", "-1"] if mode == "mmap" else []
-                if mode != "mmap" and not use_cg:
-                    extra = ["--expert-cache-mb", str(max(64, int(lim * 0.8 - 200)))]
-                if mode == "store-nopf":
-                    extra += ["--expert-prefetch", "0"]
-                try:
-                    r = one_run(args, cg, extra)
-                finally:
-                    drop_cg(cg)
+        bws = [memlimit.direct_bandwidth(args.model, chunk, 4)]
+        for rnd in range(args.rounds):
+            order = modes if rnd % 2 == 0 else modes[::-1]
+            for mode in order:
+                if mode in POLICY and mode != "store" and lim in mapped:
+                    continue  # the default plan kept the mapping here: the same run as store
+                r = one_run(args, mode, lim, cache_mib.get(lim))
                 res[mode].append(r)
-                print("limit %5d MiB %-5s run %d: %6.2f tok/s, load %.1f s, %.1f MiB read/token,"
-                      " stall %.2f s, prefetch accuracy %.2f | %s"
-                      % (lim, mode, rep, r["tps"], r["load_s"], r["bytes_per_tok"] / MIB,
-                         r["stall"], r["accuracy"], r["mode"][:110]), flush=True)
-        rows.append((lim, res))
-    bw = direct_bandwidth(args.model, 5 * MIB, 4)
-    print("\nO_DIRECT random 5 MiB reads of the model file: %.0f MiB/s (4 threads like the "
-          "store's readers, measured after the runs)" % bw)
-    base_mode = "mmap" if "mmap" in modes else modes[-1]
-    print("\n| limit MiB | mode | tok/s (median, min..max) | / %s | MiB read/token | "
-          "I/O bound tok/s | / bound |" % base_mode)
-    print("|---|---|---|---|---|---|---|")
-    for lim, res in rows:
-        b = statistics.median(r["tps"] for r in res[base_mode])
+                cm = re.search(r"host cache (\d+) MiB", r["mode_line"])
+                if cm and mode == "store":
+                    cache_mib[lim] = int(cm.group(1))
+                if mode == "store" and "experts: mmap" in r["mode_line"]:
+                    mapped.add(lim)
+                print("limit %5d MiB %-10s round %d: %6.2f tok/s, load %.1f s, %.1f MiB "
+                      "read/token, hit %.2f, stall %.2f s, prefetch accuracy %.2f, peak %.0f "
+                      "MiB, load avg %s | %s" % (lim, mode, rnd, r["tps"], r["load_s"],
+                                                 r["bytes_per_tok"] / MIB, r["hit"], r["stall"],
+                                                 r["accuracy"], r["peak_mib"],
+                                                 memlimit.loadavg(), r["mode_line"][:150]),
+                      flush=True)
+        bws.append(memlimit.direct_bandwidth(args.model, chunk, 4))
+        print("limit %d MiB: O_DIRECT random %d MiB reads on 4 threads: %.0f MiB/s before, %.0f "
+              "after" % (lim, chunk // MIB, bws[0], bws[1]), flush=True)
+        rows.append((lim, res, statistics.median(bws)))
+    base = "llama" if "llama" in modes else ("mmap" if "mmap" in modes else modes[-1])
+    print("\nload average at the end %s; %s before each run" % (memlimit.loadavg(),
+                                                                 rows[0][1][modes[0]][0]["note"]))
+    print("\n| limit MiB | mode | tok/s (median, min..max) | / %s | MiB read/token | host hit "
+          "rate | prefetch accuracy | disk MiB/s | I/O bound tok/s | / bound |" % base)
+    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for lim, res, bw in rows:
+        b = med(res[base], "tps")
         for mode, rs in res.items():
+            if not rs:
+                continue
             t = [r["tps"] for r in rs]
-            s = statistics.median(t)
-            bpt = statistics.median(r["bytes_per_tok"] for r in rs)
+            s = med(rs, "tps")
+            bpt = med(rs, "bytes_per_tok")
             bound = bw * MIB / bpt if bpt > 0 else 0
-            print("| %d | %s | %.2f (%.2f..%.2f) | %.2f | %.1f | %s | %s |"
-                  % (lim, mode, s, min(t), max(t), s / b if b else float("nan"), bpt / MIB,
-                     "%.1f" % bound if bound else "-", "%.2f" % (s / bound) if bound else "-"))
+            acc, hit = med(rs, "accuracy"), med(rs, "hit")
+            print("| %d | %s | %.2f (%.2f..%.2f) | %.2f | %s | %s | %s | %.0f | %s | %s |"
+                  % (lim, mode, s, min(t), max(t), s / b if b else float("nan"),
+                     "%.1f" % (bpt / MIB) if mode.startswith("store") else "-",
+                     "%.2f" % hit if hit == hit else "-", "%.2f" % acc if acc == acc else "-",
+                     bw, "%.1f" % bound if bound else "-",
+                     "%.2f" % (s / bound) if bound else "-"))
 
 
 if __name__ == "__main__":

@@ -4,8 +4,11 @@
 // loop); every request is counted with its status (or "net" for a connection error, "cut"
 // for a stream that ended without [DONE]). Prints one table row per level: completed
 // requests/s, tokens/s, TTFT p50/p99 and inter-token latency p50/p99 (per stream: its mean
-// gap between tokens, first to last), the p50 time to a 429/503 answer, and answers by
-// status. A refused client waits Retry-After (within the level) before its next request.
+// gap between tokens, first to last), the p50/p99 time to a 429/503 answer, and answers by
+// status (with a count of refusals that came without Retry-After, which should be none). A
+// refused client waits Retry-After (within the level) before its next request. Exit status 1
+// when a request went unanswered (a connection error or a cut stream) or a refusal had no
+// Retry-After.
 //
 // usage: node bench/loadgen.mjs URL [--levels 1,2,4,8,16,32] [--seconds 10]
 //        [--max-tokens 64] [--timeout 60] [--json FILE]
@@ -127,15 +130,17 @@ async function level(conc) {
 	// single gaps are mostly 0)
 	const tpot = ok.filter((r) => r.gaps.length).map((r) =>
 		r.gaps.reduce((x, y) => x + y, 0) / r.gaps.length);
-	const refusedMs = results.filter((r) => r.status === 429 || r.status === 503)
-		.map((r) => r.ms);
+	const refused = results.filter((r) => r.status === 429 || r.status === 503);
+	const refusedMs = refused.map((r) => r.ms);
 	return {
 		conc, wall, requests: results.length, ok: ok.length,
 		rps: ok.length / wall,
 		tps: ok.reduce((a, r) => a + r.tokens, 0) / wall,
 		ttft50: pct(ok.map((r) => r.ttft), 0.5), ttft99: pct(ok.map((r) => r.ttft), 0.99),
 		itl50: pct(tpot, 0.5), itl99: pct(tpot, 0.99),
-		refused50: pct(refusedMs, 0.5),
+		refused50: pct(refusedMs, 0.5), refused99: pct(refusedMs, 0.99),
+		// a refusal must tell the client when to come back
+		noRetryAfter: refused.filter((r) => r.retryAfter === null).length,
 		by,
 	};
 }
@@ -143,14 +148,21 @@ async function level(conc) {
 const f = (x, d = 1) => (Number.isFinite(x) ? x.toFixed(d) : "-");
 console.log(`loadgen: ${base.origin} chat stream max_tokens=${maxTokens}, ${seconds}s per level`);
 console.log("| clients | done/s | tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms " +
-	"| refusal p50 ms | answers by status |");
+	"| refusal p50 / p99 ms | answers by status |");
 console.log("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
 const rows = [];
 for (const c of levels) {
 	const r = await level(c);
 	rows.push(r);
-	const by = Object.entries(r.by).sort().map(([k, v]) => `${k}:${v}`).join(" ");
+	const by = Object.entries(r.by).sort().map(([k, v]) => `${k}:${v}`).join(" ") +
+		(r.noRetryAfter ? ` (${r.noRetryAfter} refusals without Retry-After)` : "");
+	const refusal = Number.isFinite(r.refused50) ? `${f(r.refused50)} / ${f(r.refused99)}` : "-";
 	console.log(`| ${c} | ${f(r.rps, 2)} | ${f(r.tps, 0)} | ${f(r.ttft50)} | ${f(r.ttft99)} | ` +
-		`${f(r.itl50, 2)} | ${f(r.itl99, 2)} | ${f(r.refused50, 2)} | ${by} |`);
+		`${f(r.itl50, 2)} | ${f(r.itl99, 2)} | ${refusal} | ${by} |`);
 }
 if (jsonOut) fs.writeFileSync(jsonOut, JSON.stringify(rows, null, 1));
+const unanswered = rows.reduce((n, r) => n + (r.by.net || 0) + (r.by.cut || 0), 0);
+const bare = rows.reduce((n, r) => n + r.noRetryAfter, 0);
+console.log(`loadgen: ${rows.reduce((n, r) => n + r.requests, 0)} requests, ${unanswered} ` +
+	`unanswered (connection error or cut stream), ${bare} refusals without Retry-After`);
+if (unanswered || bare) process.exitCode = 1;

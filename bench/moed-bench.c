@@ -76,7 +76,7 @@ static int forward(struct bench *b, int n)
 			b->trace_seq[i] = b->run * 1024 + (uint64_t)b->seq[i];
 		md_route_trace_step(b->trace, ++b->step, (uint32_t)n, b->trace_seq, b->pos);
 	}
-	struct md_batch batch = { n, b->tok, b->seq, b->pos, NULL };
+	struct md_batch batch = { n, b->tok, b->seq, b->pos, NULL, NULL };
 	int rc = md_forward(b->fw, &b->kv, &batch, b->logits);
 	if (b->trace)
 		md_route_trace_flush(b->trace);

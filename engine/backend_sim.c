@@ -18,7 +18,9 @@ struct alloc_hdr {
 
 struct sim {
 	size_t capacity, used;
-	double bps;
+	double bps;                      /* copies, bytes per second (0: instant) */
+	double compute_bps;              /* matmul, weight bytes per second (0: as fast as the
+					  * host computes it) */
 	double busy[MD_BACKEND_STREAMS]; /* clock time each stream's queue drains */
 	double fence_t[MAX_FENCES];      /* fence id % MAX_FENCES -> its completion time */
 	uint64_t next_fence;             /* last id handed out */
@@ -188,8 +190,24 @@ static bool sim_supports(const struct md_backend *b, enum md_dtype t)
 	return i && i->supported;
 }
 
+static int sim_matmul_now(struct md_backend *b, const struct md_mat *w, const float *x,
+			  int n_tok, float *y);
+
+/* A matmul takes at least its weight bytes at the compute rate: a device reading its memory
+ * at that speed (the math itself is the host's, so the outputs are the host's bit for bit). */
 static int sim_matmul(struct md_backend *b, const struct md_mat *w, const float *x, int n_tok,
 		      float *y)
+{
+	struct sim *s = S(b);
+	double t0 = now_s();
+	int rc = sim_matmul_now(b, w, x, n_tok, y);
+	if (!rc && s->compute_bps > 0)
+		sleep_until(t0 + (double)w->nb1 * (double)w->n_out / s->compute_bps);
+	return rc;
+}
+
+static int sim_matmul_now(struct md_backend *b, const struct md_mat *w, const float *x,
+			  int n_tok, float *y)
 {
 	struct sim *s = S(b);
 	if (n_tok < 1 || !sim_supports(b, w->type))
@@ -259,6 +277,12 @@ void md_backend_sim_free(struct md_backend *b)
 	free(s->scratch);
 	free(s);
 	free(b);
+}
+
+void md_backend_sim_set_rates(struct md_backend *b, double copy_bps, double compute_bps)
+{
+	S(b)->bps = copy_bps > 0 ? copy_bps : 0;
+	S(b)->compute_bps = compute_bps > 0 ? compute_bps : 0;
 }
 
 size_t md_backend_sim_used(const struct md_backend *b)

@@ -11,6 +11,7 @@
  * it with the clock and fence_wait sleeps until it. So a reader who skips a fence is not caught
  * by wrong data, only by the tier's own rule (it never reads before the fence has passed), and
  * the timing a scheduler sees is that of a bus of that bandwidth. matmul computes on the CPU
+ * (taking no less than its weights' bytes at the compute rate, when one is set)
  * with the same kernels as the forward pass (md_matmul_experts where the kernels take the
  * weights, else md_matmul), so outputs equal the host path's bit for bit.
  *
@@ -26,6 +27,12 @@
  * NULL on allocation failure. */
 struct md_backend *md_backend_sim_new(size_t capacity, double bytes_per_s);
 void md_backend_sim_free(struct md_backend *b);
+
+/* Set the copy rate (bytes per second) and the compute rate (weight bytes per second a matmul
+ * reads: it returns no sooner than its weights' bytes at that rate take; its math is still the
+ * host's, so outputs do not change); 0: instant copies, matmuls as fast as the host does them.
+ * Between forward passes. */
+void md_backend_sim_set_rates(struct md_backend *b, double copy_bps, double compute_bps);
 
 /* Bytes of device memory allocated now, and copies enqueued so far (for tests). */
 size_t md_backend_sim_used(const struct md_backend *b);

@@ -35,12 +35,15 @@ static const char *const family_names[MD_CHAT_FAMILY_COUNT] = {
 	[MD_CHAT_MISTRAL_V1] = "mistral-v1",
 	[MD_CHAT_OLMO2] = "olmo2",
 	[MD_CHAT_GPT_OSS] = "gpt-oss",
+	[MD_CHAT_MISTRAL_NEMO] = "mistral-nemo",
+	[MD_CHAT_LLAMA31] = "llama3.1",
+	[MD_CHAT_LLAMA32] = "llama3.2",
 	[MD_CHAT_GLM45] = "glm4.5",
 };
 
 static const char all_names[] =
 	"chatml, chatml-bos, qwen1.5, qwen2, qwen2.5, qwen3, mistral (mixtral), mistral-v1, "
-	"tulu, olmo2, llama3, deepseek3, gpt-oss, glm4.5";
+	"tulu, olmo2, llama3, llama3.1, llama3.2, mistral-nemo, deepseek3, gpt-oss, glm4.5";
 
 const char *md_chat_family_name(enum md_chat_family f)
 {
@@ -133,6 +136,15 @@ static char *normalise(const char *s, size_t len)
 			i++;
 			continue;
 		}
+		/* A comment renders nothing (and may hold an apostrophe: "we're"). */
+		if (c == '{' && i + 1 < len && s[i + 1] == '#') {
+			const char *end = strstr(s + i + 2, "#}");
+
+			if (end && (size_t)(end - s) < len) {
+				i = (size_t)(end - s) + 2;
+				continue;
+			}
+		}
 		if ((c == '{') && i + 2 < len && (s[i + 1] == '%' || s[i + 1] == '{') &&
 		    s[i + 2] == '-') {
 			o[n++] = '{';
@@ -217,6 +229,95 @@ static const char *const sig_llama3[] = {
 	"{%ifloop['index0']==0%}{%setcontent=bos_token+content%}{%endif%}{{content}}{%endfor%}",
 	"{%ifadd_generation_prompt%}{{'<|start_header_id|>assistant<|end_header_id|>\n\n'}}"
 	"{%endif%}",
+	NULL,
+};
+
+/* Mistral-Nemo-Instruct-2407: every piece that writes text, and the tests that decide. */
+static const char *const sig_mistral_nemo[] = {
+	"{%ifmessages[0]['role']=='system'%}{%setsystem_message=messages[0]['content']%}"
+	"{%setloop_messages=messages[1:]%}{%else%}{%setloop_messages=messages%}{%endif%}",
+	"{%setuser_messages=loop_messages|selectattr('role','equalto','user')|list%}",
+	"{%formessageinloop_messages|rejectattr('role','equalto','tool')|rejectattr('role',"
+	"'equalto','tool_results')|selectattr('tool_calls','undefined')%}"
+	"{%if(message['role']=='user')!=(loop['index0']%2==0)%}{{raise_exception(",
+	"{{bos_token}}{%formessageinloop_messages%}{%ifmessage['role']=='user'%}"
+	"{%iftoolsisnotnoneand(message==user_messages[-1])%}{{'[AVAILABLE_TOOLS]['}}"
+	"{%fortoolintools%}{%settool=tool['function']%}{{'{\"type\": \"function\", "
+	"\"function\": {'}}{%forkey,valintool.items()ifkey!='return'%}{%ifvalisstring%}"
+	"{{'\"'+key+'\": \"'+val+'\"'}}{%else%}{{'\"'+key+'\": '+val|tojson}}{%endif%}"
+	"{%ifnotloop['last']%}{{', '}}{%endif%}{%endfor%}{{'}}'}}{%ifnotloop['last']%}{{', '}}"
+	"{%else%}{{']'}}{%endif%}{%endfor%}{{'[/AVAILABLE_TOOLS]'}}{%endif%}"
+	"{%ifloop['last']andsystem_messageisdefined%}{{'[INST]'+system_message+'\n\n'+"
+	"message['content']+'[/INST]'}}{%else%}{{'[INST]'+message['content']+'[/INST]'}}{%endif%}",
+	"{%elifmessage['role']=='tool_calls'ormessage['tool_calls']isdefined%}",
+	"{{'[TOOL_CALLS]['}}{%fortool_callintool_calls%}{%setout=tool_call['function']|tojson%}"
+	"{{out[:-1]}}{%ifnottool_call['id']isdefinedortool_call['id']|length!=9%}"
+	"{{raise_exception(",
+	"{{', \"id\": \"'+tool_call['id']+'\"}'}}{%ifnotloop['last']%}{{', '}}{%else%}"
+	"{{']'+eos_token}}{%endif%}{%endfor%}{%elifmessage['role']=='assistant'%}"
+	"{{message['content']+eos_token}}{%elifmessage['role']=='tool_results'ormessage['role']"
+	"=='tool'%}",
+	"{{'[TOOL_RESULTS]{\"content\": '+content|string+', '}}"
+	"{%ifnotmessage['tool_call_id']isdefinedormessage['tool_call_id']|length!=9%}"
+	"{{raise_exception(",
+	"{{'\"call_id\": \"'+message['tool_call_id']+'\"}[/TOOL_RESULTS]'}}{%else%}"
+	"{{raise_exception(",
+	NULL,
+};
+
+/* Llama 3.1 / 3.2 Instruct (tools in the first user message, JSON calls, ipython results);
+ * the date and built-in tools lines are told apart in classify(). */
+static const char *const sig_llama31[] = {
+	"{{bos_token}}{%ifcustom_toolsisdefined%}{%settools=custom_tools%}{%endif%}"
+	"{%ifnottools_in_user_messageisdefined%}{%settools_in_user_message=true%}{%endif%}",
+	"{%ifnottoolsisdefined%}{%settools=none%}{%endif%}{%ifmessages[0]['role']=='system'%}"
+	"{%setsystem_message=messages[0]['content']|trim%}{%setmessages=messages[1:]%}{%else%}"
+	"{%setsystem_message=''%}{%endif%}{{'<|start_header_id|>system<|end_header_id|>\n\n'}}",
+	"{{'Environment: ipython\n'}}{%endif%}",
+	"{{'Cutting Knowledge Date: December 2023\n'}}{{'Today Date: '+date_string+'\n\n'}}"
+	"{%iftoolsisnotnoneandnottools_in_user_message%}",
+	"{%endfor%}{%endif%}{{system_message}}{{'<|eot_id|>'}}"
+	"{%iftools_in_user_messageandnottoolsisnone%}{%ifmessages|length!=0%}"
+	"{%setfirst_user_message=messages[0]['content']|trim%}{%setmessages=messages[1:]%}{%else%}"
+	"{{raise_exception(",
+	"{{'<|start_header_id|>user<|end_header_id|>\n\n'}}{{'Given the following functions, "
+	"please respond with a JSON for a function call '}}{{'with its proper arguments that best "
+	"answers the given prompt.\n\n'}}{{'Respond in the format {\"name\": function name, "
+	"\"parameters\": dictionary of argument name and its value}.'}}{{'Do not use variables."
+	"\n\n'}}{%fortintools%}{{t|tojson(indent=4)}}{{'\n\n'}}{%endfor%}"
+	"{{first_user_message+'<|eot_id|>'}}{%endif%}{%formessageinmessages%}"
+	"{%ifnot(message['role']=='ipython'ormessage['role']=='tool'or'tool_calls'inmessage)%}"
+	"{{'<|start_header_id|>'+message['role']+'<|end_header_id|>\n\n'+message['content']|trim"
+	"+'<|eot_id|>'}}{%elif'tool_calls'inmessage%}{%ifnotmessage['tool_calls']|length==1%}"
+	"{{raise_exception(",
+	"{%settool_call=message['tool_calls'][0]['function']%}",
+	"{{'<|start_header_id|>assistant<|end_header_id|>\n\n'}}{{'{\"name\": \"'+"
+	"tool_call['name']+'\", '}}{{'\"parameters\": '}}{{tool_call['arguments']|tojson}}"
+	"{{'}'}}",
+	"{%elifmessage['role']=='tool'ormessage['role']=='ipython'%}"
+	"{{'<|start_header_id|>ipython<|end_header_id|>\n\n'}}{%ifmessage['content']ismapping"
+	"ormessage['content']isiterable%}{{message['content']|tojson}}{%else%}"
+	"{{message['content']}}{%endif%}{{'<|eot_id|>'}}{%endif%}{%endfor%}"
+	"{%ifadd_generation_prompt%}{{'<|start_header_id|>assistant<|end_header_id|>\n\n'}}"
+	"{%endif%}",
+	NULL,
+};
+
+/* What only the 3.1 template has (builtin_tools) and only 3.2's (strftime_now): each needs all
+ * of its own and none of the other's. */
+static const char *const sig_llama31_only[] = {
+	"{%ifnotdate_stringisdefined%}{%setdate_string='26 Jul 2024'%}{%endif%}",
+	"{%ifbuiltin_toolsisdefinedortoolsisnotnone%}{{'Environment: ipython\n'}}{%endif%}"
+	"{%ifbuiltin_toolsisdefined%}{{'Tools: '+",
+	"{%ifbuiltin_toolsisdefined%}{{'<|eom_id|>'}}{%else%}{{'<|eot_id|>'}}{%endif%}",
+	NULL,
+};
+static const char *const sig_llama32_only[] = {
+	"{%ifnotdate_stringisdefined%}{%ifstrftime_nowisdefined%}"
+	"{%setdate_string=strftime_now('%d %b %Y')%}{%else%}{%setdate_string='26 Jul 2024'%}"
+	"{%endif%}{%endif%}",
+	"{%iftoolsisnotnone%}{{'Environment: ipython\n'}}{%endif%}",
+	"{{tool_call['arguments']|tojson}}{{'}'}}{{'<|eot_id|>'}}{%elifmessage['role']=='tool'",
 	NULL,
 };
 
@@ -355,10 +456,19 @@ static enum md_chat_family classify(const char *norm, bool *found)
 		if (!has(norm, "think") && has_all(norm, sig_deepseek3))
 			return MD_CHAT_DEEPSEEK3;
 	} else if (has(norm, "<|start_header_id|>")) {
+		/* Llama 3.1/3.2: refused with anything they do not render (images, thinking) */
+		if (has_all(norm, sig_llama31) && !has(norm, "image") && !has(norm, "thinking")) {
+			if (has_all(norm, sig_llama31_only) && !has(norm, "strftime_now"))
+				return MD_CHAT_LLAMA31;
+			if (has_all(norm, sig_llama32_only) && !has(norm, "builtin_tools"))
+				return MD_CHAT_LLAMA32;
+		}
 		if (!has(norm, "CuttingKnowledge") && !has(norm, "Cutting Knowledge") &&
 		    !has(norm, "tool") && has_all(norm, sig_llama3))
 			return MD_CHAT_LLAMA3;
 	} else if (has(norm, "[INST]")) {
+		if (has_all(norm, sig_mistral_nemo))
+			return MD_CHAT_MISTRAL_NEMO;
 		if (has_all(norm, sig_mistral))
 			return MD_CHAT_MISTRAL;
 		if (!has(norm, "system") && has_all(norm, sig_mistral_v1))
@@ -904,6 +1014,183 @@ static void render_llama3(struct sbuf *b, const struct md_chat_msg *m, size_t n,
 		sb_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
+/* s as a JSON string, as Jinja's tojson writes it (Python's json.dumps with
+ * ensure_ascii=False, JavaScript's JSON.stringify): quote, backslash and control characters
+ * escaped, everything else as is. */
+static void sb_json_string(struct sbuf *b, const char *s)
+{
+	static const char hex[] = "0123456789abcdef";
+
+	sb_puts(b, "\"");
+	for (const char *p = s; *p; p++) {
+		unsigned char c = (unsigned char)*p;
+		char esc[7] = { '\\', 0 };
+
+		switch (c) {
+		case '"': esc[1] = '"'; break;
+		case '\\': esc[1] = '\\'; break;
+		case '\n': esc[1] = 'n'; break;
+		case '\r': esc[1] = 'r'; break;
+		case '\t': esc[1] = 't'; break;
+		case '\b': esc[1] = 'b'; break;
+		case '\f': esc[1] = 'f'; break;
+		default:
+			if (c >= 0x20) {
+				sb_put(b, p, 1);
+				continue;
+			}
+			memcpy(esc + 1, "u00", 3);
+			esc[4] = hex[c >> 4];
+			esc[5] = hex[c & 15];
+		}
+		sb_puts(b, esc);
+	}
+	sb_puts(b, "\"");
+}
+
+/*
+ * Mistral-Nemo-Instruct-2407. After an optional first system message, user and assistant turns
+ * alternate (tool messages and tool-call turns aside). The tools go right before the last user
+ * turn, and the system message into that turn only when it is the conversation's last message
+ * (the template's quirk, kept). Python compares the user message dicts by value, so a user turn
+ * equal to the last one gets the tools too (@huggingface/jinja compares them by identity; no
+ * conversation of the tests tells the two apart). No generation prompt: the template has none.
+ */
+static int render_mistral_nemo(struct sbuf *b, const struct md_chat_msg *m, const enum role *r,
+			       size_t n, const struct md_chat_opts *o)
+{
+	size_t first = r[0] == R_SYSTEM ? 1 : 0, k = 0, last_user = n;
+
+	for (size_t i = first; i < n; i++) {
+		if (r[i] == R_USER)
+			last_user = i;
+		if (r[i] == R_TOOL || m[i].n_tool_calls > 0)
+			continue;
+		if ((r[i] == R_USER) != (k % 2 == 0))
+			return -EINVAL;
+		k++;
+	}
+	sb_puts(b, o->bos_text);
+	for (size_t i = first; i < n; i++) {
+		if (r[i] == R_USER) {
+			if (o->n_tools > 0 && strcmp(m[i].content, m[last_user].content) == 0) {
+				sb_puts(b, "[AVAILABLE_TOOLS][");
+				for (size_t t = 0; t < o->n_tools; t++) {
+					if (t > 0)
+						sb_puts(b, ", ");
+					sb_puts(b, o->tools[t]);
+				}
+				sb_puts(b, "][/AVAILABLE_TOOLS]");
+			}
+			sb_puts(b, "[INST]");
+			if (i + 1 == n && first) {
+				sb_puts(b, m[0].content);
+				sb_puts(b, "\n\n");
+			}
+			sb_puts(b, m[i].content);
+			sb_puts(b, "[/INST]");
+		} else if (m[i].n_tool_calls > 0) {
+			sb_puts(b, "[TOOL_CALLS][");
+			for (size_t c = 0; c < m[i].n_tool_calls; c++) {
+				const struct md_chat_tool_call *tc = &m[i].tool_calls[c];
+
+				if (!tc->arguments_obj || !tc->id || strlen(tc->id) != 9)
+					return -EINVAL;
+				sb_puts(b, "{\"name\": ");
+				sb_json_string(b, tc->name);
+				sb_puts(b, ", \"arguments\": ");
+				sb_puts(b, tc->arguments_obj);
+				sb_puts(b, ", \"id\": \"");
+				sb_puts(b, tc->id);
+				sb_puts(b, c + 1 < m[i].n_tool_calls ? "\"}, " : "\"}]");
+			}
+			sb_puts(b, o->eos_text);
+		} else if (r[i] == R_ASSISTANT) {
+			sb_puts(b, m[i].content);
+			sb_puts(b, o->eos_text);
+		} else if (r[i] == R_TOOL) {
+			if (!m[i].tool_call_id || strlen(m[i].tool_call_id) != 9)
+				return -EINVAL;
+			sb_puts(b, "[TOOL_RESULTS]{\"content\": ");
+			sb_puts(b, m[i].content);
+			sb_puts(b, ", \"call_id\": \"");
+			sb_puts(b, m[i].tool_call_id);
+			sb_puts(b, "\"}[/TOOL_RESULTS]");
+		} else {
+			return -EINVAL; /* a system message after the first */
+		}
+	}
+	return 0;
+}
+
+/*
+ * Llama 3.1 / 3.2 Instruct: the system turn always carries the knowledge and today's dates
+ * (and "Environment: ipython" with tools); the tools go into the first turn after the system
+ * message, whatever its role, with the template's instructions. A tool-call turn holds one
+ * call as {"name": ..., "parameters": ...}; a tool result is an ipython turn whose content the
+ * template writes as a JSON string (a string "is iterable" to Jinja).
+ */
+static int render_llama31(struct sbuf *b, const struct md_chat_msg *m, const enum role *r,
+			  size_t n, const struct md_chat_opts *o, const char *date)
+{
+	size_t i = 0;
+
+	sb_puts(b, o->bos_text);
+	sb_puts(b, "<|start_header_id|>system<|end_header_id|>\n\n");
+	if (o->n_tools > 0)
+		sb_puts(b, "Environment: ipython\n");
+	sb_puts(b, "Cutting Knowledge Date: December 2023\nToday Date: ");
+	sb_puts(b, date);
+	sb_puts(b, "\n\n");
+	if (r[0] == R_SYSTEM) {
+		sb_span(b, py_strip(span_of(m[0].content)));
+		i = 1;
+	}
+	sb_puts(b, "<|eot_id|>");
+	if (o->n_tools > 0) {
+		if (i == n)
+			return -EINVAL; /* "Cannot put tools in the first user message ..." */
+		sb_puts(b, "<|start_header_id|>user<|end_header_id|>\n\n"
+			   "Given the following functions, please respond with a JSON for a function "
+			   "call with its proper arguments that best answers the given prompt.\n\n"
+			   "Respond in the format {\"name\": function name, \"parameters\": dictionary "
+			   "of argument name and its value}.Do not use variables.\n\n");
+		for (size_t t = 0; t < o->n_tools; t++) {
+			sb_puts(b, o->tools[t]);
+			sb_puts(b, "\n\n");
+		}
+		sb_span(b, py_strip(span_of(m[i].content)));
+		sb_puts(b, "<|eot_id|>");
+		i++;
+	}
+	for (; i < n; i++) {
+		if (m[i].n_tool_calls > 0) {
+			const struct md_chat_tool_call *tc = &m[i].tool_calls[0];
+
+			if (m[i].n_tool_calls != 1 || !tc->arguments_obj)
+				return -EINVAL;
+			sb_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"");
+			sb_puts(b, tc->name);
+			sb_puts(b, "\", \"parameters\": ");
+			sb_puts(b, tc->arguments_obj);
+			sb_puts(b, "}<|eot_id|>");
+		} else if (r[i] == R_TOOL) {
+			sb_puts(b, "<|start_header_id|>ipython<|end_header_id|>\n\n");
+			sb_json_string(b, m[i].content);
+			sb_puts(b, "<|eot_id|>");
+		} else {
+			sb_puts(b, "<|start_header_id|>");
+			sb_puts(b, m[i].role);
+			sb_puts(b, "<|end_header_id|>\n\n");
+			sb_span(b, py_strip(span_of(m[i].content)));
+			sb_puts(b, "<|eot_id|>");
+		}
+	}
+	if (o->add_generation_prompt)
+		sb_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+	return 0;
+}
+
 /* DeepSeek-V3: every system message, joined by a blank line, goes first after BOS. */
 /*
  * DeepSeek-V3 with tool calls and results, as its template writes them: an assistant message
@@ -1225,6 +1512,31 @@ int md_chat_render_opts(enum md_chat_family f, const struct md_chat_msg *msgs, s
 	case MD_CHAT_GPT_OSS:
 		rc = render_gpt_oss(&b, msgs, r, n, &o);
 		break;
+	case MD_CHAT_MISTRAL_NEMO:
+		rc = render_mistral_nemo(&b, msgs, r, n, &o);
+		break;
+	case MD_CHAT_LLAMA31:
+		rc = render_llama31(&b, msgs, r, n, &o, "26 Jul 2024");
+		break;
+	case MD_CHAT_LLAMA32: {
+		char today[32];
+		const char *date = o.date_string;
+
+		if (!date) {
+			time_t now = time(NULL);
+			struct tm tm;
+
+			/* strftime's %b follows the locale; the template's is Python's "C" one */
+			static const char *const mon[] = { "Jan", "Feb", "Mar", "Apr", "May", "Jun",
+							   "Jul", "Aug", "Sep", "Oct", "Nov", "Dec" };
+			localtime_r(&now, &tm);
+			snprintf(today, sizeof(today), "%02d %s %04d", tm.tm_mday, mon[tm.tm_mon],
+				 tm.tm_year + 1900);
+			date = today;
+		}
+		rc = render_llama31(&b, msgs, r, n, &o, date);
+		break;
+	}
 	case MD_CHAT_GLM45:
 		render_glm45(&b, msgs, r, n, &o);
 		break;
@@ -1265,7 +1577,20 @@ enum md_tool_format md_chat_family_tool_format(enum md_chat_family f)
 		return MD_TOOL_FORMAT_HERMES;
 	if (f == MD_CHAT_DEEPSEEK3)
 		return MD_TOOL_FORMAT_DEEPSEEK3;
+	if (f == MD_CHAT_MISTRAL_NEMO)
+		return MD_TOOL_FORMAT_MISTRAL;
+	if (f == MD_CHAT_LLAMA31 || f == MD_CHAT_LLAMA32)
+		return MD_TOOL_FORMAT_LLAMA3;
 	return MD_TOOL_FORMAT_NONE;
+}
+
+enum md_chat_tool_text md_chat_family_tool_text(enum md_chat_family f)
+{
+	if (f == MD_CHAT_MISTRAL_NEMO)
+		return MD_CHAT_TOOL_MISTRAL;
+	if (f == MD_CHAT_LLAMA31 || f == MD_CHAT_LLAMA32)
+		return MD_CHAT_TOOL_TOJSON_INDENT4;
+	return MD_CHAT_TOOL_TOJSON;
 }
 
 int md_chat_render(enum md_chat_family f, const struct md_chat_msg *msgs, size_t n,

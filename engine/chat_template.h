@@ -24,6 +24,12 @@ enum md_chat_family {
 	MD_CHAT_MISTRAL_V1, /* "mistral-v1": Mistral-7B-Instruct v0.1/v0.2, no system role */
 	MD_CHAT_OLMO2,      /* "olmo2": bos_token + Tulu 3 (OLMo-2-1124-Instruct) */
 	MD_CHAT_GPT_OSS,    /* "gpt-oss": OpenAI's harmony format (gpt-oss-20b/120b) */
+	MD_CHAT_MISTRAL_NEMO, /* "mistral-nemo": Mistral-Nemo-Instruct-2407, with tools
+			       * ([AVAILABLE_TOOLS], [TOOL_CALLS], [TOOL_RESULTS]) */
+	MD_CHAT_LLAMA31,    /* "llama3.1": Meta-Llama-3.1-Instruct, JSON tool calls, the
+			     * template's fixed "26 Jul 2024" date */
+	MD_CHAT_LLAMA32,    /* "llama3.2": Llama-3.2-Instruct: llama3.1 with today's date
+			     * (strftime_now) and no built-in tools */
 	MD_CHAT_GLM45,      /* "glm4.5": GLM-4.5/4.6 ([gMASK]<sop>, <think></think> turns; no tools) */
 	MD_CHAT_FAMILY_COUNT
 };
@@ -32,6 +38,12 @@ enum md_chat_family {
 struct md_chat_tool_call {
 	const char *name;      /* borrowed */
 	const char *arguments; /* borrowed: the arguments' JSON text as the client sent it */
+	/* borrowed, may be NULL: the arguments as `tojson` writes the parsed value (what the
+	 * templates that take arguments as an object render: mistral-nemo, llama3.1/3.2, as
+	 * llama.cpp's and vLLM's servers hand them over); NULL when they do not parse, which
+	 * those families refuse (-EINVAL) */
+	const char *arguments_obj;
+	const char *id;        /* borrowed, may be NULL: the call's id (mistral-nemo writes it) */
 };
 
 /* One message. role and content are borrowed for the duration of the call and must be
@@ -48,6 +60,7 @@ struct md_chat_msg {
 	const char *reasoning; /* borrowed, NULL: none. An assistant turn's reasoning (OpenAI's
 				* reasoning_content; gpt-oss's template calls it `thinking` and
 				* renders it only in a conversation's closing assistant turn) */
+	const char *tool_call_id; /* borrowed, may be NULL: a tool message's call id */
 };
 
 /* Knobs a template reads beyond the messages (the Jinja context variables). */
@@ -68,6 +81,9 @@ struct md_chat_opts {
 	 * the template's strftime_now does) and "Reasoning" effort (NULL: "medium"). */
 	const char *date_text;
 	const char *reasoning_effort;
+	/* llama3.2's date_string ("26 Jul 2024" style); NULL: today's (local time), as the
+	 * template's strftime_now("%d %b %Y") gives it. llama3.1's template fixes its own. */
+	const char *date_string;
 };
 
 /*
@@ -87,10 +103,28 @@ struct md_chat_opts {
  * renders them as Qwen3 does (without Qwen3's reasoning blocks), the format the default model's
  * family uses. deepseek3 writes calls and results with DeepSeek-V3's tool tokens, exactly as its
  * template does (which has no place for the tool list itself, and writes a call only for an
- * assistant turn whose content is null: md_chat_msg.content_null). Every other family refuses
- * tools and tool messages with -ENOTSUP.
+ * assistant turn whose content is null: md_chat_msg.content_null). mistral-nemo lists the tools
+ * in [AVAILABLE_TOOLS] before the last user turn, writes calls as [TOOL_CALLS][...] with their
+ * 9-character ids and results as [TOOL_RESULTS]{"content": ..., "call_id": ...}; its template
+ * raises (-EINVAL here) for an id of another length. llama3.1/3.2 put the tools, indented JSON,
+ * in the first user turn, write a call as {"name": ..., "parameters": ...} (one per assistant
+ * turn: more is -EINVAL, as the template raises) and a result as an ipython turn holding the
+ * content as a JSON string. Every other family refuses tools and tool messages with -ENOTSUP.
  */
 bool md_chat_family_has_tools(enum md_chat_family f);
+
+/* The form each of md_chat_opts.tools must have for a family: `tool | tojson` (qwen3, chatml,
+ * deepseek3), `tool | tojson(indent=4)` (llama3.1/3.2: Python's json.dumps indent, item
+ * separator "," at line ends), or mistral-nemo's own rendering of one tool:
+ * {"type": "function", "function": {ITEMS}} where ITEMS are the function object's members in
+ * order (except "return") joined by ", ", each `"key": "value"` with the string value as is
+ * (not escaped) or `"key": ` + tojson(value) for any other value. */
+enum md_chat_tool_text {
+	MD_CHAT_TOOL_TOJSON = 0,
+	MD_CHAT_TOOL_TOJSON_INDENT4,
+	MD_CHAT_TOOL_MISTRAL,
+};
+enum md_chat_tool_text md_chat_family_tool_text(enum md_chat_family f);
 
 /* The format a family's model writes tool calls in (what the output parser reads). */
 enum md_tool_format {
@@ -98,6 +132,8 @@ enum md_tool_format {
 	MD_TOOL_FORMAT_HERMES,    /* <tool_call>\n{"name": ..., "arguments": ...}\n</tool_call> */
 	MD_TOOL_FORMAT_DEEPSEEK3, /* <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
 				   * \n```json\nARGS\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜> */
+	MD_TOOL_FORMAT_MISTRAL,   /* [TOOL_CALLS][{"name": N, "arguments": A, "id": "9 chars"}, ...] */
+	MD_TOOL_FORMAT_LLAMA3,    /* {"name": N, "parameters": A} as the whole reply (one call) */
 };
 enum md_tool_format md_chat_family_tool_format(enum md_chat_family f);
 

@@ -49,7 +49,7 @@
 #include "engine/experts.h"
 #include "engine/draft_model.h"
 #include "engine/forward.h"
-#include "engine/mem_plan.h"
+#include "engine/expert_tiers.h"
 #include "engine/kv_cache.h"
 #include "engine/model.h"
 #include "engine/route_trace.h"
@@ -111,13 +111,18 @@ struct md_engine {
 	bool text_loaded;
 	struct md_gvocab *gvocab;        /* owned: the vocabulary as grammars see it */
 	struct md_forward_ctx *fw;       /* owned */
-	struct md_expert_store *store;   /* owned: NULL on the mmap path */
+	struct md_expert_tiers tiers;    /* owned: the store and its device, or the mapping */
+	struct md_expert_store *store;   /* borrowed from tiers: NULL on the mmap path */
 	uint64_t kv_mem_bytes;           /* KV budget after the memory plan */
 	struct md_kv_cache kv;
 	bool kv_ready;
 	struct md_sched sched;
 	bool sched_ready;
 	float *logits;                   /* owned: (max_logits, n_vocab) */
+	int32_t *tok_err;                /* owned: (step_tokens) per batch row, an expert read
+					  * error of that token in the last step (md_batch) */
+	int *item_err;                   /* owned: (max_seqs) per plan item, the first of its
+					  * tokens' errors */
 	uint32_t max_logits;             /* rows: max_seqs, plus spec_k for up to 16 of them */
 	struct md_engine_event *out_head, *out_tail; /* events of the current step */
 	struct md_route_trace *trace;    /* owned, NULL: no --trace-routing */
@@ -146,6 +151,12 @@ static char *dup_or_null(const char *s)
 	return s ? strdup(s) : NULL;
 }
 
+int md_engine_check_expert_device(const char *spec, char *err, size_t errlen)
+{
+	struct md_expert_device d;
+	return md_expert_device_parse(spec, &d, err, errlen);
+}
+
 int md_engine_new(struct md_engine **out, const struct md_engine_config *cfg,
 		  md_engine_wake_cb wake, void *wake_arg)
 {
@@ -160,6 +171,7 @@ int md_engine_new(struct md_engine **out, const struct md_engine_config *cfg,
 	e->cfg.trace_routing = cfg->trace_routing && cfg->trace_routing[0]
 		? strdup(cfg->trace_routing) : NULL;
 	e->cfg.expert_policy = dup_or_null(cfg->expert_policy);
+	e->cfg.expert_device = dup_or_null(cfg->expert_device);
 	e->cfg.state_dir = dup_or_null(cfg->state_dir);
 	e->kv_mem_bytes = (uint64_t)cfg->kv_mem_mb << 20;
 	e->wake = wake;
@@ -366,17 +378,22 @@ static void seq_finish(struct md_engine *e, struct md_seq *s, enum md_finish f, 
 	md_seq_free(s);
 }
 
-/* Constrained decoding: the grammar's mask for s's next token (the matcher is made on the
- * first token; near max_tokens the mask keeps only tokens after which the grammar can still
- * be completed, so the output closes rather than being cut). Requests with a grammar do not
- * speculate (spec_attach), so one token is decided per step and the matcher advances by it
- * in decide_item. */
-static int grammar_mask(struct md_engine *e, struct md_seq *s, const uint32_t **allowed)
+/* Constrained decoding: the grammar's mask for the token s decides at row j of this step
+ * (the matcher is made on the first token; near max_tokens the mask keeps only tokens after
+ * which the grammar can still be completed, so the output closes rather than being cut).
+ * Row j's mask is the one at the state after the j tokens decided before it in the step: a
+ * verifying step decides row by row, the matcher advancing by each decided token (decide_item),
+ * so every row's target distribution is masked as plain decoding would mask it, and a drafted
+ * token the grammar does not allow is rejected like any other mismatch (it has probability 0;
+ * md_spec_decide draws the correction from the masked residual). Nothing to roll back: the
+ * matcher only ever takes decided tokens. */
+static int grammar_mask(struct md_engine *e, struct md_seq *s, uint32_t j,
+			const uint32_t **allowed)
 {
 	struct md_engine_req *r = s->req;
 	int rc = r->_gm ? 0 : md_gmatch_new(&r->_gm, r->grammar, e->gvocab);
 	if (!rc)
-		rc = md_gmatch_mask_budget(r->_gm, r->max_tokens - s->n_gen, allowed);
+		rc = md_gmatch_mask_budget(r->_gm, r->max_tokens - s->n_gen - j, allowed);
 	return rc;
 }
 
@@ -397,7 +414,8 @@ static bool at_limit(const struct md_engine *e, const struct md_seq *s, uint32_t
 /* Emit one decided token of s: post its event and append it, or finish s (end-of-generation,
  * max_tokens, context, a completed grammar). Returns true when the sequence finished (it is
  * then freed). */
-static bool emit_token(struct md_engine *e, struct md_seq *s, const struct md_sample_out *so)
+static bool emit_token(struct md_engine *e, struct md_seq *s, const struct md_sample_out *so,
+		       bool last)
 {
 	const struct md_engine_req *r = s->req;
 	s->n_gen++;
@@ -425,7 +443,8 @@ static bool emit_token(struct md_engine *e, struct md_seq *s, const struct md_sa
 	}
 	ev_stage(e, ev);
 	md_sched_append(&e->sched, s, so->token);
-	if (r->grammar && r->_gm && md_gmatch_is_final(r->_gm)) {
+	/* the matcher is at the state after the step's last decided token */
+	if (last && r->grammar && r->_gm && md_gmatch_is_final(r->_gm)) {
 		seq_end(e, s, MD_FINISH_STOP, 0);
 		return true;
 	}
@@ -438,139 +457,59 @@ static bool emit_token(struct md_engine *e, struct md_seq *s, const struct md_sa
 
 /* ---- the expert store ---- */
 
-/* Whether t is one of the layers' routed-expert tensors (read by the store, not mapped). */
-static bool is_expert_tensor(const struct md_model *m, const struct md_tensor *t)
+static uint32_t blocks_for(uint32_t n_pos)
 {
-	for (uint32_t l = 0; l < m->hp.n_layer; l++) {
-		const struct md_layer *L = &m->layers[l];
-		if (t == L->gate_exps || t == L->up_exps || t == L->down_exps)
-			return true;
-	}
-	return false;
+	return (n_pos + MD_KV_BLOCK_TOKENS - 1) / MD_KV_BLOCK_TOKENS;
 }
 
-/* Store mode: page in (and lock where the limit allows) only the dense weights; the routed
- * experts' pages of the mapping are never touched. */
-static void populate_dense(struct md_engine *e)
+/* Bytes of one KV block of the model's rows (latent attention caches one row of its own width
+ * and no V: md_model_kv_dims). */
+static uint64_t kv_block_bytes(const struct md_model *m)
 {
-	const struct md_model *m = &e->model;
-	const uintptr_t pg = 4096, base = (uintptr_t)m->gguf.base;
-	uint64_t bytes = 0;
-	bool locked = true;
-	for (size_t i = 0; i < m->n_tensors; i++) {
-		const struct md_tensor *t = &m->tensors[i];
-		uintptr_t a = (uintptr_t)t->data, z = a + t->nb2 * (size_t)(t->ne[2] * t->ne[3]);
-		if (is_expert_tensor(m, t) || a < base || z > base + m->gguf.size)
-			continue; /* experts, or converted into the model's own buffers */
-		a &= ~(pg - 1);
-		z = (z + pg - 1) & ~(pg - 1);
-		if (locked && mlock((void *)a, z - a) != 0)
-			locked = false;
-#ifdef MADV_POPULATE_READ
-		if (!locked)
-			madvise((void *)a, z - a, MADV_POPULATE_READ);
-#endif
-		bytes += z - a;
-	}
-	md_log(MD_LOG_INFO, "dense weights %.1f MiB paged in%s", bytes / 1048576.0,
-	       locked ? " and locked" : " (not locked: RLIMIT_MEMLOCK)");
+	uint32_t k_dim, v_dim;
+	md_model_kv_dims(m, &k_dim, &v_dim);
+	return MD_KV_BLOCK_TOKENS * md_kv_token_bytes(m->hp.n_layer, k_dim, v_dim);
 }
 
-/* The hot-set file of the state directory (warm restart), or "" without one. */
-static void hot_path(const struct md_engine *e, char *buf, size_t cap)
-{
-	buf[0] = 0;
-	if (e->cfg.state_dir && e->cfg.state_dir[0])
-		snprintf(buf, cap, "%s/hot-experts", e->cfg.state_dir);
-}
-
-/* Queue reads of the experts the last clean shutdown found hot. */
-static void warm_start(struct md_engine *e)
-{
-	char path[4200];
-	uint32_t n = 0;
-	hot_path(e, path, sizeof(path));
-	if (!path[0])
-		return;
-	int rc = md_expert_store_warm(e->store, path, &n);
-	if (rc == -ENOENT)
-		md_log(MD_LOG_INFO, "experts: no hot set in '%s' yet (cold start)", path);
-	else if (rc)
-		md_log(MD_LOG_WARN, "experts: hot set '%s' not used: %s", path,
-		       rc == -EINVAL ? "another model's, or malformed" : strerror(-rc));
-	else
-		md_log(MD_LOG_INFO, "experts: warm start, reading %u hot experts from '%s'", n, path);
-}
-
-/* On a clean shutdown: write the hot set for the next start. */
-static void save_hot(struct md_engine *e)
-{
-	char path[4200];
-	hot_path(e, path, sizeof(path));
-	if (!e->store || !path[0])
-		return;
-	int rc = md_expert_store_save(e->store, path);
-	if (rc)
-		md_log(MD_LOG_WARN, "experts: cannot write the hot set '%s': %s", path, strerror(-rc));
-	else
-		md_log(MD_LOG_INFO, "experts: hot set written to '%s'", path);
-}
-
-/* Choose the mode from the memory limit (mem_plan.h), size the KV budget with it, and make
- * the store when experts go through it. Logs one line naming the mode, budgets and why. */
+/* Choose the experts' mode and make their tiers (engine/expert_tiers.h); the plan may lower
+ * the KV budget. */
 static int setup_experts(struct md_engine *e)
 {
 	const struct md_engine_config *c = &e->cfg;
-	const struct md_model *m = &e->model;
-	enum md_epol_kind pol = MD_EPOL_LRU;
-	if (c->expert_policy && md_epol_parse(c->expert_policy, &pol)) {
-		snprintf(e->err, sizeof(e->err), "unknown expert-policy '%s'", c->expert_policy);
-		return -EINVAL;
-	}
-	struct md_mem_limit lim;
-	md_mem_limit_read(&lim, NULL);
-	struct md_mem_plan_in in = {
-		.limit = lim.bytes,
-		.file_bytes = m->gguf.size,
-		.expert_bytes = md_expert_store_expert_bytes(m),
-		.kv_bytes = e->kv_mem_bytes,
-		.min_cache = md_expert_store_min_bytes(m, (int)c->step_tokens),
+	/* setup_kv's pool: kv-blocks when set, else the budget, never less than one context */
+	uint64_t bb = kv_block_bytes(&e->model);
+	uint64_t kv_min = (blocks_for(e->n_ctx) + 1) * bb;
+	uint64_t kv = c->kv_blocks ? c->kv_blocks * bb : e->kv_mem_bytes;
+	struct md_expert_tiers_config tc = {
 		.cache_mb = c->expert_cache_mb,
-	};
-	struct md_mem_plan plan;
-	md_mem_plan_make(&in, &plan);
-	if (c->device_expert_mb > 0)
-		md_log(MD_LOG_WARN, "device-expert-mb %lld ignored: moed has no device expert tier "
-		       "yet", (long long)c->device_expert_mb);
-	if (!plan.store) {
-		md_log(MD_LOG_INFO, "experts: mmap (the whole file mapped), limit %.0f MiB (%s): %s",
-		       lim.bytes / 1048576.0, lim.bytes ? lim.source : "unknown", plan.why);
-		return 0;
-	}
-	e->kv_mem_bytes = plan.kv_bytes;
-	struct md_expert_store_config sc = {
-		.host_bytes = plan.cache_bytes,
-		.policy = pol,
-		.max_tokens = (int)c->step_tokens,
+		.device_mb = c->device_expert_mb,
+		.device = c->expert_device,
+		.policy = c->expert_policy,
 		.prefetch = !c->no_expert_prefetch,
+		.step_tokens = c->step_tokens,
+		.state_dir = c->state_dir,
+		.kv_bytes = kv,
+		.kv_min = c->kv_blocks ? kv : kv_min,
 	};
-	char err[400];
-	int rc = md_expert_store_new(&e->store, m, &sc, err, sizeof(err));
-	if (rc) {
-		snprintf(e->err, sizeof(e->err), "cannot set up the expert store: %s", err);
+	char why[sizeof(e->err) - 400];
+	int rc = md_expert_tiers_init(&e->tiers, &e->model, &tc, why, sizeof(why));
+	if (rc && e->tiers.refused)
+		snprintf(e->err, sizeof(e->err), "'%s' cannot be served %s; raise the limit, lower "
+			 "ctx-size (KV for one context of %u tokens is %.0f MiB) or serve a smaller "
+			 "model", c->model_path, why, e->n_ctx, kv_min / 1048576.0);
+	else if (rc)
+		snprintf(e->err, sizeof(e->err), "%s", why);
+	if (rc)
 		return rc;
-	}
-	warm_start(e);
-	struct md_expert_store_stats st;
-	md_expert_store_get_stats(e->store, &st);
-	md_log(MD_LOG_INFO, "experts: store, host cache %.0f MiB (%u of %u experts, %.2f MiB "
-	       "each, %s reads), policy %s, prefetch %s, KV %.0f MiB, limit %.0f MiB (%s): %s",
-	       plan.cache_bytes / 1048576.0, st.n_slots,
-	       (m->hp.n_layer - m->hp.n_layer_dense_lead) * m->hp.n_expert, /* dense layers: none */
-	       st.slot_bytes / 1048576.0, st.direct ? "O_DIRECT" : "buffered",
-	       md_epol_name(pol), c->no_expert_prefetch ? "off" : "on", plan.kv_bytes / 1048576.0,
-	       lim.bytes / 1048576.0, lim.bytes ? lim.source : "unknown", plan.why);
+	e->store = e->tiers.store;
+	e->kv_mem_bytes = e->tiers.kv_bytes;
 	return 0;
+}
+
+/* Expert-aware batching's residency predicate (md_sched_resident_fn): host RAM or device. */
+static bool store_resident(void *arg, uint32_t layer, uint32_t expert)
+{
+	return md_expert_store_resident(arg, layer, expert);
 }
 
 /* The store's counters into e->stats (engine thread, st_mu held). */
@@ -589,6 +528,7 @@ static void experts_stats(struct md_engine *e)
 	o->experts_prefetch_issued = st.prefetch_issued;
 	o->experts_prefetch_used = st.prefetch_used;
 	o->experts_prefetch_wasted_bytes = st.prefetch_wasted_bytes;
+	o->experts_prefetch_cancelled = st.prefetch_cancelled;
 	o->experts_predicted_used = st.predicted_used;
 	o->experts_predicted_total = st.predicted_total;
 	o->experts_steps = st.steps;
@@ -596,6 +536,20 @@ static void experts_stats(struct md_engine *e)
 	o->experts_slots = st.n_slots;
 	o->experts_resident = st.n_resident;
 	o->experts_cache_bytes = (uint64_t)st.n_slots * st.slot_bytes;
+	o->experts_device = st.dev_slots > 0;
+	o->dev_hits = st.dev_hits;
+	o->dev_misses = st.dev_misses;
+	o->dev_compute_dev = st.dev_compute_dev;
+	o->dev_compute_host = st.dev_compute_host;
+	o->dev_uploads = st.dev_uploads;
+	o->dev_bytes_uploaded = st.dev_bytes_uploaded;
+	o->dev_evictions = st.dev_evictions;
+	o->dev_stall_s = st.dev_stall_ns / 1e9;
+	o->dev_prefetch_issued = st.dev_prefetch_issued;
+	o->dev_prefetch_used = st.dev_prefetch_used;
+	o->dev_prefetch_wasted_bytes = st.dev_prefetch_wasted_bytes;
+	o->dev_resident = st.dev_resident;
+	o->dev_mem_bytes = st.dev_mem_bytes;
 }
 
 /*
@@ -622,8 +576,8 @@ static void decide_item(struct md_engine *e, uint32_t i, const float *rows,
 			.prompt = s->toks, .n_prompt = s->n_prompt,
 			.gen = s->toks + s->n_prompt, .n_gen = s->n_toks - s->n_prompt + j,
 		};
-		if (r->grammar) { /* one row: grammar requests do not speculate */
-			int grc = grammar_mask(e, s, &ctx.allowed);
+		if (r->grammar) {
+			int grc = grammar_mask(e, s, j, &ctx.allowed);
 			if (grc) {
 				sp->err[i] = grc;
 				break;
@@ -645,9 +599,10 @@ static void decide_item(struct md_engine *e, uint32_t i, const float *rows,
 		if (!ok)
 			break;
 		acc++;
-		if ((md_tokenizer_is_eog(e->text.tok, out[n - 1].token) && !r->ignore_eos) ||
-		    at_limit(e, s, n))
-			break;
+		if ((md_tokenizer_is_eog(e->text.tok, out[n - 1].token) &&
+		     (!r->ignore_eos || r->grammar)) ||
+		    at_limit(e, s, n) || (r->grammar && md_gmatch_is_final(r->_gm)))
+			break; /* nothing may follow: the sequence ends with this token */
 	}
 	sp->n_out[i] = n;
 	sp->n_acc[i] = acc;
@@ -672,7 +627,7 @@ static void emit_item(struct md_engine *e, uint32_t i, const struct md_sample_ou
 		return;
 	}
 	for (uint32_t j = 0; j < sp->n_out[i]; j++)
-		if (emit_token(e, s, &out[j]))
+		if (emit_token(e, s, &out[j], j + 1 == sp->n_out[i]))
 			return;
 }
 
@@ -870,8 +825,6 @@ static int spec_attach(struct md_engine *e, struct md_seq *s, uint64_t seed)
 	enum md_spec_drafter d = o->drafter == MD_SPEC_DEFAULT ? e->sp.drafter : o->drafter;
 	if (d == MD_SPEC_DRAFT && !e->draft_ready)
 		d = MD_SPEC_OFF; /* no draft model: the server refuses such requests before */
-	if (s->req->grammar)
-		d = MD_SPEC_OFF; /* the grammar's matcher advances one decided token at a time */
 	if (d != MD_SPEC_NGRAM && d != MD_SPEC_DRAFT)
 		return 0;
 	uint32_t k = o->max_k ? o->max_k : e->sp.k;
@@ -963,6 +916,27 @@ static int spec_load_draft(struct md_engine *e, int threads)
 	return 0;
 }
 
+/* After the forward pass: each plan item's first token error (md_batch.tok_err: an expert its
+ * tokens needed could not be read) into e->item_err. Those sequences fail with it; the rest of
+ * the step is exact and goes on. Returns how many items failed. */
+static uint32_t items_failed(struct md_engine *e, const struct md_plan *p)
+{
+	uint32_t n_bad = 0;
+	for (uint32_t i = 0; i < p->n_items; i++) {
+		const struct md_plan_item *it = &p->items[i];
+		e->item_err[i] = 0;
+		for (uint32_t t = it->row; t < it->row + it->n_tok && !e->item_err[i]; t++)
+			e->item_err[i] = e->tok_err[t];
+		if (e->item_err[i]) {
+			n_bad++;
+			md_log(MD_LOG_WARN, "request %llu failed: an expert it needs cannot be read "
+			       "(%s); the other requests go on", (unsigned long long)it->seq->req->id,
+			       strerror(-e->item_err[i]));
+		}
+	}
+	return n_bad;
+}
+
 /* One scheduler step. Returns true when it did work. */
 static bool step(struct md_engine *e)
 {
@@ -982,7 +956,7 @@ static bool step(struct md_engine *e)
 
 	struct md_batch b = {
 		.n_tokens = (int32_t)n, .tokens = p->tokens, .seq = p->seq, .pos = p->pos,
-		.want_logits = p->want_logits,
+		.want_logits = p->want_logits, .tok_err = e->tok_err,
 	};
 	trace_step_begin(e, p);
 	double t0 = mono_s();
@@ -999,26 +973,29 @@ static bool step(struct md_engine *e)
 	 * remove a sequence, which the commit still reads. Logits rows come in item order; an
 	 * item's rows are its last n_logits tokens. */
 	struct spec_step *sp = &e->sp;
+	uint32_t n_bad = items_failed(e, p);
 	uint32_t k = 0;
 	for (uint32_t i = 0; i < p->n_items; i++) {
 		sp->n_out[i] = sp->n_acc[i] = sp->keep[i] = 0;
-		if (p->items[i].n_logits == 0)
-			continue;
+		if (p->items[i].n_logits == 0 || e->item_err[i])
+			goto next;
 		decide_item(e, i, e->logits + (size_t)k * e->n_vocab, sp->out + k);
+	next:
 		k += p->items[i].n_logits;
 	}
 	/* The controller's cost table: forward plus decisions of decode-only steps. */
-	if (p->n_prompt == 0 && p->n_recompute == 0)
+	if (p->n_prompt == 0 && p->n_recompute == 0 && n_bad == 0)
 		md_spec_ctl_observe(&e->ctl, n, mono_s() - t0);
 	md_sched_commit(sc, sp->keep);
 	spec_account(e);
 	k = 0;
 	for (uint32_t i = 0; i < p->n_items; i++) {
-		if (p->items[i].n_logits == 0)
-			continue;
 		uint32_t rows0 = k;
 		k += p->items[i].n_logits;
-		emit_item(e, i, sp->out + rows0);
+		if (e->item_err[i])
+			seq_end(e, p->items[i].seq, MD_FINISH_ERROR, e->item_err[i]);
+		else if (p->items[i].n_logits)
+			emit_item(e, i, sp->out + rows0);
 	}
 	return true;
 }
@@ -1078,11 +1055,6 @@ static void name_model(struct md_engine *e)
 		*dot = 0;
 }
 
-static uint32_t blocks_for(uint32_t n_pos)
-{
-	return (n_pos + MD_KV_BLOCK_TOKENS - 1) / MD_KV_BLOCK_TOKENS;
-}
-
 /* Size and allocate the KV pool. An explicit block count too small for one full context is
  * a configuration that cannot work: refuse it rather than silently growing it. */
 static int setup_kv(struct md_engine *e)
@@ -1091,7 +1063,7 @@ static int setup_kv(struct md_engine *e)
 	const struct md_hparams *hp = &e->model.hp;
 	uint32_t k_dim, v_dim; /* latent attention caches one row of its own width, no V */
 	md_model_kv_dims(&e->model, &k_dim, &v_dim);
-	uint64_t block_bytes = MD_KV_BLOCK_TOKENS * md_kv_token_bytes(hp->n_layer, k_dim, v_dim);
+	uint64_t block_bytes = kv_block_bytes(&e->model);
 	uint64_t min_blocks = blocks_for(e->n_ctx) + 1;
 	uint64_t n_blocks = c->kv_blocks;
 	if (n_blocks && n_blocks < min_blocks) {
@@ -1147,12 +1119,19 @@ static int load(struct md_engine *e)
 		md_log(MD_LOG_INFO, "%s, %u layers, n_embd %u, %u experts (%u active), vocab %u, "
 		       "%.1f MiB", hp->arch_name, hp->n_layer, hp->n_embd, hp->n_expert,
 		       hp->n_expert_used, hp->n_vocab, e->model.gguf.size / 1048576.0);
+	/* Like llama.cpp, a context longer than the training context is allowed (RoPE works at any
+	 * position) but warned about: quality past the training length is the model's business. */
+	e->n_ctx = c->n_ctx ? c->n_ctx : hp->n_ctx_train;
+	if (e->n_ctx == 0)
+		e->n_ctx = 4096;
+	if (hp->n_ctx_train && e->n_ctx > hp->n_ctx_train)
+		md_log(MD_LOG_WARN, "context %u exceeds the model's training context %u; output "
+		       "past %u tokens may degrade", e->n_ctx, hp->n_ctx_train, hp->n_ctx_train);
+
 	rc = setup_experts(e);
 	if (rc)
 		return rc;
-	if (e->store)
-		populate_dense(e);
-	else
+	if (!e->store)
 		populate_weights(&e->model, c);
 
 	rc = md_text_load(&e->text, &e->model.gguf, c->chat_template, e->err, sizeof(e->err));
@@ -1170,15 +1149,6 @@ static int load(struct md_engine *e)
 		snprintf(e->err, sizeof(e->err), "out of memory indexing the vocabulary");
 		return -ENOMEM;
 	}
-	/* Like llama.cpp, a context longer than the training context is allowed (RoPE works at any
-	 * position) but warned about: quality past the training length is the model's business. */
-	e->n_ctx = c->n_ctx ? c->n_ctx : hp->n_ctx_train;
-	if (e->n_ctx == 0)
-		e->n_ctx = 4096;
-	if (hp->n_ctx_train && e->n_ctx > hp->n_ctx_train)
-		md_log(MD_LOG_WARN, "context %u exceeds the model's training context %u; output "
-		       "past %u tokens may degrade", e->n_ctx, hp->n_ctx_train, hp->n_ctx_train);
-
 	rc = setup_kv(e);
 	if (rc)
 		return rc;
@@ -1189,7 +1159,7 @@ static int load(struct md_engine *e)
 	struct md_sched_config sc = {
 		.max_seqs = c->max_seqs, .step_tokens = c->step_tokens, .n_ctx = e->n_ctx,
 		.n_layer = hp->n_expert ? hp->n_layer : 0, .n_expert = hp->n_expert,
-		.expert_aware = c->expert_batching,
+		.expert_aware = c->expert_batching > 0 || (c->expert_batching < 0 && e->store),
 		.max_logits = e->max_logits,
 	};
 	rc = md_sched_init(&e->sched, &sc, &e->kv);
@@ -1199,13 +1169,17 @@ static int load(struct md_engine *e)
 	}
 	e->sched_ready = true;
 	md_owner_claim(&e->sched.owner, "engine");
+	if (e->store)
+		md_sched_set_resident(&e->sched, store_resident, e->store);
 
 	int threads = c->n_threads > 0 ? c->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
 	e->fw = md_forward_new(&e->model, threads, (int)c->step_tokens);
 	/* One logits row per running sequence and its drafts; the scheduler keeps a step
 	 * within that. */
 	e->logits = malloc(sizeof(float) * (size_t)e->max_logits * e->n_vocab);
-	if (!e->fw || !e->logits) {
+	e->tok_err = malloc(sizeof(*e->tok_err) * c->step_tokens);
+	e->item_err = malloc(sizeof(*e->item_err) * c->max_seqs);
+	if (!e->fw || !e->logits || !e->tok_err || !e->item_err) {
 		snprintf(e->err, sizeof(e->err), "out of memory setting up the engine");
 		return -ENOMEM;
 	}
@@ -1306,7 +1280,7 @@ static void *engine_main(void *arg)
 		ev_flush(e);
 	}
 	if (!rc)
-		save_hot(e);
+		md_expert_tiers_save(&e->tiers);
 	atomic_store(&e->state, MD_ENGINE_STOPPED);
 	md_owner_release(&e->owner);
 	if (e->sched_ready)
@@ -1360,7 +1334,8 @@ void md_engine_free(struct md_engine *e)
 		md_log(MD_LOG_WARN, "routing trace '%s' is incomplete: a write failed",
 		       e->cfg.trace_routing);
 	free(e->trace_seq);
-	md_expert_store_free(e->store);
+	md_expert_tiers_release(&e->tiers);
+	e->store = NULL;
 	if (e->kv_ready)
 		md_kv_release(&e->kv);
 	md_gvocab_free(e->gvocab);
@@ -1369,11 +1344,14 @@ void md_engine_free(struct md_engine *e)
 	if (e->model_loaded)
 		md_model_free(&e->model);
 	free(e->logits);
+	free(e->tok_err);
+	free(e->item_err);
 	spec_release(e);
 	free((char *)e->cfg.model_path);
 	free((char *)e->cfg.chat_template);
 	free((char *)e->cfg.trace_routing);
 	free((char *)e->cfg.expert_policy);
+	free((char *)e->cfg.expert_device);
 	free((char *)e->cfg.state_dir);
 	pthread_mutex_destroy(&e->sub_mu);
 	pthread_cond_destroy(&e->sub_cv);
@@ -1422,6 +1400,11 @@ int md_engine_tool_format(const struct md_engine *e)
 bool md_engine_chat_harmony(const struct md_engine *e)
 {
 	return e->text.chat == MD_CHAT_GPT_OSS;
+}
+
+int md_engine_tool_text(const struct md_engine *e)
+{
+	return (int)md_chat_family_tool_text(e->text.chat);
 }
 
 int md_engine_tokenize(const struct md_engine *e, const char *text, size_t len, bool add_bos,
@@ -1475,9 +1458,12 @@ int md_engine_chat_tokenize_effort(const struct md_engine *e, const struct md_en
 		cm[i].tool_calls = calls + k;
 		cm[i].n_tool_calls = msgs[i].n_tool_calls;
 		cm[i].content_null = msgs[i].content_null;
+		cm[i].tool_call_id = msgs[i].tool_call_id;
 		for (size_t j = 0; j < msgs[i].n_tool_calls; j++, k++) {
 			calls[k].name = msgs[i].tool_calls[j].name;
 			calls[k].arguments = msgs[i].tool_calls[j].arguments;
+			calls[k].arguments_obj = msgs[i].tool_calls[j].arguments_obj;
+			calls[k].id = msgs[i].tool_calls[j].id;
 		}
 	}
 	rc = md_text_chat_tokenize_effort(&e->text, cm, n, tools, n_tools, reasoning_effort, ids);
@@ -1485,6 +1471,12 @@ out:
 	free(calls);
 	free(cm);
 	return rc;
+}
+
+int md_engine_detokenize(const struct md_engine *e, const int32_t *ids, size_t n, char **out,
+			 size_t *len)
+{
+	return md_tokenizer_decode(e->text.tok, ids, n, false, out, len);
 }
 
 struct md_engine_detok {

@@ -61,12 +61,16 @@ struct md_engine_config {
 	void *status_arg;           /* borrowed: passed to status_cb */
 	const char *trace_routing;  /* borrowed, may be NULL: write a routing trace to this file
 				     * (engine/route_trace.h) */
-	bool expert_batching;       /* expert-aware batching (sched.h) when decoders exceed a step */
+	int expert_batching;        /* expert-aware batching (sched.h) when decoders exceed a step:
+				     * 1 on, 0 off, -1 where experts go through the store (then it
+				     * also prefers sequences whose experts are resident) */
 	/* Expert store (engine/experts.h, engine/mem_plan.h); zeroes give the defaults. */
 	double expert_cache_mb;     /* host budget for experts: 0 auto (the store only when the
 				     * file exceeds 80% of the memory limit), -1 never, > 0 MiB */
-	int64_t device_expert_mb;   /* device tier budget (no device tier yet: warned, unused) */
-	const char *expert_policy;  /* borrowed (copied at start), NULL: "lru" */
+	int64_t device_expert_mb;   /* device tier budget (0: none) */
+	const char *expert_policy;  /* borrowed (copied at start), NULL: "pred" */
+	const char *expert_device;  /* borrowed (copied), NULL: "auto"; the device tier's device
+				     * (engine/expert_tiers.h: auto, none, cuda, sim[:COPY:COMPUTE]) */
 	bool no_expert_prefetch;    /* no pre-gating prefetch */
 	const char *state_dir;      /* borrowed (copied), NULL: no warm restart state */
 	/* Speculative decoding (engine/spec.h). */
@@ -157,16 +161,29 @@ struct md_engine_stats {
 	uint64_t experts_evictions;
 	double experts_stall_s;             /* time the forward pass waited for expert reads */
 	uint64_t experts_prefetch_issued, experts_prefetch_used, experts_prefetch_wasted_bytes;
+	uint64_t experts_prefetch_cancelled;
 	uint64_t experts_predicted_used, experts_predicted_total; /* prefetch accuracy */
 	uint64_t experts_steps, experts_step_distinct; /* distinct experts per step: their ratio */
 	uint32_t experts_slots, experts_resident;
 	uint64_t experts_cache_bytes;
+	/* the store's device tier (experts_device; engine/experts.h has what each counts) */
+	bool experts_device;
+	uint64_t dev_hits, dev_misses, dev_compute_dev, dev_compute_host;
+	uint64_t dev_uploads, dev_bytes_uploaded, dev_evictions;
+	double dev_stall_s;
+	uint64_t dev_prefetch_issued, dev_prefetch_used, dev_prefetch_wasted_bytes;
+	uint32_t dev_resident;
+	uint64_t dev_mem_bytes;
 	uint64_t spec_drafted, spec_accepted; /* drafted tokens verified, and accepted */
 	uint64_t spec_verify_steps;         /* sequence-steps that verified drafts */
 	uint64_t spec_emitted;              /* tokens those sequence-steps emitted */
 };
 
 /* Create an engine (does not start the thread). Returns 0 or -ENOMEM / -EINVAL. */
+/* Whether spec names a device for the expert store's device tier (md_engine_config
+ * expert_device); 0, or -EINVAL with what is accepted in err. Any thread. */
+int md_engine_check_expert_device(const char *spec, char *err, size_t errlen);
+
 int md_engine_new(struct md_engine **out, const struct md_engine_config *cfg,
 		  md_engine_wake_cb wake, void *wake_arg);
 /* Start the thread: it loads the model (state LOADING -> READY or FAILED) then serves.
@@ -224,6 +241,8 @@ bool md_engine_token_is_eog(const struct md_engine *e, int32_t id);
 struct md_engine_tool_call {
 	const char *name;      /* borrowed */
 	const char *arguments; /* borrowed: JSON text as the client sent it */
+	const char *arguments_obj; /* borrowed, may be NULL: chat_template.h md_chat_tool_call */
+	const char *id;        /* borrowed, may be NULL: the call's id */
 };
 struct md_engine_msg {
 	const char *role;      /* system, user, assistant or tool */
@@ -232,10 +251,11 @@ struct md_engine_msg {
 	size_t n_tool_calls;
 	bool content_null;     /* the client sent null content (content is ""), which some
 				* templates render differently (DeepSeek-V3's tool calls) */
+	const char *tool_call_id; /* borrowed, may be NULL: a tool message's call id */
 };
 int md_engine_chat_tokenize(const struct md_engine *e, const struct md_engine_msg *msgs,
 			    size_t n, int32_t **ids);
-/* The same with the request's tools, each as the chat template's `tool | tojson` writes it
+/* The same with the request's tools, each in the form md_engine_tool_text() names
  * (n_tools may be 0). -ENOTSUP when the model's chat template has no tool format and the
  * request has tools, tool calls or tool messages. */
 int md_engine_chat_tokenize_tools(const struct md_engine *e, const struct md_engine_msg *msgs,
@@ -246,11 +266,21 @@ int md_engine_chat_tokenize_effort(const struct md_engine *e, const struct md_en
 				   size_t n, const char *const *tools, size_t n_tools,
 				   const char *reasoning_effort, int32_t **ids);
 /* How the model writes tool calls (its chat template's family): 0 none (tools are refused),
- * 1 Hermes <tool_call> JSON (Qwen3, chatml), 2 DeepSeek-V3's tool tokens. */
+ * 1 Hermes <tool_call> JSON (Qwen3, chatml), 2 DeepSeek-V3's tool tokens, 3 Mistral
+ * [TOOL_CALLS], 4 Llama 3.1 JSON (chat_template.h enum md_tool_format). */
 int md_engine_tool_format(const struct md_engine *e);
 /* Whether the chat template writes OpenAI's harmony channels (gpt-oss): the output then
  * carries its analysis channel as reasoning and its final channel as content. */
 bool md_engine_chat_harmony(const struct md_engine *e);
+/* The form the chat template wants each tool text in (chat_template.h enum
+ * md_chat_tool_text): 0 `tool | tojson`, 1 `tool | tojson(indent=4)`, 2 Mistral's. */
+int md_engine_tool_text(const struct md_engine *e);
+
+/* Decode a whole id sequence as Hugging Face's decode does (special tokens as their text;
+ * engine/tokenizer.h md_tokenizer_decode): a malloc'd NUL-terminated *out of *len bytes.
+ * Returns 0, -EINVAL (a bad id) or -ENOMEM. */
+int md_engine_detokenize(const struct md_engine *e, const int32_t *ids, size_t n, char **out,
+			 size_t *len);
 
 /* Incremental detokenizer that yields only complete UTF-8 (one per choice). */
 struct md_engine_detok; /* opaque */

@@ -61,6 +61,17 @@ int64_t md_epol_victim(struct md_epol *p, md_epol_evictable_fn ok, void *arg, ui
  * next layers need rather than churning). */
 bool md_epol_admit(struct md_epol *p, uint32_t unit, uint32_t victim, uint64_t now);
 
+/* A store cannot stream a unit through without holding it while its layer computes: where
+ * md_epol_admit says no, it caches the unit as transit instead. A transit unit is the first
+ * victim (before every other unit; among transit ones the least recently used) until it is
+ * accessed again, which makes it an ordinary resident. demote marks a resident unit transit;
+ * victim_cached is md_epol_victim among the resident units that are not transit (what an
+ * admission should be weighed against when the victim is a transit unit). */
+void md_epol_demote(struct md_epol *p, uint32_t unit);
+bool md_epol_transit(const struct md_epol *p, uint32_t unit);
+int64_t md_epol_victim_cached(struct md_epol *p, md_epol_evictable_fn ok, void *arg,
+			      uint64_t now);
+
 bool md_epol_resident(const struct md_epol *p, uint32_t unit);
 uint32_t md_epol_n_resident(const struct md_epol *p);
 

@@ -9,8 +9,9 @@
  *
  * Contract, per MoE layer of one md_forward call, all on the thread that calls md_forward
  * (the engine thread; pool workers only read the returned weights, between get and release):
- *   1. plan(layer, experts, n, order): once, with the layer's active experts (ascending,
- *      distinct), before any get of that layer. order (n entries) arrives as the identity
+ *   1. plan(layer, experts, tokens, n, order): once, with the layer's active experts
+ *      (ascending, distinct) and how many tokens are routed to each (tokens[i] for
+ *      experts[i]), before any get of that layer. order (n entries) arrives as the identity
  *      0..n-1; the source may permute it: it is the order of the gets (indices into experts).
  *      The return value n_ready (0..n) says that the first n_ready experts of order are
  *      resident now (their gets will not block): the forward pass then computes those first,
@@ -22,20 +23,28 @@
  *      valid and unchanged until release(layer, e); all the layer's experts are held at once
  *      (up to min(n_expert, tokens * n_expert_used)). May block until the weights are
  *      resident. A negative return fails md_forward with that code, after the experts already
- *      got are released.
+ *      got are released; or, for a batch with md_batch.tok_err, only the tokens routed to
+ *      that expert (the forward pass gets the layer's other experts and goes on). Either way
+ *      the failed expert is not released, and the source must be usable for the next plan.
  *   3. release(layer, e): once per successful get, after the layer's expert compute, in get
  *      order. The views are not used after it. Optional (NULL: views live as long as the
  *      source, which must outlive every forward context using it).
  *   prefetch(layer, experts, n): optional. Where the source has it, the forward pass
- *      predicts layer l+1's experts during layer l (pre-gating: layer l+1's router on layer
- *      l's hidden state, engine/forward.c) and calls it once layer l's gets are done (before
- *      its last wave runs) with the predicted experts (ascending, distinct). A hint: the source may start reading them;
- *      nothing is held, and the next plan of that layer says what was used.
+ *      predicts layer l+1's experts (pre-gating: layer l+1's router on the hidden state
+ *      leaving layer l, engine/forward.c) and calls it once layer l is done, before layer
+ *      l+1's attention, with the predicted experts (ascending, distinct). A hint: the source
+ *      may start reading them; nothing is held, and the next plan of that layer says what
+ *      was used.
+ *   observe(dev, bytes, tok_bytes, seconds): optional. The forward pass reports how long
+ *      each run of experts took: experts of bytes weight bytes in all, tok_bytes the sum of
+ *      each one's bytes times its tokens, on the device (dev) or the CPU; the source may
+ *      learn compute rates from it (the store's cost model, engine/expert_cost.h).
  * Weights of one layer's experts may differ in type; views of one expert must have gate and
  * up of the same shape (n_embd -> n_ff_exp) and down (n_ff_exp -> n_embd). */
 #ifndef MD_EXPERT_SRC_H
 #define MD_EXPERT_SRC_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "engine/backend.h"
@@ -56,12 +65,14 @@ struct md_expert_src;
 
 struct md_expert_src_ops {
 	const char *name; /* "mmap", for logs */
-	int (*plan)(struct md_expert_src *src, uint32_t layer, const int32_t *experts, int n,
-		    int32_t *order);
+	int (*plan)(struct md_expert_src *src, uint32_t layer, const int32_t *experts,
+		    const int32_t *tokens, int n, int32_t *order);
 	int (*get)(struct md_expert_src *src, uint32_t layer, int32_t expert,
 		   struct md_expert_w *out);
 	void (*release)(struct md_expert_src *src, uint32_t layer, int32_t expert);
 	void (*prefetch)(struct md_expert_src *src, uint32_t layer, const int32_t *experts, int n);
+	void (*observe)(struct md_expert_src *src, bool dev, uint64_t bytes, uint64_t tok_bytes,
+			double seconds);
 };
 
 /* Embed as the first member of an implementation's struct (the ops receive this pointer). */
@@ -69,14 +80,15 @@ struct md_expert_src {
 	const struct md_expert_src_ops *ops; /* borrowed: static */
 };
 
-/* order: n entries, filled with the identity before the source may permute it. Returns
- * n_ready (0..n) or a negative code. */
+/* order: n entries, filled with the identity before the source may permute it; tokens may
+ * be NULL (one each). Returns n_ready (0..n) or a negative code. */
 static inline int md_expert_src_plan(struct md_expert_src *s, uint32_t layer,
-				     const int32_t *experts, int n, int32_t *order)
+				     const int32_t *experts, const int32_t *tokens, int n,
+				     int32_t *order)
 {
 	for (int i = 0; i < n; i++)
 		order[i] = i;
-	return s->ops->plan ? s->ops->plan(s, layer, experts, n, order) : n;
+	return s->ops->plan ? s->ops->plan(s, layer, experts, tokens, n, order) : n;
 }
 
 static inline int md_expert_src_get(struct md_expert_src *s, uint32_t layer, int32_t expert,

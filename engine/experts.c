@@ -43,7 +43,9 @@ struct dslot {
 	int32_t unit;     /* -1 when free */
 	int32_t refs;     /* pinned by plan or got, not yet released */
 	bool pinned;
+	bool promoted;    /* copied up in the background, not planned since */
 	uint64_t fence;   /* the copy that fills it; usable once passed */
+	uint64_t up_cum;  /* copied for the current plan: its plan's copy bytes up to this one */
 	int32_t next;     /* free list */
 };
 
@@ -74,6 +76,9 @@ struct md_expert_store {
 	uint32_t step_distinct;
 	uint8_t *predicted;        /* owned (n_units): named by the layer's last prediction */
 	uint8_t *has_pred;         /* owned (n_layer) */
+	uint32_t *c_bypass;        /* owned (n_expert): the plan's misses cached as transit */
+	uint8_t *plan_mark;        /* owned (n_expert): scratch, the plan's experts */
+	int n_bypass;
 	uint64_t *last_use;        /* owned (n_units): policy time of the last plan naming it */
 
 	struct md_backend *dev;    /* borrowed: NULL without a device tier */
@@ -84,6 +89,16 @@ struct md_expert_store {
 	uint8_t *got_dev;          /* owned (n_units): the current get returned device views */
 	struct md_epol *dpol;      /* owned: the device tier's policy */
 	int32_t dev_free;
+	struct md_xcost cost;      /* engine thread: compute-where-it-lives rates (expert_cost.h) */
+	uint64_t *unit_bytes;      /* owned (n_units): weight bytes of each unit (its 3 matrices) */
+	struct md_xcost_item *c_it; /* owned (n_expert): the plan's device misses */
+	int32_t *c_idx;            /* owned (n_expert): their indices into the plan's experts */
+	int32_t *c_order;          /* owned (n_expert): md_xcost_choose's copy order */
+	uint8_t *c_up;             /* owned (n_expert): md_xcost_choose's choice */
+	int32_t *c_up_idx;         /* owned (n_expert): the plan's experts copied up, in order */
+	uint8_t *c_mark;           /* owned (n_expert): scratch */
+	double up_t0;              /* engine thread: when the current plan queued its copies */
+	bool rates_fixed;          /* the cost model's rates came with the config: not measured */
 
 	int fd_direct;             /* owned, -1 when O_DIRECT is refused */
 	int fd_buf;                /* owned: buffered reads */
@@ -99,10 +114,13 @@ struct md_expert_store {
 	int n_io;
 
 	_Atomic uint64_t hits, misses, bytes_read, read_errors, evictions, stall_ns;
-	_Atomic uint64_t pf_issued, pf_used, pf_wasted, pred_used, pred_total;
+	_Atomic uint64_t pf_issued, pf_used, pf_wasted, pf_cancelled, pred_used, pred_total;
+	_Atomic uint64_t bypassed;
 	_Atomic uint64_t steps, step_experts;
 	_Atomic uint32_t last_step_experts, n_resident;
-	_Atomic uint64_t dev_hits, dev_uploads, dev_evictions;
+	_Atomic uint64_t dev_hits, dev_misses, dev_uploads, dev_evictions, dev_bytes_up;
+	_Atomic uint64_t dev_up_compute, dev_host_compute, dev_stall_ns;
+	_Atomic uint64_t dev_pf_issued, dev_pf_used, dev_pf_wasted;
 	_Atomic uint32_t dev_resident;
 };
 
@@ -363,9 +381,14 @@ static void drop_unit(struct md_expert_store *s, uint32_t u, bool evicted)
 }
 
 /* A free slot, evicting the policy's victim if needed; with wait, waits for reads in flight
- * to end when every slot is busy. -1 when none can be had. */
-static int32_t take_slot(struct md_expert_store *s, bool wait)
+ * to end when every slot is busy. -1 when none can be had. With bypass (a demand read of unit
+ * want), *bypass says whether the policy would rather not cache want in the victim's place
+ * (md_epol_admit, weighed against the weakest cached unit when the victim is a transit one):
+ * the caller then caches it as transit (expert_policy.h). */
+static int32_t take_slot(struct md_expert_store *s, bool wait, uint32_t want, bool *bypass)
 {
+	if (bypass)
+		*bypass = false;
 	for (;;) {
 		if (s->free_head >= 0) {
 			int32_t sl = s->free_head;
@@ -374,6 +397,11 @@ static int32_t take_slot(struct md_expert_store *s, bool wait)
 		}
 		pthread_mutex_lock(&s->mu);
 		int64_t v = md_epol_victim(s->pol, evictable, s, s->now);
+		if (v >= 0 && bypass) {
+			int64_t w = md_epol_transit(s->pol, (uint32_t)v)
+				? md_epol_victim_cached(s->pol, evictable, s, s->now) : v;
+			*bypass = w >= 0 && !md_epol_admit(s->pol, want, (uint32_t)w, s->now);
+		}
 		bool loading = false;
 		uint64_t fence = 0; /* a copy to the device that holds a slot */
 		if (v < 0 && wait)
@@ -392,10 +420,11 @@ static int32_t take_slot(struct md_expert_store *s, bool wait)
 	}
 }
 
-/* Map unit u to a free slot and queue its read. Returns the slot or -1 (no slot). */
-static int32_t start_read(struct md_expert_store *s, uint32_t u, int q, bool wait)
+/* Map unit u to a free slot and queue its read. Returns the slot or -1 (no slot). bypass:
+ * as take_slot's (demand reads). */
+static int32_t start_read(struct md_expert_store *s, uint32_t u, int q, bool wait, bool *bypass)
 {
-	int32_t sl = take_slot(s, wait);
+	int32_t sl = take_slot(s, wait, u, bypass);
 	if (sl < 0)
 		return -1;
 	struct slot *x = &s->slots[sl];
@@ -452,9 +481,11 @@ static bool dev_evictable(void *arg, uint32_t unit)
 	       s->dev->fence_done(s->dev, s->dslots[ds].fence) == 1;
 }
 
-/* Copy unit u, resident in host slot sl, up to a free or evictable device slot; nothing when
- * none can be had or the copy cannot be queued (the expert keeps running on the host). */
-static void promote(struct md_expert_store *s, uint32_t u, int32_t sl)
+/* Copy unit u, resident in host slot sl, up to a free or evictable device slot. now: for this
+ * step (the cost model chose it): the device slot is pinned for the plan's get; else in the
+ * background, for later steps. Returns the device slot, or -1 when none can be had or the copy
+ * cannot be queued (the expert then runs on the host). */
+static int32_t promote(struct md_expert_store *s, uint32_t u, int32_t sl, bool now)
 {
 	int32_t ds = s->dev_free;
 	if (ds >= 0) {
@@ -462,8 +493,10 @@ static void promote(struct md_expert_store *s, uint32_t u, int32_t sl)
 	} else {
 		int64_t v = md_epol_victim(s->dpol, dev_evictable, s, s->now);
 		if (v < 0)
-			return;
+			return -1;
 		ds = s->unit_dev[v];
+		if (s->dslots[ds].promoted)
+			atomic_fetch_add(&s->dev_pf_wasted, s->slot_bytes);
 		s->unit_dev[v] = -1;
 		md_epol_remove(s->dpol, (uint32_t)v);
 		atomic_fetch_add(&s->dev_evictions, 1);
@@ -477,23 +510,87 @@ static void promote(struct md_expert_store *s, uint32_t u, int32_t sl)
 		d->unit = -1;
 		d->next = s->dev_free;
 		s->dev_free = ds;
-		return;
+		return -1;
 	}
 	d->unit = (int32_t)u;
-	d->refs = 0;
-	d->pinned = false;
+	d->refs = now ? 1 : 0;
+	d->pinned = now;
+	d->promoted = !now;
 	d->fence = fence;
 	s->slots[sl].up_fence = fence;
 	s->unit_dev[u] = ds;
 	md_epol_insert(s->dpol, u, s->now);
 	atomic_fetch_add(&s->dev_uploads, 1);
+	atomic_fetch_add(&s->dev_bytes_up, s->slot_bytes);
 	atomic_fetch_add(&s->dev_resident, 1);
+	if (!now)
+		atomic_fetch_add(&s->dev_pf_issued, 1);
+	return ds;
+}
+
+/* The device misses of the plan that are ready in host RAM (c_it, c_idx: nc of them, and their
+ * planned host slots pinned): the cost model (expert_cost.h) picks those to copy up and
+ * compute on the device in this step; their copies are queued now and they move from the
+ * host part of the order to the device part. w0: modelled seconds of the device-resident
+ * experts. Returns how many go up. */
+static int plan_uploads(struct md_expert_store *s, uint32_t layer, const int32_t *experts,
+			int nc, int n_dev_pinned, double w0, int32_t *up_idx)
+{
+	int max_up = (int)s->n_dev - n_dev_pinned;
+	if (nc == 0 || max_up <= 0)
+		return 0;
+	int n_up = md_xcost_choose(&s->cost, w0, s->c_it, nc, max_up, s->c_up, s->c_order, NULL);
+	int k = 0;
+	uint64_t cum = 0;
+	s->up_t0 = (double)now_ns() * 1e-9;
+	for (int j = 0; j < n_up; j++) {
+		int32_t i = s->c_idx[s->c_order[j]];
+		uint32_t u = layer * s->n_expert + (uint32_t)experts[i];
+		int32_t ds = promote(s, u, s->unit_slot[u], true);
+		if (ds < 0)
+			break; /* no device slot after all: the rest run on the host */
+		cum += s->slot_bytes;
+		s->dslots[ds].up_cum = cum;
+		up_idx[k++] = i;
+	}
+	return k;
 }
 
 /* ---- the ops ---- */
 
-static int st_plan(struct md_expert_src *src, uint32_t layer, const int32_t *experts, int n,
-		   int32_t *order)
+/* The plan of a layer that had a prediction: the guesses it does not use and whose reads have
+ * not started are taken off the prefetch queue and their slots freed. A guess is for this
+ * visit of the layer only (the next one is a step away, and gets its own), and in the
+ * I/O-bound regime the store is for, a read nobody waits for delays the ones they do. (On
+ * moe64-2g at half its file in memory this saves little: 94 -> 91.5 MiB read per token; most
+ * wrong guesses are already being read when the plan comes, ~20% of the bytes read.) */
+static void cancel_guesses(struct md_expert_store *s, uint32_t layer, const int32_t *experts,
+			   int n)
+{
+	uint8_t *pred = s->predicted + layer * s->n_expert;
+	memset(s->plan_mark, 0, s->n_expert);
+	for (int i = 0; i < n; i++)
+		s->plan_mark[experts[i]] = 1;
+	for (uint32_t e = 0; e < s->n_expert; e++) {
+		uint32_t u = layer * s->n_expert + e;
+		int32_t sl = s->unit_slot[u];
+		if (!pred[e] || s->plan_mark[e] || sl < 0 || !s->slots[sl].prefetched ||
+		    s->slots[sl].refs)
+			continue;
+		pthread_mutex_lock(&s->mu);
+		bool queued = s->slots[sl].state == SLOT_LOADING && s->slots[sl].queue == Q_PREFETCH;
+		if (queued)
+			q_remove(s, Q_PREFETCH, sl);
+		pthread_mutex_unlock(&s->mu);
+		if (!queued)
+			continue;
+		drop_unit(s, u, false);
+		atomic_fetch_add(&s->pf_cancelled, 1);
+	}
+}
+
+static int st_plan(struct md_expert_src *src, uint32_t layer, const int32_t *experts,
+		   const int32_t *tokens, int n, int32_t *order)
 {
 	struct md_expert_store *s = (struct md_expert_store *)src;
 	if (layer >= s->n_layer || n < 0 || (uint32_t)n > s->n_expert || !s->m->layers[layer].gate_exps)
@@ -524,24 +621,36 @@ static int st_plan(struct md_expert_src *src, uint32_t layer, const int32_t *exp
 		atomic_fetch_add(&s->pred_used, hit);
 		atomic_fetch_add(&s->pred_total, (uint64_t)n);
 		s->has_pred[layer] = 0;
+		cancel_guesses(s, layer, experts, n);
 	}
 
 	/* Experts on the device (their copy done) come first and need nothing else. */
-	int n_ready = 0, k = 0;
+	int k = 0;
+	double w0 = 0; /* their modelled compute */
 	for (int i = 0; s->dev && i < n; i++) {
 		uint32_t u = layer * s->n_expert + (uint32_t)experts[i];
 		int32_t ds = s->unit_dev[u];
 		if (ds < 0 || s->dev->fence_done(s->dev, s->dslots[ds].fence) != 1)
 			continue;
-		s->dslots[ds].refs++;
-		s->dslots[ds].pinned = true;
+		struct dslot *d = &s->dslots[ds];
+		d->refs++;
+		d->pinned = true;
+		if (d->promoted) {
+			d->promoted = false;
+			atomic_fetch_add(&s->dev_pf_used, 1);
+		}
 		s->plan_units[s->n_plan++] = (int32_t)u;
 		atomic_fetch_add(&s->dev_hits, 1);
+		w0 += md_xcost_dev(&s->cost, s->unit_bytes[u], tokens ? tokens[i] : 1);
 		order[k++] = i;
 	}
 	const int n_dev = k;
-	/* Pin what is here (loaded or on its way) before any read may evict; ready ones next. */
+	if (s->dev)
+		atomic_fetch_add(&s->dev_misses, (uint64_t)(n - n_dev));
+	/* Pin what is here (loaded or on its way) before any read may evict; ready ones next.
+	 * Those ready in host RAM but not on the device are the cost model's candidates. */
 	int32_t *rest = order + n; /* filled backwards: the others, in plan order */
+	int nc = 0;
 	pthread_mutex_lock(&s->mu);
 	for (int i = 0; i < n; i++) {
 		uint32_t u = layer * s->n_expert + (uint32_t)experts[i];
@@ -561,6 +670,11 @@ static int st_plan(struct md_expert_src *src, uint32_t layer, const int32_t *exp
 		}
 		atomic_fetch_add(x->state == SLOT_FAILED ? &s->misses : &s->hits, 1);
 		if (x->state == SLOT_READY) {
+			if (s->dev && s->unit_dev[u] < 0) {
+				s->c_it[nc] = (struct md_xcost_item){ s->unit_bytes[u],
+								      tokens ? tokens[i] : 1 };
+				s->c_idx[nc++] = i;
+			}
 			order[k++] = i;
 			continue;
 		}
@@ -575,7 +689,30 @@ static int st_plan(struct md_expert_src *src, uint32_t layer, const int32_t *exp
 		}
 	}
 	pthread_mutex_unlock(&s->mu);
-	n_ready = k;
+	/* Compute where it lives: the chosen device misses are copied up now and move behind the
+	 * host-ready ones (their gets wait for the copies, which the host work hides). */
+	int n_up = s->dev ? plan_uploads(s, layer, experts, nc, n_dev, w0, s->c_up_idx) : 0;
+	if (n_up) {
+		memset(s->c_mark, 0, s->n_expert);
+		for (int j = 0; j < n_up; j++)
+			s->c_mark[s->c_up_idx[j]] = 1;
+		int h = n_dev;
+		for (int j = n_dev; j < k; j++)
+			if (!s->c_mark[order[j]])
+				order[h++] = order[j];
+		memcpy(order + h, s->c_up_idx, sizeof(*order) * (size_t)n_up);
+	}
+	if (s->dev) {
+		atomic_fetch_add(&s->dev_up_compute, (uint64_t)n_up);
+		atomic_fetch_add(&s->dev_host_compute, (uint64_t)(n - n_dev - n_up));
+	}
+	int n_ready = k - n_up;
+	/* The policy hears of this visit before any victim is chosen for its misses, as the
+	 * replay (bench/cache-replay) does: a miss's admission then knows it was just used. */
+	for (int i = 0; i < n; i++) {
+		md_epol_access(s->pol, layer * s->n_expert + (uint32_t)experts[i], s->now);
+		s->last_use[layer * s->n_expert + (uint32_t)experts[i]] = s->now;
+	}
 	/* The others were stored backwards from the end: put them in plan order after the
 	 * ready ones, and start the reads of the missing ones in that order. */
 	for (int a = k, z = n - 1; a < z; a++, z--) {
@@ -587,16 +724,21 @@ static int st_plan(struct md_expert_src *src, uint32_t layer, const int32_t *exp
 		uint32_t u = layer * s->n_expert + (uint32_t)experts[order[j]];
 		if (s->unit_slot[u] >= 0)
 			continue;
-		int32_t sl = start_read(s, u, Q_DEMAND, true);
+		bool bypass;
+		int32_t sl = start_read(s, u, Q_DEMAND, true, &bypass);
 		if (sl < 0)
 			return -ENOSPC; /* cannot happen with the budget checked at start */
 		pin(s, sl);
 		atomic_fetch_add(&s->misses, 1);
+		if (bypass)
+			s->c_bypass[s->n_bypass++] = u;
 	}
-	for (int i = 0; i < n; i++) {
-		md_epol_access(s->pol, layer * s->n_expert + (uint32_t)experts[i], s->now);
-		s->last_use[layer * s->n_expert + (uint32_t)experts[i]] = s->now;
-	}
+	/* Misses the policy would not have admitted stream through as transit units: the first
+	 * victims once released, so what the cache holds stays. */
+	for (int i = 0; i < s->n_bypass; i++)
+		md_epol_demote(s->pol, s->c_bypass[i]);
+	atomic_fetch_add(&s->bypassed, (uint64_t)s->n_bypass);
+	s->n_bypass = 0;
 	return n_ready;
 }
 
@@ -609,7 +751,26 @@ static int st_get(struct md_expert_src *src, uint32_t layer, int32_t e, struct m
 	const struct unit_src *us = &s->units[u];
 	int32_t ds = s->dev ? s->unit_dev[u] : -1;
 	if (ds >= 0 && s->dslots[ds].pinned) { /* planned on the device */
-		s->dslots[ds].pinned = false;
+		struct dslot *d = &s->dslots[ds];
+		int done = s->dev->fence_done(s->dev, d->fence);
+		if (done == 0) { /* copied up for this step: wait for its copy */
+			uint64_t t0 = now_ns();
+			if (s->dev->fence_wait(s->dev, d->fence))
+				return -EIO;
+			uint64_t t1 = now_ns();
+			atomic_fetch_add(&s->dev_stall_ns, t1 - t0);
+			if (!s->rates_fixed)
+				md_xcost_observe_up(&s->cost, d->up_cum,
+						    (double)t1 * 1e-9 - s->up_t0);
+		} else if (done < 0) {
+			return -EIO;
+		}
+		int32_t sl = s->unit_slot[u]; /* the host copy it came from is not needed now */
+		if (sl >= 0 && s->slots[sl].pinned) {
+			s->slots[sl].pinned = false;
+			s->slots[sl].refs--;
+		}
+		d->pinned = false;
 		s->got_dev[u] = 1;
 		uint8_t *base = s->dev_arena + (size_t)ds * s->slot_bytes;
 		struct md_mat *o[3] = { &out->gate, &out->up, &out->down };
@@ -654,7 +815,7 @@ static int st_get(struct md_expert_src *src, uint32_t layer, int32_t e, struct m
 	out->dev = NULL;
 	s->got_dev[u] = 0;
 	if (s->dev && ds < 0)
-		promote(s, u, sl);
+		promote(s, u, sl, false);
 	return 0;
 }
 
@@ -692,10 +853,19 @@ static void st_prefetch(struct md_expert_src *src, uint32_t layer, const int32_t
 		md_epol_hint(s->pol, u, 1.0f, s->now);
 		if (s->unit_slot[u] >= 0)
 			continue;
-		if (start_read(s, u, Q_PREFETCH, false) < 0)
+		if (start_read(s, u, Q_PREFETCH, false, NULL) < 0)
 			break; /* every slot is in use: no room to guess */
 		atomic_fetch_add(&s->pf_issued, 1);
 	}
+}
+
+/* The forward pass's timings of expert compute, for the cost model's rates. */
+static void st_observe(struct md_expert_src *src, bool dev, uint64_t bytes, uint64_t tok_bytes,
+		       double seconds)
+{
+	struct md_expert_store *s = (struct md_expert_store *)src;
+	if (!s->rates_fixed)
+		md_xcost_observe(&s->cost, dev, bytes, tok_bytes, seconds);
 }
 
 static const struct md_expert_src_ops store_ops = {
@@ -704,6 +874,7 @@ static const struct md_expert_src_ops store_ops = {
 	.get = st_get,
 	.release = st_release,
 	.prefetch = st_prefetch,
+	.observe = st_observe,
 };
 
 /* The same without prefetch: the forward pass then does not predict. */
@@ -712,6 +883,7 @@ static const struct md_expert_src_ops store_ops_nopf = {
 	.plan = st_plan,
 	.get = st_get,
 	.release = st_release,
+	.observe = st_observe,
 };
 
 /* ---- lifecycle ---- */
@@ -742,10 +914,12 @@ void md_expert_store_get_stats(struct md_expert_store *s, struct md_expert_store
 	o->bytes_read = atomic_load(&s->bytes_read);
 	o->read_errors = atomic_load(&s->read_errors);
 	o->evictions = atomic_load(&s->evictions);
+	o->bypassed = atomic_load(&s->bypassed);
 	o->stall_ns = atomic_load(&s->stall_ns);
 	o->prefetch_issued = atomic_load(&s->pf_issued);
 	o->prefetch_used = atomic_load(&s->pf_used);
 	o->prefetch_wasted_bytes = atomic_load(&s->pf_wasted);
+	o->prefetch_cancelled = atomic_load(&s->pf_cancelled);
 	o->predicted_used = atomic_load(&s->pred_used);
 	o->predicted_total = atomic_load(&s->pred_total);
 	o->steps = atomic_load(&s->steps);
@@ -756,8 +930,18 @@ void md_expert_store_get_stats(struct md_expert_store *s, struct md_expert_store
 	o->slot_bytes = s->slot_bytes;
 	o->direct = atomic_load(&s->direct);
 	o->dev_hits = atomic_load(&s->dev_hits);
+	o->dev_misses = atomic_load(&s->dev_misses);
 	o->dev_uploads = atomic_load(&s->dev_uploads);
+	o->dev_bytes_uploaded = atomic_load(&s->dev_bytes_up);
 	o->dev_evictions = atomic_load(&s->dev_evictions);
+	o->dev_compute_dev = atomic_load(&s->dev_up_compute);
+	o->dev_compute_host = atomic_load(&s->dev_host_compute);
+	o->dev_stall_ns = atomic_load(&s->dev_stall_ns);
+	o->dev_prefetch_issued = atomic_load(&s->dev_pf_issued);
+	o->dev_prefetch_used = atomic_load(&s->dev_pf_used);
+	o->dev_prefetch_wasted_bytes = atomic_load(&s->dev_pf_wasted);
+	o->dev_mem_bytes = (uint64_t)s->n_dev * s->slot_bytes;
+	o->dev_up_bps = s->n_dev ? 1048576.0 / s->cost.up_s_per_mib : 0;
 	o->dev_slots = s->n_dev;
 	o->dev_resident = atomic_load(&s->dev_resident);
 }
@@ -787,6 +971,13 @@ void md_expert_store_free(struct md_expert_store *s)
 	md_epol_free(s->dpol);
 	free(s->dslots);
 	free(s->unit_dev);
+	free(s->unit_bytes);
+	free(s->c_it);
+	free(s->c_idx);
+	free(s->c_order);
+	free(s->c_up);
+	free(s->c_up_idx);
+	free(s->c_mark);
 	free(s->got_dev);
 	free(s->units);
 	free(s->slots);
@@ -795,6 +986,8 @@ void md_expert_store_free(struct md_expert_store *s)
 	free(s->step_seen);
 	free(s->predicted);
 	free(s->has_pred);
+	free(s->c_bypass);
+	free(s->plan_mark);
 	free(s->last_use);
 	free(s);
 }
@@ -808,6 +1001,18 @@ static int cmp_recent(const void *a, const void *b, void *arg)
 	const uint64_t *t = arg;
 	uint64_t x = t[*(const uint32_t *)a], y = t[*(const uint32_t *)b];
 	return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* The directory part of path ("." without one) into buf. */
+static void dir_of(const char *path, char *buf, size_t cap)
+{
+	const char *slash = strrchr(path, '/');
+	if (!slash)
+		snprintf(buf, cap, ".");
+	else if (slash == path)
+		snprintf(buf, cap, "/");
+	else
+		snprintf(buf, cap, "%.*s", (int)(slash - path), path);
 }
 
 int md_expert_store_save(struct md_expert_store *s, const char *path)
@@ -834,14 +1039,33 @@ int md_expert_store_save(struct md_expert_store *s, const char *path)
 	for (uint32_t i = 0; i < n; i++)
 		fprintf(f, "%u %u\n", u[i] / s->n_expert, u[i] % s->n_expert);
 	free(u);
-	int rc = ferror(f) ? -EIO : 0;
+	/* Every byte reaches the disk before the rename makes the file the one the next start
+	 * reads: a full disk (ENOSPC), a file-size limit (EFBIG) or an I/O error shows here, and
+	 * a crash or power cut after the rename finds the whole new file, never a cut one. */
+	int rc = 0;
+	errno = 0;
+	if (fflush(f) || ferror(f))
+		rc = errno ? -errno : -EIO;
+	if (!rc && fsync(fileno(f)))
+		rc = -errno;
 	if (fclose(f) && !rc)
 		rc = -errno;
 	if (!rc && rename(tmp, path))
 		rc = -errno;
-	if (rc)
+	if (rc) {
 		unlink(tmp);
-	return rc;
+		return rc;
+	}
+	/* The rename itself is made durable by syncing the directory; failing that only risks
+	 * the previous file after a power cut, so it is not an error. */
+	char dir[4200];
+	dir_of(path, dir, sizeof(dir));
+	int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd >= 0) {
+		fsync(dfd);
+		close(dfd);
+	}
+	return 0;
 }
 
 int md_expert_store_warm(struct md_expert_store *s, const char *path, uint32_t *n)
@@ -867,7 +1091,7 @@ int md_expert_store_warm(struct md_expert_store *s, const char *path, uint32_t *
 		uint32_t u = l * s->n_expert + e;
 		if (s->unit_slot[u] >= 0)
 			continue;
-		if (start_read(s, u, Q_PREFETCH, false) < 0)
+		if (start_read(s, u, Q_PREFETCH, false, NULL) < 0)
 			break;
 		atomic_fetch_add(&s->pf_issued, 1);
 		(*n)++;
@@ -896,6 +1120,7 @@ static int map_units(struct md_expert_store *s, char *err, size_t errlen)
 				us->m[p] = x;
 				us->m[p].data = NULL;
 				us->off[p] = (uint64_t)(d - base);
+				s->unit_bytes[l * s->n_expert + e] += mat_bytes(&x);
 			}
 		}
 	return 0;
@@ -949,6 +1174,16 @@ static int setup_dev(struct md_expert_store *s, const struct md_expert_store_con
 		return rc;
 	}
 	s->dev_arena = p;
+	s->c_it = calloc(s->n_expert, sizeof(*s->c_it));
+	s->c_idx = calloc(s->n_expert, sizeof(*s->c_idx));
+	s->c_order = calloc(s->n_expert, sizeof(*s->c_order));
+	s->c_up = calloc(s->n_expert, 1);
+	s->c_up_idx = calloc(s->n_expert, sizeof(*s->c_up_idx));
+	s->c_mark = calloc(s->n_expert, 1);
+	if (!s->c_it || !s->c_idx || !s->c_order || !s->c_up || !s->c_up_idx || !s->c_mark) {
+		snprintf(err, errlen, "out of memory for the device tier");
+		return -ENOMEM;
+	}
 	for (uint32_t u = 0; u < s->n_units; u++)
 		s->unit_dev[u] = -1;
 	for (uint32_t i = s->n_dev; i-- > 0;) {
@@ -957,6 +1192,53 @@ static int setup_dev(struct md_expert_store *s, const struct md_expert_store_con
 		s->dev_free = (int32_t)i;
 	}
 	return 0;
+}
+
+/* The device's rates for the cost model, measured once at start (a few milliseconds): copies
+ * of one slot up and the gate matmul of layer 0's expert 0 at 1 and 16 tokens, timed to their
+ * fences. Nothing is resident afterwards; on any error the priors stay. */
+static void probe_dev(struct md_expert_store *s)
+{
+	const struct unit_src *us = &s->units[0];
+	const struct md_mat *g = &us->m[0];
+	const int T = 16;
+	float *x = calloc((size_t)g->n_in * T, sizeof(float));
+	float *y = calloc((size_t)g->n_out * T, sizeof(float));
+	uint8_t *buf = s->slots[0].buf; /* the first slot, free until the store is handed out */
+	uint64_t fence;
+	if (!x || !y || read_unit(s, 0, buf))
+		goto out;
+	double best_up = 0;
+	for (int r = 0; r < 3; r++) {
+		uint64_t t0 = now_ns();
+		if (s->dev->upload_async(s->dev, s->dev_arena, buf, s->slot_bytes,
+					 MD_BACKEND_STREAM_COPY) ||
+		    s->dev->fence_record(s->dev, MD_BACKEND_STREAM_COPY, &fence) ||
+		    s->dev->fence_wait(s->dev, fence))
+			goto out;
+		double t = (double)(now_ns() - t0) * 1e-9;
+		if (r == 0 || t < best_up)
+			best_up = t;
+	}
+	md_xcost_observe_up(&s->cost, s->slot_bytes, best_up);
+	struct md_mat w = *g;
+	w.data = s->dev_arena + s->part_off[0] + (us->off[0] - align_down(us->off[0]));
+	double t1 = 0, t16 = 0;
+	for (int r = 0; r < 3; r++)
+		for (int i = 0; i < 2; i++) {
+			int n = i ? T : 1;
+			uint64_t t0 = now_ns();
+			if (s->dev->matmul(s->dev, &w, x, n, y))
+				goto out;
+			double t = (double)(now_ns() - t0) * 1e-9;
+			double *best = i ? &t16 : &t1;
+			if (r == 0 || t < *best)
+				*best = t;
+		}
+	md_xcost_set_dev(&s->cost, mat_bytes(g), 1, t1, T, t16);
+out:
+	free(x);
+	free(y);
 }
 
 int md_expert_store_new(struct md_expert_store **out, const struct md_model *m,
@@ -1012,8 +1294,11 @@ int md_expert_store_new(struct md_expert_store **out, const struct md_model *m,
 	s->step_seen = calloc(s->n_units, 1);
 	s->predicted = calloc(s->n_units, 1);
 	s->has_pred = calloc(s->n_layer, 1);
+	s->c_bypass = calloc(s->n_expert, sizeof(*s->c_bypass));
+	s->plan_mark = calloc(s->n_expert, 1);
 	s->last_use = calloc(s->n_units, sizeof(*s->last_use));
 	s->got_dev = calloc(s->n_units, 1);
+	s->unit_bytes = calloc(s->n_units, sizeof(*s->unit_bytes));
 	s->dev_free = -1;
 	s->pol = md_epol_new(c->policy, s->n_layer, s->n_expert);
 	void *arena = mmap(NULL, (size_t)n_slots * slot_bytes, PROT_READ | PROT_WRITE,
@@ -1021,7 +1306,10 @@ int md_expert_store_new(struct md_expert_store **out, const struct md_model *m,
 	s->arena = arena == MAP_FAILED ? NULL : arena;
 	int rc;
 	if (!s->units || !s->slots || !s->unit_slot || !s->plan_units || !s->step_seen ||
-	    !s->predicted || !s->has_pred || !s->last_use || !s->got_dev || !s->pol || !s->arena) {
+	    !s->predicted || !s->has_pred || !s->c_bypass || !s->plan_mark || !s->last_use ||
+	    !s->got_dev ||
+	    !s->unit_bytes ||
+	    !s->pol || !s->arena) {
 		snprintf(err, errlen, "out of memory for an expert cache of %u slots", s->n_slots);
 		rc = -ENOMEM;
 		goto fail;
@@ -1043,6 +1331,12 @@ int md_expert_store_new(struct md_expert_store **out, const struct md_model *m,
 	rc = open_file(s, c->buffered, err, errlen);
 	if (rc)
 		goto fail;
+	md_xcost_init(&s->cost, 0, 0, 0);
+	s->rates_fixed = c->rates != NULL;
+	if (c->rates)
+		s->cost = *c->rates;
+	else if (s->dev)
+		probe_dev(s);
 	int n_io = c->io_threads > 0 ? c->io_threads : 4;
 	if (n_io > MAX_IO_THREADS)
 		n_io = MAX_IO_THREADS;

@@ -21,9 +21,11 @@
  * be got) and orders the gets resident-first, so the forward pass computes resident experts
  * while the others arrive; get() waits only for the expert it needs (moving it to the front
  * of the demand queue if a prefetch had queued it). prefetch() queues reads for a predicted
- * later layer, using only slots that the policy can give up now. A read that fails (short
- * file, I/O error) fails the get with its code and frees the slot, so a later request tries
- * again; nothing is cached from it.
+ * later layer, using only slots that the policy can give up now; that layer's plan takes the
+ * guesses it does not use off the queue. A miss the policy would not admit in place of its
+ * victim (pred's bypass) is cached as a transit unit, the first to go once released
+ * (expert_policy.h). A read that fails (short file, I/O error) fails the get with its code and
+ * frees the slot, so a later request tries again; nothing is cached from it.
  *
  * Device tier (optional, through engine/backend.h; engine/backend_sim.h simulates one): a
  * second set of slots in device memory with its own policy. An expert the forward pass got
@@ -31,7 +33,12 @@
  * evictable device slot; once its fence has passed, plans find it there, order it first, and
  * get returns device views (md_expert_w.dev) that the forward pass computes with the
  * backend's matmul. The host slot it came from is not reused before the fence passes, nor a
- * device slot in use or still being written.
+ * device slot in use or still being written. A planned expert in host RAM but not on the
+ * device (a device miss) runs on the CPU, or is copied up by the plan and computed on the
+ * device in the same step, as the cost model says (engine/expert_cost.h: bytes, tokens
+ * routed, copy and compute rates measured by a probe at start and from the forward pass's
+ * timings); copies chosen so go after the CPU's experts in the get order, and their gets wait
+ * for the fence.
  *
  * One forward pass at a time uses a store (the engine thread's), as md_expert_src requires.
  * md_expert_store_get_stats may be called from any thread.
@@ -43,6 +50,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/expert_cost.h"
 #include "engine/expert_policy.h"
 #include "engine/expert_src.h"
 #include "engine/model.h"
@@ -59,6 +67,9 @@ struct md_expert_store_config {
 	struct md_backend *dev;   /* borrowed, NULL: no device tier; else the device whose
 				   * memory holds the hottest experts (outlives the store) */
 	size_t dev_bytes;         /* device budget for experts */
+	const struct md_xcost *rates; /* borrowed, NULL: the cost model's rates are measured (a
+				       * probe of the device at start, then the forward pass's
+				       * timings); else these, fixed (tests, diagnostics) */
 };
 
 /* Counters since the store was made; a consistent-enough snapshot (each counter atomic). */
@@ -68,10 +79,14 @@ struct md_expert_store_stats {
 	uint64_t bytes_read;      /* bytes read from the file (alignment included) */
 	uint64_t read_errors;     /* reads that failed (the gets got the error) */
 	uint64_t evictions;
+	uint64_t bypassed;        /* misses the policy would not admit, streamed through as
+				   * transit units (pred; expert_policy.h) */
 	uint64_t stall_ns;        /* time gets waited for reads */
 	uint64_t prefetch_issued; /* reads started by prefetch() or a warm start */
 	uint64_t prefetch_used;   /* of those, experts a plan then asked for */
 	uint64_t prefetch_wasted_bytes; /* bytes of prefetched experts evicted unused */
+	uint64_t prefetch_cancelled; /* of the issued, guesses their layer's plan did not use,
+				      * taken off the queue before their read started */
 	uint64_t predicted_used;  /* planned experts that the last prediction of the layer named */
 	uint64_t predicted_total; /* planned experts of layers that had a prediction */
 	uint64_t steps;           /* forward passes seen (plans of a layer not after the last) */
@@ -81,8 +96,20 @@ struct md_expert_store_stats {
 	size_t slot_bytes;
 	/* device tier (all 0 without one) */
 	uint64_t dev_hits;        /* planned experts found on the device (computed there) */
-	uint64_t dev_uploads;     /* experts copied host -> device */
+	uint64_t dev_misses;      /* planned experts not on the device */
+	uint64_t dev_compute_dev; /* of those, copied up for the step and computed there (the
+				   * cost model's choice) */
+	uint64_t dev_compute_host; /* ... and computed by the CPU from host RAM */
+	uint64_t dev_uploads;     /* experts copied host -> device (for the step or in the
+				   * background for later ones) */
+	uint64_t dev_bytes_uploaded;
 	uint64_t dev_evictions;
+	uint64_t dev_stall_ns;    /* time gets waited for copies */
+	uint64_t dev_prefetch_issued; /* background copies (of experts the CPU computed) */
+	uint64_t dev_prefetch_used;   /* of those, experts a plan then found on the device */
+	uint64_t dev_prefetch_wasted_bytes; /* ... evicted from the device unused */
+	uint64_t dev_mem_bytes;   /* device memory of the expert slots */
+	double dev_up_bps;        /* the cost model's copy rate (measured) */
 	uint32_t dev_slots, dev_resident;
 	bool direct;              /* reads bypass the page cache */
 };
@@ -115,7 +142,9 @@ struct md_expert_src *md_expert_store_src(struct md_expert_store *s);
 void md_expert_store_get_stats(struct md_expert_store *s, struct md_expert_store_stats *out);
 
 /* Warm restart. save writes the hot set, the resident experts most recently used first, to
- * path (atomically: a temporary file renamed), with the model's shape and file size; warm
+ * path (atomically: PATH.tmp written and synced, then renamed over path; on any failure the
+ * temporary file is removed and a previous path is left as it was), with the model's shape
+ * and file size; warm
  * reads such a file and queues reads (prefetch priority) for as many of its experts as the
  * cache holds, returning how many in *n. Both on the engine thread, between forward passes.
  * Return 0, -EINVAL for a file of another model (nothing queued) or a malformed line (the

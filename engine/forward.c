@@ -20,13 +20,15 @@
  *          may say that the first ones are resident: those run first, as one wave, while it
  *          fetches the others, which run as a second wave. Each wave's experts are laid out
  *          in get order (ex_off, ex_tok), and ex_pos maps the routing's slots to that layout;
- *          with one wave in ascending order it is the routing's own layout. A source that
- *          prefetches is told, once this layer's gets are done and before its last wave
- *          runs, the experts layer l+1's router picks on this layer's input (pre-gating,
- *          prefetch_next). Experts the source returns in
- *          device memory (md_expert_w.dev) run one by one through that backend's matmul;
+ *          with one wave in ascending order it is the routing's own layout. Experts the
+ *          source returns in device memory (md_expert_w.dev) run one by one through that
+ *          backend's matmul.
+ *          In a batch with tok_err, an expert whose get fails (a read error) is skipped:
+ *          its tokens are marked and get zero from it, the others are exact (expert_failed);
  *       4. scatter-add the weighted outputs back in slot order, plus the shared expert with
- *          its sigmoid gate where the architecture has one; residual add.
+ *          its sigmoid gate where the architecture has one; residual add;
+ *       5. a source that prefetches is told the experts layer l+1's router picks on the
+ *          residual leaving this layer (pre-gating, prefetch_next).
  *   gpt-oss adds (all from the model's tensors and hyper-parameters, nothing per arch here):
  *   YaRN-scaled rope (engine/rope.c; sliding layers with their own base), a bias on the
  *   output projection, a per-head sink logit in the softmax, a sliding window on alternate
@@ -47,6 +49,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/assert.h"
 #include "engine/attn_mla.h"
@@ -83,6 +86,10 @@ struct md_forward_ctx {
 	int32_t *ex_off;     /* (E + 1) slot offsets of the active experts, in get order */
 	int32_t *ex_tok;     /* (T * k) token of each slot of that layout */
 	int32_t *ex_pos;     /* (T * k) routing slot -> slot of that layout */
+	uint8_t *ex_st;      /* (E) per get-order entry: EX_RUN, EX_FAILED (its get failed, tok_err
+			      * batches only) or EX_DONE (a device expert run as it arrived) */
+	int32_t *ex_ntok;    /* (E) tokens routed to each active expert, in the routing's order */
+	int32_t *tok_err;    /* borrowed: the current batch's md_batch.tok_err, or NULL */
 	struct md_expert_src_map map_src; /* the default expert source */
 	struct md_expert_src *src;        /* borrowed: &map_src or the caller's (set_expert_src) */
 	md_forward_route_cb route_cb;     /* NULL: no observer */
@@ -141,6 +148,8 @@ void md_forward_free(struct md_forward_ctx *f)
 	free(f->ex_order);
 	free(f->ex_tok);
 	free(f->ex_pos);
+	free(f->ex_st);
+	free(f->ex_ntok);
 	free(f->att_scratch);
 	free(f->rope_cs);
 	free(f->ex_id);
@@ -203,6 +212,8 @@ struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, i
 		f->ex_tok = xalloc(T * K * sizeof(int32_t), &fail);
 		f->ex_pos = xalloc(T * K * sizeof(int32_t), &fail);
 		f->ex_id = xalloc(E * sizeof(int32_t), &fail);
+		f->ex_st = xalloc(E, &fail);
+		f->ex_ntok = xalloc(E * sizeof(int32_t), &fail);
 	}
 	f->mm_scratch = xalloc(md_matmul_scratch_floats(f->pool, (int64_t)in_max, max_tokens) * sizeof(float), &fail);
 	f->rope_cs = xalloc((size_t)hp->n_rot * sizeof(float), &fail);
@@ -242,6 +253,15 @@ static void rmsnorm(float *out, const float *in, const float *w, int64_t n, floa
 	float s = (float)(1.0 / sqrt(ss / (double)n + eps));
 	for (int64_t i = 0; i < n; i++)
 		out[i] = in[i] * s * w[i];
+}
+
+enum { EX_RUN, EX_FAILED, EX_DONE };
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static inline float silu(float x)
@@ -555,33 +575,89 @@ static int moe_dev(struct md_forward_ctx *f, int g)
 	return rc;
 }
 
+/* Weight bytes of groups g0 .. g1-1 and the sum of each one's bytes times its tokens (what a
+ * source's observe op is told). */
+static void groups_bytes(const struct md_forward_ctx *f, int g0, int g1, uint64_t *bytes,
+			 uint64_t *tok_bytes)
+{
+	*bytes = *tok_bytes = 0;
+	for (int g = g0; g < g1; g++) {
+		const struct md_expert_w *x = &f->ex_got[g];
+		uint64_t b = (uint64_t)x->gate.nb1 * (uint64_t)x->gate.n_out +
+			     (uint64_t)x->up.nb1 * (uint64_t)x->up.n_out +
+			     (uint64_t)x->down.nb1 * (uint64_t)x->down.n_out;
+		*bytes += b;
+		*tok_bytes += b * (uint64_t)(f->ex_off[g + 1] - f->ex_off[g]);
+	}
+}
+
+/* moe_dev, timed for a source that observes. */
+static int moe_dev_timed(struct md_forward_ctx *f, int g)
+{
+	if (!f->src->ops->observe)
+		return moe_dev(f, g);
+	double t0 = now_s();
+	int rc = moe_dev(f, g);
+	uint64_t b, tb;
+	groups_bytes(f, g, g + 1, &b, &tb);
+	f->src->ops->observe(f->src, true, b, tb, now_s() - t0);
+	return rc;
+}
+
 /* Step 3 for groups g0 .. g1-1: device experts one by one, each run of host experts grouped
- * (or one by one where the kernels can't group them). Returns 0 or a device error. */
+ * (or one by one where the kernels can't group them); failed and done ones skipped. Returns 0
+ * or a device error. */
 static int moe_wave(struct md_forward_ctx *f, int n, int g0, int g1)
 {
 	for (int g = g0; g < g1;) {
+		if (f->ex_st[g] != EX_RUN) { /* failed: its rows stay zero (expert_failed) */
+			g++;
+			continue;
+		}
 		if (f->ex_got[g].dev) {
-			int rc = moe_dev(f, g++);
+			int rc = moe_dev_timed(f, g++);
 			if (rc)
 				return rc;
 			continue;
 		}
 		int h = g;
-		while (h < g1 && !f->ex_got[h].dev)
+		while (h < g1 && !f->ex_got[h].dev && f->ex_st[h] == EX_RUN)
 			h++;
+		double t0 = f->src->ops->observe ? now_s() : 0;
 		if (!moe_grouped(f, n, g, h))
 			moe_each(f, g, h);
+		if (f->src->ops->observe) {
+			uint64_t b, tb;
+			groups_bytes(f, g, h, &b, &tb);
+			f->src->ops->observe(f->src, false, b, tb, now_s() - t0);
+		}
 		g = h;
 	}
 	return 0;
 }
 
-/* Release the first n_got experts of the get order. */
+/* Release the first n_got experts of the get order (those whose get succeeded). */
 static void experts_release(struct md_forward_ctx *f, uint32_t il, const struct md_routing *r,
 			    int n_got)
 {
 	for (int i = 0; i < n_got; i++)
-		md_expert_src_release(f->src, il, r->active[f->ex_order[i]]);
+		if (f->ex_st[i] != EX_FAILED)
+			md_expert_src_release(f->src, il, r->active[f->ex_order[i]]);
+}
+
+/* The get of get-order entry g failed with rc in a batch with tok_err: its tokens are marked
+ * (the first error a token gets stays), its output rows are zero, and it is neither computed
+ * nor released. */
+static void expert_failed(struct md_forward_ctx *f, int g, int rc)
+{
+	const int64_t N = f->m->hp.n_embd;
+	f->ex_st[g] = EX_FAILED;
+	for (int32_t a = f->ex_off[g]; a < f->ex_off[g + 1]; a++) {
+		int32_t t = f->ex_tok[a];
+		if (!f->tok_err[t])
+			f->tok_err[t] = rc;
+		memset(f->ye + (size_t)a * N, 0, (size_t)N * sizeof(float));
+	}
 }
 
 /* The get-order layout (see the header comment) from f->ex_order. */
@@ -601,9 +677,19 @@ static void experts_layout(struct md_forward_ctx *f, const struct md_routing *r)
 }
 
 /* Pre-gating, for sources that prefetch: layer il+1's router applied to the residual stream
- * entering layer il's FFN (normed with layer il+1's FFN norm, as if layer il+1's attention and
- * layer il's FFN changed little) predicts layer il+1's experts; the source may read them while
- * layer il computes. The cost is one router matmul: n * n_embd * n_expert. */
+ * leaving layer il (normed with layer il+1's FFN norm, as if layer il+1's attention changed
+ * little) predicts layer il+1's experts; the source may read them while layer il+1's attention
+ * and resident experts compute. The cost is one router matmul: n * n_embd * n_expert.
+ * Measured on the trained moe64 (6 layers, top-4 of 64; 240 decode steps of KJV text, the
+ * numpy reference): of the experts a token uses at layer l+1 this names 75% (top-4); from the
+ * residual entering layer il's FFN instead (earlier, so more time to read) 61%, and 70% only
+ * with the top 6 (50% more reads); the token's own experts of the step before at l+1 name 11%
+ * (uniform: 6%), and adding them to the top-4 gains 4 points for 85% more guesses. Rejected:
+ * the earlier input (more wasted reads, which cost disk time in the I/O-bound regime the store
+ * is for, than the earlier start gains) and recent routing (this router barely repeats).
+ * Through the server on moe64-2g at half its file (bench/README.md), both sets together (the
+ * earlier one issued right after layer il's plan) read 107 MiB per decoded token against 91
+ * for this one alone (76 with no prefetch), and were no faster. */
 static void prefetch_next(struct md_forward_ctx *f, uint32_t il, int n)
 {
 	const struct md_hparams *hp = &f->m->hp;
@@ -624,31 +710,40 @@ static void prefetch_next(struct md_forward_ctx *f, uint32_t il, int n)
 	md_expert_src_prefetch(f->src, il + 1, p->active, p->n_active);
 }
 
-/* Step 3: plan, then per wave get its experts and run them; before the last wave runs (every
- * get done, so no read of this layer waits behind a guess) predict the next layer for a
- * prefetching source. Release all. Returns 0, or the source's error with nothing held. */
+/* Step 3: plan, then per wave get its experts and run them; in the second wave a device
+ * expert runs as soon as its get returns (its copy has landed), the host ones together at the
+ * end. Release all. Returns 0, or the source's error with nothing held. */
 static int moe_experts(struct md_forward_ctx *f, uint32_t il, const struct md_routing *r, int n)
 {
 	const int na = r->n_active;
-	int n_ready = md_expert_src_plan(f->src, il, r->active, na, f->ex_order);
+	for (int i = 0; i < na; i++)
+		f->ex_ntok[i] = r->off[r->active[i] + 1] - r->off[r->active[i]];
+	int n_ready = md_expert_src_plan(f->src, il, r->active, f->ex_ntok, na, f->ex_order);
 	if (n_ready < 0)
 		return n_ready;
 	if (n_ready == 0 || n_ready > na)
 		n_ready = na;
 	experts_layout(f, r);
+	memset(f->ex_st, EX_RUN, (size_t)na);
 	int got = 0;
 	for (int g0 = 0; g0 < na;) {
 		int g1 = g0 == 0 ? n_ready : na;
 		for (; got < g1; got++) {
 			int rc = md_expert_src_get(f->src, il, r->active[f->ex_order[got]],
 						   &f->ex_got[got]);
-			if (rc) {
+			if (rc && f->tok_err) {
+				expert_failed(f, got, rc);
+			} else if (rc) {
 				experts_release(f, il, r, got);
 				return rc;
+			} else if (g0 > 0 && f->ex_got[got].dev) {
+				f->ex_st[got] = EX_DONE;
+				if ((rc = moe_dev_timed(f, got))) {
+					experts_release(f, il, r, got + 1);
+					return rc;
+				}
 			}
 		}
-		if (g1 == na) /* every read of this layer done: the readers are free to guess */
-			prefetch_next(f, il, n);
 		int rc = moe_wave(f, n, g0, g1);
 		if (rc) {
 			experts_release(f, il, r, got);
@@ -734,6 +829,8 @@ static int ffn(struct md_forward_ctx *f, int n, uint32_t il)
 	}
 	for (size_t i = 0; i < (size_t)n * N; i++)
 		f->x[i] += f->tmp[i];
+	if (hp->n_expert)
+		prefetch_next(f, il, n);
 	return 0;
 }
 
@@ -754,6 +851,9 @@ int md_forward(struct md_forward_ctx *f, struct md_kv_cache *kv, const struct md
 	int rc = md_kv_batch_begin(kv, n, b->seq, b->pos);
 	if (rc)
 		return rc;
+	f->tok_err = b->tok_err;
+	if (b->tok_err)
+		memset(b->tok_err, 0, (size_t)n * sizeof(*b->tok_err));
 
 	int32_t max_pos = 0;
 	for (int t = 0; t < n; t++)

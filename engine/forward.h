@@ -18,6 +18,14 @@ struct md_batch {
 	const int32_t *seq;      /* (n_tokens) KV sequence ids */
 	const int32_t *pos;      /* (n_tokens) positions */
 	const bool *want_logits; /* (n_tokens), NULL: the last token of each sequence */
+	int32_t *tok_err;        /* (n_tokens) out, or NULL. Where given, an expert whose
+				  * weights the source cannot get (a read error) fails only the
+				  * tokens routed to it: md_forward writes every entry, 0 or the
+				  * get's error code, counts that expert's output as zero for those
+				  * tokens and goes on (their later layers and logits are garbage, the
+				  * other tokens' results are exact). NULL: md_forward fails with the
+				  * code instead. A sequence is only as good as its worst token: the
+				  * caller fails every sequence with a token marked. */
 };
 
 struct md_forward_ctx; /* opaque: scratch buffers, thread pool, router */
@@ -48,8 +56,9 @@ void md_forward_set_route_cb(struct md_forward_ctx *f, md_forward_route_cb cb, v
  * commits each sequence's new length (md_kv_commit). Logits of each token with want_logits
  * (in batch order, n_vocab floats each) go to logits. Returns the number of logit rows
  * written or a negative code: -EINVAL (malformed batch), -ENOSPC (positions not reserved, or
- * no block for a copy-on-write), -ENOMEM, or an expert source's error. On failure no length
- * moves; shared blocks the batch would have written may have been copied (same contents). */
+ * no block for a copy-on-write), -ENOMEM, or an expert source's error (a plan's or a device's
+ * always; a get's only without tok_err). On failure no length moves; shared blocks the batch
+ * would have written may have been copied (same contents). */
 int md_forward(struct md_forward_ctx *f, struct md_kv_cache *kv, const struct md_batch *b,
 	       float *logits);
 

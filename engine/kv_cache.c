@@ -102,6 +102,7 @@ void md_kv_release(struct md_kv_cache *kv)
 		free(px->parent);
 		free(px->toks);
 		free(px->reg);
+		free(px->len);
 		free(px->bucket);
 		free(px->hnext);
 		free(px->prev);
@@ -478,12 +479,13 @@ int md_kv_prefix_enable(struct md_kv_cache *kv)
 	px->parent = calloc(kv->n_blocks, sizeof(uint64_t));
 	px->toks = calloc((size_t)kv->n_blocks * MD_KV_BLOCK_TOKENS, sizeof(int32_t));
 	px->reg = calloc(kv->n_blocks, 1);
+	px->len = calloc(kv->n_blocks, 1);
 	px->bucket = malloc(nbk * sizeof(int32_t));
 	px->hnext = calloc(kv->n_blocks, sizeof(int32_t));
 	px->prev = calloc(kv->n_blocks, sizeof(int32_t));
 	px->next = calloc(kv->n_blocks, sizeof(int32_t));
 	kv->px = px; /* md_kv_release frees a partial one */
-	if (!px->hash || !px->parent || !px->toks || !px->reg || !px->bucket || !px->hnext ||
+	if (!px->hash || !px->parent || !px->toks || !px->reg || !px->len || !px->bucket || !px->hnext ||
 	    !px->prev || !px->next)
 		return -ENOMEM;
 	for (uint32_t i = 0; i < nbk; i++)
@@ -536,6 +538,11 @@ static void lru_unlink(struct md_kv_prefix *px, int32_t b)
 static void px_unregister(struct md_kv_cache *kv, int32_t b)
 {
 	struct md_kv_prefix *px = kv->px;
+	if (px->reg[b] == 2) { /* a tail: in no bucket */
+		px->reg[b] = 0;
+		px->n_reg--;
+		return;
+	}
 	int32_t *link = &px->bucket[px->hash[b] & px->mask];
 	while (*link != b) {
 		MD_ASSERT(*link >= 0);
@@ -544,6 +551,32 @@ static void px_unregister(struct md_kv_cache *kv, int32_t b)
 	*link = px->hnext[b];
 	px->reg[b] = 0;
 	px->n_reg--;
+}
+
+/* The registered block (whole, or a tail) after the block with chain hash parent whose first
+ * tokens agree longest with toks[0, n) (n <= MD_KV_BLOCK_TOKENS); the agreement in *common. A
+ * scan of the pool: once per admitted sequence, a few microseconds for thousands of blocks. */
+static int32_t px_best_child(const struct md_kv_cache *kv, uint64_t parent, const int32_t *toks,
+			     uint32_t n, uint32_t *common)
+{
+	const struct md_kv_prefix *px = kv->px;
+	int32_t best = -1;
+	*common = 0;
+	for (uint32_t b = 0; b < kv->n_blocks; b++) {
+		if (!px->reg[b] || px->parent[b] != parent)
+			continue;
+		const int32_t *t = px->toks + (size_t)b * MD_KV_BLOCK_TOKENS;
+		uint32_t lim = px->reg[b] == 2 ? px->len[b] : MD_KV_BLOCK_TOKENS, j = 0;
+		if (lim > n)
+			lim = n;
+		while (j < lim && t[j] == toks[j])
+			j++;
+		if (j > *common) {
+			*common = j;
+			best = (int32_t)b;
+		}
+	}
+	return best;
 }
 
 uint32_t md_kv_prefix_attach(struct md_kv_cache *kv, int seq, const int32_t *toks,
@@ -570,7 +603,53 @@ uint32_t md_kv_prefix_attach(struct md_kv_cache *kv, int seq, const int32_t *tok
 	s->n_blocks = i;
 	s->n_chain = i;
 	s->n_pos = i * MD_KV_BLOCK_TOKENS;
+	/* The next block in part: rows of a registered block (whole or a tail) whose first tokens
+	 * are the next ones are copied into a block of the sequence's own, which it then writes
+	 * on from there. So a repeated prompt recomputes its last token only, as it would if
+	 * blocks were one token long. */
+	uint32_t rest = n_tok - s->n_pos, j;
+	int32_t src = rest ? px_best_child(kv, parent, toks + s->n_pos,
+					   rest < MD_KV_BLOCK_TOKENS ? rest : MD_KV_BLOCK_TOKENS, &j)
+			   : -1;
+	if (src >= 0 && avail(kv) > 0 && !table_grow(s, i + 1)) {
+		/* held across block_take, which could otherwise hand src itself out */
+		if (kv->refs[src]++ == 0)
+			lru_unlink(px, src);
+		if (avail(kv) > 0) {
+			int32_t own = block_take(kv);
+			block_copy(kv, own, src);
+			s->blocks[i] = own;
+			s->n_blocks = i + 1;
+			s->n_pos += j;
+		}
+		block_put(kv, src);
+	}
 	return s->n_pos;
+}
+
+void md_kv_prefix_register_tail(struct md_kv_cache *kv, int seq, const int32_t *toks,
+				uint32_t n_tok)
+{
+	if (!kv->px || !seq_ok(kv, seq))
+		return;
+	struct md_kv_prefix *px = kv->px;
+	struct md_kv_seq *s = &kv->seqs[seq];
+	uint32_t n = n_tok < s->n_pos ? n_tok : s->n_pos;
+	uint32_t i = n / MD_KV_BLOCK_TOKENS, k = n % MD_KV_BLOCK_TOKENS;
+	md_kv_prefix_register(kv, seq, toks, n); /* the whole blocks before it, if not yet */
+	if (k == 0 || i >= s->n_blocks || s->n_chain != i)
+		return;
+	int32_t b = s->blocks[i];
+	/* only a block nobody else holds: a shared one may be another sequence's to copy */
+	if (kv->refs[b] != 1 || px->reg[b])
+		return;
+	px->reg[b] = 2;
+	px->n_reg++;
+	px->len[b] = (uint8_t)k;
+	px->parent[b] = i ? s->chain[i - 1] : 0;
+	px->hash[b] = 0;
+	memcpy(px->toks + (size_t)b * MD_KV_BLOCK_TOKENS, toks + (size_t)i * MD_KV_BLOCK_TOKENS,
+	       k * sizeof(int32_t));
 }
 
 void md_kv_prefix_register(struct md_kv_cache *kv, int seq, const int32_t *toks, uint32_t n_tok)

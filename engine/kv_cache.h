@@ -50,7 +50,10 @@ struct md_kv_prefix {
 	uint64_t *hash;      /* owned (n_blocks): chain hash of a registered block */
 	uint64_t *parent;    /* owned (n_blocks): chain hash of the block before it (0: first) */
 	int32_t *toks;       /* owned (n_blocks * MD_KV_BLOCK_TOKENS): its tokens */
-	uint8_t *reg;        /* owned (n_blocks): registered */
+	uint8_t *reg;        /* owned (n_blocks): 1 registered (a whole block, indexed by its
+			      * chain hash), 2 a sequence's last, partial block registered when
+			      * the sequence ended (found by its parent only, never shared: copied) */
+	uint8_t *len;        /* owned (n_blocks): tokens of a partial block (reg 2) */
 	int32_t *bucket;     /* owned (mask + 1): first block of each hash bucket, -1: none */
 	int32_t *hnext;      /* owned (n_blocks): next block in the bucket */
 	uint32_t mask;
@@ -119,15 +122,23 @@ void md_kv_truncate(struct md_kv_cache *kv, int seq, uint32_t n_pos);
 /* Turn the prefix cache on (before any sequence exists). Returns 0 or -ENOMEM. */
 int md_kv_prefix_enable(struct md_kv_cache *kv);
 /* Attach to the empty sequence seq the longest run of registered blocks whose tokens are
- * toks[0, n_tok) block by block (only whole blocks: at most n_tok / MD_KV_BLOCK_TOKENS).
- * Returns the positions attached (a multiple of MD_KV_BLOCK_TOKENS; 0 when the cache is off,
- * seq is unknown or not empty, or nothing matched); the sequence's length becomes that. */
+ * toks[0, n_tok) block by block (shared, not copied), then, from the registered blocks that
+ * follow the last of them (whole ones and tails, md_kv_prefix_register_tail), copy the rows of
+ * the one whose first tokens agree longest with the next tokens into a block of seq's own
+ * (taken from the pool now, when it has one). Returns the positions attached, at most n_tok (0
+ * when the cache is off, seq is unknown or not empty, or nothing matched); the sequence's
+ * length becomes that. */
 uint32_t md_kv_prefix_attach(struct md_kv_cache *kv, int seq, const int32_t *toks,
 			     uint32_t n_tok);
 /* Register seq's full, committed blocks below position n_tok, whose tokens are toks[0, n_tok)
  * (the sequence's tokens from its start). Blocks whose content is already registered are left
  * alone. No-op when the cache is off. */
 void md_kv_prefix_register(struct md_kv_cache *kv, int seq, const int32_t *toks, uint32_t n_tok);
+/* At the end of seq (before md_kv_seq_free): register its blocks below n_tok as
+ * md_kv_prefix_register does, and its last, partial block too (the positions past the last
+ * whole block, when seq alone holds that block), for md_kv_prefix_attach to copy rows from. */
+void md_kv_prefix_register_tail(struct md_kv_cache *kv, int seq, const int32_t *toks,
+				uint32_t n_tok);
 /* Registered blocks (held or not), and those reused since for other content. */
 uint32_t md_kv_prefix_blocks(const struct md_kv_cache *kv);
 uint64_t md_kv_prefix_evictions(const struct md_kv_cache *kv);

@@ -8,6 +8,8 @@
 #define MIB (1024.0 * 1024.0)
 /* cgroup v1 writes "no limit" as a page-rounded 2^63 - 1; anything this large is none. */
 #define NO_LIMIT ((uint64_t)1 << 60)
+/* The least of a limit kept for the process itself when the experts go through the store. */
+#define RESERVE ((uint64_t)32 << 20)
 
 static bool read_u64(const char *path, uint64_t *out)
 {
@@ -104,6 +106,36 @@ void md_mem_limit_read(struct md_mem_limit *out, const char *root)
 		fclose(f);
 }
 
+/* The reserve kept below a limit for the process itself: a tenth, at least RESERVE. */
+static uint64_t reserve_of(uint64_t limit)
+{
+	return limit / 10 > RESERVE ? limit / 10 : RESERVE;
+}
+
+/* With the whole file mapped its pages can always be dropped and read again; the KV pool is
+ * anonymous and cannot. Keep it below the limit less the reserve (never below one context),
+ * and refuse when even one context does not fit. Appends what it did to out->why. */
+static void cap_kv(const struct md_mem_plan_in *in, struct md_mem_plan *out)
+{
+	if (in->limit == 0)
+		return;
+	uint64_t reserve = reserve_of(in->limit);
+	uint64_t hard = in->limit > reserve ? in->limit - reserve : 0;
+	size_t n = strlen(out->why);
+	if (in->kv_min > hard) {
+		out->refuse = true;
+		snprintf(out->why, sizeof(out->why), "the smallest KV pool (%.0f MiB) needs more "
+			 "than the memory limit (%.0f MiB) less %.0f MiB for the process itself",
+			 in->kv_min / MIB, in->limit / MIB, reserve / MIB);
+		return;
+	}
+	if (out->kv_bytes > hard) {
+		out->kv_bytes = hard;
+		snprintf(out->why + n, sizeof(out->why) - n, "; KV capped at %.0f MiB (the limit "
+			 "less %.0f MiB)", hard / MIB, reserve / MIB);
+	}
+}
+
 void md_mem_plan_make(const struct md_mem_plan_in *in, struct md_mem_plan *out)
 {
 	memset(out, 0, sizeof(*out));
@@ -111,10 +143,12 @@ void md_mem_plan_make(const struct md_mem_plan_in *in, struct md_mem_plan *out)
 	uint64_t usable = in->limit / 10 * 8;
 	if (in->expert_bytes == 0) {
 		snprintf(out->why, sizeof(out->why), "the model has no routed experts");
+		cap_kv(in, out);
 		return;
 	}
 	if (in->cache_mb < 0) {
 		snprintf(out->why, sizeof(out->why), "expert-cache-mb is -1");
+		cap_kv(in, out);
 		return;
 	}
 	if (in->cache_mb > 0) {
@@ -123,22 +157,48 @@ void md_mem_plan_make(const struct md_mem_plan_in *in, struct md_mem_plan *out)
 		snprintf(out->why, sizeof(out->why), "expert-cache-mb is %g", in->cache_mb);
 		return;
 	}
+	if ((in->limit == 0 || in->file_bytes <= usable) && in->device) {
+		out->store = true;
+		out->cache_bytes = in->expert_bytes;
+		snprintf(out->why, sizeof(out->why), "a device tier goes through the store; the file "
+			 "(%.0f MiB) fits in memory, so every expert is in host RAM too",
+			 in->file_bytes / MIB);
+		return;
+	}
 	if (in->limit == 0 || in->file_bytes <= usable) {
 		if (in->limit)
 			snprintf(out->why, sizeof(out->why), "the file (%.0f MiB) fits in 80%% of the "
 				 "memory limit (%.0f MiB)", in->file_bytes / MIB, in->limit / MIB);
 		else
 			snprintf(out->why, sizeof(out->why), "no memory limit could be read");
+		cap_kv(in, out);
 		return;
 	}
 	out->store = true;
 	uint64_t dense = in->file_bytes - in->expert_bytes;
 	if (out->kv_bytes > usable / 8)
 		out->kv_bytes = usable / 8;
-	uint64_t left = usable > dense + out->kv_bytes ? usable - dense - out->kv_bytes : 0;
+	if (out->kv_bytes < in->kv_min)
+		out->kv_bytes = in->kv_min;
+	/* What dense weights, KV and cache may never exceed: the limit less the process's own
+	 * share (code, heap, buffers), a tenth of it and at least RESERVE. */
+	uint64_t reserve = reserve_of(in->limit);
+	uint64_t hard = in->limit > reserve ? in->limit - reserve : 0;
+	uint64_t top = usable < hard ? usable : hard;
+	uint64_t left = top > dense + out->kv_bytes ? top - dense - out->kv_bytes : 0;
 	out->cache_bytes = left < in->min_cache ? in->min_cache : left;
 	if (out->cache_bytes > in->expert_bytes)
 		out->cache_bytes = in->expert_bytes;
+	uint64_t need = dense + out->kv_bytes + out->cache_bytes;
+	if (need > hard) {
+		out->refuse = true;
+		snprintf(out->why, sizeof(out->why), "dense weights %.0f MiB + KV %.0f MiB + the "
+			 "smallest expert cache %.0f MiB need %.0f MiB, more than the memory limit "
+			 "(%.0f MiB) less %.0f MiB for the process itself", dense / MIB,
+			 out->kv_bytes / MIB, out->cache_bytes / MIB, need / MIB, in->limit / MIB,
+			 reserve / MIB);
+		return;
+	}
 	snprintf(out->why, sizeof(out->why), "the file (%.0f MiB) exceeds 80%% of the memory limit "
 		 "(%.0f MiB): dense weights %.0f MiB stay mapped, KV %.0f MiB, experts get the "
 		 "rest%s", in->file_bytes / MIB, in->limit / MIB, dense / MIB, out->kv_bytes / MIB,

@@ -6,7 +6,19 @@
  * fastest (the kernel keeps it all; nothing is copied), so nothing changes. When it does not,
  * the dense weights (embeddings, attention, norms, routers, shared experts) stay mapped and
  * the routed experts go through the store, whose host budget is what is left of that 80%
- * after the dense weights and the KV pool; the KV pool gets at most an eighth of it then.
+ * after the dense weights and the KV pool; the KV pool gets at most an eighth of it then, and
+ * never less than the engine's floor (one full context).
+ * Whatever the 80%, dense weights, KV and cache together stay a reserve below the limit (a
+ * tenth of it, at least 32 MiB: the process's own code, heap and buffers). When the store's
+ * smallest budget (one step's experts) is more than what is left, the budget is raised to it
+ * as long as that holds; beyond that the plan refuses the model, which a start-up must turn
+ * into a clear error rather than a process the OOM killer ends later (the dense weights are
+ * locked in memory, the cache and KV are anonymous). A budget set by hand
+ * (expert-cache-mb > 0) is taken as it is. With the whole file mapped (its pages can always
+ * be dropped and read again) the KV pool, which is anonymous, is kept below the limit less
+ * the reserve, and a limit that cannot hold even one context's KV is refused the same way.
+ * A device tier needs the store (its copies come from host slots): with one, a file that fits
+ * gets the store too, with a host budget of every expert.
  * The limit is the tightest of the cgroup memory limits on the process's cgroup and its
  * ancestors (v2 memory.max, v1 memory.limit_in_bytes), else MemAvailable. The planning
  * itself is a pure function, tested on its own. */
@@ -30,11 +42,16 @@ struct md_mem_plan_in {
 	uint64_t file_bytes;   /* the GGUF file */
 	uint64_t expert_bytes; /* routed experts' bytes in it (0: a dense model) */
 	uint64_t kv_bytes;     /* the KV budget configured */
+	uint64_t kv_min;       /* the least KV pool the engine makes (one full context, or all
+				  of kv-blocks when that is set) */
 	uint64_t min_cache;    /* the store's smallest budget (md_expert_store_min_bytes) */
 	double cache_mb;       /* expert-cache-mb: 0 auto, -1 never the store, > 0 that budget */
+	bool device;           /* a device tier is wanted: it goes through the store, so auto
+				* picks the store even when the file fits (every expert cached) */
 };
 
 struct md_mem_plan {
+	bool refuse;           /* the model cannot be served within the limit (why says so) */
 	bool store;            /* experts through the store */
 	uint64_t cache_bytes;  /* its host budget */
 	uint64_t kv_bytes;     /* the KV budget to use */

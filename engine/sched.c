@@ -93,8 +93,12 @@ int md_sched_init(struct md_sched *s, const struct md_sched_config *cfg, struct 
 
 static void kv_drop(struct md_sched *s, struct md_seq *q)
 {
-	if (q->kv_seq >= 0)
+	if (q->kv_seq >= 0) {
+		/* its rows stay findable, the last partial block's too (kv_cache.h) */
+		md_kv_prefix_register_tail(s->kv, q->kv_seq, q->toks,
+					   q->n_kv < q->n_toks ? q->n_kv : q->n_toks);
 		md_kv_seq_free(s->kv, q->kv_seq);
+	}
 	q->kv_seq = -1;
 	q->n_kv = 0;
 }

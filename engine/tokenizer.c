@@ -1558,9 +1558,11 @@ void md_detok_init(struct md_detok *d, const struct md_tokenizer *t)
 }
 
 /* Append complete characters of src to out (capacity cap, position *o); leave an incomplete
- * tail (<= 3 bytes) in pend. Returns 0 or -ENOSPC. */
+ * tail (<= 3 bytes) in pend. An ill-formed subpart becomes one U+FFFD, or with per_byte one
+ * per byte (SentencePiece byte fallback, as Hugging Face's ByteFallback decoder does). Returns
+ * 0 or -ENOSPC. */
 static int emit_utf8(const unsigned char *src, size_t n, char *out, size_t cap, size_t *o,
-		     unsigned char *pend, uint8_t *n_pend)
+		     unsigned char *pend, uint8_t *n_pend, bool per_byte)
 {
 	size_t i = 0;
 
@@ -1575,10 +1577,12 @@ static int emit_utf8(const unsigned char *src, size_t n, char *out, size_t cap, 
 			return 0;
 		}
 		if (r == 0) {
-			if (*o + 3 > cap)
-				return -ENOSPC;
-			memcpy(out + *o, REPL, 3);
-			*o += 3;
+			for (size_t k = 0; k < (per_byte ? l : 1); k++) {
+				if (*o + 3 > cap)
+					return -ENOSPC;
+				memcpy(out + *o, REPL, 3);
+				*o += 3;
+			}
 		} else {
 			if (*o + l > cap)
 				return -ENOSPC;
@@ -1614,14 +1618,13 @@ int md_detok_push(struct md_detok *d, int32_t id, char *out, size_t cap)
 	if (is_added) {
 		/* A character cannot continue across an added token: waiting bytes become
 		 * U+FFFD, then the token renders (unless skipped) as its text. */
-		if (d->_n_pend) {
-			if (cap < 3) {
-				rc = -ENOSPC;
-				goto out;
-			}
-			memcpy(out, REPL, 3);
-			o = 3;
+		size_t k_pend = t->kind == KIND_SPM ? d->_n_pend : d->_n_pend ? 1 : 0;
+		if (cap < 3 * k_pend) {
+			rc = -ENOSPC;
+			goto out;
 		}
+		for (; o < 3 * k_pend; o += 3)
+			memcpy(out + o, REPL, 3);
 		if (!(d->skip_special && ty == MD_TOKEN_CONTROL)) {
 			if (o + (size_t)pl > cap) {
 				rc = -ENOSPC;
@@ -1629,27 +1632,26 @@ int md_detok_push(struct md_detok *d, int32_t id, char *out, size_t cap)
 			}
 			md_tokenizer_piece(t, id, out + o, (size_t)pl);
 			o += (size_t)pl;
+			/* rendered text: a space after it is the text's own (HF keeps it) */
+			if (pl > 0)
+				d->_seen_text = true;
 		}
 		d->_n_pend = 0;
-		/* The encoder put a "▁" prefix on the text after every added token. */
-		d->_after_added = t->kind == KIND_SPM && t->add_space_prefix;
 		rc = (int)o;
 		goto out;
 	}
 	memcpy(buf, d->_pend, d->_n_pend);
 	md_tokenizer_piece(t, id, (char *)buf + d->_n_pend, (size_t)pl);
-	if (((!d->_seen_text && d->lstrip_first) || d->_after_added) && pl > 0 &&
-	    d->_n_pend == 0 && buf[0] == ' ')
+	if (!d->_seen_text && d->lstrip_first && pl > 0 && d->_n_pend == 0 && buf[0] == ' ')
 		skip = 1;
-	rc = emit_utf8(buf + skip, d->_n_pend + (size_t)pl - skip, out, cap, &o, pend, &n_pend);
+	rc = emit_utf8(buf + skip, d->_n_pend + (size_t)pl - skip, out, cap, &o, pend, &n_pend,
+		       t->kind == KIND_SPM);
 	if (rc)
 		goto out;
 	memcpy(d->_pend, pend, n_pend);
 	d->_n_pend = n_pend;
-	if (pl > 0) {
+	if (pl > 0)
 		d->_seen_text = true;
-		d->_after_added = false;
-	}
 	rc = (int)o;
 out:
 	if (buf != stack)
@@ -1659,13 +1661,13 @@ out:
 
 int md_detok_flush(struct md_detok *d, char *out, size_t cap)
 {
-	if (!d->_n_pend)
-		return 0;
-	if (cap < 3)
+	size_t k = d->tok->kind == KIND_SPM ? d->_n_pend : d->_n_pend ? 1 : 0;
+	if (cap < 3 * k)
 		return -ENOSPC;
-	memcpy(out, REPL, 3);
+	for (size_t i = 0; i < k; i++)
+		memcpy(out + 3 * i, REPL, 3);
 	d->_n_pend = 0;
-	return 3;
+	return (int)(3 * k);
 }
 
 int md_tokenizer_decode(const struct md_tokenizer *t, const int32_t *ids, size_t n,
@@ -1680,7 +1682,43 @@ int md_tokenizer_decode(const struct md_tokenizer *t, const int32_t *ids, size_t
 	*out_len = 0;
 	md_detok_init(&d, t);
 	d.skip_special = skip_special;
+	size_t checked = 0; /* byte tokens before this index are in a run found valid */
 	for (size_t i = 0; i <= n; i++) {
+		/* SentencePiece: a run of byte tokens that is not UTF-8 as a whole becomes one
+		 * U+FFFD per byte (Hugging Face's ByteFallback), valid characters in it too */
+		size_t j = i;
+		while (t->kind == KIND_SPM && i >= checked && j < n &&
+		       md_tokenizer_type(t, ids[j]) == MD_TOKEN_BYTE)
+			j++;
+		if (j > i) {
+			unsigned char pend[4];
+			size_t np = 0;
+			bool valid = true;
+			for (size_t k = i; k < j && valid; k++) {
+				size_t l;
+				char c;
+				md_tokenizer_piece(t, ids[k], &c, 1);
+				pend[np++] = (unsigned char)c;
+				int sc = utf8_scan(pend, np, &l);
+				if (sc == 0)
+					valid = false;
+				else if (sc == 1)
+					np = 0;
+			}
+			valid = valid && np == 0;
+			checked = j;
+			if (!valid) {
+				if (grow(&buf, &cap, o + 3 * (j - i) + 1, 1)) {
+					free(buf);
+					return -ENOMEM;
+				}
+				for (size_t k = i; k < j; k++, o += 3)
+					memcpy(buf + o, REPL, 3);
+				d._seen_text = true;
+				i = j - 1;
+				continue;
+			}
+		}
 		int pl = i < n ? md_tokenizer_piece(t, ids[i], NULL, 0) : 0;
 
 		if (pl < 0) {

@@ -75,23 +75,26 @@ int md_tokenizer_decode(const struct md_tokenizer *t, const int32_t *ids, size_t
  *
  * A token's bytes may end inside a character (byte-level BPE, <0xNN> byte fallback); those
  * bytes wait in the state until the character completes, so no character is ever split across
- * two pushes. Bytes that can never form a character become U+FFFD (one per maximal ill-formed
- * subpart), at once when known, or at flush. A control token arriving while bytes wait first
- * turns them into U+FFFD: a character cannot continue across a control token.
+ * two pushes. Bytes that can never form a character become U+FFFD (byte-level BPE: one per
+ * maximal ill-formed subpart, as Hugging Face's ByteLevel decoder; SentencePiece: one per byte,
+ * as its ByteFallback decoder), at once when known, or at flush. A control token arriving while
+ * bytes wait first turns them into U+FFFD: a character cannot continue across a control token.
+ * (md_tokenizer_decode, which sees the whole sequence, goes further for SentencePiece, as Hugging
+ * Face does: a run of byte tokens that is not UTF-8 as a whole is U+FFFD byte for byte, the
+ * valid characters in it too; a stream cannot wait for the end of every run.)
  *
  * SentencePiece leading-space rule: for a "llama" tokenizer that adds a space prefix, the first
  * text of the sequence loses one leading space (what the encoder added), as Hugging Face's
- * decoder and llama.cpp do. Control tokens before it (BOS) do not count as text. A caller that
- * streams a continuation of earlier text (raw completion after a prompt) clears lstrip_first
- * after md_detok_init to keep the space. The encoder also puts "▁" before the text that follows
- * an added token (<s>, [/INST] ...), so the first text after an added token loses one leading
- * space too; encode then decode gives back the text. */
+ * decoder does (its Strip decoder on the whole text). A control token rendered before it (BOS,
+ * unless skipped) is text: "<s> Hello" keeps its space, as in Hugging Face's decode, and so does
+ * the text after any added token (encode then decode does not give back "<s>Hello"). A caller
+ * that streams a continuation of earlier text (raw completion after a prompt) clears
+ * lstrip_first after md_detok_init to keep the space. */
 struct md_detok {
 	const struct md_tokenizer *tok; /* borrowed: must outlive the detok */
 	bool skip_special;  /* drop control tokens (default false: they render as their text) */
 	bool lstrip_first;  /* strip one leading space from the first text (see above) */
-	bool _seen_text;    /* some text token was pushed */
-	bool _after_added;  /* SPM: the last token was an added token */
+	bool _seen_text;    /* some text was written (an added token's text too) */
 	uint8_t _n_pend;
 	unsigned char _pend[4]; /* bytes of an incomplete character */
 };

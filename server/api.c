@@ -14,12 +14,14 @@
 #include "server/gen.h"
 #include "server/metrics.h"
 #include "server/oai.h"
+#include "server/request.h"
 
 struct md_api {
 	struct md_engine *eng;        /* borrowed */
 	struct md_config *cfg;        /* borrowed */
 	struct md_http_server *http;  /* borrowed, may be NULL */
 	struct md_gen_ctx *gen;       /* owned: the generations in flight */
+	uv_loop_t *loop;              /* borrowed: where /tokenize's long texts are tokenized */
 	md_api_state_cb state_cb;
 	void *state_arg;              /* borrowed */
 	enum md_engine_state state;   /* as last seen on the loop thread */
@@ -30,18 +32,20 @@ struct md_api {
 	time_t started;
 };
 
-int md_api_new(struct md_api **out, struct md_engine *eng, struct md_config *cfg)
+int md_api_new(struct md_api **out, struct md_engine *eng, struct md_config *cfg,
+	       uv_loop_t *loop)
 {
 	struct md_api *a = calloc(1, sizeof(*a));
 	if (!a)
 		return -ENOMEM;
-	int rc = md_gen_ctx_new(&a->gen, eng, cfg);
+	int rc = md_gen_ctx_new(&a->gen, eng, cfg, loop);
 	if (rc) {
 		free(a);
 		return rc;
 	}
 	a->eng = eng;
 	a->cfg = cfg;
+	a->loop = loop;
 	a->state = MD_ENGINE_LOADING;
 	a->started = time(NULL);
 	snprintf(a->model_name, sizeof(a->model_name), "%s", cfg->served_model_name);
@@ -88,9 +92,9 @@ static void bad_request(const struct md_oai_reply *o, const char *param, const c
 	md_oai_error(o, 400, "invalid_request_error", param, NULL, "%s", msg);
 }
 
-static struct md_oai_limits limits_of(const struct md_api *a)
+static struct md_req_limits limits_of(const struct md_api *a)
 {
-	return (struct md_oai_limits){ .model_name = a->model_name,
+	return (struct md_req_limits){ .model_name = a->model_name,
 				       .max_tokens_cap = a->cfg->max_tokens_cap,
 				       .n_vocab = a->n_vocab };
 }
@@ -175,62 +179,28 @@ static void h_model_one(struct md_api *a, const struct md_oai_reply *o, const ch
 	md_oai_json(o, 200, model_object(a), NULL);
 }
 
-/* The token ids of a /tokenize body (content, prompt or messages) in a malloc'd *ids.
- * Returns the count, or -1 after answering. */
-static int tokenize_body(struct md_api *a, const struct md_oai_reply *o, cJSON *body,
-			 bool add_special, int32_t **ids)
+/* /tokenize, its text tokenized (server/request.h): the ids, with their pieces when asked. */
+static void on_tokenized(void *arg, struct md_request *r, const struct md_oai_reply *o)
 {
-	int n;
-	cJSON *text = cJSON_GetObjectItemCaseSensitive(body, "content");
-	if (!text)
-		text = cJSON_GetObjectItemCaseSensitive(body, "prompt");
-	if (text) {
-		if (!cJSON_IsString(text)) {
-			bad_request(o, "content", "'content' must be a string");
-			return -1;
-		}
-		n = md_engine_tokenize(a->eng, text->valuestring, strlen(text->valuestring),
-				       add_special, true, ids);
-	} else if (cJSON_GetObjectItemCaseSensitive(body, "messages")) {
-		struct md_oai_msgs m;
-		if (md_oai_parse_messages(o, body, &m) < 0)
-			return -1;
-		n = md_engine_chat_tokenize(a->eng, m.msgs, m.n, ids);
-		md_oai_msgs_release(&m);
-		if (n == -EINVAL) {
-			bad_request(o, "messages", "the chat template rejects these messages");
-			return -1;
-		}
-	} else {
-		bad_request(o, "content", "'content' (or 'prompt' or 'messages') is required");
-		return -1;
-	}
-	if (n < 0) {
-		md_oai_error(o, 500, "server_error", NULL, NULL, "tokenization failed (%d)", n);
-		return -1;
-	}
-	return n;
-}
-
-static void h_tokenize(struct md_api *a, const struct md_oai_reply *o, cJSON *body)
-{
-	struct md_oai_limits lim = limits_of(a);
-	struct md_oai_params p;
-	int32_t *ids = NULL;
-	int rc = md_oai_parse_params(o, &lim, body, MD_OAI_TOKENIZE, &p);
-	md_oai_params_release(&p); /* /tokenize reads only the booleans, which stay */
-	if (rc < 0)
+	struct md_api *a = arg;
+	if (!o) {
+		md_request_free(r);
 		return;
-	int n = tokenize_body(a, o, body, p.add_special, &ids);
-	if (n < 0)
+	}
+	if (r->tok_rc) {
+		md_request_answer(r, o);
+		md_request_free(r);
 		return;
+	}
+	const int32_t *ids = r->pr.ids[0];
+	int n = (int)r->pr.lens[0];
 	cJSON *doc = cJSON_CreateObject();
 	cJSON *toks = cJSON_AddArrayToObject(doc, "tokens");
 	for (int i = 0; i < n; i++)
 		cJSON_AddItemToArray(toks, cJSON_CreateNumber(ids[i]));
 	cJSON_AddNumberToObject(doc, "count", n);
 	cJSON_AddNumberToObject(doc, "max_model_len", a->n_ctx);
-	if (p.with_pieces) {
+	if (r->p.with_pieces) {
 		cJSON *pieces = cJSON_AddArrayToObject(doc, "pieces");
 		for (int i = 0; i < n; i++) {
 			char buf[512];
@@ -244,16 +214,25 @@ static void h_tokenize(struct md_api *a, const struct md_oai_reply *o, cJSON *bo
 			free(s);
 		}
 	}
-	free(ids);
+	md_request_free(r);
 	md_oai_json(o, 200, doc, NULL);
+}
+
+/* body is consumed. */
+static void h_tokenize(struct md_api *a, const struct md_oai_reply *o, cJSON *body)
+{
+	struct md_req_limits lim = limits_of(a);
+	struct md_request *r = md_request_new(o, &lim, body, MD_REQ_TOKENIZE);
+	if (r)
+		md_request_tokenize_then(r, a->loop, a->eng, o, on_tokenized, a);
 }
 
 static void h_detokenize(struct md_api *a, const struct md_oai_reply *o, cJSON *body)
 {
-	struct md_oai_limits lim = limits_of(a);
-	struct md_oai_params p;
-	int rc = md_oai_parse_params(o, &lim, body, MD_OAI_DETOKENIZE, &p);
-	md_oai_params_release(&p);
+	struct md_req_limits lim = limits_of(a);
+	struct md_req_params p;
+	int rc = md_req_parse_params(o, &lim, body, MD_REQ_DETOKENIZE, &p);
+	md_req_params_release(&p);
 	if (rc < 0)
 		return;
 	cJSON *toks = cJSON_GetObjectItemCaseSensitive(body, "tokens");
@@ -270,44 +249,24 @@ static void h_detokenize(struct md_api *a, const struct md_oai_reply *o, cJSON *
 			return;
 		}
 	}
-	struct md_engine_detok *d = md_engine_detok_new(a->eng, false);
-	size_t cap = 1024, len = 0;
-	char *out = malloc(cap);
-	if (!d || !out) {
-		md_engine_detok_free(d);
-		free(out);
-		md_oai_error(o, 500, "server_error", NULL, NULL, "out of memory");
+	/* the whole sequence at once, as Hugging Face decodes it (a stream cannot know how a
+	 * run of byte tokens ends: engine/tokenizer.h) */
+	size_t n = (size_t)cJSON_GetArraySize(toks), len = 0, i = 0;
+	int32_t *ids = malloc(sizeof(int32_t) * (n ? n : 1));
+	char *out = NULL;
+	if (ids) {
+		cJSON_ArrayForEach(t, toks)
+			ids[i++] = (int32_t)t->valuedouble;
+	}
+	int rc2 = ids ? md_engine_detokenize(a->eng, ids, n, &out, &len) : -ENOMEM;
+	free(ids);
+	if (rc2) {
+		md_oai_error(o, rc2 == -EINVAL ? 400 : 500,
+			     rc2 == -EINVAL ? "invalid_request_error" : "server_error",
+			     rc2 == -EINVAL ? "tokens" : NULL, NULL, "cannot decode the tokens (%s)",
+			     strerror(-rc2));
 		return;
 	}
-	char buf[1024];
-	int k;
-	bool last = false;
-	t = toks->child;
-	for (;;) {
-		if (t) {
-			k = md_engine_detok_push(d, (int32_t)t->valuedouble, buf, sizeof(buf));
-			t = t->next;
-		} else {
-			k = md_engine_detok_flush(d, buf, sizeof(buf));
-			last = true;
-		}
-		if (k > 0) {
-			if (len + (size_t)k + 1 > cap) {
-				while (len + (size_t)k + 1 > cap)
-					cap *= 2;
-				char *no = realloc(out, cap);
-				if (!no)
-					break;
-				out = no;
-			}
-			memcpy(out + len, buf, (size_t)k);
-			len += (size_t)k;
-		}
-		if (last)
-			break;
-	}
-	md_engine_detok_free(d);
-	out[len] = 0;
 	cJSON *doc = cJSON_CreateObject();
 	cJSON_AddStringToObject(doc, "content", out);
 	cJSON_AddStringToObject(doc, "prompt", out);
@@ -476,9 +435,10 @@ void md_api_on_request(void *arg, struct md_http_conn *c, struct md_http_req *r)
 	case R_HEALTH: h_health(a, &o); break;
 	case R_METRICS: h_metrics(a, &o); break;
 	case R_MODELS: h_models(a, &o); break;
-	case R_CHAT: md_gen_chat(a->gen, &o, body); break;
-	case R_COMPLETIONS: md_gen_completion(a->gen, &o, body); break;
-	case R_TOKENIZE: h_tokenize(a, &o, body); break;
+	/* these take the body */
+	case R_CHAT: md_gen_chat(a->gen, &o, body); body = NULL; break;
+	case R_COMPLETIONS: md_gen_completion(a->gen, &o, body); body = NULL; break;
+	case R_TOKENIZE: h_tokenize(a, &o, body); body = NULL; break;
 	case R_DETOKENIZE: h_detokenize(a, &o, body); break;
 	}
 	cJSON_Delete(body);

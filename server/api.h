@@ -5,8 +5,9 @@
 /*
  * DESIGN
  * The top of the server's request path: api.c (routes, auth, /health, /metrics, /v1/models,
- * /tokenize, /detokenize) -> gen.c (completions in flight) -> oai.c (wire format) ->
- * engine/engine.h. Calls go down only. The api owns the generation context and the HTTP
+ * /tokenize, /detokenize) -> gen.c (completions in flight) -> request.c (reading requests,
+ * tokenizing long prompts off the loop) -> oai.c (wire format) -> engine/engine.h. Calls go
+ * down only. The api owns the generation context and the HTTP
  * status counters, and drains engine events (state changes here, tokens to gen.c). Loop
  * thread only (asserted at the entry points).
  */
@@ -23,8 +24,10 @@ struct md_api; /* opaque; lives on the loop thread */
 
 typedef void (*md_api_state_cb)(void *arg, enum md_engine_state st);
 
-/* eng and cfg are borrowed for the api's lifetime. Returns 0 or -ENOMEM. */
-int md_api_new(struct md_api **out, struct md_engine *eng, struct md_config *cfg);
+/* eng, cfg and loop (the one serving: long prompts are tokenized on its thread pool) are
+ * borrowed for the api's lifetime. Returns 0 or -ENOMEM. */
+int md_api_new(struct md_api **out, struct md_engine *eng, struct md_config *cfg,
+	       uv_loop_t *loop);
 void md_api_free(struct md_api *a);
 void md_api_set_http(struct md_api *a, struct md_http_server *http);
 void md_api_set_state_cb(struct md_api *a, md_api_state_cb cb, void *arg);

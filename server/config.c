@@ -13,6 +13,7 @@
 #include <strings.h>
 
 #include "common/log.h"
+#include "engine/engine.h"
 
 #ifndef MOED_VERSION
 #define MOED_VERSION "0.0.0"
@@ -58,6 +59,11 @@ static int v_spec(const char *v, char *err, size_t errlen)
 		return 0;
 	snprintf(err, errlen, "must be off, ngram or draft");
 	return -EINVAL;
+}
+
+static int v_xdev(const char *v, char *err, size_t errlen)
+{
+	return md_engine_check_expert_device(v, err, errlen);
 }
 
 static int v_host(const char *v, char *err, size_t errlen)
@@ -126,20 +132,24 @@ static const struct opt options[] = {
 	  false, "host RAM for routed experts read from the file (0 = auto: only when the file "
 	  "exceeds 80% of the memory limit; -1 = never, keep the mapping)" },
 	{ "engine", "device-expert-mb", 0, OPT_INT, OFF(device_expert_mb), "0", 0, 1 << 30, NULL,
-	  false, "device memory for experts (no device tier yet: ignored with a warning)" },
-	{ "engine", "expert-policy", 0, OPT_STRING, OFF(expert_policy), "lru", 0, 0, NULL, false,
-	  "eviction policy of the expert cache (lru, ...; checked when the model loads)" },
-	{ "engine", "expert-prefetch", 0, OPT_INT, OFF(expert_prefetch), "1", 0, 1, NULL, false,
-	  "1 = read the next layer's predicted experts ahead (pre-gating), 0 = off" },
+	  false, "device memory for the hottest experts (a tier above host RAM; 0 = none)" },
+	{ "engine", "expert-device", 0, OPT_STRING, OFF(expert_device), "auto", 0, 0, v_xdev,
+	  false, "device of the device tier: auto (CUDA when present), cuda, none, or "
+	  "sim[:COPY_MBPS[:COMPUTE_MBPS]] (host memory simulating one, for tests)" },
+	{ "engine", "expert-policy", 0, OPT_STRING, OFF(expert_policy), "pred", 0, 0, NULL, false,
+	  "eviction policy of the expert cache: pred, lfu or lru (bench/README.md)" },
+	{ "engine", "expert-prefetch", 0, OPT_INT, OFF(expert_prefetch), "0", 0, 1, NULL, false,
+	  "1 = read the next layer's predicted experts ahead (pre-gating); 0 = off (default: on "
+	  "a disk-bound store wrong guesses cost more reads than the early start saves)" },
 	{ "engine", "state-dir", 0, OPT_STRING, OFF(state_dir), "", 0, 0, NULL, false,
 	  "directory for state kept across restarts (the hot experts); empty = none" },
 	{ "engine", "max-tokens-cap", 0, OPT_INT, OFF(max_tokens_cap), "4096", 1, 1 << 24, NULL,
 	  false, "largest max_tokens a request may ask for (400 above)" },
 	{ "engine", "trace-routing", 0, OPT_STRING, OFF(trace_routing), "", 0, 0, NULL, false,
 	  "write every MoE layer's expert choices to this file (empty: off; bench/README.md)" },
-	{ "engine", "expert-batching", 0, OPT_INT, OFF(expert_batching), "0", 0, 1, NULL, false,
+	{ "engine", "expert-batching", 0, OPT_INT, OFF(expert_batching), "-1", -1, 1, NULL, false,
 	  "1: when more sequences decode than a step holds, batch those that share experts "
-	  "(age-bounded; pays off with an expert cache, bench/README.md); 0: off" },
+	  "(age-bounded; bench/README.md); 0: off; -1: on where experts go through the store" },
 	{ "speculative", "spec", 0, OPT_STRING, OFF(spec), "ngram", 0, 0, v_spec, false,
 	  "speculative decoding by default: off, ngram (prompt lookup) or draft (draft-model); "
 	  "requests choose with \"speculative\"" },

@@ -10,6 +10,7 @@
 #include "common/assert.h"
 #include "common/log.h"
 #include "server/harmony.h"
+#include "server/request.h"
 #include "server/stop.h"
 
 #define SSE_HEADERS "Cache-Control: no-cache\r\nX-Accel-Buffering: no\r\n"
@@ -102,12 +103,16 @@ struct md_gen_ctx {
 	size_t map_cap, map_n;
 	struct md_gen *gens;            /* list of generations in flight */
 	size_t n_gens;
+	uv_loop_t *loop;                /* borrowed: where long prompts are tokenized */
+	size_t n_tokenizing;            /* requests away being tokenized (md_request.h) */
+	bool cancelling;                /* md_gen_cancel_all was called */
 	struct md_metrics_gen m;
 };
 
 /* ---- context ---- */
 
-int md_gen_ctx_new(struct md_gen_ctx **out, struct md_engine *eng, const struct md_config *cfg)
+int md_gen_ctx_new(struct md_gen_ctx **out, struct md_engine *eng, const struct md_config *cfg,
+		   uv_loop_t *loop)
 {
 	struct md_gen_ctx *x = calloc(1, sizeof(*x));
 	if (!x)
@@ -120,6 +125,7 @@ int md_gen_ctx_new(struct md_gen_ctx **out, struct md_engine *eng, const struct 
 	}
 	x->eng = eng;
 	x->cfg = cfg;
+	x->loop = loop;
 	md_metrics_gen_init(&x->m);
 	*out = x;
 	return 0;
@@ -142,7 +148,7 @@ void md_gen_set_model(struct md_gen_ctx *x, const char *name, uint32_t n_ctx, ui
 
 size_t md_gen_n_active(const struct md_gen_ctx *x)
 {
-	return x->n_gens;
+	return x->n_gens + x->n_tokenizing;
 }
 
 const struct md_metrics_gen *md_gen_metrics(const struct md_gen_ctx *x)
@@ -435,7 +441,7 @@ static void tool_emit(void *arg, enum md_tool_ev ev, int index, const char *s, s
 		ch->calls = nc;
 		struct tcall *c = &ch->calls[ch->n_calls++];
 		memset(c, 0, sizeof(*c));
-		md_tools_call_id(c->id, sizeof(c->id));
+		md_tools_call_id(ch->tp.fmt, c->id, sizeof(c->id));
 		snprintf(c->name, sizeof(c->name), "%.*s", (int)n, s);
 		if (g->stream)
 			sse_choice(g, md_oai_choice_tool_delta(ch->index, index, c->id, c->name, "", 0,
@@ -880,7 +886,7 @@ static void choice_finish(struct choice *ch, const char *reason, bool cancel_eng
 /* Check the request against the context and choose each prompt's max_tokens. Returns 0, or
  * -1 after answering 400. */
 static int gen_validate(struct md_gen_ctx *x, const struct md_oai_reply *o, bool chat,
-			const struct md_oai_params *p, const uint32_t *lens, size_t n_prompts,
+			const struct md_req_params *p, const uint32_t *lens, size_t n_prompts,
 			int64_t *max_tokens)
 {
 	uint32_t n_ctx = x->n_ctx;
@@ -908,9 +914,9 @@ static int gen_validate(struct md_gen_ctx *x, const struct md_oai_reply *o, bool
 			max_tokens[i] = def < room ? def : room;
 		}
 	}
-	if (n_prompts * (size_t)p->n > MD_OAI_MAX_CHOICES) {
+	if (n_prompts * (size_t)p->n > MD_REQ_MAX_CHOICES) {
 		md_oai_error(o, 400, "invalid_request_error", "n", "invalid_value",
-			     "at most %d choices per request (prompts times n)", MD_OAI_MAX_CHOICES);
+			     "at most %d choices per request (prompts times n)", MD_REQ_MAX_CHOICES);
 		return -1;
 	}
 	return 0;
@@ -920,7 +926,7 @@ static int gen_validate(struct md_gen_ctx *x, const struct md_oai_reply *o, bool
  * documents) and take p's stop strings. Touches nothing outside itself: not linked, nothing
  * mapped or submitted. Returns NULL when out of memory (p unchanged). */
 static struct md_gen *gen_new(struct md_gen_ctx *x, const struct md_oai_reply *o, bool chat,
-			      struct md_oai_params *p, const uint32_t *lens, size_t n_prompts)
+			      struct md_req_params *p, const uint32_t *lens, size_t n_prompts)
 {
 	size_t n_ch = n_prompts * (size_t)p->n;
 	struct md_gen *g = calloc(1, sizeof(*g));
@@ -976,7 +982,7 @@ free_gen:
 
 /* The engine request of choice i (a copy of its prompt and sampling), or NULL when out of
  * memory. */
-static struct md_engine_req *req_new(const struct md_oai_params *p, size_t i,
+static struct md_engine_req *req_new(const struct md_req_params *p, size_t i,
 				     const int32_t *prompt, uint32_t len, int64_t max_tokens)
 {
 	struct md_engine_req *er = calloc(1, sizeof(*er));
@@ -1013,7 +1019,7 @@ free_req:
 
 /* Map and submit every choice's engine request. Returns 0, or a negative code (-ENOMEM, or
  * md_engine_submit's -EAGAIN, -ESHUTDOWN, -EINVAL) with every choice detached again. */
-static int gen_submit(struct md_gen *g, const struct md_oai_params *p, int32_t *const *prompts,
+static int gen_submit(struct md_gen *g, const struct md_req_params *p, int32_t *const *prompts,
 		      const uint32_t *lens, const int64_t *max_tokens)
 {
 	struct md_gen_ctx *x = g->x;
@@ -1094,11 +1100,11 @@ static void answer_submit_error(const struct md_oai_reply *o, int rc)
 /* Start a generation for the prompts (copied; each gets p->n choices), taking p's stop
  * strings. The request is answered with an error now, or by the generation later. */
 static void start_gen(struct md_gen_ctx *x, const struct md_oai_reply *o, bool chat,
-		      struct md_oai_params *p, int32_t *const *prompts, const uint32_t *lens,
+		      struct md_req_params *p, int32_t *const *prompts, const uint32_t *lens,
 		      size_t n_prompts)
 {
 	MD_ASSERT_LOOP_THREAD();
-	int64_t max_tokens[MD_OAI_MAX_CHOICES];
+	int64_t max_tokens[MD_REQ_MAX_CHOICES];
 	if (gen_validate(x, o, chat, p, lens, n_prompts, max_tokens) < 0)
 		return;
 	struct md_gen *g = gen_new(x, o, chat, p, lens, n_prompts);
@@ -1117,62 +1123,58 @@ static void start_gen(struct md_gen_ctx *x, const struct md_oai_reply *o, bool c
 
 /* ---- endpoints ---- */
 
-static struct md_oai_limits limits_of(const struct md_gen_ctx *x)
+static struct md_req_limits limits_of(const struct md_gen_ctx *x)
 {
-	return (struct md_oai_limits){ .model_name = x->model,
+	return (struct md_req_limits){ .model_name = x->model,
 				       .max_tokens_cap = x->cfg->max_tokens_cap,
 				       .n_vocab = x->n_vocab,
 				       .has_draft = md_engine_has_draft(x->eng),
-				       .tool_format = md_engine_tool_format(x->eng) };
+				       .tool_format = md_engine_tool_format(x->eng),
+				       .tool_text = md_engine_tool_text(x->eng) };
+}
+
+/* The request's prompts are token ids now (md_request_tokenize_then): start its generation, or
+ * answer why not. o is NULL when the client left meanwhile. Frees r. */
+static void on_tokenized(void *arg, struct md_request *r, const struct md_oai_reply *o)
+{
+	struct md_gen_ctx *x = arg;
+	MD_ASSERT_LOOP_THREAD();
+	x->n_tokenizing--;
+	if (!o)
+		; /* nobody to answer */
+	else if (r->tok_rc)
+		md_request_answer(r, o);
+	else if (x->cancelling)
+		md_oai_error(o, 503, "server_error", NULL, "unavailable", "the server is shutting down");
+	else
+		start_gen(x, o, r->ep == MD_REQ_CHAT, &r->p, r->pr.ids, r->pr.lens, r->pr.n);
+	md_request_free(r);
+}
+
+static void serve(struct md_gen_ctx *x, const struct md_oai_reply *o, cJSON *body,
+		  enum md_req_endpoint ep)
+{
+	struct md_req_limits lim = limits_of(x);
+	struct md_request *r = md_request_new(o, &lim, body, ep);
+	if (!r)
+		return;
+	x->n_tokenizing++;
+	md_request_tokenize_then(r, x->loop, x->eng, o, on_tokenized, x);
 }
 
 void md_gen_chat(struct md_gen_ctx *x, const struct md_oai_reply *o, cJSON *body)
 {
-	struct md_oai_limits lim = limits_of(x);
-	struct md_oai_params p;
-	struct md_oai_msgs m;
-	int32_t *ids = NULL;
-	if (md_oai_parse_params(o, &lim, body, MD_OAI_CHAT, &p) < 0)
-		goto release_params;
-	if (md_oai_parse_messages(o, body, &m) < 0)
-		goto release_params;
-	int n = md_engine_chat_tokenize_effort(x->eng, m.msgs, m.n, (const char *const *)p.tools.json,
-					       p.tools.n, p.reasoning_effort, &ids);
-	md_oai_msgs_release(&m);
-	if (n == -ENOTSUP) {
-		md_oai_error(o, 400, "invalid_request_error", "tools", "unsupported",
-			     "this model's chat template has no tool format: tools, tool calls "
-			     "and tool messages are not supported with it");
-	} else if (n == -EINVAL) {
-		md_oai_error(o, 400, "invalid_request_error", "messages", "invalid_value",
-			     "the model's chat template rejects these messages (roles must "
-			     "alternate user/assistant where the template requires it)");
-	} else if (n <= 0) {
-		md_oai_error(o, 500, "server_error", NULL, NULL, "cannot render the chat prompt (%d)",
-			     n);
-	} else {
-		uint32_t len = (uint32_t)n;
-		start_gen(x, o, true, &p, &ids, &len, 1);
-	}
-	free(ids);
-release_params:
-	md_oai_params_release(&p);
+	serve(x, o, body, MD_REQ_CHAT);
 }
 
 void md_gen_completion(struct md_gen_ctx *x, const struct md_oai_reply *o, cJSON *body)
 {
-	struct md_oai_limits lim = limits_of(x);
-	struct md_oai_params p;
-	struct md_oai_prompts pr = { .n = 0 };
-	if (md_oai_parse_params(o, &lim, body, MD_OAI_COMPLETIONS, &p) == 0 &&
-	    md_oai_parse_prompts(o, x->eng, &lim, body, &pr) == 0)
-		start_gen(x, o, false, &p, pr.ids, pr.lens, pr.n);
-	md_oai_prompts_release(&pr);
-	md_oai_params_release(&p);
+	serve(x, o, body, MD_REQ_COMPLETIONS);
 }
 
 void md_gen_cancel_all(struct md_gen_ctx *x)
 {
+	x->cancelling = true; /* requests still being tokenized end with 503 */
 	for (struct md_gen *g = x->gens; g; g = g->next)
 		for (size_t i = 0; i < g->n_ch; i++)
 			if (g->ch[i].active)

@@ -265,6 +265,9 @@ int main(int argc, char **argv)
 	md_log_setup((enum md_log_level)md_log_level_parse(a->cfg.log_level),
 		     strcmp(a->cfg.log_format, "json") == 0);
 	signal(SIGPIPE, SIG_IGN);
+	/* A write past RLIMIT_FSIZE fails with EFBIG (reported where it happens: the warm-restart
+	 * state file) instead of killing the process. */
+	signal(SIGXFSZ, SIG_IGN);
 
 	a->loop = uv_default_loop();
 	uv_async_init(a->loop, &a->wake, on_wake);
@@ -283,9 +286,10 @@ int main(int argc, char **argv)
 		.no_prefix_cache = !a->cfg.prefix_cache,
 		.status_cb = on_load_status,
 		.trace_routing = a->cfg.trace_routing,
-		.expert_batching = a->cfg.expert_batching != 0,
+		.expert_batching = a->cfg.expert_batching,
 		.expert_cache_mb = a->cfg.expert_cache_mb,
 		.device_expert_mb = a->cfg.device_expert_mb,
+		.expert_device = a->cfg.expert_device,
 		.expert_policy = a->cfg.expert_policy,
 		.no_expert_prefetch = !a->cfg.expert_prefetch,
 		.state_dir = a->cfg.state_dir[0] ? a->cfg.state_dir : NULL,
@@ -305,7 +309,7 @@ int main(int argc, char **argv)
 	};
 	check_fd_limit(&a->cfg);
 	if ((rc = md_engine_new(&a->eng, &ec, engine_wake, &a->wake)) ||
-	    (rc = md_api_new(&a->api, a->eng, &a->cfg)) ||
+	    (rc = md_api_new(&a->api, a->eng, &a->cfg, a->loop)) ||
 	    (rc = md_http_server_new(&a->http, a->loop, &lim, md_api_on_request, a->api))) {
 		fprintf(stderr, "moed: cannot initialise: %s\n", strerror(-rc));
 		return 1;

@@ -154,28 +154,60 @@ static double kv_usage(const struct md_metrics_src *src)
 	return e->kv_blocks_total ? (double)e->kv_blocks_used / e->kv_blocks_total : 0.0;
 }
 
-/* ---- the expert store (md_engine_stats.experts_*): per tier, host only so far ---- */
+/* ---- the expert store (md_engine_stats.experts_*, dev_*): a row per tier ---- */
 
-#define TIER_FAM(fn, metric, expr, fmt)                                                        \
+/* One family: the host tier's row (the store's RAM cache) and, with a device tier, the
+ * device's; nothing on the mapping. */
+#define TIER_FAM(fn, metric, host, dev, fmt)                                                    \
 	static void fn(struct sbuf *b, const struct md_metrics_src *src, const char *lab)      \
 	{                                                                                      \
 		const struct md_engine_stats *e = src->engine;                                 \
 		if (e->experts_store)                                                          \
-			sb_printf(b, metric "{%s,tier=\"host\"} " fmt "\n", lab, expr);       \
+			sb_printf(b, metric "{%s,tier=\"host\"} " fmt "\n", lab, host);       \
+		if (e->experts_store && e->experts_device)                                     \
+			sb_printf(b, metric "{%s,tier=\"device\"} " fmt "\n", lab, dev);      \
 	}
-TIER_FAM(fam_ex_hits, "moed:expert_hits_total", (unsigned long long)e->experts_hits, "%llu")
-TIER_FAM(fam_ex_misses, "moed:expert_misses_total", (unsigned long long)e->experts_misses,
+#define U(x) ((unsigned long long)(x))
+TIER_FAM(fam_ex_hits, "moed:expert_hits_total", U(e->experts_hits), U(e->dev_hits), "%llu")
+TIER_FAM(fam_ex_misses, "moed:expert_misses_total", U(e->experts_misses), U(e->dev_misses),
 	 "%llu")
-TIER_FAM(fam_ex_bytes, "moed:expert_read_bytes_total",
-	 (unsigned long long)e->experts_bytes_read, "%llu")
-TIER_FAM(fam_ex_errors, "moed:expert_read_errors_total",
-	 (unsigned long long)e->experts_read_errors, "%llu")
-TIER_FAM(fam_ex_evict, "moed:expert_evictions_total", (unsigned long long)e->experts_evictions,
+TIER_FAM(fam_ex_bytes, "moed:expert_read_bytes_total", U(e->experts_bytes_read),
+	 U(e->dev_bytes_uploaded), "%llu")
+TIER_FAM(fam_ex_evict, "moed:expert_evictions_total", U(e->experts_evictions),
+	 U(e->dev_evictions), "%llu")
+TIER_FAM(fam_ex_stall, "moed:expert_stall_seconds_total", e->experts_stall_s, e->dev_stall_s,
+	 "%.6f")
+TIER_FAM(fam_ex_resident, "moed:expert_resident", U(e->experts_resident), U(e->dev_resident),
 	 "%llu")
-TIER_FAM(fam_ex_stall, "moed:expert_stall_seconds_total", e->experts_stall_s, "%.6f")
-TIER_FAM(fam_ex_resident, "moed:expert_resident", (unsigned)e->experts_resident, "%u")
-TIER_FAM(fam_ex_cache, "moed:expert_cache_bytes", (unsigned long long)e->experts_cache_bytes,
-	 "%llu")
+TIER_FAM(fam_ex_cache, "moed:expert_cache_bytes", U(e->experts_cache_bytes),
+	 U(e->dev_mem_bytes), "%llu")
+TIER_FAM(fam_ex_pf_issued, "moed:expert_prefetch_issued_total", U(e->experts_prefetch_issued),
+	 U(e->dev_prefetch_issued), "%llu")
+TIER_FAM(fam_ex_pf_used, "moed:expert_prefetch_used_total", U(e->experts_prefetch_used),
+	 U(e->dev_prefetch_used), "%llu")
+TIER_FAM(fam_ex_pf_wasted, "moed:expert_prefetch_wasted_bytes_total",
+	 U(e->experts_prefetch_wasted_bytes), U(e->dev_prefetch_wasted_bytes), "%llu")
+
+/* Read errors are the host tier's only (the file). */
+static void fam_ex_errors(struct sbuf *b, const struct md_metrics_src *src, const char *lab)
+{
+	const struct md_engine_stats *e = src->engine;
+	if (e->experts_store)
+		sb_printf(b, "moed:expert_read_errors_total{%s,tier=\"host\"} %llu\n", lab,
+			  U(e->experts_read_errors));
+}
+
+/* The cost model's choices for device misses (compute where it lives). */
+static void fam_ex_where(struct sbuf *b, const struct md_metrics_src *src, const char *lab)
+{
+	const struct md_engine_stats *e = src->engine;
+	if (!e->experts_store || !e->experts_device)
+		return;
+	sb_printf(b, "moed:expert_device_misses_computed_total{%s,on=\"device\"} %llu\n", lab,
+		  U(e->dev_compute_dev));
+	sb_printf(b, "moed:expert_device_misses_computed_total{%s,on=\"cpu\"} %llu\n", lab,
+		  U(e->dev_compute_host));
+}
 
 static double ex_store(const struct md_metrics_src *src)
 {
@@ -256,26 +288,35 @@ static const struct row registry[] = {
 		V_U64),
 	DERIVED("moed:expert_store", "1 when routed experts go through the expert store.",
 		ex_store),
-	FAMILY("moed:expert_hits_total", "counter", "Experts a layer used that were resident "
-	       "or already being read.", fam_ex_hits),
-	FAMILY("moed:expert_misses_total", "counter", "Experts read on demand.", fam_ex_misses),
-	FAMILY("moed:expert_read_bytes_total", "counter", "Bytes of experts read from the file.",
-	       fam_ex_bytes),
+	FAMILY("moed:expert_hits_total", "counter", "Experts a layer used that the tier held "
+	       "(host: resident or already being read; device: copied up and ready).", fam_ex_hits),
+	FAMILY("moed:expert_misses_total", "counter", "Experts a layer used that the tier did not "
+	       "hold (host: read on demand; device: computed on the CPU or copied up for the "
+	       "step).", fam_ex_misses),
+	FAMILY("moed:expert_read_bytes_total", "counter", "Bytes brought into the tier (host: "
+	       "read from the file; device: copied up from host RAM).", fam_ex_bytes),
 	FAMILY("moed:expert_read_errors_total", "counter", "Expert reads that failed (their "
 	       "requests got an error).", fam_ex_errors),
-	FAMILY("moed:expert_evictions_total", "counter", "Experts evicted from the cache.",
+	FAMILY("moed:expert_evictions_total", "counter", "Experts evicted from the tier.",
 	       fam_ex_evict),
 	FAMILY("moed:expert_stall_seconds_total", "counter", "Time the forward pass waited for "
-	       "expert reads.", fam_ex_stall),
-	FAMILY("moed:expert_resident", "gauge", "Experts resident (or being read) in the cache.",
+	       "the tier (host: file reads; device: copies).", fam_ex_stall),
+	FAMILY("moed:expert_resident", "gauge", "Experts resident (or on their way) in the tier.",
 	       fam_ex_resident),
-	FAMILY("moed:expert_cache_bytes", "gauge", "Bytes of the expert cache.", fam_ex_cache),
-	COUNTER("moed:expert_prefetch_issued_total", "Expert reads started by the prefetcher.",
-		SRC_ENGINE, ENG, experts_prefetch_issued, V_U64),
-	COUNTER("moed:expert_prefetch_used_total", "Prefetched experts a layer then used.",
-		SRC_ENGINE, ENG, experts_prefetch_used, V_U64),
-	COUNTER("moed:expert_prefetch_wasted_bytes_total", "Bytes of prefetched experts evicted "
-		"unused.", SRC_ENGINE, ENG, experts_prefetch_wasted_bytes, V_U64),
+	FAMILY("moed:expert_cache_bytes", "gauge", "Memory of the tier's expert slots (host RAM; "
+	       "device memory used).", fam_ex_cache),
+	FAMILY("moed:expert_prefetch_issued_total", "counter", "Experts brought in ahead of use "
+	       "(host: the prefetcher's reads; device: background copies).", fam_ex_pf_issued),
+	FAMILY("moed:expert_prefetch_used_total", "counter", "Of those, experts a layer then "
+	       "used from the tier.", fam_ex_pf_used),
+	FAMILY("moed:expert_prefetch_wasted_bytes_total", "counter", "Bytes of experts brought "
+	       "in ahead and evicted unused.", fam_ex_pf_wasted),
+	COUNTER("moed:expert_prefetch_cancelled_total", "Prefetcher guesses their layer did not "
+		"use, taken off the queue before their read started.", SRC_ENGINE, ENG,
+		experts_prefetch_cancelled, V_U64),
+	FAMILY("moed:expert_device_misses_computed_total", "counter", "Device misses by where "
+	       "the cost model ran them: copied up and on the device, or on the CPU from host "
+	       "RAM.", fam_ex_where),
 	COUNTER("moed:expert_predicted_used_total", "Experts used that the prediction for their "
 		"layer named.", SRC_ENGINE, ENG, experts_predicted_used, V_U64),
 	COUNTER("moed:expert_predicted_total", "Experts used by layers that had a prediction.",

@@ -4,13 +4,12 @@
 
 /*
  * DESIGN
- * The bottom of the server's request path: api.c (routes) -> gen.c (generations) -> this
- * module -> engine/engine.h. It knows the OpenAI formats and nothing of routes or in-flight
- * generations: it sends replies (JSON documents and error objects, each counted and logged
- * once), reads request parameters through one table (oai.c `params[]`: one row per
- * parameter with its JSON name, type, range, target field and the endpoints that accept it),
- * parses chat messages and builds the chunks and documents of streamed and whole responses.
- * Nothing here calls back up. Loop thread only (cJSON, connections).
+ * The bottom of the server's request path: api.c (routes) -> gen.c (generations) ->
+ * request.c (reading requests) -> this module -> engine/engine.h. It knows the OpenAI formats
+ * and nothing of routes, requests or in-flight generations: it sends replies (JSON documents
+ * and error objects, each counted and logged once) and builds the chunks and documents of
+ * streamed and whole responses. Nothing here calls back up. Loop thread only (cJSON,
+ * connections).
  */
 
 #include <cjson/cJSON.h>
@@ -21,7 +20,6 @@
 #include "engine/engine.h"
 #include "server/http.h"
 #include "server/metrics.h"
-#include "server/tools.h"
 
 /* ---- replies ---- */
 
@@ -53,92 +51,6 @@ bool md_oai_utf8_valid(const char *s, size_t n);
 /* Copy n bytes as valid UTF-8 (ill-formed bytes become U+FFFD) into a malloc'd string, or
  * NULL when out of memory. */
 char *md_oai_utf8_sanitize(const char *s, size_t n);
-
-/* ---- request parameters ---- */
-
-enum md_oai_endpoint {
-	MD_OAI_CHAT = 1 << 0,        /* POST /v1/chat/completions */
-	MD_OAI_COMPLETIONS = 1 << 1, /* POST /v1/completions */
-	MD_OAI_TOKENIZE = 1 << 2,    /* POST /tokenize */
-	MD_OAI_DETOKENIZE = 1 << 3,  /* POST /detokenize */
-};
-
-/* What parameter checks depend on besides the request. */
-struct md_oai_limits {
-	const char *model_name;  /* borrowed: the served model id */
-	int64_t max_tokens_cap;  /* largest max_tokens accepted */
-	uint32_t n_vocab;        /* token ids are in [0, n_vocab) */
-	bool has_draft;          /* a draft model is loaded ("speculative": {"drafter": "draft"}) */
-	int tool_format;         /* md_engine_tool_format(): how forced tool calls are written */
-};
-
-#define MD_OAI_MAX_N 64          /* choices per prompt */
-#define MD_OAI_MAX_CHOICES 256   /* choices per request (prompts times n) */
-#define MD_OAI_MAX_STOPS 16
-#define MD_OAI_MAX_STOP_LEN 512
-
-/* Every request parameter moed reads, after parsing; defaults where absent. */
-struct md_oai_params {
-	struct md_sampling s;        /* owns its logit_bias array */
-	int64_t max_tokens;          /* valid when max_set */
-	bool max_set;
-	int64_t n;                   /* choices per prompt, 1..MD_OAI_MAX_N */
-	bool stream, include_usage, ignore_eos;
-	char **stops;                /* owned (n_stops): non-empty stop strings */
-	size_t n_stops;
-	bool want_lp;                /* logprobs asked */
-	int lp_top;                  /* alternatives per token (0..MD_ENGINE_MAX_TOP) */
-	bool add_special, with_pieces; /* /tokenize */
-	struct md_grammar *grammar;  /* owned reference, or NULL: from response_format (json_object,
-				      * json_schema), moed's raw "grammar" extension, or forced tool
-				      * calls (tool_choice required or named) */
-	struct md_tools tools;       /* tools, tool_choice, parallel_tool_calls (chat) */
-	struct md_spec_opts spec;    /* moed extension "speculative" (zero: the server's) */
-	const char *reasoning_effort; /* static: "low", "medium" or "high" (chat), NULL: absent */
-	/* raw values, combined into the fields above once every row is read */
-	int64_t _top_k, _seed, _lp_n, _top_lp;
-	bool _lp_on, _lp_n_set, _top_lp_set;
-};
-
-/* Read the parameters endpoint accepts from body (a JSON object) into p, checking each
- * (type, range, cross-field rules). Unknown keys are ignored. Returns 0, or -1 after
- * answering 400/404 (naming the parameter) or 500; p must be released either way. */
-int md_oai_parse_params(const struct md_oai_reply *o, const struct md_oai_limits *lim,
-			cJSON *body, enum md_oai_endpoint endpoint, struct md_oai_params *p);
-void md_oai_params_release(struct md_oai_params *p);
-
-/* ---- chat messages ---- */
-
-/* Chat "messages" parsed for md_engine_chat_tokenize: strings are borrowed from the request
- * body, except joined content parts and tool-call arguments given as objects, which are owned
- * here. Roles: system (and developer), user, assistant (with tool_calls), tool. */
-struct md_oai_msgs {
-	struct md_engine_msg *msgs;  /* owned (n) */
-	size_t n;
-	char **owned;                /* owned (n_owned) */
-	size_t n_owned;
-	struct md_engine_tool_call *calls; /* owned: every assistant message's tool calls */
-};
-
-/* Returns 0, or -1 after answering 400 (naming the message) or 500; m is empty then. */
-int md_oai_parse_messages(const struct md_oai_reply *o, cJSON *body, struct md_oai_msgs *m);
-void md_oai_msgs_release(struct md_oai_msgs *m);
-
-/* ---- completion prompts ---- */
-
-/* The prompts of a completions request as token ids. */
-struct md_oai_prompts {
-	int32_t *ids[MD_OAI_MAX_CHOICES];  /* owned: (lens[i]) each */
-	uint32_t lens[MD_OAI_MAX_CHOICES];
-	size_t n;
-};
-
-/* Read "prompt" in its four forms ("text", ["text", ...], [id, ...], [[id, ...], ...]),
- * tokenizing text with eng. Returns 0 (every prompt non-empty), or -1 after answering 400 or
- * 500; out must be released either way. */
-int md_oai_parse_prompts(const struct md_oai_reply *o, const struct md_engine *eng,
-			 const struct md_oai_limits *lim, cJSON *body, struct md_oai_prompts *out);
-void md_oai_prompts_release(struct md_oai_prompts *pr);
 
 /* ---- response documents and chunks ---- */
 

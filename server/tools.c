@@ -97,6 +97,89 @@ static void tojson(struct buf *b, const cJSON *v, int depth)
 	}
 }
 
+static void pad(struct buf *b, int depth)
+{
+	puts_(b, "\n");
+	for (int i = 0; i < depth; i++)
+		puts_(b, "    ");
+}
+
+static void tojson_indent(struct buf *b, const cJSON *v, int depth)
+{
+	if (depth > 100) {
+		b->oom = true;
+		return;
+	}
+	bool arr = cJSON_IsArray(v);
+	if ((!arr && !cJSON_IsObject(v)) || !v->child) {
+		tojson(b, v, depth); /* leaves, [] and {} */
+		return;
+	}
+	puts_(b, arr ? "[" : "{");
+	for (const cJSON *c = v->child; c; c = c->next) {
+		pad(b, depth + 1);
+		if (!arr) {
+			cJSON *k = cJSON_CreateString(c->string ? c->string : "");
+			if (!k) {
+				b->oom = true;
+				return;
+			}
+			leaf(b, k);
+			cJSON_Delete(k);
+			puts_(b, ": ");
+		}
+		tojson_indent(b, c, depth + 1);
+		if (c->next)
+			puts_(b, ",");
+	}
+	pad(b, depth);
+	puts_(b, arr ? "]" : "}");
+}
+
+char *md_tools_tojson_indent(const cJSON *v)
+{
+	struct buf b = { 0 };
+	tojson_indent(&b, v, 0);
+	if (b.oom) {
+		free(b.s);
+		return NULL;
+	}
+	return b.s;
+}
+
+/* Mistral's tool text: {"type": "function", "function": {ITEMS}}, each member of the function
+ * object but "return" as `"key": "value"` (a string as is, unescaped, as the template writes
+ * it) or `"key": ` + tojson(value). */
+static char *mistral_tool(const cJSON *fn)
+{
+	struct buf b = { 0 };
+	bool first = true;
+	puts_(&b, "{\"type\": \"function\", \"function\": {");
+	for (const cJSON *c = fn->child; c; c = c->next) {
+		if (!c->string || strcmp(c->string, "return") == 0)
+			continue;
+		if (!first)
+			puts_(&b, ", ");
+		first = false;
+		puts_(&b, "\"");
+		puts_(&b, c->string);
+		puts_(&b, "\": ");
+		if (cJSON_IsString(c)) {
+			puts_(&b, "\"");
+			puts_(&b, c->valuestring);
+			puts_(&b, "\"");
+		} else {
+			tojson(&b, c, 1);
+		}
+	}
+	puts_(&b, "}}");
+	if (b.oom) {
+		free(b.s);
+		return NULL;
+	}
+	return b.s;
+}
+
 char *md_tools_tojson(const cJSON *v)
 {
 	struct buf b = { 0 };
@@ -136,7 +219,8 @@ static bool valid_name(const char *s)
 	return true;
 }
 
-int md_tools_parse(struct md_tools *t, const cJSON *tools, char *err, size_t errlen)
+int md_tools_parse(struct md_tools *t, const cJSON *tools, enum md_tool_text form, char *err,
+		   size_t errlen)
 {
 	memset(t, 0, sizeof(*t));
 	t->parallel = true;
@@ -190,7 +274,9 @@ int md_tools_parse(struct md_tools *t, const cJSON *tools, char *err, size_t err
 		if (!pc)
 			return -ENOMEM;
 		cJSON_AddItemToArray(t->params, pc);
-		t->json[i] = md_tools_tojson(tool);
+		t->json[i] = form == MD_TOOL_TEXT_INDENT4 ? md_tools_tojson_indent(tool)
+			     : form == MD_TOOL_TEXT_MISTRAL ? mistral_tool(fn)
+			     : md_tools_tojson(tool);
 		t->names[i] = strdup(name->valuestring);
 		t->n = i + 1;
 		if (!t->json[i] || !t->names[i])
@@ -245,19 +331,44 @@ int md_tools_set_choice(struct md_tools *t, const cJSON *choice, char *err, size
 	return 0;
 }
 
+/* Each format's forced calls as grammar text: a call is PRE NAME MID ARGS POST, several are
+ * joined by SEP between OPEN and CLOSE. */
+struct call_fmt {
+	const char *pre, *mid, *post, *open, *sep, *close;
+	bool one; /* one call per turn (the template takes no more) */
+};
+
+static const struct call_fmt call_fmts[] = {
+	[MD_TOOL_FMT_HERMES] = { "\"<tool_call>\\n{\\\"name\\\": \\\"\"",
+				 "\\\", \\\"arguments\\\": \"", "\"}\\n</tool_call>\"", "", "\"\\n\"",
+				 "", false },
+	[MD_TOOL_FMT_DEEPSEEK3] = { "\"<｜tool▁call▁begin｜>function<｜tool▁sep｜>\"", "\\n```json\\n\"",
+				    "\"\\n```<｜tool▁call▁end｜>\"", "\"<｜tool▁calls▁begin｜>\" ", "\"\\n\"",
+				    " \"<｜tool▁calls▁end｜>\"", false },
+	[MD_TOOL_FMT_MISTRAL] = { "\"{\\\"name\\\": \\\"\"", "\\\", \\\"arguments\\\": \"",
+				  "\", \\\"id\\\": \\\"\" [a-zA-Z0-9]{9} \"\\\"}\"", "\"[TOOL_CALLS][\" ",
+				  "\", \"", " \"]\"", false },
+	[MD_TOOL_FMT_LLAMA3] = { "\"{\\\"name\\\": \\\"\"", "\\\", \\\"parameters\\\": \"", "\"}\"",
+				 "", "", "", true },
+};
+
 int md_tools_grammar(const struct md_tools *t, char **text, char *err, size_t errlen)
 {
 	*text = NULL;
 	if (t->n == 0 || (t->choice != MD_TOOL_CHOICE_REQUIRED && t->choice != MD_TOOL_CHOICE_NAMED))
 		return 0;
-	bool ds = t->format == MD_TOOL_FMT_DEEPSEEK3;
+	const struct call_fmt *f = &call_fmts[MD_TOOL_FMT_HERMES];
+	if (t->format == MD_TOOL_FMT_DEEPSEEK3 || t->format == MD_TOOL_FMT_MISTRAL ||
+	    t->format == MD_TOOL_FMT_LLAMA3)
+		f = &call_fmts[t->format];
 	struct md_jgrammar *b = md_jgrammar_new();
 	struct buf call = { 0 }, root = { 0 };
 	int rc = -ENOMEM;
 	if (!b)
 		return -ENOMEM;
-	puts_(&call, ds ? "( \"<｜tool▁call▁begin｜>function<｜tool▁sep｜>\" ( "
-			: "( \"<tool_call>\\n{\\\"name\\\": \\\"\" ( ");
+	puts_(&call, "( ");
+	puts_(&call, f->pre);
+	puts_(&call, " ( ");
 	bool first = true;
 	for (size_t i = 0; i < t->n; i++) {
 		if (t->choice == MD_TOOL_CHOICE_NAMED && i != t->named)
@@ -275,21 +386,24 @@ int md_tools_grammar(const struct md_tools *t, char **text, char *err, size_t er
 			puts_(&call, " | ");
 		puts_(&call, "\"");
 		puts_(&call, t->names[i]); /* letters, digits, '_', '-': nothing to escape */
-		puts_(&call, ds ? "\\n```json\\n\" " : "\\\", \\\"arguments\\\": \" ");
+		puts_(&call, f->mid);
+		puts_(&call, " ");
 		puts_(&call, rule);
 		first = false;
 	}
-	puts_(&call, ds ? " ) \"\\n```<｜tool▁call▁end｜>\" )" : " ) \"}\\n</tool_call>\" )");
-	if (ds)
-		puts_(&root, "\"<｜tool▁calls▁begin｜>\" ");
+	puts_(&call, " ) ");
+	puts_(&call, f->post);
+	puts_(&call, " )");
+	puts_(&root, f->open);
 	puts_(&root, call.s ? call.s : "");
-	if (t->parallel && t->choice == MD_TOOL_CHOICE_REQUIRED) {
-		puts_(&root, " ( \"\\n\" ");
+	if (t->parallel && t->choice == MD_TOOL_CHOICE_REQUIRED && !f->one) {
+		puts_(&root, " ( ");
+		puts_(&root, f->sep);
+		puts_(&root, " ");
 		puts_(&root, call.s ? call.s : "");
 		puts_(&root, " )*");
 	}
-	if (ds)
-		puts_(&root, " \"<｜tool▁calls▁end｜>\"");
+	puts_(&root, f->close);
 	rc = -ENOMEM;
 	if (!call.oom && !root.oom)
 		rc = md_jgrammar_finish(b, root.s, text);
@@ -302,7 +416,7 @@ out:
 	return rc;
 }
 
-void md_tools_call_id(char *out, size_t cap)
+void md_tools_call_id(enum md_tool_fmt fmt, char *out, size_t cap)
 {
 	static const char al[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
 	static uint64_t counter;
@@ -311,12 +425,15 @@ void md_tools_call_id(char *out, size_t cap)
 	uint64_t seed = md_sampler_mix((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^
 				       (++counter << 52)), x = 0;
 	size_t n = 0;
+	int len = fmt == MD_TOOL_FMT_MISTRAL ? 9 : 24;
 	if (cap < 6)
 		return;
-	memcpy(out, "call_", 5);
-	n = 5;
+	if (fmt != MD_TOOL_FMT_MISTRAL) {
+		memcpy(out, "call_", 5);
+		n = 5;
+	}
 	/* 8 letters per 64-bit draw (62^8 < 2^48), each draw from its own mix of the seed */
-	for (int i = 0; i < 24 && n + 1 < cap; i++) {
+	for (int i = 0; i < len && n + 1 < cap; i++) {
 		if (i % 8 == 0)
 			x = md_sampler_mix(seed + 0x9e3779b97f4a7c15ull * (uint64_t)(i / 8 + 1));
 		out[n++] = al[x % 62];
@@ -327,7 +444,7 @@ void md_tools_call_id(char *out, size_t cap)
 
 /* ---- the output parser ---- */
 
-enum { ST_TEXT, ST_HEAD, ST_ARGS, ST_RAW };
+enum { ST_TEXT, ST_HEAD, ST_ARGS, ST_RAW, ST_OPEN, ST_TAIL, ST_NEXT, ST_START, ST_CONTENT };
 
 static const char hermes_open[] = "<tool_call>";
 static const char hermes_close[] = "</tool_call>";
@@ -335,6 +452,8 @@ static const char ds_open[] = "<｜tool▁call▁begin｜>";
 static const char ds_close[] = "\n```<｜tool▁call▁end｜>";
 static const char ds_calls_begin[] = "<｜tool▁calls▁begin｜>";
 static const char ds_calls_end[] = "<｜tool▁calls▁end｜>";
+static const char mistral_open[] = "[TOOL_CALLS]";
+static const char python_tag[] = "<|python_tag|>";
 
 void md_tool_parser_init(struct md_tool_parser *p, enum md_tool_fmt fmt, md_tool_emit_cb emit,
 			 void *arg)
@@ -343,11 +462,15 @@ void md_tool_parser_init(struct md_tool_parser *p, enum md_tool_fmt fmt, md_tool
 	p->fmt = fmt;
 	p->emit = emit;
 	p->arg = arg;
+	if (fmt == MD_TOOL_FMT_LLAMA3)
+		p->state = ST_START;
 }
 
 static const char *open_of(const struct md_tool_parser *p)
 {
-	return p->fmt == MD_TOOL_FMT_DEEPSEEK3 ? ds_open : hermes_open;
+	return p->fmt == MD_TOOL_FMT_DEEPSEEK3 ? ds_open
+	       : p->fmt == MD_TOOL_FMT_MISTRAL ? mistral_open
+	       : p->fmt == MD_TOOL_FMT_LLAMA3 ? "" : hermes_open;
 }
 
 static const char *close_of(const struct md_tool_parser *p)
@@ -392,14 +515,20 @@ static const char *find(const char *s, size_t n, const char *tag)
 	return NULL;
 }
 
-/* Match `{ "name" : "NAME" , "arguments" :` with any spacing at the start of s. Returns 1 with
- * the name and the bytes used, 0 when s ends before a decision, -1 for another shape. */
-static int match_head_hermes(const char *s, size_t n, char *name, size_t *used)
+/* Match `{ "name" : "NAME" , "arguments" :` with any spacing at the start of s (with
+ * also_params, "parameters" in place of "arguments" too). Returns 1 with the name and the bytes
+ * used, 0 when s ends before a decision, -1 for another shape. */
+static int match_head_json(const char *s, size_t n, char *name, size_t *used, bool also_params)
 {
-	static const char *const parts[] = { "{", "\"name\"", ":", "\"", NULL, "\"", ",",
-					     "\"arguments\"", ":" };
+	const char *parts[] = { "{", "\"name\"", ":", "\"", NULL, "\"", ",", "\"arguments\"", ":" };
 	size_t i = 0;
 	for (size_t k = 0; k < sizeof(parts) / sizeof(parts[0]); k++) {
+		if (k == 7 && also_params) {
+			while (i < n && is_ws(s[i]))
+				i++;
+			if (i + 1 < n && s[i + 1] == 'p')
+				parts[7] = "\"parameters\"";
+		}
 		if (k != 4 && k != 5) /* no spacing inside the name's quotes */
 			while (i < n && is_ws(s[i]))
 				i++;
@@ -564,7 +693,7 @@ static void process(struct md_tool_parser *p)
 			char name[MAX_NAME + 1];
 			size_t used = 0;
 			int r = ds ? match_head_ds(p->buf, p->n, name, &used)
-				   : match_head_hermes(p->buf, p->n, name, &used);
+				   : match_head_json(p->buf, p->n, name, &used, false);
 			if (r == 0 && p->n < 1024)
 				return;
 			/* arguments given as a JSON string need decoding: read the call whole */
@@ -618,6 +747,278 @@ static void process(struct md_tool_parser *p)
 	}
 }
 
+/* ---- Mistral and Llama 3.1: calls as JSON objects ---- */
+
+static void scan_reset(struct md_tool_parser *p)
+{
+	p->_jdepth = 0;
+	p->_jstr = p->_jesc = p->_jstarted = p->_jscalar = false;
+}
+
+/* Feed s[0..n) to the scanner of one JSON value (leading whitespace skipped). Returns how many
+ * bytes belong to the value, with *done set when it ends there (a scalar ends before the byte
+ * that ends it); n when it goes on. */
+static size_t scan_value(struct md_tool_parser *p, const char *s, size_t n, bool *done)
+{
+	*done = false;
+	for (size_t i = 0; i < n; i++) {
+		char c = s[i];
+		if (!p->_jstarted) {
+			if (is_ws(c))
+				continue;
+			p->_jstarted = true;
+			p->_jscalar = c != '{' && c != '[' && c != '"';
+		}
+		if (p->_jstr) {
+			if (p->_jesc) {
+				p->_jesc = false;
+			} else if (c == '\\') {
+				p->_jesc = true;
+			} else if (c == '"') {
+				p->_jstr = false;
+				if (p->_jdepth == 0) {
+					*done = true;
+					return i + 1;
+				}
+			}
+			continue;
+		}
+		if (p->_jscalar) {
+			if (is_ws(c) || c == ',' || c == '}' || c == ']') {
+				*done = true;
+				return i;
+			}
+			continue;
+		}
+		if (c == '"') {
+			p->_jstr = true;
+		} else if (c == '{' || c == '[') {
+			p->_jdepth++;
+		} else if ((c == '}' || c == ']') && --p->_jdepth <= 0) {
+			*done = true;
+			return i + 1;
+		}
+	}
+	return n;
+}
+
+/* Skip to the end of the object whose members are being read (its closing brace at depth 0).
+ * Returns the bytes up to and with it, or 0 when it is not in s yet (all of s scanned). */
+static size_t scan_tail(struct md_tool_parser *p, const char *s, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		char c = s[i];
+		if (p->_jstr) {
+			if (p->_jesc)
+				p->_jesc = false;
+			else if (c == '\\')
+				p->_jesc = true;
+			else if (c == '"')
+				p->_jstr = false;
+		} else if (c == '"') {
+			p->_jstr = true;
+		} else if (c == '{' || c == '[') {
+			p->_jdepth++;
+		} else if ((c == '}' || c == ']') && p->_jdepth-- == 0) {
+			return i + 1;
+		}
+	}
+	return 0;
+}
+
+/* A call object read whole (its head had another shape): name and arguments (an object or a
+ * JSON string; for Llama 3.1 "parameters" too). Returns true when it was a call. */
+static bool raw_object(struct md_tool_parser *p, const char *s, size_t len)
+{
+	cJSON *o = cJSON_ParseWithLength(s, len);
+	const cJSON *name = cJSON_GetObjectItemCaseSensitive(o, "name");
+	const cJSON *args = cJSON_GetObjectItemCaseSensitive(o, "arguments");
+	if (!args && p->fmt == MD_TOOL_FMT_LLAMA3)
+		args = cJSON_GetObjectItemCaseSensitive(o, "parameters");
+	bool ok = cJSON_IsObject(o) && cJSON_IsString(name) && valid_name(name->valuestring) &&
+		  (!args || cJSON_IsObject(args) || cJSON_IsString(args));
+	if (ok) {
+		char *a = !args ? strdup("{}") : cJSON_IsString(args) ? strdup(args->valuestring)
+								      : cJSON_PrintUnformatted(args);
+		int idx = p->n_calls++;
+		p->emit(p->arg, MD_TOOL_EV_BEGIN, idx, name->valuestring, strlen(name->valuestring));
+		if (a)
+			p->emit(p->arg, MD_TOOL_EV_ARGS, idx, a, strlen(a));
+		free(a);
+	}
+	cJSON_Delete(o);
+	return ok;
+}
+
+static size_t skip_ws(const struct md_tool_parser *p)
+{
+	size_t e = 0;
+	while (e < p->n && is_ws(p->buf[e]))
+		e++;
+	return e;
+}
+
+/* What was taken for the start of a call is content after all (the held whitespace and, for
+ * Mistral's first call, the marker and the bracket). */
+static void give_back(struct md_tool_parser *p)
+{
+	if (p->n_ws)
+		p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, p->ws, p->n_ws);
+	p->n_ws = 0;
+	if (p->fmt == MD_TOOL_FMT_MISTRAL && p->n_calls == 0) {
+		p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, mistral_open, sizeof(mistral_open) - 1);
+		if (p->_arr)
+			p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, "[", 1);
+	}
+	p->_arr = false;
+}
+
+static void process_json(struct md_tool_parser *p)
+{
+	bool llama = p->fmt == MD_TOOL_FMT_LLAMA3;
+	for (;;) {
+		const char *hit;
+		size_t e, k;
+		bool done;
+		switch (p->state) {
+		case ST_START: /* Llama 3.1: a call only at the very start */
+			e = skip_ws(p);
+			if (e == p->n)
+				return;
+			k = partial_tail(p->buf + e, p->n - e, python_tag);
+			if (k && k == p->n - e)
+				return;
+			if (p->n - e >= sizeof(python_tag) - 1 &&
+			    memcmp(p->buf + e, python_tag, sizeof(python_tag) - 1) == 0) {
+				consume(p, e + sizeof(python_tag) - 1);
+				continue;
+			}
+			if (p->buf[e] != '{') {
+				p->state = ST_CONTENT;
+				continue;
+			}
+			p->n_ws = e < sizeof(p->ws) ? e : sizeof(p->ws);
+			memcpy(p->ws, p->buf, p->n_ws);
+			consume(p, e);
+			p->state = ST_HEAD;
+			continue;
+		case ST_CONTENT:
+			if (p->n)
+				p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, p->buf, p->n);
+			p->n = 0;
+			return;
+		case ST_TEXT: /* Mistral: content until [TOOL_CALLS] */
+			if ((hit = find(p->buf, p->n, mistral_open))) {
+				size_t i = (size_t)(hit - p->buf);
+				for (e = i; e > 0 && is_ws(p->buf[e - 1]) && i - e < sizeof(p->ws); e--)
+					;
+				if (e)
+					p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, p->buf, e);
+				p->n_ws = i - e;
+				memcpy(p->ws, p->buf + e, p->n_ws);
+				consume(p, i + sizeof(mistral_open) - 1);
+				p->_arr = false;
+				p->state = ST_OPEN;
+				continue;
+			}
+			e = p->n - partial_tail(p->buf, p->n, mistral_open);
+			while (e > 0 && is_ws(p->buf[e - 1]))
+				e--;
+			if (e) {
+				p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, p->buf, e);
+				consume(p, e);
+			}
+			return;
+		case ST_OPEN: /* after [TOOL_CALLS]: the array (or one bare object) */
+			e = skip_ws(p);
+			if (e == p->n)
+				return;
+			p->_arr = p->buf[e] == '[';
+			if (p->_arr)
+				consume(p, e + 1);
+			p->state = ST_HEAD;
+			continue;
+		case ST_HEAD: {
+			char name[MAX_NAME + 1];
+			size_t used = 0;
+			e = skip_ws(p);
+			int r = match_head_json(p->buf + e, p->n - e, name, &used, llama);
+			if (r == 0 && p->n < 1024)
+				return;
+			if (r <= 0 || p->buf[e + used] == '"') {
+				p->state = ST_RAW;
+				continue;
+			}
+			p->n_ws = 0;
+			p->_arr = false;
+			p->emit(p->arg, MD_TOOL_EV_BEGIN, p->n_calls++, name, strlen(name));
+			consume(p, e + used);
+			scan_reset(p);
+			p->state = ST_ARGS;
+			continue;
+		}
+		case ST_ARGS:
+			k = scan_value(p, p->buf, p->n, &done);
+			if (k)
+				p->emit(p->arg, MD_TOOL_EV_ARGS, p->n_calls - 1, p->buf, k);
+			consume(p, k);
+			if (!done)
+				return;
+			scan_reset(p);
+			p->state = ST_TAIL;
+			continue;
+		case ST_TAIL: /* the rest of the call object (Mistral's "id"), dropped */
+			if (!(k = scan_tail(p, p->buf, p->n))) {
+				consume(p, p->n);
+				return;
+			}
+			consume(p, k);
+			p->state = ST_NEXT;
+			continue;
+		case ST_NEXT:
+			for (e = 0; e < p->n && (is_ws(p->buf[e]) || (llama && p->buf[e] == ';')); e++)
+				;
+			if (e == p->n) {
+				consume(p, e);
+				return;
+			}
+			if (!llama && (p->buf[e] == ',' || p->buf[e] == ']')) {
+				p->state = p->buf[e] == ',' ? ST_HEAD : ST_TEXT;
+				consume(p, e + 1);
+				continue;
+			}
+			consume(p, e);
+			p->state = !llama ? ST_TEXT : p->buf[0] == '{' ? ST_HEAD : ST_CONTENT;
+			continue;
+		default: /* ST_RAW: one call object read whole */
+			e = skip_ws(p);
+			if (e == p->n)
+				return;
+			if (p->buf[e] == '{') {
+				scan_reset(p);
+				k = scan_value(p, p->buf + e, p->n - e, &done);
+				if (!done && p->n < (1u << 20))
+					return; /* rescanned whole when more arrives */
+				if (done && raw_object(p, p->buf + e, k)) {
+					p->n_ws = 0;
+					p->_arr = false;
+					consume(p, e + k);
+					p->state = ST_NEXT;
+					continue;
+				}
+			}
+			give_back(p);
+			p->state = llama ? ST_CONTENT : ST_TEXT;
+			if (!llama) { /* the rest is content; a later [TOOL_CALLS] may open calls */
+				p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, p->buf, p->n);
+				p->n = 0;
+				return;
+			}
+			continue;
+		}
+	}
+}
+
 int md_tool_parser_push(struct md_tool_parser *p, const char *s, size_t n)
 {
 	if (p->failed) {
@@ -645,12 +1046,41 @@ int md_tool_parser_push(struct md_tool_parser *p, const char *s, size_t n)
 	}
 	memcpy(p->buf + p->n, s, n);
 	p->n += n;
-	process(p);
+	if (p->fmt == MD_TOOL_FMT_MISTRAL || p->fmt == MD_TOOL_FMT_LLAMA3)
+		process_json(p);
+	else
+		process(p);
 	return 0;
 }
 
 void md_tool_parser_finish(struct md_tool_parser *p)
 {
+	if (p->fmt == MD_TOOL_FMT_MISTRAL || p->fmt == MD_TOOL_FMT_LLAMA3) {
+		if (p->failed)
+			return;
+		switch (p->state) {
+		case ST_ARGS: /* an unfinished call keeps what it has */
+			if (p->n)
+				p->emit(p->arg, MD_TOOL_EV_ARGS, p->n_calls - 1, p->buf, p->n);
+			break;
+		case ST_TAIL:
+		case ST_NEXT:
+			break;
+		case ST_OPEN:
+		case ST_HEAD:
+		case ST_RAW: /* a call that never was: content, with its marker */
+			give_back(p);
+			/* fall through */
+		default:
+			if (p->n)
+				p->emit(p->arg, MD_TOOL_EV_CONTENT, -1, p->buf, p->n);
+			break;
+		}
+		p->n_ws = 0;
+		p->n = 0;
+		p->state = p->fmt == MD_TOOL_FMT_LLAMA3 ? ST_CONTENT : ST_TEXT;
+		return;
+	}
 	if (p->failed || (p->n == 0 && (p->state == ST_TEXT || p->state == ST_ARGS)))
 		return;
 	switch (p->state) {

@@ -216,7 +216,7 @@ int main(int argc, char **argv)
 				progress = true;
 			}
 		}
-		struct md_batch b = { n, tok, sq, pos, want };
+		struct md_batch b = { n, tok, sq, pos, want, NULL };
 		int got = md_forward(fw, &kv, &b, logits);
 		if (got < 0) {
 			fprintf(stderr, "moed-run: forward failed: %d\n", got);
@@ -253,7 +253,7 @@ int main(int argc, char **argv)
 			owner[n] = s;
 			n++;
 		}
-		struct md_batch b = { n, tok, sq, pos, want };
+		struct md_batch b = { n, tok, sq, pos, want, NULL };
 		double ts = now_ms();
 		int got = md_forward(fw, &kv, &b, logits);
 		if (verbose)

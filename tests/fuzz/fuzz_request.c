@@ -1,6 +1,6 @@
 /* libFuzzer target for the JSON request path: a request body through moed's parsing into a
  * validated generation request, as server/gen.c does it: the body as UTF-8 JSON, every
- * parameter through oai.c's table (md_oai_parse_params), chat messages through the model's
+ * parameter through request.c's table (md_req_parse_params), chat messages through the model's
  * chat template into token ids, completion prompts in their four forms into token ids.
  * Every request must be answered exactly once (400/404 naming the problem, or 200 here where
  * gen.c would submit to the engine), and token ids must be in the vocabulary. The body rides
@@ -16,12 +16,13 @@
 #include "common/log.h"
 #include "engine/engine.h"
 #include "server/oai.h"
+#include "server/request.h"
 #include "tests/fuzz/http_harness.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static struct md_engine *eng;
-static struct md_oai_limits lim;
+static struct md_req_limits lim;
 
 static void no_wake(void *arg)
 {
@@ -51,7 +52,7 @@ static void load_engine(void)
 		fprintf(stderr, "fuzz_request: cannot load '%s': %s\n", model, md_engine_error(eng));
 		exit(1);
 	}
-	lim = (struct md_oai_limits){ .model_name = "fuzz", .max_tokens_cap = 4096,
+	lim = (struct md_req_limits){ .model_name = "fuzz", .max_tokens_cap = 4096,
 				      .n_vocab = md_engine_n_vocab(eng) };
 }
 
@@ -93,46 +94,25 @@ static void handle(struct md_http_conn *c, struct md_http_req *r)
 	cJSON *body = parse_body(&o, r);
 	if (!body)
 		goto answered;
-	struct md_oai_params p;
-	memset(&p, 0, sizeof(p));
-	if (md_oai_parse_params(&o, &lim, body, chat ? MD_OAI_CHAT : MD_OAI_COMPLETIONS, &p) < 0)
-		goto release_params;
-	if (p.n < 1 || p.n > MD_OAI_MAX_N || p.n_stops > MD_OAI_MAX_STOPS)
+	/* as gen.c: the request read whole (body consumed), then tokenized (here on this thread) */
+	struct md_request *rq = md_request_new(&o, &lim, body, chat ? MD_REQ_CHAT : MD_REQ_COMPLETIONS);
+	if (!rq)
+		goto answered;
+	if (rq->p.n < 1 || rq->p.n > MD_REQ_MAX_N || rq->p.n_stops > MD_REQ_MAX_STOPS)
 		abort();
-	if (chat) {
-		struct md_oai_msgs m;
-		memset(&m, 0, sizeof(m));
-		if (md_oai_parse_messages(&o, body, &m) == 0) {
-			int32_t *ids = NULL;
-			int n = md_engine_chat_tokenize(eng, m.msgs, m.n, &ids);
-			if (n < 0) {
-				md_oai_error(&o, 400, "invalid_request_error", "messages", NULL,
-					     "cannot apply the chat template");
-			} else {
-				check_ids(ids, n);
-				md_http_respond(c, 200, "application/json", NULL, "{}", 2);
-			}
-			free(ids);
-		}
-		md_oai_msgs_release(&m);
+	if (md_request_tokenize(rq, eng) != 0) {
+		md_request_answer(rq, &o);
 	} else {
-		struct md_oai_prompts pr;
-		memset(&pr, 0, sizeof(pr));
-		if (md_oai_parse_prompts(&o, eng, &lim, body, &pr) == 0) {
-			if (pr.n == 0 || pr.n > MD_OAI_MAX_CHOICES)
+		if (rq->pr.n == 0 || rq->pr.n > MD_REQ_MAX_CHOICES)
+			abort();
+		for (size_t i = 0; i < rq->pr.n; i++) {
+			if (!chat && rq->pr.lens[i] == 0)
 				abort();
-			for (size_t i = 0; i < pr.n; i++) {
-				if (pr.lens[i] == 0)
-					abort();
-				check_ids(pr.ids[i], (int)pr.lens[i]);
-			}
-			md_http_respond(c, 200, "application/json", NULL, "{}", 2);
+			check_ids(rq->pr.ids[i], (int)rq->pr.lens[i]);
 		}
-		md_oai_prompts_release(&pr);
+		md_http_respond(c, 200, "application/json", NULL, "{}", 2);
 	}
-release_params:
-	md_oai_params_release(&p);
-	cJSON_Delete(body);
+	md_request_free(rq);
 answered:
 	if (md_http_status(c) == 0) {
 		fprintf(stderr, "fuzz_request: a request left unanswered\n");

@@ -59,7 +59,10 @@ PROMPT_LEN = 20
 SHAPE = ["--n-layer", "2", "--n-embd", "256", "--n-head", "4", "--n-head-kv", "2",
          "--head-dim", "64", "--n-expert", "4", "--n-expert-used", "2", "--n-ff-exp", "256",
          "--n-vocab", "512"]
-ARCH_GEN = {"gpt-oss": ["--sliding-window", "8"]}
+# gpt-oss: a window shorter than the prompt; deepseek2: YaRN (factor 40, its mscale) from an
+# original context shorter than the sequence, so interpolation and ramp both act.
+ARCH_GEN = {"gpt-oss": ["--sliding-window", "8"],
+            "deepseek2": ["--yarn-factor", "40", "--yarn-orig-ctx", "16"]}
 
 
 def llama_server_bin():

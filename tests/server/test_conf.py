@@ -54,13 +54,19 @@ for bad, word in [(["--bogus"], "bogus"), (["--port"], "needs a value"), (["--po
                   (["stray.gguf"], "stray.gguf"), (["--threads", "-1"], "threads"),
                   (["--drain-timeout", "nan"], "drain-timeout"), (["--log-level", "loud"], "log-level"),
                   (["--host", '"127.0.0.1"'], "host"), (["--host", "example.com"], "host"),
-                  (["-c"], "-c"), (["-c", "/nonexistent/moed.conf"], "/nonexistent/moed.conf")]:
+                  (["-c"], "-c"), (["-c", "/nonexistent/moed.conf"], "/nonexistent/moed.conf"),
+                  (["--expert-device", "gpu"], "sim[:COPY_MBPS"),
+                  (["--expert-device", "sim:fast"], "expert-device"),
+                  (["--expert-device", "sim:1:2:3"], "expert-device")]:
     r = run(*(["-m", model, "--check-config"] + bad))
     check(r.returncode == 2 and word in r.stderr and not r.stdout, "rejected: %s" % bad,
           r.returncode, r.stdout, r.stderr)
 for host in ["::1", "localhost", "0.0.0.0"]:
     r = run("--host", host, "-m", model, "--check-config")
     check(r.returncode == 0, "host %s accepted" % host, r.stderr)
+for dev in ["auto", "none", "cuda", "sim", "sim:100", "sim:0:2.5"]:
+    r = run("--expert-device", dev, "-m", model, "--check-config")
+    check(r.returncode == 0, "expert-device %s accepted" % dev, r.stderr)
 
 # the line named with an INI error is the line of the message, even with later errors
 with tempfile.NamedTemporaryFile("w", suffix=".conf", delete=False) as f:

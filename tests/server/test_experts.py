@@ -2,7 +2,9 @@
 several budgets on the default model and on a generated 64-expert model; the start-up line and
 /metrics; a budget below one layer's active experts refused at start with a clear message; a
 model file cut short under the server fails that request, the server keeps serving, and once the
-file is whole again the same completions come back.
+file is whole again the same completions come back; with one expert cut from the file, of two
+requests served together only the one that needs it fails; the device tier on the simulated
+device gives the same completions and reports a device row of every per-tier series.
 
 usage: test_experts.py MOED DEFAULT_MODEL MOED_GGUF"""
 
@@ -13,6 +15,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 
 from harness import Server, call, check, curl, finish
 
@@ -86,6 +89,53 @@ def budgets(model, fracs, label):
           0 < m.get("moed:expert_prefetch_accuracy", 0) <= 1 and "prefetch on" in log,
           "%s: prefetch accuracy reported" % label, m)
     return ref, units, slot
+
+
+def tier_metrics(srv):
+    """{(name, tier or on= label): value} of the moed:expert_* series."""
+    _, _, body = curl(srv, "GET", "/metrics")
+    vals = {}
+    for line in body.decode().splitlines():
+        m = re.match(r'^(moed:expert_[a-z_]+)\{[^}]*(?:tier|on)="([a-z]+)"[^}]*\} ([0-9.e+-]+)$',
+                     line)
+        if m:
+            vals[(m.group(1), m.group(2))] = float(m.group(3))
+    return vals
+
+
+def device_tier(model, ref, units, slot):
+    """The device tier through the server on the simulated device: the same completions, the
+    start-up line, and a tier="device" row of every per-tier series; an instant device serves
+    hits, a 1 MB/s bus leaves every miss on the CPU."""
+    for spec, fast in (("sim", True), ("sim:1", False)):
+        mb = max(1, int(0.25 * units * slot / 1048576.0 + 1))
+        srv = Server(moed, model, BASE + ["--device-expert-mb", str(mb), "--expert-device", spec])
+        try:
+            got = completions(srv)
+            m = tier_metrics(srv)
+        finally:
+            srv.stop()
+        log = srv.logtext()
+        check(got == ref, "device tier (%s): same completions" % spec, got, ref)
+        check(re.search(r"experts: store, .*device tier \d+ MiB on simulated device", log),
+              "device tier (%s): start-up line names it" % spec, log[-900:])
+        for name in ("hits_total", "misses_total", "read_bytes_total", "evictions_total",
+                     "stall_seconds_total", "resident", "cache_bytes", "prefetch_issued_total",
+                     "prefetch_used_total", "prefetch_wasted_bytes_total"):
+            check(("moed:expert_" + name, "device") in m and ("moed:expert_" + name, "host") in m,
+                  "device tier (%s): %s has a host and a device row" % (spec, name), m)
+        check(m.get(("moed:expert_read_bytes_total", "device"), 0) > 0 and
+              m.get(("moed:expert_cache_bytes", "device"), 0) >= slot,
+              "device tier (%s): bytes uploaded, device memory used" % spec, m)
+        dev = m.get(("moed:expert_device_misses_computed_total", "device"), -1)
+        cpu = m.get(("moed:expert_device_misses_computed_total", "cpu"), -1)
+        check(dev + cpu == m.get(("moed:expert_misses_total", "device")),
+              "device tier (%s): every device miss computed somewhere" % spec, m)
+        if fast:  # whether a miss is copied up depends on measured rates: not checked here
+            check(m.get(("moed:expert_hits_total", "device"), 0) > 0,
+                  "instant device: device hits", m)
+        else:
+            check(dev == 0 and cpu > 0, "1 MB/s bus: misses computed on the CPU", m)
 
 
 def refused(model, mb):
@@ -214,6 +264,87 @@ def truncated(model, ref, n_layer):
         shutil.rmtree(d)
 
 
+def layer_use(trace, layer):
+    """{request id: set of experts its fed tokens used at layer} from a routing trace."""
+    use = {}
+    for line in open(trace):
+        if line.startswith("#"):
+            continue
+        f = line.split()
+        if int(f[1]) == layer:
+            k = (len(f) - 4) // 2
+            use.setdefault(int(f[2]), set()).update(int(x) for x in f[4:4 + k])
+    return use
+
+
+def partial_failure(model, n_layer, n_expert):
+    """The last experts of the last layer cut from the file: of two requests served in the same
+    steps, the one whose tokens need one of them fails, the other completes with the text it
+    gets from the whole file, and the server keeps serving."""
+    d = tempfile.mkdtemp(prefix="moed-part-")
+    try:
+        cut = os.path.join(d, "cut.gguf")
+        off, size = experts_last(model, cut, "blk.%d.ffn_down_exps.weight" % (n_layer - 1))
+        trace = os.path.join(d, "r.trace")
+        cands = ["Item %d of the list:" % i for i in range(12)]
+        srv = Server(moed, cut, BASE + ["--expert-cache-mb", "100000", "--trace-routing", trace])
+        texts = {}
+        try:
+            for p in cands:
+                st, _, doc = call(srv, "POST", "/v1/completions",
+                                  {"prompt": p, "max_tokens": 8, "temperature": 0,
+                                   "ignore_eos": True})
+                check(st == 200, "reference completion", st, doc)
+                texts[p] = doc["choices"][0]["text"] if st == 200 else None
+        finally:
+            srv.stop()
+        use = layer_use(trace, n_layer - 1)
+        ids = sorted(use)  # requests in the order they were sent
+        check(len(ids) == len(cands), "one traced request per prompt", len(ids))
+        # Cutting the tensor short takes its last experts away: from the highest one a request
+        # used, so that request needs a lost expert and those below it do not.
+        top = {p: max(use[i]) for p, i in zip(cands, ids)}
+        gone = max(top.values())
+        needs = [p for p in cands if top[p] >= gone]
+        clean = [p for p in cands if top[p] < gone]
+        check(needs and clean, "prompts that need expert %d and prompts that do not" % gone,
+              top)
+        if not (needs and clean):
+            return
+        srv = Server(moed, cut, BASE + ["--expert-cache-mb", "100000"])
+        try:
+            os.truncate(cut, off + size * gone // n_expert)  # the loader checks sizes
+            res = {}
+
+            def one(p):
+                res[p] = call(srv, "POST", "/v1/completions",
+                              {"prompt": p, "max_tokens": 8, "temperature": 0,
+                               "ignore_eos": True})
+            ts = [threading.Thread(target=one, args=(p,)) for p in (needs[0], clean[0])]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            st, _, doc = res[needs[0]]
+            check(st >= 500 and "error" in doc, "the request needing the lost expert fails",
+                  st, doc)
+            st, _, doc = res[clean[0]]
+            check(st == 200 and doc["choices"][0]["text"] == texts[clean[0]],
+                  "the request beside it completes with its text", st, doc, texts[clean[0]])
+            st, _, doc = call(srv, "POST", "/v1/completions",
+                              {"prompt": clean[-1], "max_tokens": 8, "temperature": 0,
+                               "ignore_eos": True})
+            check(st == 200 and doc["choices"][0]["text"] == texts[clean[-1]],
+                  "and the server keeps serving", st, doc)
+            check(srv.proc.poll() is None, "the server never exited")
+        finally:
+            srv.stop()
+        check("cannot be read" in srv.logtext() and "the other requests go on" in srv.logtext(),
+              "the failed request is logged", srv.logtext()[-800:])
+    finally:
+        shutil.rmtree(d)
+
+
 # The default model: 4 layers x 16 experts, 2 used; a 16-token step may need all 16 of a layer
 # (25% of the experts' bytes), so 10% is below the smallest budget and refused.
 r = budgets(default_model, [0.25, 0.5], "default")
@@ -223,6 +354,7 @@ if r:
     bad_policy(default_model)
     truncated(default_model, ref, 4)
     warm_restart(default_model, 0.5 * units * slot / 1048576.0, ref)
+    device_tier(default_model, ref, units, slot)
 
 # A generated many-expert model: 8 layers x 64 experts, 2 used: a step needs 32 of 512 (6.25%).
 d = tempfile.mkdtemp(prefix="moed-moe64-")
@@ -233,6 +365,7 @@ try:
                     "--n-expert-used", "2", "--n-vocab", "512", gen], check=True,
                    stdout=subprocess.DEVNULL)
     budgets(gen, [0.1, 0.5], "64 experts")
+    partial_failure(gen, 8, 64)
 finally:
     shutil.rmtree(d)
 finish()

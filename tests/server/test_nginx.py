@@ -169,11 +169,57 @@ try:
             check(0.02 < gaps[len(gaps) // 2] < 0.2,
                   "%s: heartbeats arrive one by one, not held back" % name, gaps)
 
-    # ---- one replica killed mid-test: only its requests are lost ----
     def metric(rep, name):
         b = curl(rep, "GET", "/metrics")[2].decode()
         m = re.search(r"^%s(\{[^}]*\})? (\S+)$" % re.escape(name), b, re.M)
         return float(m.group(2)) if m else None
+
+    def finished(rep):
+        """Generations the replica finished, every finish reason summed."""
+        b = curl(rep, "GET", "/metrics")[2].decode()
+        return sum(float(v) for v in re.findall(r"^moed:request_success_total\{[^}]*\} (\S+)$",
+                                                 b, re.M))
+
+    # ---- the commented alternative: one conversation stays on one replica (consistent hash
+    # on X-Conversation-Id), so its growing prompt is found in that replica's prefix cache ----
+    alt = site.replace("\tleast_conn;", "\t#least_conn;").replace(
+        "\t#hash $http_x_conversation_id consistent;", "\thash $http_x_conversation_id consistent;")
+    check(alt != site and "\thash $http_x_conversation_id consistent;" in alt,
+          "the hash alternative uncomments in place of least_conn")
+    hport = free_port()
+    os.makedirs(os.path.join(tmp, "hash"))
+    hng = start_nginx(os.path.join(tmp, "hash"), hport, [r.port for r in reps], site_text=alt)
+    try:
+        hx = Base(hport)
+        homes, cached_ok = [], 0
+        for k in range(8):
+            conv = "conversation-%d" % k
+            before = [finished(r) for r in reps]
+            msgs = [{"role": "user", "content": "Conversation %d. " % k + "Tell me more. " * 20}]
+            for turn in range(3):
+                st, h, d = call(hx, "POST", "/v1/chat/completions",
+                                {"messages": msgs, "max_tokens": 4, "temperature": 0},
+                                headers=["X-Conversation-Id: " + conv])
+                check(st == 200, "%s turn %d through the hash upstream" % (conv, turn), st, d)
+                if st != 200:
+                    break
+                if turn:
+                    cached_ok += d["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+                msgs = msgs + [d["choices"][0]["message"], {"role": "user", "content": "And?"}]
+            after = [finished(r) for r in reps]
+            delta = [int(b - a) for a, b in zip(before, after)]
+            check(sorted(delta) == [0, 3], "%s: all three turns on one replica" % conv, delta)
+            homes.append(delta.index(3) if 3 in delta else -1)
+        print("consistent hash: conversations per replica %s; %d of 16 later turns found "
+              "their prefix cached" % ([homes.count(0), homes.count(1)], cached_ok))
+        check(homes.count(0) and homes.count(1), "conversations spread over both replicas", homes)
+        check(cached_ok == 16, "every later turn reuses its conversation's cached prefix",
+              cached_ok)
+    finally:
+        hng.terminate()
+        hng.wait(10)
+
+    # ---- one replica killed mid-test: only its requests are lost ----
 
     # Long enough to be running at the kill, short enough to end soon after on any build
     # (a sanitizer build decodes a hundred times slower): about 6 s of one stream's pace.

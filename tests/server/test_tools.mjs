@@ -2,7 +2,9 @@
 // named, parallel or not) whose arguments validate against the tools' parameter schemas (ajv),
 // a two-turn conversation that sends the call and its result back, streamed delta.tool_calls
 // that reassemble to the whole response, tool_choice none, the parser under auto, and errors.
-// Env: MOED_BASE, MOED_NPM. Prints one streamed call as the SDK saw it.
+// Env: MOED_BASE, MOED_NPM, MOED_TOOL_FAMILY (the server's --chat-template, whose tool format
+// the calls take: default Hermes; mistral-nemo [TOOL_CALLS] with 9-character ids; llama3.1 one
+// JSON call per turn). Prints one streamed call as the SDK saw it.
 import { createRequire } from 'node:module';
 import path from 'node:path';
 
@@ -11,6 +13,10 @@ const OpenAI = require('openai').default ?? require('openai');
 const Ajv = require('ajv').default ?? require('ajv');
 const client = new OpenAI({ baseURL: process.env.MOED_BASE + '/v1', apiKey: 'test-key', maxRetries: 0 });
 const ajv = new Ajv({ strict: false });
+const family = process.env.MOED_TOOL_FAMILY || 'default';
+const mistral = family === 'mistral-nemo', llama = family.startsWith('llama3');
+const idRe = mistral ? /^[A-Za-z0-9]{9}$/ : /^call_[A-Za-z0-9]{24}$/;
+console.log(`tool format of the '${family}' chat template`);
 
 let fails = 0;
 function check(cond, what, ...detail) {
@@ -40,7 +46,7 @@ const user = { role: 'user', content: 'What is the weather in Paris, and what is
 function checkCalls(calls, what, onlyName) {
   check(Array.isArray(calls) && calls.length > 0, `${what}: tool_calls present`, calls);
   for (const c of calls ?? []) {
-    check(typeof c.id === 'string' && /^call_[A-Za-z0-9]{24}$/.test(c.id), `${what}: call id`, c.id);
+    check(typeof c.id === 'string' && idRe.test(c.id), `${what}: call id`, c.id);
     check(c.type === 'function', `${what}: type function`, c);
     check(c.function.name in validate, `${what}: a declared tool`, c.function.name);
     if (onlyName) check(c.function.name === onlyName, `${what}: the named tool`, c.function.name);
@@ -66,7 +72,7 @@ for (const [seed, parallel] of [[1, true], [2, false], [3, true], [4, false], [5
   check(whole.choices[0].finish_reason === 'tool_calls', `required seed ${seed}: finish tool_calls`,
     whole.choices[0].finish_reason, m);
   checkCalls(m.tool_calls, `required seed ${seed}`);
-  if (!parallel) check(m.tool_calls?.length === 1, `seed ${seed}: one call without parallel_tool_calls`, m.tool_calls);
+  if (!parallel || llama) check(m.tool_calls?.length === 1, `seed ${seed}: one call (parallel_tool_calls ${parallel})`, m.tool_calls);
   const stream = await client.chat.completions.create({ ...body, stream: true });
   const acc = [];
   let finish = null, content = '';
@@ -95,7 +101,7 @@ for (const [seed, parallel] of [[1, true], [2, false], [3, true], [4, false], [5
   for (let i = 0; i < acc.length; i++) {
     check(acc[i].name === m.tool_calls?.[i]?.function.name && acc[i].arguments === m.tool_calls?.[i]?.function.arguments,
       `stream seed ${seed}: call ${i} reassembles to the whole response`, acc[i], m.tool_calls?.[i]);
-    check(/^call_/.test(acc[i].id), `stream seed ${seed}: call ${i} has an id`, acc[i].id);
+    check(idRe.test(acc[i].id), `stream seed ${seed}: call ${i} has an id`, acc[i].id);
   }
 }
 
@@ -137,11 +143,14 @@ for (const [seed, parallel] of [[1, true], [2, false], [3, true], [4, false], [5
 // 4. auto: the parser takes a call the model writes out of the content (the raw grammar makes
 //    the model write one after some text), streamed and whole alike
 {
-  const grammar = 'root ::= "Let me check.\\n<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": {\\"city\\": \\"" [A-Z] [a-z]{2,6} "\\", \\"unit\\": \\"celsius\\"}}\\n</tool_call>"';
+  const argsG = '{\\"city\\": \\"" [A-Z] [a-z]{2,6} "\\", \\"unit\\": \\"celsius\\"}';
+  const grammar = mistral ? `root ::= "Let me check. [TOOL_CALLS][{\\"name\\": \\"get_weather\\", \\"arguments\\": ${argsG}, \\"id\\": \\"abcdefghi\\"}]"`
+    : llama ? `root ::= " {\\"name\\": \\"get_weather\\", \\"parameters\\": ${argsG}}"` // a call is the whole reply
+    : `root ::= "Let me check.\\n<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": ${argsG}}\\n</tool_call>"`;
   const body = { model, messages: [user], tools, tool_choice: 'auto', grammar, temperature: 1, seed: 21, max_tokens: 120 };
   const r = await client.chat.completions.create(body);
   const m = r.choices[0].message;
-  check(m.content === 'Let me check.', 'auto: the text before the call is content', m.content);
+  check(m.content === (llama ? null : 'Let me check.'), 'auto: the text before the call is content', m.content);
   checkCalls(m.tool_calls, 'auto', 'get_weather');
   check(r.choices[0].finish_reason === 'tool_calls', 'auto: finish tool_calls', r.choices[0].finish_reason);
   let content = '', args = '', name = '';
@@ -153,7 +162,7 @@ for (const [seed, parallel] of [[1, true], [2, false], [3, true], [4, false], [5
       args += d.function?.arguments ?? '';
     }
   }
-  check(content === m.content && name === 'get_weather' && args === m.tool_calls?.[0]?.function.arguments,
+  check(content === (m.content ?? '') && name === 'get_weather' && args === m.tool_calls?.[0]?.function.arguments,
     'auto: stream equals whole', { content, name, args }, m);
 }
 

@@ -2,7 +2,7 @@
 has one record per fed token and MoE layer, /metrics counts the same layer-steps, and an
 unwritable trace path stops the start with a message naming it. With --expert-batching 1 and
 more streams than a step holds (24 streams, 16-token steps), greedy completions equal those
-without it.
+without it, and through the expert store its default (on there) gives them too.
 
 usage: test_trace.py MOED MODEL (a MoE model: the moe64 one)
 """
@@ -92,4 +92,9 @@ off, sel_off = completions(["--expert-batching", "0", "--step-tokens", "16"])
 check(all(isinstance(t, str) for t in on + off), "all completions answered", on, off)
 check(on == off, "same greedy text with expert batching on and off", on, off)
 check(sel_on > 0 and sel_off == 0, "on chose steps by experts, off did not", sel_on, sel_off)
+# Through the expert store (a cache of under a third of the experts) the default (-1) turns it on,
+# weighing misses by what is resident: the same text again.
+st, sel_st = completions(["--step-tokens", "16", "--expert-cache-mb", "8"])
+check(st == off, "same greedy text through the store with the default expert-batching", st, off)
+check(sel_st > 0, "the default chose steps by experts through the store", sel_st)
 finish()

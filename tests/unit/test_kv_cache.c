@@ -426,7 +426,7 @@ static int run(struct fw *w, int seq, uint32_t p0, const int32_t *tok, int n, fl
 	}
 	if (md_kv_reserve(&w->kv, seq, p0 + (uint32_t)n))
 		return -1;
-	struct md_batch b = { n, tok, sq, ps, want };
+	struct md_batch b = { n, tok, sq, ps, want, NULL };
 	return md_forward(w->f, &w->kv, &b, out);
 }
 
@@ -577,19 +577,23 @@ static void test_prefix_cache(void)
 	CHECK(holds(&kv, b, 0, 32, 1));
 	CHECK_EQ_U(md_kv_prefix_attach(&kv, b, toks, 40), 0); /* not empty any more */
 	check_accounting(&kv);
-	/* Different second block: only the first attaches; too short: none. */
+	/* Different second block: the first attaches, and the 4 tokens the second shares come
+	 * as rows copied into a block of c's own; shorter than a block: copied rows only. */
 	int c = md_kv_seq_new(&kv);
-	CHECK_EQ_U(md_kv_prefix_attach(&kv, c, other, 40), 16);
+	CHECK_EQ_U(md_kv_prefix_attach(&kv, c, other, 40), 20);
 	CHECK_EQ_I(md_kv_block_refs(&kv, b0), 2);
+	CHECK(md_kv_seq_block(&kv, c, 16) != b1);
+	CHECK(holds(&kv, c, 0, 20, 1));
 	int d = md_kv_seq_new(&kv);
-	CHECK_EQ_U(md_kv_prefix_attach(&kv, d, toks, 15), 0);
+	CHECK_EQ_U(md_kv_prefix_attach(&kv, d, toks, 15), 15);
+	CHECK(md_kv_seq_block(&kv, d, 0) != b0 && holds(&kv, d, 0, 15, 1));
 	md_kv_seq_free(&kv, d);
+	check_accounting(&kv);
 
-	/* c writes into its copy of the first block's range? No: it continues at 16, in a block
-	 * of its own; b0 stays shared and registered. */
+	/* c continues at 20 in its own block; b0 stays shared and registered. */
 	CHECK_EQ_I(md_kv_reserve(&kv, c, 40), 0);
-	CHECK_EQ_I(write_span(&kv, c, 16, 40, 2), 0);
-	CHECK(holds(&kv, c, 0, 16, 1));
+	CHECK_EQ_I(write_span(&kv, c, 20, 40, 2), 0);
+	CHECK(holds(&kv, c, 0, 20, 1) && holds(&kv, c, 20, 40, 2));
 	CHECK_EQ_I(md_kv_seq_block(&kv, c, 0), b0);
 	md_kv_prefix_register(&kv, c, other, 40);
 	CHECK_EQ_U(md_kv_prefix_blocks(&kv), 3);
@@ -614,7 +618,7 @@ static void test_prefix_cache(void)
 	CHECK_EQ_I(write_span(&kv, c, 20, 24, 4), 0);
 	CHECK_EQ_I(md_kv_seq_block(&kv, c, 16), c1);
 	CHECK_EQ_U(md_kv_prefix_blocks(&kv), 2);
-	CHECK(holds(&kv, c, 16, 20, 2) && holds(&kv, c, 20, 24, 4));
+	CHECK(holds(&kv, c, 16, 20, 1) && holds(&kv, c, 20, 24, 4));
 	md_kv_seq_free(&kv, b);
 	md_kv_seq_free(&kv, c);
 	check_accounting(&kv);
@@ -690,6 +694,110 @@ static void test_k_only(void)
 	md_kv_release(&kv);
 }
 
+/* A sequence's last, partial block, registered when it ends, gives its rows to the next
+ * sequence with those tokens (copied: it is never shared); evicted like any block. */
+static void test_prefix_tail(void)
+{
+	struct md_kv_cache kv;
+	REQUIRE(CHECK_EQ_I(md_kv_init(&kv, 2, DIM, 6, 4), 0));
+	REQUIRE(CHECK_EQ_I(md_kv_prefix_enable(&kv), 0));
+	int32_t toks[128], other[128];
+	for (int i = 0; i < 128; i++)
+		toks[i] = other[i] = 500 + i;
+	other[18] = 3;
+
+	int a = md_kv_seq_new(&kv);
+	CHECK_EQ_I(md_kv_reserve(&kv, a, 21), 0);
+	CHECK_EQ_I(write_span(&kv, a, 0, 21, 1), 0);
+	int32_t at = md_kv_seq_block(&kv, a, 16);
+	md_kv_prefix_register_tail(&kv, a, toks, 21);
+	CHECK_EQ_U(md_kv_prefix_blocks(&kv), 2); /* the whole first block and the tail */
+	md_kv_seq_free(&kv, a);
+	check_accounting(&kv);
+	CHECK_EQ_U(md_kv_blocks_used(&kv), 0);
+
+	/* The same 21 tokens and more: 16 shared, 5 copied; the tail itself stays unheld. */
+	int b = md_kv_seq_new(&kv);
+	CHECK_EQ_U(md_kv_prefix_attach(&kv, b, toks, 30), 21);
+	CHECK(md_kv_seq_block(&kv, b, 16) != at && md_kv_block_refs(&kv, at) == 0);
+	CHECK(holds(&kv, b, 0, 21, 1));
+	CHECK_EQ_I(md_kv_reserve(&kv, b, 30), 0);
+	CHECK_EQ_I(write_span(&kv, b, 21, 30, 2), 0);
+	CHECK(holds(&kv, b, 0, 21, 1) && holds(&kv, b, 21, 30, 2));
+	/* A repeat that must recompute its last token (attach up to 20 of 21): 20. */
+	int c = md_kv_seq_new(&kv);
+	CHECK_EQ_U(md_kv_prefix_attach(&kv, c, toks, 20), 20);
+	CHECK(holds(&kv, c, 0, 20, 1));
+	/* Tokens that part at 18: two rows of the tail. */
+	int d = md_kv_seq_new(&kv);
+	CHECK_EQ_U(md_kv_prefix_attach(&kv, d, other, 30), 18);
+	CHECK(holds(&kv, d, 0, 18, 1));
+	check_accounting(&kv);
+	md_kv_seq_free(&kv, b);
+	md_kv_seq_free(&kv, c);
+	md_kv_seq_free(&kv, d);
+	check_accounting(&kv);
+
+	/* A shared last block (a fork's) is not registered as a tail. */
+	int e = md_kv_seq_new(&kv);
+	CHECK_EQ_U(md_kv_prefix_attach(&kv, e, toks, 16), 16);
+	int f = md_kv_seq_fork(&kv, e, 16);
+	REQUIRE(CHECK(f >= 0));
+	md_kv_prefix_register_tail(&kv, e, toks, 16);
+	md_kv_seq_free(&kv, f);
+	md_kv_seq_free(&kv, e);
+
+	/* The pool needs every block: the tail goes like the others. */
+	int g = md_kv_seq_new(&kv);
+	CHECK_EQ_I(md_kv_reserve(&kv, g, 6 * MD_KV_BLOCK_TOKENS), 0);
+	CHECK_EQ_U(md_kv_prefix_blocks(&kv), 0);
+	md_kv_seq_free(&kv, g);
+	int h = md_kv_seq_new(&kv);
+	CHECK_EQ_U(md_kv_prefix_attach(&kv, h, toks, 30), 0);
+	check_accounting(&kv);
+	md_kv_release(&kv);
+}
+
+/* The prefix cache on rows without V: a finished sequence's partial last block is copied, K
+ * rows only, into the next sequence with those tokens. */
+static void test_k_only_prefix_tail(void)
+{
+	enum { W = 12, NT = 21 };
+	struct md_kv_cache kv;
+	REQUIRE(CHECK_EQ_I(md_kv_init_dims(&kv, 2, W, 0, 6, 2), 0));
+	REQUIRE(CHECK_EQ_I(md_kv_prefix_enable(&kv), 0));
+	int32_t toks[32], sq[NT], ps[NT];
+	for (int i = 0; i < 32; i++)
+		toks[i] = 700 + i;
+	int a = md_kv_seq_new(&kv);
+	CHECK_EQ_I(md_kv_reserve(&kv, a, NT), 0);
+	for (int t = 0; t < NT; t++)
+		sq[t] = a, ps[t] = t;
+	CHECK_EQ_I(md_kv_batch_begin(&kv, NT, sq, ps), 0);
+	for (uint32_t l = 0; l < 2; l++)
+		for (uint32_t p = 0; p < NT; p++) {
+			float *k, *v;
+			md_kv_write_rows(&kv, l, a, p, &k, &v);
+			for (int i = 0; i < W; i++)
+				k[i] = val(l, 1, p, i);
+		}
+	CHECK_EQ_I(md_kv_commit(&kv, a, NT), 0);
+	md_kv_prefix_register_tail(&kv, a, toks, NT);
+	md_kv_seq_free(&kv, a);
+	int b = md_kv_seq_new(&kv);
+	CHECK_EQ_U(md_kv_prefix_attach(&kv, b, toks, 30), NT);
+	int ok = 1;
+	for (uint32_t l = 0; l < 2; l++)
+		for (uint32_t p = 0; p < NT; p++)
+			for (int i = 0; i < W; i++)
+				ok &= md_kv_k(&kv, l, b, p)[i] == val(l, 1, p, i);
+	CHECK(ok);
+	check_accounting(&kv);
+	md_kv_seq_free(&kv, b);
+	check_accounting(&kv);
+	md_kv_release(&kv);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 1) {
@@ -703,6 +811,8 @@ int main(int argc, char **argv)
 		test_batch_checks();
 		test_prefix_cache();
 		test_k_only();
+		test_prefix_tail();
+		test_k_only_prefix_tail();
 	}
 	if (failures) {
 		fprintf(stderr, "kv_cache: %d failures\n", failures);

@@ -32,15 +32,74 @@ static void test_plan(void)
 	CHECK_EQ_U(p.cache_bytes, in.limit / 10 * 8 - 300 * MB - p.kv_bytes);
 	CHECK(strstr(p.why, "exceeds 80%") != NULL);
 
-	in.limit = 400 * MB; /* nothing left: the smallest budget that serves a step */
-	md_mem_plan_make(&in, &p);
-	CHECK(p.store);
+	in.limit = 600 * MB; /* nothing left: the smallest budget that serves a step, */
+	md_mem_plan_make(&in, &p); /* 300 + 60 + 160 = 520 <= 600 - 60 */
+	CHECK(p.store && !p.refuse);
 	CHECK_EQ_U(p.cache_bytes, 160 * MB);
 	CHECK(strstr(p.why, "smallest budget") != NULL);
 
+	in.limit = 560 * MB; /* 300 + 56 + 160 = 516 > 504: refused, never an OOM kill */
+	md_mem_plan_make(&in, &p);
+	CHECK(p.refuse);
+	CHECK(strstr(p.why, "need 516 MiB") != NULL && strstr(p.why, "less 56 MiB") != NULL);
+	in.limit = 400 * MB; /* the dense weights alone nearly fill it */
+	md_mem_plan_make(&in, &p);
+	CHECK(p.refuse);
+
+	/* A small limit: the reserve is 32 MiB, not a tenth, and the cache shrinks to fit it. */
+	in = (struct md_mem_plan_in){ .limit = 64 * MB, .file_bytes = 110 * MB,
+				      .expert_bytes = 107 * MB, .kv_bytes = 512 * MB,
+				      .min_cache = 13 * MB, .cache_mb = 0 };
+	md_mem_plan_make(&in, &p);
+	CHECK(p.store && !p.refuse);
+	CHECK_EQ_U(p.kv_bytes, 64 * MB / 10 * 8 / 8);
+	CHECK_EQ_U(p.cache_bytes, 32 * MB - 3 * MB - p.kv_bytes);
+	in.limit = 40 * MB; /* 3 + 4 + 13 > 40 - 32 */
+	md_mem_plan_make(&in, &p);
+	CHECK(p.refuse);
+	/* The KV pool never below one context (kv_min), whatever the eighth: at 64 MiB a 32 MiB
+	 * context leaves nothing for the experts. */
+	in.limit = 64 * MB;
+	in.kv_min = 32 * MB;
+	md_mem_plan_make(&in, &p);
+	CHECK(p.refuse);
+	CHECK(strstr(p.why, "KV 32 MiB") != NULL);
+	/* The whole file mapped: the KV pool (anonymous) kept below the limit less the
+	 * reserve, never below one context; refused when one context does not fit. */
+	struct md_mem_plan_in mm = { .limit = 64 * MB, .file_bytes = 12 * MB,
+				     .expert_bytes = 9 * MB, .kv_bytes = 512 * MB,
+				     .kv_min = 4 * MB, .min_cache = 1 * MB, .cache_mb = 0 };
+	md_mem_plan_make(&mm, &p);
+	CHECK(!p.store && !p.refuse);
+	CHECK_EQ_U(p.kv_bytes, 32 * MB);
+	CHECK(strstr(p.why, "KV capped at 32 MiB") != NULL);
+	mm.cache_mb = -1; /* forced mapping, and a dense model: the same cap */
+	md_mem_plan_make(&mm, &p);
+	CHECK(!p.store && p.kv_bytes == 32 * MB);
+	mm.cache_mb = 0;
+	mm.expert_bytes = 0;
+	md_mem_plan_make(&mm, &p);
+	CHECK(!p.store && p.kv_bytes == 32 * MB);
+	mm.kv_min = 40 * MB;
+	md_mem_plan_make(&mm, &p);
+	CHECK(p.refuse);
+	CHECK(strstr(p.why, "smallest KV pool (40 MiB)") != NULL);
+	mm.limit = 0; /* no limit known: nothing capped */
+	md_mem_plan_make(&mm, &p);
+	CHECK(!p.refuse && p.kv_bytes == 512 * MB);
+	mm.limit = 64000 * MB; /* a pool that fits is left as it is */
+	md_mem_plan_make(&mm, &p);
+	CHECK(!p.refuse && p.kv_bytes == 512 * MB && strstr(p.why, "capped") == NULL);
+
+	in.limit = 128 * MB; /* 3 + 32 + 13 fit; the cache gets the rest below 128 - 32 */
+	md_mem_plan_make(&in, &p);
+	CHECK(p.store && !p.refuse);
+	CHECK_EQ_U(p.kv_bytes, 32 * MB);
+	CHECK_EQ_U(p.cache_bytes, 96 * MB - 3 * MB - 32 * MB);
+
 	in.limit = 100000 * MB; /* cache never above the experts' bytes */
 	in.cache_mb = 0;
-	in.file_bytes = 200000 * MB;
+	in.file_bytes = 85000 * MB;
 	in.expert_bytes = 10 * MB;
 	md_mem_plan_make(&in, &p);
 	CHECK(p.store);
@@ -63,6 +122,14 @@ static void test_plan(void)
 	in.limit = 0;
 	md_mem_plan_make(&in, &p);
 	CHECK(!p.store);
+	/* a device tier: the store even where the file fits, every expert in host RAM */
+	in = (struct md_mem_plan_in){ .limit = 64000 * MB, .file_bytes = 2300 * MB,
+				      .expert_bytes = 2000 * MB, .kv_bytes = 512 * MB,
+				      .min_cache = 160 * MB, .device = true };
+	md_mem_plan_make(&in, &p);
+	CHECK(p.store);
+	CHECK_EQ_U(p.cache_bytes, 2000 * MB);
+	CHECK(strstr(p.why, "device tier") != NULL);
 	in.limit = 100 * MB;
 	in.expert_bytes = 0;
 	md_mem_plan_make(&in, &p);

@@ -226,7 +226,7 @@ static void test_engine_trace(const char *model, const char *trace)
 				seq[j] = s;
 				pos[j] = (int32_t)(p + j);
 			}
-			struct md_batch b = { (int32_t)n, o->toks + p, seq, pos, NULL };
+			struct md_batch b = { (int32_t)n, o->toks + p, seq, pos, NULL, NULL };
 			REQUIRE(CHECK(md_forward(f, &kv, &b, logits) >= 0));
 			for (uint64_t r = 0; r < log.n_rec; r++) {
 				const struct md_route_rec *rec = &log.rec[r];
