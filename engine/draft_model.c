@@ -9,13 +9,7 @@
 #include <time.h>
 
 #include "engine/spec.h"
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
+#include "engine/spec_ctl.h"
 
 /* The two files' vocabularies agree: same size, and the same token strings where both carry a
  * tokenizer. Returns 0 or -EINVAL with err set. */
@@ -192,9 +186,9 @@ static int run_round(struct md_draft_model *dm, uint32_t n)
 		.n_tokens = (int32_t)n, .tokens = dm->tok, .seq = dm->seq, .pos = dm->pos,
 		.want_logits = dm->want,
 	};
-	double t0 = now_s();
+	double t0 = md_spec_ctl_clock();
 	int rows = md_forward(dm->fw, &dm->kv, &b, dm->logits);
-	double dt = now_s() - t0;
+	double dt = md_spec_ctl_clock() - t0;
 	dm->t_round = dm->rounds ? 0.9 * dm->t_round + 0.1 * dt : dt;
 	dm->rounds++;
 	return rows;

@@ -658,7 +658,7 @@ static void decide_item(struct md_engine *e, uint32_t i, const float *rows,
 		ss->verify_steps++;
 	}
 	if (ss)
-		md_spec_ctl_feedback(ss, it->n_draft, acc, n ? out[0].token : -1);
+		md_spec_ctl_feedback(&e->ctl, ss, it->n_draft, acc, n ? out[0].token : -1);
 }
 
 /* Emit what decide_item decided for item i (after the commit). */
@@ -760,13 +760,6 @@ static int setup_trace(struct md_engine *e)
 }
 
 /* ---- speculation in the step ---- */
-
-static double mono_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 /* Count the step's verifications (after decide_item). */
 static void spec_account(struct md_engine *e)
@@ -875,7 +868,10 @@ static int spec_attach(struct md_engine *e, struct md_seq *s, uint64_t seed)
 		return 0;
 	uint32_t k = o->max_k ? o->max_k : e->sp.k;
 	s->spec = md_spec_seq_new(d, k < e->sp.k ? k : e->sp.k, seed);
-	return s->spec ? 0 : -ENOMEM;
+	if (!s->spec)
+		return -ENOMEM;
+	md_spec_ctl_prior(&e->ctl, s->spec);
+	return 0;
 }
 
 static int spec_setup(struct md_engine *e)
@@ -984,7 +980,7 @@ static bool step(struct md_engine *e)
 		.want_logits = p->want_logits,
 	};
 	trace_step_begin(e, p);
-	double t0 = mono_s();
+	double t0 = md_spec_ctl_clock();
 	int rows = md_forward(e->fw, &e->kv, &b, e->logits);
 	if (e->trace)
 		md_route_trace_flush(e->trace);
@@ -1008,7 +1004,7 @@ static bool step(struct md_engine *e)
 	}
 	/* The controller's cost table: forward plus decisions of decode-only steps. */
 	if (p->n_prompt == 0 && p->n_recompute == 0)
-		md_spec_ctl_observe(&e->ctl, n, mono_s() - t0);
+		md_spec_ctl_observe(&e->ctl, n, md_spec_ctl_clock() - t0);
 	md_sched_commit(sc, sp->keep);
 	spec_account(e);
 	k = 0;

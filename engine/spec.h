@@ -83,7 +83,7 @@ struct md_spec_seq {
 	int32_t shadow;                /* n-gram proposal not verified this step (-1: none) */
 	uint32_t probe_wait, probe_gap; /* steps until a probe when k was 0; current gap */
 	uint32_t k_used;               /* k given to the scheduler this step */
-	uint32_t explore;              /* speculating steps since the last frontier probe */
+	uint32_t explore;              /* speculating steps, counted for frontier probes */
 
 	/* the draft model's KV (engine/draft_model.c) */
 	int dkv_seq;                   /* slot in the draft model's KV cache, -1: none */
