@@ -80,17 +80,29 @@ void md_spec_ctl_init(struct md_spec_ctl *c, const struct md_model *m, bool fixe
 	}
 	if (c->n_moe_layers)
 		c->w_expert /= c->n_moe_layers;
-	c->n_expert = hp->n_expert;
-	c->n_used = hp->n_expert_used;
+	md_spec_ctl_set_bytes(c, c->w_dense, c->w_expert, c->n_moe_layers, hp->n_expert,
+			      hp->n_expert_used);
+}
+
+void md_spec_ctl_set_bytes(struct md_spec_ctl *c, double w_dense, double w_expert,
+			   uint32_t n_moe_layers, uint32_t n_expert, uint32_t n_used)
+{
+	c->w_dense = w_dense;
+	c->w_expert = w_expert;
+	c->n_moe_layers = n_moe_layers;
+	c->n_expert = n_expert;
+	c->n_used = n_used;
+	for (uint32_t n = 0; n <= MD_SPEC_CTL_MAXN; n++) {
+		double u = 0;
+		if (n_moe_layers && n_expert)
+			u = n_expert * (1 - pow(1 - (double)n_used / n_expert, (double)n));
+		c->r[n] = w_dense + n_moe_layers * u * w_expert + 1;
+	}
 }
 
 double md_spec_ctl_bytes(const struct md_spec_ctl *c, uint32_t n)
 {
-	if (!c->n_moe_layers || !c->n_expert)
-		return c->w_dense + 1;
-	double E = c->n_expert, K = c->n_used;
-	double u = E * (1 - pow(1 - K / E, (double)n));
-	return c->w_dense + c->n_moe_layers * u * c->w_expert + 1;
+	return c->r[n < MD_SPEC_CTL_MAXN ? n : MD_SPEC_CTL_MAXN];
 }
 
 /* The step time of n tokens from the sizes measured lately (see md_spec_ctl_observe). */
@@ -115,7 +127,7 @@ static double shape_cost(const struct md_spec_ctl *c, uint32_t n)
 			lo = i;
 			break;
 		}
-	for (int i = (int)n + 1; i <= MD_SPEC_CTL_MAXN; i++)
+	for (int i = (int)n + 1; i <= (int)c->max_n; i++)
 		if (measured(c, (uint32_t)i)) {
 			hi = i;
 			break;
@@ -229,6 +241,8 @@ void md_spec_ctl_observe(struct md_spec_ctl *c, uint32_t n, double dt)
 	if (c->nobs[n] < UINT32_MAX)
 		c->nobs[n]++;
 	c->last_obs[n] = c->chosen_steps;
+	if (n > c->max_n)
+		c->max_n = n;
 }
 
 static bool fresh(const struct md_spec_ctl *c, uint32_t n)

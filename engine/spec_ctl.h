@@ -88,14 +88,20 @@ struct md_spec_ctl {
 	uint32_t nobs[MD_SPEC_CTL_MAXN + 1];
 	uint64_t last_obs[MD_SPEC_CTL_MAXN + 1]; /* chosen_steps at each size's last measurement */
 	uint64_t next_frontier;           /* no frontier probe before this step */
+	uint32_t max_n;                   /* the largest size measured */
+	double r[MD_SPEC_CTL_MAXN + 1];   /* R(n), bytes */
 	uint64_t chosen_steps, spec_steps; /* steps decided, and those that speculated */
 	double g_acc_w[MD_SPEC_CTL_DRAFTERS], g_acc_n[MD_SPEC_CTL_DRAFTERS]; /* per drafter, decayed */
 };
 
 void md_spec_ctl_init(struct md_spec_ctl *c, const struct md_model *m, bool fixed);
 
-/* R(n) of the DESIGN, in bytes. */
+/* R(n) of the DESIGN, in bytes (from a table; n beyond MD_SPEC_CTL_MAXN as MD_SPEC_CTL_MAXN). */
 double md_spec_ctl_bytes(const struct md_spec_ctl *c, uint32_t n);
+/* Set the byte model's parameters (md_spec_ctl_init does, from the model; simulations call it
+ * with their own) and its table. */
+void md_spec_ctl_set_bytes(struct md_spec_ctl *c, double w_dense, double w_expert,
+			   uint32_t n_moe_layers, uint32_t n_expert, uint32_t n_used);
 /* Predicted seconds of a decode step of n tokens; 0 when nothing is measured yet. */
 double md_spec_ctl_cost(const struct md_spec_ctl *c, uint32_t n);
 /* The same plus one standard error of the measurement it rests on: what a step of n tokens

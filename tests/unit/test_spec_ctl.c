@@ -63,11 +63,7 @@ static double simulate(cost_fn cost, uint32_t B, double alpha, uint32_t kmax, do
 	struct md_spec_ctl c;
 	memset(&c, 0, sizeof(c));
 	c.rvar = 0.0625;
-	c.w_dense = 28e6;
-	c.w_expert = 14.2e6;
-	c.n_moe_layers = 4;
-	c.n_expert = 16;
-	c.n_used = 2;
+	md_spec_ctl_set_bytes(&c, 28e6, 14.2e6, 4, 16, 2);
 	struct md_spec_seq *ss[16];
 	uint32_t k[16];
 	bool free_draft[16];
