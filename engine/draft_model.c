@@ -150,8 +150,8 @@ static int32_t draw_q(const struct md_sampler_dist *q, uint64_t rng[2])
 	return q->id[q->n - 1];
 }
 
-/* The draft at position r of s from its draft logits row. Returns 0 or a negative code. */
-static int pick(struct md_draft_model *dm, struct md_seq *s, uint32_t r, const float *row)
+int md_draft_pick(struct md_sampler *sm, uint32_t n_vocab, struct md_seq *s, uint32_t r,
+		  const float *row)
 {
 	struct md_spec_seq *ss = s->spec;
 	const struct md_sampling *p = &s->req->sampling;
@@ -160,13 +160,13 @@ static int pick(struct md_draft_model *dm, struct md_seq *s, uint32_t r, const f
 		.gen = s->toks + s->n_prompt, .n_gen = s->n_toks - s->n_prompt + r,
 	};
 	bool greedy = p->temperature <= 1e-6f;
-	struct md_sampler_dist *q = &dm->sm.dist;
+	struct md_sampler_dist *q = &sm->dist;
 	if (!greedy) {
-		if (md_spec_seq_alloc_q(ss, dm->n_vocab))
+		if (md_spec_seq_alloc_q(ss, n_vocab))
 			return -ENOMEM;
 		q = &ss->q[r];
 	}
-	int rc = md_sampler_transform(&dm->sm, p, &ctx, row, q->w);
+	int rc = md_sampler_transform(sm, p, &ctx, row, q->w);
 	if (!rc)
 		rc = md_sampler_dist_build(q, p, q->w);
 	if (rc)
@@ -176,6 +176,11 @@ static int pick(struct md_draft_model *dm, struct md_seq *s, uint32_t r, const f
 	s->toks[s->n_toks + r] = d;
 	ss->draft_q = !q->greedy;
 	return 0;
+}
+
+static int pick(struct md_draft_model *dm, struct md_seq *s, uint32_t r, const float *row)
+{
+	return md_draft_pick(&dm->sm, dm->n_vocab, s, r, row);
 }
 
 /* One batched forward of the planned rows; the logits row of each wanted token goes to

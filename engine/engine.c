@@ -48,6 +48,7 @@
 #include "common/log.h"
 #include "engine/experts.h"
 #include "engine/draft_model.h"
+#include "engine/self_draft.h"
 #include "engine/forward.h"
 #include "engine/mem_plan.h"
 #include "engine/kv_cache.h"
@@ -128,11 +129,13 @@ struct md_engine {
 	bool draft_ready;
 	struct md_seq **dseq;            /* owned (max_seqs): sequences the draft model drafts for */
 	uint32_t *dk;                    /* owned (max_seqs): their k */
+	struct md_self_draft self;       /* self-speculation, when self.ready */
+	struct md_seq **sseq;            /* owned (max_seqs): sequences self-speculation drafts for */
+	uint32_t *sk;                    /* owned (max_seqs): their k */
 	struct md_spec_ctl ctl;          /* chooses k per sequence and step */
 	struct md_seq **cseq;            /* owned (max_seqs): this step's candidates */
 	struct md_spec_seq **css;        /* owned (max_seqs): their states */
 	uint32_t *ck;                    /* owned (max_seqs): room in, chosen k out */
-	bool *cfree;                     /* owned (max_seqs): the candidate's drafts cost nothing */
 
 	/* published at READY, read-only afterwards */
 	char name[256];
@@ -161,6 +164,7 @@ int md_engine_new(struct md_engine **out, const struct md_engine_config *cfg,
 		? strdup(cfg->trace_routing) : NULL;
 	e->cfg.expert_policy = dup_or_null(cfg->expert_policy);
 	e->cfg.state_dir = dup_or_null(cfg->state_dir);
+	e->cfg.spec_self_skip = dup_or_null(cfg->spec_self_skip);
 	e->kv_mem_bytes = (uint64_t)cfg->kv_mem_mb << 20;
 	e->wake = wake;
 	e->wake_arg = wake_arg;
@@ -794,7 +798,7 @@ static uint32_t spec_room(const struct md_engine *e, const struct md_seq *s)
 static void spec_propose(struct md_engine *e)
 {
 	struct md_sched *sc = &e->sched;
-	uint32_t nd = 0, nc = 0, B = 0;
+	uint32_t nd = 0, ns = 0, nc = 0, B = 0;
 	for (uint32_t i = 0; i < sc->n_running; i++) {
 		struct md_seq *s = sc->running[i];
 		struct md_spec_seq *ss = s->spec;
@@ -818,13 +822,14 @@ static void spec_propose(struct md_engine *e)
 		}
 		e->cseq[nc] = s;
 		e->css[nc] = ss;
-		e->ck[nc] = k;
-		e->cfree[nc++] = ss->drafter == MD_SPEC_NGRAM;
+		e->ck[nc++] = k;
 	}
 	if (nc == 0)
 		return;
-	md_spec_ctl_choose(&e->ctl, e->css, e->ck, e->cfree, nc, B,
-			   e->draft_ready ? e->draft.t_round : 0);
+	double t_round[MD_SPEC_CTL_DRAFTERS] = { 0 };
+	t_round[MD_SPEC_DRAFT] = e->draft_ready ? e->draft.t_round : 0;
+	t_round[MD_SPEC_SELF] = e->self.ready ? e->self.t_round : 0;
+	md_spec_ctl_choose(&e->ctl, e->css, e->ck, t_round, nc, B);
 	/* Drafts beyond the spare logits rows would crowd other sequences out of the step. */
 	uint32_t spare = e->max_logits - e->cfg.max_seqs;
 	for (uint32_t i = 0; i < nc; i++) {
@@ -840,18 +845,28 @@ static void spec_propose(struct md_engine *e)
 			if (e->ck[i] == 0)
 				ss->shadow = ss->draft[0]; /* judged against the step's token */
 			ss->n_draft = s->n_draft = e->ck[i];
+		} else if (e->ck[i] > 0 && ss->drafter == MD_SPEC_SELF) {
+			e->sseq[ns] = s;
+			e->sk[ns++] = e->ck[i];
 		} else if (e->ck[i] > 0) {
 			e->dseq[nd] = s;
 			e->dk[nd++] = e->ck[i];
 		}
 	}
-	if (nd == 0)
-		return;
-	int rc = md_draft_propose(&e->draft, e->dseq, e->dk, nd);
-	if (rc)
-		md_log(MD_LOG_WARN, "draft model step failed (%d): no drafts this step", rc);
-	for (uint32_t i = 0; i < nd; i++)
-		e->dseq[i]->n_draft = e->dseq[i]->spec->n_draft;
+	if (nd > 0) {
+		int rc = md_draft_propose(&e->draft, e->dseq, e->dk, nd);
+		if (rc)
+			md_log(MD_LOG_WARN, "draft model step failed (%d): no drafts this step", rc);
+		for (uint32_t i = 0; i < nd; i++)
+			e->dseq[i]->n_draft = e->dseq[i]->spec->n_draft;
+	}
+	if (ns > 0) {
+		int rc = md_self_draft_propose(&e->self, e->sseq, e->sk, ns);
+		if (rc)
+			md_log(MD_LOG_WARN, "self-speculation draft failed (%d): no drafts this step", rc);
+		for (uint32_t i = 0; i < ns; i++)
+			e->sseq[i]->n_draft = e->sseq[i]->spec->n_draft;
+	}
 }
 
 /* The speculation state of a new sequence from its request and the engine's defaults; NULL
@@ -860,11 +875,11 @@ static int spec_attach(struct md_engine *e, struct md_seq *s, uint64_t seed)
 {
 	const struct md_spec_opts *o = &s->req->spec;
 	enum md_spec_drafter d = o->drafter == MD_SPEC_DEFAULT ? e->sp.drafter : o->drafter;
-	if (d == MD_SPEC_DRAFT && !e->draft_ready)
-		d = MD_SPEC_OFF; /* no draft model: the server refuses such requests before */
+	if ((d == MD_SPEC_DRAFT && !e->draft_ready) || (d == MD_SPEC_SELF && !e->self.ready))
+		d = MD_SPEC_OFF; /* not available: the server refuses such requests before */
 	if (s->req->grammar)
 		d = MD_SPEC_OFF; /* the grammar's matcher advances one decided token at a time */
-	if (d != MD_SPEC_NGRAM && d != MD_SPEC_DRAFT)
+	if (d != MD_SPEC_NGRAM && d != MD_SPEC_DRAFT && d != MD_SPEC_SELF)
 		return 0;
 	uint32_t k = o->max_k ? o->max_k : e->sp.k;
 	s->spec = md_spec_seq_new(d, k < e->sp.k ? k : e->sp.k, seed);
@@ -892,8 +907,9 @@ static int spec_setup(struct md_engine *e)
 	e->cseq = calloc(S, sizeof(*e->cseq));
 	e->css = calloc(S, sizeof(*e->css));
 	e->ck = calloc(S, sizeof(*e->ck));
-	e->cfree = calloc(S, sizeof(*e->cfree));
-	if (!e->dseq || !e->dk || !e->cseq || !e->css || !e->ck || !e->cfree)
+	e->sseq = calloc(S, sizeof(*e->sseq));
+	e->sk = calloc(S, sizeof(*e->sk));
+	if (!e->dseq || !e->dk || !e->cseq || !e->css || !e->ck || !e->sseq || !e->sk)
 		return -ENOMEM;
 	sp->out = calloc(e->max_logits, sizeof(*sp->out));
 	sp->n_out = calloc(S, sizeof(uint32_t));
@@ -926,7 +942,9 @@ static void spec_release(struct md_engine *e)
 	free(e->cseq);
 	free(e->css);
 	free(e->ck);
-	free(e->cfree);
+	free(e->sseq);
+	free(e->sk);
+	md_self_draft_release(&e->self);
 }
 
 /* The draft model, when configured (after the forward context exists: it shares its pool). */
@@ -955,6 +973,32 @@ static int spec_load_draft(struct md_engine *e, int threads)
 		       c->draft_model_path, hp->arch_name, hp->n_layer, hp->n_embd,
 		       e->draft.model.gguf.size / 1048576.0);
 	}
+	return 0;
+}
+
+/* Self-speculation, where the model can draft as itself (MoE, or layers to skip): a missing
+ * ability is no error unless the server's default drafter is self or layers were asked. */
+static int spec_setup_self(struct md_engine *e)
+{
+	const struct md_engine_config *c = &e->cfg;
+	char why[256];
+	int rc = md_self_draft_init(&e->self, &e->model, e->fw, &e->kv, c->spec_self_experts,
+				    c->spec_self_skip, c->max_seqs, why, sizeof(why));
+	if (rc == -ENOMEM) {
+		snprintf(e->err, sizeof(e->err), "%s", why);
+		return rc;
+	}
+	if (rc) {
+		bool asked = c->spec == MD_SPEC_SELF || (c->spec_self_skip && c->spec_self_skip[0]);
+		md_self_draft_release(&e->self);
+		if (asked) {
+			snprintf(e->err, sizeof(e->err), "%s", why);
+			return rc;
+		}
+		return 0;
+	}
+	if (e->store)
+		md_self_draft_set_src(&e->self, md_expert_store_src(e->store));
 	return 0;
 }
 
@@ -1212,6 +1256,9 @@ static int load(struct md_engine *e)
 	rc = spec_load_draft(e, threads);
 	if (rc)
 		return rc;
+	rc = spec_setup_self(e);
+	if (rc)
+		return rc;
 	pthread_mutex_lock(&e->st_mu);
 	e->stats.kv_blocks_total = md_kv_blocks_total(&e->kv);
 	pthread_mutex_unlock(&e->st_mu);
@@ -1369,6 +1416,7 @@ void md_engine_free(struct md_engine *e)
 	free((char *)e->cfg.trace_routing);
 	free((char *)e->cfg.expert_policy);
 	free((char *)e->cfg.state_dir);
+	free((char *)e->cfg.spec_self_skip);
 	pthread_mutex_destroy(&e->sub_mu);
 	pthread_cond_destroy(&e->sub_cv);
 	pthread_mutex_destroy(&e->ev_mu);
@@ -1406,6 +1454,11 @@ const struct md_gvocab *md_engine_gvocab(const struct md_engine *e)
 bool md_engine_has_draft(const struct md_engine *e)
 {
 	return e->draft_ready;
+}
+
+bool md_engine_has_self(const struct md_engine *e)
+{
+	return e->self.ready;
 }
 
 int md_engine_tool_format(const struct md_engine *e)

@@ -31,11 +31,15 @@
  *      l's hidden state, engine/forward.c) and calls it once layer l's gets are done (before
  *      its last wave runs) with the predicted experts (ascending, distinct). A hint: the source may start reading them;
  *      nothing is held, and the next plan of that layer says what was used.
+ *   resident(layer, e): optional. Whether the expert's weights are in fast memory now, so a
+ *      get would not wait for a read (a self-speculation draft pass routes among those only,
+ *      engine/forward.h). Asks, holds nothing. Without it every expert counts as resident.
  * Weights of one layer's experts may differ in type; views of one expert must have gate and
  * up of the same shape (n_embd -> n_ff_exp) and down (n_ff_exp -> n_embd). */
 #ifndef MD_EXPERT_SRC_H
 #define MD_EXPERT_SRC_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "engine/backend.h"
@@ -62,6 +66,7 @@ struct md_expert_src_ops {
 		   struct md_expert_w *out);
 	void (*release)(struct md_expert_src *src, uint32_t layer, int32_t expert);
 	void (*prefetch)(struct md_expert_src *src, uint32_t layer, const int32_t *experts, int n);
+	bool (*resident)(struct md_expert_src *src, uint32_t layer, int32_t expert);
 };
 
 /* Embed as the first member of an implementation's struct (the ops receive this pointer). */
@@ -90,6 +95,11 @@ static inline void md_expert_src_prefetch(struct md_expert_src *s, uint32_t laye
 {
 	if (s->ops->prefetch)
 		s->ops->prefetch(s, layer, experts, n);
+}
+
+static inline bool md_expert_src_resident(struct md_expert_src *s, uint32_t layer, int32_t expert)
+{
+	return s->ops->resident ? s->ops->resident(s, layer, expert) : true;
 }
 
 static inline void md_expert_src_release(struct md_expert_src *s, uint32_t layer, int32_t expert)

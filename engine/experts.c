@@ -695,12 +695,18 @@ static void st_prefetch(struct md_expert_src *src, uint32_t layer, const int32_t
 	}
 }
 
+static bool st_resident(struct md_expert_src *src, uint32_t layer, int32_t e)
+{
+	return e >= 0 && md_expert_store_resident((struct md_expert_store *)src, layer, (uint32_t)e);
+}
+
 static const struct md_expert_src_ops store_ops = {
 	.name = "store",
 	.plan = st_plan,
 	.get = st_get,
 	.release = st_release,
 	.prefetch = st_prefetch,
+	.resident = st_resident,
 };
 
 /* The same without prefetch: the forward pass then does not predict. */
@@ -709,6 +715,7 @@ static const struct md_expert_src_ops store_ops_nopf = {
 	.plan = st_plan,
 	.get = st_get,
 	.release = st_release,
+	.resident = st_resident,
 };
 
 /* ---- lifecycle ---- */

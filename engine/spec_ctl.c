@@ -312,6 +312,17 @@ static double expect(double a, uint32_t k)
 	return e;
 }
 
+/* The n-gram drafter's proposals cost nothing and are judged without verification. */
+static bool is_free(const struct md_spec_seq *ss)
+{
+	return ss->drafter == MD_SPEC_NGRAM;
+}
+
+static unsigned drafter_of(const struct md_spec_seq *ss)
+{
+	return (unsigned)ss->drafter < MD_SPEC_CTL_DRAFTERS ? (unsigned)ss->drafter : 0;
+}
+
 /* Whether drafting for a sequence with acceptance a could beat plain decode at all: the best
  * k's rate with every unmeasured size as cheap as the byte model allows (cost_opt). */
 static bool could_pay(const struct md_spec_ctl *c, double a, uint32_t room, bool free_draft,
@@ -326,7 +337,7 @@ static bool could_pay(const struct md_spec_ctl *c, double a, uint32_t room, bool
 }
 
 void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, uint32_t *k,
-			const bool *free_draft, uint32_t n, uint32_t B, double t_round)
+			const double *t_round_of, uint32_t n, uint32_t B)
 {
 	c->chosen_steps++;
 	if (c->fixed)
@@ -353,15 +364,20 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 	/* Grow the plan sequence by sequence while the step's rate rises, every size charged
 	 * its upper estimate; then keep it only if it beats plain decode by the margin. */
 	double gain = 0;
-	uint32_t extra = 0, rounds = 0;
+	/* Draft rounds: each drafter with rounds runs max(its k) of them, batched over its
+	 * sequences; their cost adds to the step's. */
+	uint32_t extra = 0, rounds[MD_SPEC_CTL_DRAFTERS] = { 0 };
+	double t_rounds = 0; /* sum over drafters of rounds x seconds per round */
 	for (uint32_t oi = 0; oi < m; oi++) {
 		uint32_t i = order[oi];
 		double a = md_spec_ctl_alpha(ss[i]);
-		double best_rate = (B + gain) / (md_spec_ctl_cost_hi(c, B + extra) + rounds * t_round);
+		const unsigned dr = drafter_of(ss[i]);
+		const double tr = is_free(ss[i]) ? 0 : t_round_of[dr];
+		double best_rate = (B + gain) / (md_spec_ctl_cost_hi(c, B + extra) + t_rounds);
 		uint32_t best = 0;
 		for (uint32_t kk = 1; kk <= room[i]; kk++) {
-			uint32_t r = free_draft[i] || kk < rounds ? rounds : kk;
-			double cost = md_spec_ctl_cost_hi(c, B + extra + kk) + r * t_round;
+			double more = kk > rounds[dr] ? (kk - rounds[dr]) * tr : 0;
+			double cost = md_spec_ctl_cost_hi(c, B + extra + kk) + t_rounds + more;
 			double rate = (B + gain + expect(a, kk)) / cost;
 			if (cost > 0 && rate > best_rate) {
 				best_rate = rate;
@@ -371,10 +387,12 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 		k[i] = best;
 		gain += expect(a, best);
 		extra += best;
-		if (!free_draft[i] && best > rounds)
-			rounds = best;
+		if (best > rounds[dr]) {
+			t_rounds += (best - rounds[dr]) * tr;
+			rounds[dr] = best;
+		}
 	}
-	bool spec = extra > 0 && (B + gain) / (md_spec_ctl_cost_hi(c, B + extra) + rounds * t_round) >
+	bool spec = extra > 0 && (B + gain) / (md_spec_ctl_cost_hi(c, B + extra) + t_rounds) >
 				 MARGIN * B / plain;
 	/* Keep plain decode's time current: the reference every decision compares with. */
 	if (spec && c->chosen_steps - c->last_obs[B < MD_SPEC_CTL_MAXN ? B : MD_SPEC_CTL_MAXN] > REF_STEPS)
@@ -391,7 +409,7 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 		if (k[i] == 0) {
 			if (room[i] == 0)
 				continue;
-			if (free_draft[i] && spec) {
+			if (is_free(s) && spec) {
 				/* In a step that speculates anyway, a sequence left out is probed
 				 * now and then (one draft more on an already larger step): that
 				 * measures the sizes around the plan. */
@@ -406,7 +424,7 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 				}
 				continue;
 			}
-			if (free_draft[i]) {
+			if (is_free(s)) {
 				/* The shadow judges its proposals; only a step size may need measuring. */
 				if (frontier < 0 && c->chosen_steps >= c->next_frontier &&
 				    could_pay(c, md_spec_ctl_alpha(s), room[i], true, B, 0, plain)) {
@@ -423,10 +441,11 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 			/* No shadow: a probe (one draft) re-measures alpha, now and then, while
 			 * drafting could pay with a good acceptance at all; the gap doubles while
 			 * probes do not lead to speculation. */
-			if (!could_pay(c, alpha_ucb(s), room[i], false, B, t_round, plain)) {
+			const double tr = t_round_of[drafter_of(s)];
+			if (!could_pay(c, alpha_ucb(s), room[i], false, B, tr, plain)) {
 				/* Not by what this sequence has shown: only the rare re-check (its text
 				 * may change), and not at all where no acceptance could pay. */
-				if (!could_pay(c, ALPHA_MAX, room[i], false, B, t_round, plain))
+				if (!could_pay(c, ALPHA_MAX, room[i], false, B, tr, plain))
 					continue;
 				s->probe_gap = PROBE_MAX * PROBE_COSTLY / 2;
 				if (s->probe_wait > PROBE_MAX * PROBE_COSTLY)

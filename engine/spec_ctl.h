@@ -126,10 +126,12 @@ void md_spec_ctl_prior(const struct md_spec_ctl *c, struct md_spec_seq *ss);
 /*
  * Choose k for the n sequences with drafters in a step of B decoding sequences: on entry
  * k[i] is the most sequence i may draft (its room, and for the n-gram drafter the proposal's
- * length), on return what it drafts. avail[i]: a proposal exists at no cost (n-gram) rather
- * than costing draft rounds; t_round: seconds per draft-model round (0 if unknown).
+ * length), on return what it drafts. The n-gram drafter's proposals cost nothing; any other
+ * drafter d runs rounds of t_round[d] seconds each (0 if unknown), one per drafted position,
+ * batched over its sequences (t_round has MD_SPEC_CTL_DRAFTERS entries, by enum
+ * md_spec_drafter).
  */
 void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, uint32_t *k,
-			const bool *free_draft, uint32_t n, uint32_t B, double t_round);
+			const double *t_round, uint32_t n, uint32_t B);
 
 #endif

@@ -1047,6 +1047,7 @@ static struct md_oai_limits limits_of(const struct md_gen_ctx *x)
 				       .max_tokens_cap = x->cfg->max_tokens_cap,
 				       .n_vocab = x->n_vocab,
 				       .has_draft = md_engine_has_draft(x->eng),
+				       .has_self = md_engine_has_self(x->eng),
 				       .tool_format = md_engine_tool_format(x->eng) };
 }
 

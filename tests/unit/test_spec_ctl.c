@@ -66,12 +66,10 @@ static double simulate(cost_fn cost, uint32_t B, double alpha, uint32_t kmax, do
 	md_spec_ctl_set_bytes(&c, 28e6, 14.2e6, 4, 16, 2);
 	struct md_spec_seq *ss[16];
 	uint32_t k[16];
-	bool free_draft[16];
 	for (uint32_t i = 0; i < B; i++) {
 		ss[i] = md_spec_seq_new(round > 0 ? MD_SPEC_DRAFT : MD_SPEC_NGRAM, kmax, i);
-		free_draft[i] = round <= 0;
 	}
-	double t_round = 0;
+	double t_round = 0, t_rounds[MD_SPEC_CTL_DRAFTERS] = { 0 };
 	double time = 0, toks = 0;
 	for (int s = 0; s < steps; s++) {
 		for (uint32_t i = 0; i < B; i++) {
@@ -83,7 +81,8 @@ static double simulate(cost_fn cost, uint32_t B, double alpha, uint32_t kmax, do
 			}
 			k[i] = kmax;
 		}
-		md_spec_ctl_choose(&c, ss, k, free_draft, B, B, t_round);
+		t_rounds[MD_SPEC_DRAFT] = t_round;
+		md_spec_ctl_choose(&c, ss, k, t_rounds, B, B);
 		uint32_t n = B, rounds = 0;
 		for (uint32_t i = 0; i < B; i++) {
 			n += k[i];
