@@ -75,6 +75,7 @@ struct spec_step {
 	uint32_t k;                      /* the largest k (cfg.spec_k resolved) */
 	enum md_spec_drafter drafter;    /* requests' default */
 	uint64_t drafted, accepted, verify_steps, emitted; /* totals for the stats */
+	uint64_t verify_layers, verify_distinct, self_hit, self_used; /* on_route, for the stats */
 };
 
 struct md_engine {
@@ -124,6 +125,8 @@ struct md_engine {
 	struct md_route_trace *trace;    /* owned, NULL: no --trace-routing */
 	uint64_t *trace_seq;             /* owned (step_tokens): request id of each batch row */
 	uint64_t moe_layer_steps, moe_distinct; /* routing statistics, engine thread */
+	bool step_verifies;              /* the running step has drafts (on_route counts it) */
+	bool step_predicted;             /* ... and self-speculation predicted its experts */
 	struct spec_step sp;             /* speculation's per-step scratch and counters */
 	struct md_draft_model draft;     /* the draft model, when draft_ready */
 	bool draft_ready;
@@ -704,6 +707,11 @@ static void publish_stats(struct md_engine *e)
 	e->stats.spec_accepted = e->sp.accepted;
 	e->stats.spec_verify_steps = e->sp.verify_steps;
 	e->stats.spec_emitted = e->sp.emitted;
+	e->stats.spec_verify_layers = e->sp.verify_layers;
+	e->stats.spec_verify_distinct = e->sp.verify_distinct;
+	e->stats.spec_self_predicted = e->self.prefetched;
+	e->stats.spec_self_predicted_used = e->sp.self_hit;
+	e->stats.spec_self_used = e->sp.self_used;
 	pthread_mutex_unlock(&e->st_mu);
 	atomic_store(&e->n_waiting, md_sched_n_waiting(&e->sched));
 	atomic_store(&e->n_running, md_sched_n_running(&e->sched));
@@ -729,6 +737,16 @@ static void on_route(void *ud, uint32_t layer, const struct md_routing *r)
 	md_sched_note_routing(&e->sched, layer, r);
 	e->moe_layer_steps++;
 	e->moe_distinct += (uint64_t)r->n_active;
+	if (e->step_verifies) {
+		e->sp.verify_layers++;
+		e->sp.verify_distinct += (uint64_t)r->n_active;
+	}
+	if (e->step_predicted) {
+		const uint8_t *p = md_self_draft_predicted(&e->self, layer);
+		for (int i = 0; i < r->n_active; i++)
+			e->sp.self_hit += p[r->active[i]] != 0;
+		e->sp.self_used += (uint64_t)r->n_active;
+	}
 }
 
 /* Name each row of the planned batch for the trace: its request id and position. */
@@ -1024,8 +1042,13 @@ static bool step(struct md_engine *e)
 		.want_logits = p->want_logits,
 	};
 	trace_step_begin(e, p);
+	e->step_verifies = false;
+	for (uint32_t i = 0; i < p->n_items && !e->step_verifies; i++)
+		e->step_verifies = p->items[i].n_draft > 0;
+	e->step_predicted = e->step_verifies && md_self_draft_take_prediction(&e->self);
 	double t0 = md_spec_ctl_clock();
 	int rows = md_forward(e->fw, &e->kv, &b, e->logits);
+	e->step_verifies = e->step_predicted = false;
 	if (e->trace)
 		md_route_trace_flush(e->trace);
 	if (rows < 0 || (uint32_t)rows != p->n_logits) {

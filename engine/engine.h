@@ -169,6 +169,12 @@ struct md_engine_stats {
 	uint64_t spec_drafted, spec_accepted; /* drafted tokens verified, and accepted */
 	uint64_t spec_verify_steps;         /* sequence-steps that verified drafts */
 	uint64_t spec_emitted;              /* tokens those sequence-steps emitted */
+	uint64_t spec_verify_layers;        /* MoE layer passes of steps that verified drafts */
+	uint64_t spec_verify_distinct;      /* distinct experts over those layer passes */
+	uint64_t spec_self_predicted;       /* experts self-speculation's drafts predicted and
+					       prefetched (per layer, summed over steps) */
+	uint64_t spec_self_predicted_used;  /* of those, experts the verifying step then used */
+	uint64_t spec_self_used;            /* experts those verifying steps used */
 };
 
 /* Create an engine (does not start the thread). Returns 0 or -ENOMEM / -EINVAL. */

@@ -190,7 +190,22 @@ int md_self_draft_propose(struct md_self_draft *sd, struct md_seq **seqs, uint32
 		if (rc)
 			s->spec->draft_q = false;
 	}
-	if (!rc && predict)
+	sd->predicted = false;
+	if (!rc && predict) {
 		prefetch_predicted(sd);
+		sd->predicted = true;
+	}
 	return rc;
+}
+
+bool md_self_draft_take_prediction(struct md_self_draft *sd)
+{
+	bool p = sd->predicted;
+	sd->predicted = false;
+	return p;
+}
+
+const uint8_t *md_self_draft_predicted(const struct md_self_draft *sd, uint32_t l)
+{
+	return sd->predict + (size_t)l * sd->n_expert;
 }

@@ -65,6 +65,7 @@ struct md_self_draft {
 	double t_round;              /* CPU seconds per round, smoothed (the controller reads it) */
 	uint64_t rounds;
 	uint64_t prefetched;         /* experts handed to the source's prefetch */
+	bool predicted;              /* predict holds the last propose's prediction, not taken */
 };
 
 /*
@@ -92,5 +93,11 @@ void md_self_draft_set_src(struct md_self_draft *sd, struct md_expert_src *src);
  */
 int md_self_draft_propose(struct md_self_draft *sd, struct md_seq **seqs, uint32_t *k,
 			  uint32_t n);
+
+/* Whether the last propose predicted (and prefetched) the experts of the step that follows
+ * it; true once per such propose. */
+bool md_self_draft_take_prediction(struct md_self_draft *sd);
+/* The prediction for layer l (n_expert flags), valid until the next propose. */
+const uint8_t *md_self_draft_predicted(const struct md_self_draft *sd, uint32_t l);
 
 #endif

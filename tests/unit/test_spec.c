@@ -6,7 +6,7 @@
  * Usage: test_spec CASE MOED_GGUF DEFAULT_MODEL [DRAFT_MODEL]
  * Cases: ngram, greedy-default, greedy-gen, seeded-gen, cancel, chisq-ngram, chisq-draft,
  * greedy-draft, draft-refused, and for self-speculation greedy-self, greedy-self-gen,
- * self-refused, chisq-self. */
+ * self-refused, chisq-self, self-store. */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -17,6 +17,8 @@
 #include "engine/engine.h"
 #include "engine/spec.h"
 #include "tests/check.h"
+#include "engine/experts.h"
+#include "engine/model.h"
 #include "tests/unit/gen_model.h"
 
 static double now_s(void)
@@ -39,6 +41,7 @@ struct run {
 /* Self-speculation's settings for the engines start() makes next. */
 static const char *self_skip;
 static uint32_t self_experts;
+static double cache_mb; /* expert store budget (0: the mapping) */
 
 static struct md_engine *start(const char *model, const char *draft, enum md_spec_drafter spec,
 			       uint32_t k, uint32_t max_seqs, uint32_t n_ctx)
@@ -48,6 +51,7 @@ static struct md_engine *start(const char *model, const char *draft, enum md_spe
 		.max_seqs = max_seqs, .step_tokens = 256, .max_queue = 256, .spec = spec,
 		.spec_k = k, .spec_fixed = true, .draft_model_path = draft,
 		.spec_self_experts = self_experts, .spec_self_skip = self_skip,
+		.expert_cache_mb = cache_mb,
 	};
 	struct md_engine *e;
 	REQUIRE(CHECK_EQ_I(md_engine_new(&e, &cfg, NULL, NULL), 0));
@@ -424,6 +428,53 @@ static void case_greedy_self_gen(const char *moed_gguf)
 	gen_model_cleanup(dir, path);
 }
 
+/*
+ * Self-speculation under the expert store (a budget of 10 of the generated model's 16
+ * experts): draft passes route only among resident experts, and their prediction of what
+ * the verification step routes to is prefetched. Greedy outputs equal plain decoding's (50
+ * prompts), predictions were made and used, and the step's own routing shows how many of its
+ * experts the drafts foresaw.
+ */
+static void case_self_store(const char *moed_gguf)
+{
+	char dir[512], path[600];
+	const char *args[] = { "--arch", "qwen3moe", "--seed", "14", "--n-layer", "2",
+			       "--n-expert", "8", "--n-expert-used", "2", "--n-vocab", "512",
+			       "--n-embd", "256", "--n-ff-exp", "512", "--std", "0.3", NULL };
+	REQUIRE(CHECK_EQ_I(gen_model(moed_gguf, args, "spec.gguf", dir, sizeof dir, path, sizeof path), 0));
+	struct md_model m;
+	char err[256];
+	REQUIRE(CHECK_EQ_I(md_model_load(&m, path, err, sizeof err), 0));
+	cache_mb = 10.0 * (double)md_expert_store_slot_bytes(&m) / 1048576.0;
+	md_model_free(&m);
+	struct md_engine *e = start(path, NULL, MD_SPEC_OFF, 6, 4, 512);
+	cache_mb = 0;
+	REQUIRE(CHECK_EQ_I(md_engine_state(e), MD_ENGINE_READY));
+	int32_t *ids[64];
+	uint32_t lens[64];
+	int n = random_prompts(ids, lens, 50, md_engine_n_vocab(e));
+	uint64_t dr, ac;
+	compare(e, ids, lens, n, 64, 0, MD_SPEC_SELF, &dr, &ac);
+	struct md_engine_stats st;
+	md_engine_get_stats(e, &st);
+	printf("store: %u slots; self drafts predicted %llu experts, %llu of them used; the verifying "
+	       "steps used %llu (recall %.2f, precision %.2f); prefetch issued %llu, used %llu\n",
+	       st.experts_slots, (unsigned long long)st.spec_self_predicted,
+	       (unsigned long long)st.spec_self_predicted_used, (unsigned long long)st.spec_self_used,
+	       st.spec_self_used ? (double)st.spec_self_predicted_used / st.spec_self_used : 0.0,
+	       st.spec_self_predicted ? (double)st.spec_self_predicted_used / st.spec_self_predicted
+				      : 0.0,
+	       (unsigned long long)st.experts_prefetch_issued,
+	       (unsigned long long)st.experts_prefetch_used);
+	CHECK(st.experts_slots > 0 && st.experts_slots < 16); /* the store, not the mapping */
+	CHECK(st.spec_self_predicted > 0);
+	CHECK(st.spec_self_predicted_used > 0);
+	CHECK(st.spec_self_predicted_used <= st.spec_self_used);
+	free_prompts(ids, n);
+	md_engine_free(e);
+	gen_model_cleanup(dir, path);
+}
+
 /* Self-speculation is refused where it cannot draft: a dense model with no layer skipped, a
  * skip list naming a layer the model lacks or every layer. */
 static void case_self_refused(const char *model, const char *draft)
@@ -774,6 +825,8 @@ int main(int argc, char **argv)
 		case_self_refused(argv[3], argv[4]);
 	else if (strcmp(c, "chisq-self") == 0)
 		case_chisq_self(argv[2]);
+	else if (strcmp(c, "self-store") == 0)
+		case_self_store(argv[2]);
 	else {
 		fprintf(stderr, "unknown case '%s'\n", c);
 		return 2;
