@@ -22,6 +22,8 @@ typedef void (*route_select_fn)(const struct md_router *r, float *p, int32_t *id
 static void select_softmax_topk(const struct md_router *r, float *p, int32_t *ids, float *w)
 {
 	const int E = r->n_expert, K = r->n_used;
+	if (E < 1)
+		return;
 	float mx = p[0];
 	for (int e = 1; e < E; e++)
 		mx = p[e] > mx ? p[e] : mx;
@@ -33,6 +35,9 @@ static void select_softmax_topk(const struct md_router *r, float *p, int32_t *id
 	for (int e = 0; e < E; e++)
 		p[e] = (float)(p[e] / sum);
 	memset(r->taken, 0, (size_t)E);
+	if (r->allow) /* a draft pass: the experts it may not use count as taken */
+		for (int e = 0; e < E; e++)
+			r->taken[e] = !r->allow[e];
 	double wsum = 0;
 	for (int k = 0; k < K; k++) {
 		int best = -1;
@@ -125,7 +130,7 @@ int md_router_init(struct md_router *r, const struct md_hparams *hp, int max_tok
 		return -EINVAL;
 	r->fn = md_route_fn_of(hp);
 	r->n_expert = (int)hp->n_expert;
-	r->n_used = (int)hp->n_expert_used;
+	r->n_used = r->n_used_model = (int)hp->n_expert_used;
 	r->max_tokens = max_tokens;
 	r->norm_topk = hp->norm_topk;
 	const size_t T = (size_t)max_tokens, E = hp->n_expert, K = hp->n_expert_used;
@@ -143,6 +148,19 @@ int md_router_init(struct md_router *r, const struct md_hparams *hp, int max_tok
 		return -ENOMEM;
 	}
 	return 0;
+}
+
+void md_router_set_draft(struct md_router *r, int k, const uint8_t *allow)
+{
+	r->n_used = k >= 1 && k <= r->n_used_model ? k : r->n_used_model;
+	r->allow = NULL;
+	if (allow) {
+		int n = 0;
+		for (int e = 0; e < r->n_expert; e++)
+			n += allow[e] != 0;
+		if (n >= r->n_used)
+			r->allow = allow;
+	}
 }
 
 const struct md_routing *md_router_route(struct md_router *r, int n)
