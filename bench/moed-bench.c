@@ -171,7 +171,7 @@ static int run_verify(struct bench *b, const int *ks, int nk, int n_ctx, int n, 
 					b->seq[j] = s;
 					b->pos[j] = n_ctx + j;
 				}
-				struct md_batch batch = { k, b->tok, b->seq, b->pos, want };
+				struct md_batch batch = { k, b->tok, b->seq, b->pos, want, NULL };
 				if (md_kv_reserve(&b->kv, s, (uint32_t)(n_ctx + k)) ||
 				    md_forward(b->fw, &b->kv, &batch, b->logits) != k)
 					return -1;
