@@ -22,11 +22,19 @@
 #include "engine/kv_cache.h"
 #include "engine/model.h"
 #include "engine/route_trace.h"
+#include "engine/spec_ctl.h"
 
 static double now_s(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double cpu_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
@@ -41,6 +49,9 @@ static void usage(void)
 		"  -T  write a routing trace to FILE (--trace-routing FILE too)\n"
 		"  -c  MiB: routed experts through the expert store with this host budget\n"
 		"      (default: the plain mapping)\n"
+		"  -v  K1,K2,..: verification steps instead of pp/tg: one sequence with -p tokens of\n"
+		"      context, steps of K tokens (logits for all, rolled back after each), the sizes\n"
+		"      alternating; -n steps per size and round, -r rounds\n"
 		"  env MOED_KERNELS=ref|scalar|avx2|avx512 selects the kernels\n");
 }
 
@@ -58,6 +69,7 @@ struct bench {
 	int32_t *tok, *seq, *pos;
 	uint64_t rng;
 	struct md_route_trace *trace; /* owned, NULL: no -T */
+	uint64_t distinct;            /* distinct experts summed over MoE layers and steps */
 	uint64_t *trace_seq;          /* owned (max tokens): sequence of each row */
 	uint64_t step, run;
 };
@@ -65,7 +77,9 @@ struct bench {
 static void on_route(void *ud, uint32_t layer, const struct md_routing *r)
 {
 	struct bench *b = ud;
-	md_route_trace_layer(b->trace, layer, r);
+	b->distinct += (uint64_t)r->n_active;
+	if (b->trace)
+		md_route_trace_layer(b->trace, layer, r);
 }
 
 /* md_forward, traced when -T asked for it; sequence numbers are the KV slots. */
@@ -108,6 +122,99 @@ static double run_pp(struct bench *b, int n)
 	return rc < 0 ? -1 : t;
 }
 
+/*
+ * Verification steps (-v): what a speculative step of k tokens of one sequence costs. One
+ * sequence gets n_ctx tokens of context; then, for each round, each size k in turn runs n
+ * steps of k tokens at positions n_ctx .. n_ctx+k-1 with logits for every row (as a step
+ * verifying k-1 drafts), each rolled back to n_ctx after, so every step sees the same
+ * context. The sizes alternate within a round so that a drifting machine load falls on all
+ * of them alike. Printed per size: the median ms per step over the rounds, its ratio to k = 1,
+ * the distinct experts per MoE layer, and the bytes the step must read (dense weights once,
+ * each distinct expert once) against k = 1's.
+ */
+static int run_verify(struct bench *b, const int *ks, int nk, int n_ctx, int n, int reps)
+{
+	struct md_spec_ctl ctl;
+	md_spec_ctl_init(&ctl, b->m, false);
+	int s = md_kv_seq_new(&b->kv);
+	int kmax = 0;
+	for (int i = 0; i < nk; i++)
+		kmax = ks[i] > kmax ? ks[i] : kmax;
+	if (s < 0 || md_kv_reserve(&b->kv, s, (uint32_t)(n_ctx + kmax)))
+		return -1;
+	bool *want = malloc(sizeof(bool) * (size_t)kmax);
+	double *ms = malloc(sizeof(double) * (size_t)(nk * reps));
+	double *cms = malloc(sizeof(double) * (size_t)(nk * reps));
+	double *dist = calloc((size_t)nk, sizeof(double));
+	if (!want || !ms || !cms || !dist)
+		return -1;
+	for (int i = 0; i < kmax; i++)
+		want[i] = true;
+	if (n_ctx > 0) {
+		for (int i = 0; i < n_ctx; i++) {
+			b->tok[i] = rand_tok(b);
+			b->seq[i] = s;
+			b->pos[i] = i;
+		}
+		if (forward(b, n_ctx) < 0)
+			return -1;
+	}
+	md_forward_set_route_cb(b->fw, on_route, b);
+	for (int r = -1; r < reps; r++) {
+		for (int i = 0; i < nk; i++) {
+			const int k = ks[i];
+			uint64_t d0 = b->distinct;
+			double t0 = now_s(), c0 = cpu_s();
+			for (int st = 0; st < n; st++) {
+				for (int j = 0; j < k; j++) {
+					b->tok[j] = rand_tok(b);
+					b->seq[j] = s;
+					b->pos[j] = n_ctx + j;
+				}
+				struct md_batch batch = { k, b->tok, b->seq, b->pos, want, NULL };
+				if (md_kv_reserve(&b->kv, s, (uint32_t)(n_ctx + k)) ||
+				    md_forward(b->fw, &b->kv, &batch, b->logits) != k)
+					return -1;
+				md_kv_truncate(&b->kv, s, (uint32_t)n_ctx);
+			}
+			double t = now_s() - t0, c = cpu_s() - c0;
+			if (r >= 0) {
+				ms[i * reps + r] = t * 1e3 / n;
+				cms[i * reps + r] = c * 1e3 / n;
+				dist[i] += (double)(b->distinct - d0) / n;
+			}
+		}
+	}
+	const double L = ctl.n_moe_layers ? ctl.n_moe_layers : 1;
+	double base = 0, cbase = 0, base_bytes = 0;
+	printf("| k | ms/step (median) | min..max | x k=1 | CPU ms/step (median) | x k=1 | distinct experts/layer | MB read | x k=1 bytes | GB/s (wall) |\n");
+	printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+	for (int i = 0; i < nk; i++) {
+		double *v = ms + i * reps, *cv = cms + i * reps;
+		qsort(v, (size_t)reps, sizeof(double), cmp_d);
+		qsort(cv, (size_t)reps, sizeof(double), cmp_d);
+		double med = reps % 2 ? v[reps / 2] : 0.5 * (v[reps / 2 - 1] + v[reps / 2]);
+		double cmed = reps % 2 ? cv[reps / 2] : 0.5 * (cv[reps / 2 - 1] + cv[reps / 2]);
+		double u = dist[i] / reps / L;
+		double bytes = ctl.w_dense + L * u * ctl.w_expert;
+		if (i == 0) {
+			base = med;
+			cbase = cmed;
+			base_bytes = bytes;
+		}
+		printf("| %d | %.2f | %.2f..%.2f | %.2f | %.2f | %.2f | %.2f | %.1f | %.2f | %.1f |\n", ks[i],
+		       med, v[0], v[reps - 1], med / base, cmed, cmed / cbase, u, bytes / 1e6,
+		       bytes / base_bytes, bytes / med / 1e6);
+		fflush(stdout);
+	}
+	free(want);
+	free(ms);
+	free(cms);
+	free(dist);
+	md_kv_seq_free(&b->kv, s);
+	return 0;
+}
+
 /* One tg run over n_seq sequences: seconds for n steps. */
 static double run_tg(struct bench *b, int n, int n_seq)
 {
@@ -139,6 +246,7 @@ int main(int argc, char **argv)
 	const char *path = NULL, *trace_path = NULL;
 	int n_threads = 2, n_prompt = 128, n_gen = 64, reps = 5, n_seq = 1;
 	double cache_mb = 0;
+	int vks[64], nvk = 0;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		if (i + 1 >= argc) {
@@ -162,7 +270,21 @@ int main(int argc, char **argv)
 			trace_path = v;
 		else if (strcmp(a, "-c") == 0)
 			cache_mb = atof(v);
-		else {
+		else if (strcmp(a, "-v") == 0) {
+			for (char *p = (char *)v; *p && nvk < 64;) {
+				vks[nvk++] = (int)strtol(p, &p, 10);
+				if (vks[nvk - 1] < 1 || vks[nvk - 1] > 1024) {
+					usage();
+					return 2;
+				}
+				if (*p == ',')
+					p++;
+				else if (*p) {
+					usage();
+					return 2;
+				}
+			}
+		} else {
 			usage();
 			return 2;
 		}
@@ -182,6 +304,10 @@ int main(int argc, char **argv)
 	struct bench b = { .m = &model, .rng = 42 };
 	int max_tok = n_prompt > n_seq ? n_prompt : n_seq;
 	int max_len = n_prompt > n_gen ? n_prompt : n_gen;
+	for (int i = 0; i < nvk; i++) {
+		max_tok = vks[i] > max_tok ? vks[i] : max_tok;
+		max_len = n_prompt + vks[i] > max_len ? n_prompt + vks[i] : max_len;
+	}
 	uint32_t per_seq = (uint32_t)(max_len + MD_KV_BLOCK_TOKENS) / MD_KV_BLOCK_TOKENS;
 	uint32_t k_dim, v_dim;
 	md_model_kv_dims(&model, &k_dim, &v_dim);
@@ -191,7 +317,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	b.fw = md_forward_new(&model, n_threads, max_tok);
-	b.logits = malloc((size_t)n_seq * model.hp.n_vocab * sizeof(float));
+	b.logits = malloc((size_t)(max_tok > n_seq ? max_tok : n_seq) * model.hp.n_vocab * sizeof(float));
 	b.tok = malloc((size_t)max_tok * sizeof(int32_t));
 	b.seq = malloc((size_t)max_tok * sizeof(int32_t));
 	b.pos = malloc((size_t)max_tok * sizeof(int32_t));
@@ -227,11 +353,21 @@ int main(int argc, char **argv)
 	const struct md_kern *k = md_kern_active();
 	const char *wt = model.layers[0].gate_exps ? md_dtype_info(model.layers[0].gate_exps->type)->name :
 			 md_dtype_info(model.layers[0].wq->type)->name;
-	printf("| model | experts | size | threads | kernels | test | t/s (median) | spread (min..max) |\n");
-	printf("| --- | --- | ---: | ---: | --- | --- | ---: | ---: |\n");
+	if (nvk) {
+		printf("%s: %s experts, %.2f GiB, %d threads, %s kernels; verification steps, context %d, "
+		       "%d steps per size and round, %d rounds\n\n", name, wt, gib, n_threads,
+		       k ? k->name : "ref", n_prompt, n_gen, reps);
+		if (run_verify(&b, vks, nvk, n_prompt, n_gen > 0 ? n_gen : 1, reps)) {
+			fprintf(stderr, "moed-bench: verification steps failed\n");
+			return 1;
+		}
+	} else {
+		printf("| model | experts | size | threads | kernels | test | t/s (median) | spread (min..max) |\n");
+		printf("| --- | --- | ---: | ---: | --- | --- | ---: | ---: |\n");
+	}
 
 	double *rate = malloc(sizeof(double) * (size_t)reps);
-	for (int test = 0; test < 2; test++) {
+	for (int test = 0; test < 2 && !nvk; test++) {
 		int n = test == 0 ? n_prompt : n_gen;
 		if (n == 0 || (test == 0 && n_prompt == 0))
 			continue;

@@ -9,13 +9,7 @@
 #include <time.h>
 
 #include "engine/spec.h"
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
+#include "engine/spec_ctl.h"
 
 /* The two files' vocabularies agree: same size, and the same token strings where both carry a
  * tokenizer. Returns 0 or -EINVAL with err set. */
@@ -157,8 +151,8 @@ static int32_t draw_q(const struct md_sampler_dist *q, uint64_t rng[2])
 	return q->id[q->n - 1];
 }
 
-/* The draft at position r of s from its draft logits row. Returns 0 or a negative code. */
-static int pick(struct md_draft_model *dm, struct md_seq *s, uint32_t r, const float *row)
+int md_draft_pick(struct md_sampler *sm, uint32_t n_vocab, struct md_seq *s, uint32_t r,
+		  const float *row)
 {
 	struct md_spec_seq *ss = s->spec;
 	const struct md_sampling *p = &s->req->sampling;
@@ -167,13 +161,13 @@ static int pick(struct md_draft_model *dm, struct md_seq *s, uint32_t r, const f
 		.gen = s->toks + s->n_prompt, .n_gen = s->n_toks - s->n_prompt + r,
 	};
 	bool greedy = p->temperature <= 1e-6f;
-	struct md_sampler_dist *q = &dm->sm.dist;
+	struct md_sampler_dist *q = &sm->dist;
 	if (!greedy) {
-		if (md_spec_seq_alloc_q(ss, dm->n_vocab))
+		if (md_spec_seq_alloc_q(ss, n_vocab))
 			return -ENOMEM;
 		q = &ss->q[r];
 	}
-	int rc = md_sampler_transform(&dm->sm, p, &ctx, row, q->w);
+	int rc = md_sampler_transform(sm, p, &ctx, row, q->w);
 	if (!rc)
 		rc = md_sampler_dist_build(q, p, q->w);
 	if (rc)
@@ -185,6 +179,11 @@ static int pick(struct md_draft_model *dm, struct md_seq *s, uint32_t r, const f
 	return 0;
 }
 
+static int pick(struct md_draft_model *dm, struct md_seq *s, uint32_t r, const float *row)
+{
+	return md_draft_pick(&dm->sm, dm->n_vocab, s, r, row);
+}
+
 /* One batched forward of the planned rows; the logits row of each wanted token goes to
  * dm->logits in batch order. Returns the rows or a negative code. */
 static int run_round(struct md_draft_model *dm, uint32_t n)
@@ -193,9 +192,9 @@ static int run_round(struct md_draft_model *dm, uint32_t n)
 		.n_tokens = (int32_t)n, .tokens = dm->tok, .seq = dm->seq, .pos = dm->pos,
 		.want_logits = dm->want,
 	};
-	double t0 = now_s();
+	double t0 = md_spec_ctl_clock();
 	int rows = md_forward(dm->fw, &dm->kv, &b, dm->logits);
-	double dt = now_s() - t0;
+	double dt = md_spec_ctl_clock() - t0;
 	dm->t_round = dm->rounds ? 0.9 * dm->t_round + 0.1 * dt : dt;
 	dm->rounds++;
 	return rows;

@@ -80,4 +80,14 @@ void md_draft_release(struct md_draft_model *dm);
  */
 int md_draft_propose(struct md_draft_model *dm, struct md_seq **seqs, uint32_t *k, uint32_t n);
 
+/*
+ * The draft at position r (0-based after toks[n_toks)) of s from a drafter's logits row
+ * (n_vocab floats), as DESIGN says: the row through the request's transforms and filters with
+ * the history extended by the drafts before r, then its argmax (greedy) or a draw with the
+ * sequence's draft RNG, q kept in s->spec->q[r] for the verification. sm: the drafter's
+ * scratch sampler (its RNG unused). Returns 0 or a negative code (-ENOMEM, -EDOM).
+ */
+int md_draft_pick(struct md_sampler *sm, uint32_t n_vocab, struct md_seq *s, uint32_t r,
+		  const float *row);
+
 #endif

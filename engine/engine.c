@@ -48,6 +48,7 @@
 #include "common/log.h"
 #include "engine/experts.h"
 #include "engine/draft_model.h"
+#include "engine/self_draft.h"
 #include "engine/forward.h"
 #include "engine/expert_tiers.h"
 #include "engine/kv_cache.h"
@@ -74,6 +75,7 @@ struct spec_step {
 	uint32_t k;                      /* the largest k (cfg.spec_k resolved) */
 	enum md_spec_drafter drafter;    /* requests' default */
 	uint64_t drafted, accepted, verify_steps, emitted; /* totals for the stats */
+	uint64_t verify_layers, verify_distinct, self_hit, self_used; /* on_route, for the stats */
 };
 
 struct md_engine {
@@ -128,16 +130,20 @@ struct md_engine {
 	struct md_route_trace *trace;    /* owned, NULL: no --trace-routing */
 	uint64_t *trace_seq;             /* owned (step_tokens): request id of each batch row */
 	uint64_t moe_layer_steps, moe_distinct; /* routing statistics, engine thread */
+	bool step_verifies;              /* the running step has drafts (on_route counts it) */
+	bool step_predicted;             /* ... and self-speculation predicted its experts */
 	struct spec_step sp;             /* speculation's per-step scratch and counters */
 	struct md_draft_model draft;     /* the draft model, when draft_ready */
 	bool draft_ready;
 	struct md_seq **dseq;            /* owned (max_seqs): sequences the draft model drafts for */
 	uint32_t *dk;                    /* owned (max_seqs): their k */
+	struct md_self_draft self;       /* self-speculation, when self.ready */
+	struct md_seq **sseq;            /* owned (max_seqs): sequences self-speculation drafts for */
+	uint32_t *sk;                    /* owned (max_seqs): their k */
 	struct md_spec_ctl ctl;          /* chooses k per sequence and step */
 	struct md_seq **cseq;            /* owned (max_seqs): this step's candidates */
 	struct md_spec_seq **css;        /* owned (max_seqs): their states */
 	uint32_t *ck;                    /* owned (max_seqs): room in, chosen k out */
-	bool *cfree;                     /* owned (max_seqs): the candidate's drafts cost nothing */
 
 	/* published at READY, read-only afterwards */
 	char name[256];
@@ -173,6 +179,7 @@ int md_engine_new(struct md_engine **out, const struct md_engine_config *cfg,
 	e->cfg.expert_policy = dup_or_null(cfg->expert_policy);
 	e->cfg.expert_device = dup_or_null(cfg->expert_device);
 	e->cfg.state_dir = dup_or_null(cfg->state_dir);
+	e->cfg.spec_self_skip = dup_or_null(cfg->spec_self_skip);
 	e->kv_mem_bytes = (uint64_t)cfg->kv_mem_mb << 20;
 	e->wake = wake;
 	e->wake_arg = wake_arg;
@@ -614,7 +621,7 @@ static void decide_item(struct md_engine *e, uint32_t i, const float *rows,
 		ss->verify_steps++;
 	}
 	if (ss)
-		md_spec_ctl_feedback(ss, it->n_draft, acc, n ? out[0].token : -1);
+		md_spec_ctl_feedback(&e->ctl, ss, it->n_draft, acc, n ? out[0].token : -1);
 }
 
 /* Emit what decide_item decided for item i (after the commit). */
@@ -656,6 +663,11 @@ static void publish_stats(struct md_engine *e)
 	e->stats.spec_accepted = e->sp.accepted;
 	e->stats.spec_verify_steps = e->sp.verify_steps;
 	e->stats.spec_emitted = e->sp.emitted;
+	e->stats.spec_verify_layers = e->sp.verify_layers;
+	e->stats.spec_verify_distinct = e->sp.verify_distinct;
+	e->stats.spec_self_predicted = e->self.prefetched;
+	e->stats.spec_self_predicted_used = e->sp.self_hit;
+	e->stats.spec_self_used = e->sp.self_used;
 	pthread_mutex_unlock(&e->st_mu);
 	atomic_store(&e->n_waiting, md_sched_n_waiting(&e->sched));
 	atomic_store(&e->n_running, md_sched_n_running(&e->sched));
@@ -681,6 +693,16 @@ static void on_route(void *ud, uint32_t layer, const struct md_routing *r)
 	md_sched_note_routing(&e->sched, layer, r);
 	e->moe_layer_steps++;
 	e->moe_distinct += (uint64_t)r->n_active;
+	if (e->step_verifies) {
+		e->sp.verify_layers++;
+		e->sp.verify_distinct += (uint64_t)r->n_active;
+	}
+	if (e->step_predicted) {
+		const uint8_t *p = md_self_draft_predicted(&e->self, layer);
+		for (int i = 0; i < r->n_active; i++)
+			e->sp.self_hit += p[r->active[i]] != 0;
+		e->sp.self_used += (uint64_t)r->n_active;
+	}
 }
 
 /* Name each row of the planned batch for the trace: its request id and position. */
@@ -717,13 +739,6 @@ static int setup_trace(struct md_engine *e)
 
 /* ---- speculation in the step ---- */
 
-static double mono_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 /* Count the step's verifications (after decide_item). */
 static void spec_account(struct md_engine *e)
 {
@@ -757,7 +772,7 @@ static uint32_t spec_room(const struct md_engine *e, const struct md_seq *s)
 static void spec_propose(struct md_engine *e)
 {
 	struct md_sched *sc = &e->sched;
-	uint32_t nd = 0, nc = 0, B = 0;
+	uint32_t nd = 0, ns = 0, nc = 0, B = 0;
 	for (uint32_t i = 0; i < sc->n_running; i++) {
 		struct md_seq *s = sc->running[i];
 		struct md_spec_seq *ss = s->spec;
@@ -781,13 +796,14 @@ static void spec_propose(struct md_engine *e)
 		}
 		e->cseq[nc] = s;
 		e->css[nc] = ss;
-		e->ck[nc] = k;
-		e->cfree[nc++] = ss->drafter == MD_SPEC_NGRAM;
+		e->ck[nc++] = k;
 	}
 	if (nc == 0)
 		return;
-	md_spec_ctl_choose(&e->ctl, e->css, e->ck, e->cfree, nc, B,
-			   e->draft_ready ? e->draft.t_round : 0);
+	double t_round[MD_SPEC_CTL_DRAFTERS] = { 0 };
+	t_round[MD_SPEC_DRAFT] = e->draft_ready ? e->draft.t_round : 0;
+	t_round[MD_SPEC_SELF] = e->self.ready ? e->self.t_round : 0;
+	md_spec_ctl_choose(&e->ctl, e->css, e->ck, t_round, nc, B);
 	/* Drafts beyond the spare logits rows would crowd other sequences out of the step. */
 	uint32_t spare = e->max_logits - e->cfg.max_seqs;
 	for (uint32_t i = 0; i < nc; i++) {
@@ -803,18 +819,28 @@ static void spec_propose(struct md_engine *e)
 			if (e->ck[i] == 0)
 				ss->shadow = ss->draft[0]; /* judged against the step's token */
 			ss->n_draft = s->n_draft = e->ck[i];
+		} else if (e->ck[i] > 0 && ss->drafter == MD_SPEC_SELF) {
+			e->sseq[ns] = s;
+			e->sk[ns++] = e->ck[i];
 		} else if (e->ck[i] > 0) {
 			e->dseq[nd] = s;
 			e->dk[nd++] = e->ck[i];
 		}
 	}
-	if (nd == 0)
-		return;
-	int rc = md_draft_propose(&e->draft, e->dseq, e->dk, nd);
-	if (rc)
-		md_log(MD_LOG_WARN, "draft model step failed (%d): no drafts this step", rc);
-	for (uint32_t i = 0; i < nd; i++)
-		e->dseq[i]->n_draft = e->dseq[i]->spec->n_draft;
+	if (nd > 0) {
+		int rc = md_draft_propose(&e->draft, e->dseq, e->dk, nd);
+		if (rc)
+			md_log(MD_LOG_WARN, "draft model step failed (%d): no drafts this step", rc);
+		for (uint32_t i = 0; i < nd; i++)
+			e->dseq[i]->n_draft = e->dseq[i]->spec->n_draft;
+	}
+	if (ns > 0) {
+		int rc = md_self_draft_propose(&e->self, e->sseq, e->sk, ns);
+		if (rc)
+			md_log(MD_LOG_WARN, "self-speculation draft failed (%d): no drafts this step", rc);
+		for (uint32_t i = 0; i < ns; i++)
+			e->sseq[i]->n_draft = e->sseq[i]->spec->n_draft;
+	}
 }
 
 /* The speculation state of a new sequence from its request and the engine's defaults; NULL
@@ -823,13 +849,16 @@ static int spec_attach(struct md_engine *e, struct md_seq *s, uint64_t seed)
 {
 	const struct md_spec_opts *o = &s->req->spec;
 	enum md_spec_drafter d = o->drafter == MD_SPEC_DEFAULT ? e->sp.drafter : o->drafter;
-	if (d == MD_SPEC_DRAFT && !e->draft_ready)
-		d = MD_SPEC_OFF; /* no draft model: the server refuses such requests before */
-	if (d != MD_SPEC_NGRAM && d != MD_SPEC_DRAFT)
+	if ((d == MD_SPEC_DRAFT && !e->draft_ready) || (d == MD_SPEC_SELF && !e->self.ready))
+		d = MD_SPEC_OFF; /* not available: the server refuses such requests before */
+	if (d != MD_SPEC_NGRAM && d != MD_SPEC_DRAFT && d != MD_SPEC_SELF)
 		return 0;
 	uint32_t k = o->max_k ? o->max_k : e->sp.k;
 	s->spec = md_spec_seq_new(d, k < e->sp.k ? k : e->sp.k, seed);
-	return s->spec ? 0 : -ENOMEM;
+	if (!s->spec)
+		return -ENOMEM;
+	md_spec_ctl_prior(&e->ctl, s->spec);
+	return 0;
 }
 
 static int spec_setup(struct md_engine *e)
@@ -850,8 +879,9 @@ static int spec_setup(struct md_engine *e)
 	e->cseq = calloc(S, sizeof(*e->cseq));
 	e->css = calloc(S, sizeof(*e->css));
 	e->ck = calloc(S, sizeof(*e->ck));
-	e->cfree = calloc(S, sizeof(*e->cfree));
-	if (!e->dseq || !e->dk || !e->cseq || !e->css || !e->ck || !e->cfree)
+	e->sseq = calloc(S, sizeof(*e->sseq));
+	e->sk = calloc(S, sizeof(*e->sk));
+	if (!e->dseq || !e->dk || !e->cseq || !e->css || !e->ck || !e->sseq || !e->sk)
 		return -ENOMEM;
 	sp->out = calloc(e->max_logits, sizeof(*sp->out));
 	sp->n_out = calloc(S, sizeof(uint32_t));
@@ -884,7 +914,9 @@ static void spec_release(struct md_engine *e)
 	free(e->cseq);
 	free(e->css);
 	free(e->ck);
-	free(e->cfree);
+	free(e->sseq);
+	free(e->sk);
+	md_self_draft_release(&e->self);
 }
 
 /* The draft model, when configured (after the forward context exists: it shares its pool). */
@@ -937,6 +969,32 @@ static uint32_t items_failed(struct md_engine *e, const struct md_plan *p)
 	return n_bad;
 }
 
+/* Self-speculation, where the model can draft as itself (MoE, or layers to skip): a missing
+ * ability is no error unless the server's default drafter is self or layers were asked. */
+static int spec_setup_self(struct md_engine *e)
+{
+	const struct md_engine_config *c = &e->cfg;
+	char why[256];
+	int rc = md_self_draft_init(&e->self, &e->model, e->fw, &e->kv, c->spec_self_experts,
+				    c->spec_self_skip, c->max_seqs, why, sizeof(why));
+	if (rc == -ENOMEM) {
+		snprintf(e->err, sizeof(e->err), "%s", why);
+		return rc;
+	}
+	if (rc) {
+		bool asked = c->spec == MD_SPEC_SELF || (c->spec_self_skip && c->spec_self_skip[0]);
+		md_self_draft_release(&e->self);
+		if (asked) {
+			snprintf(e->err, sizeof(e->err), "%s", why);
+			return rc;
+		}
+		return 0;
+	}
+	if (e->store)
+		md_self_draft_set_src(&e->self, md_expert_store_src(e->store));
+	return 0;
+}
+
 /* One scheduler step. Returns true when it did work. */
 static bool step(struct md_engine *e)
 {
@@ -959,8 +1017,13 @@ static bool step(struct md_engine *e)
 		.want_logits = p->want_logits, .tok_err = e->tok_err,
 	};
 	trace_step_begin(e, p);
-	double t0 = mono_s();
+	e->step_verifies = false;
+	for (uint32_t i = 0; i < p->n_items && !e->step_verifies; i++)
+		e->step_verifies = p->items[i].n_draft > 0;
+	e->step_predicted = e->step_verifies && md_self_draft_take_prediction(&e->self);
+	double t0 = md_spec_ctl_clock();
 	int rows = md_forward(e->fw, &e->kv, &b, e->logits);
+	e->step_verifies = e->step_predicted = false;
 	if (e->trace)
 		md_route_trace_flush(e->trace);
 	if (rows < 0 || (uint32_t)rows != p->n_logits) {
@@ -985,7 +1048,7 @@ static bool step(struct md_engine *e)
 	}
 	/* The controller's cost table: forward plus decisions of decode-only steps. */
 	if (p->n_prompt == 0 && p->n_recompute == 0 && n_bad == 0)
-		md_spec_ctl_observe(&e->ctl, n, mono_s() - t0);
+		md_spec_ctl_observe(&e->ctl, n, md_spec_ctl_clock() - t0);
 	md_sched_commit(sc, sp->keep);
 	spec_account(e);
 	k = 0;
@@ -1192,6 +1255,9 @@ static int load(struct md_engine *e)
 	rc = spec_load_draft(e, threads);
 	if (rc)
 		return rc;
+	rc = spec_setup_self(e);
+	if (rc)
+		return rc;
 	pthread_mutex_lock(&e->st_mu);
 	e->stats.kv_blocks_total = md_kv_blocks_total(&e->kv);
 	pthread_mutex_unlock(&e->st_mu);
@@ -1353,6 +1419,7 @@ void md_engine_free(struct md_engine *e)
 	free((char *)e->cfg.expert_policy);
 	free((char *)e->cfg.expert_device);
 	free((char *)e->cfg.state_dir);
+	free((char *)e->cfg.spec_self_skip);
 	pthread_mutex_destroy(&e->sub_mu);
 	pthread_cond_destroy(&e->sub_cv);
 	pthread_mutex_destroy(&e->ev_mu);
@@ -1390,6 +1457,11 @@ const struct md_gvocab *md_engine_gvocab(const struct md_engine *e)
 bool md_engine_has_draft(const struct md_engine *e)
 {
 	return e->draft_ready;
+}
+
+bool md_engine_has_self(const struct md_engine *e)
+{
+	return e->self.ready;
 }
 
 int md_engine_tool_format(const struct md_engine *e)

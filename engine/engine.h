@@ -81,6 +81,11 @@ struct md_engine_config {
 	bool spec_fixed;            /* draft max k every step (no controller): for tests */
 	const char *draft_model_path; /* borrowed, may be NULL: a GGUF with the model's
 					 vocabulary; loading fails when it cannot be used */
+	/* Self-speculation (engine/self_draft.h, drafter MD_SPEC_SELF): draft passes route this
+	 * many experts per token (0: 1) and skip these layers (a comma list, borrowed (copied),
+	 * NULL: none). Available on MoE models, or on any model with layers skipped. */
+	uint32_t spec_self_experts;
+	const char *spec_self_skip;
 };
 
 enum md_engine_state {
@@ -177,6 +182,12 @@ struct md_engine_stats {
 	uint64_t spec_drafted, spec_accepted; /* drafted tokens verified, and accepted */
 	uint64_t spec_verify_steps;         /* sequence-steps that verified drafts */
 	uint64_t spec_emitted;              /* tokens those sequence-steps emitted */
+	uint64_t spec_verify_layers;        /* MoE layer passes of steps that verified drafts */
+	uint64_t spec_verify_distinct;      /* distinct experts over those layer passes */
+	uint64_t spec_self_predicted;       /* experts self-speculation's drafts predicted and
+					       prefetched (per layer, summed over steps) */
+	uint64_t spec_self_predicted_used;  /* of those, experts the verifying step then used */
+	uint64_t spec_self_used;            /* experts those verifying steps used */
 };
 
 /* Create an engine (does not start the thread). Returns 0 or -ENOMEM / -EINVAL. */
@@ -223,6 +234,8 @@ uint32_t md_engine_n_vocab(const struct md_engine *e);
 const struct md_gvocab *md_engine_gvocab(const struct md_engine *e);
 /* Whether a draft model is loaded (requests may ask for MD_SPEC_DRAFT). */
 bool md_engine_has_draft(const struct md_engine *e);
+/* Whether self-speculation is available (requests may ask for MD_SPEC_SELF). */
+bool md_engine_has_self(const struct md_engine *e);
 
 /* Encode text (add_bos: prepend BOS where the model wants it; parse_special: match special
  * tokens). Returns the count (>= 0) with a malloc'd array in *ids, or a negative code. */

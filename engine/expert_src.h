@@ -39,6 +39,9 @@
  *      each run of experts took: experts of bytes weight bytes in all, tok_bytes the sum of
  *      each one's bytes times its tokens, on the device (dev) or the CPU; the source may
  *      learn compute rates from it (the store's cost model, engine/expert_cost.h).
+ *   resident(layer, e): optional. Whether the expert's weights are in fast memory now, so a
+ *      get would not wait for a read (a self-speculation draft pass routes among those only,
+ *      engine/forward.h). Asks, holds nothing. Without it every expert counts as resident.
  * Weights of one layer's experts may differ in type; views of one expert must have gate and
  * up of the same shape (n_embd -> n_ff_exp) and down (n_ff_exp -> n_embd). */
 #ifndef MD_EXPERT_SRC_H
@@ -73,6 +76,7 @@ struct md_expert_src_ops {
 	void (*prefetch)(struct md_expert_src *src, uint32_t layer, const int32_t *experts, int n);
 	void (*observe)(struct md_expert_src *src, bool dev, uint64_t bytes, uint64_t tok_bytes,
 			double seconds);
+	bool (*resident)(struct md_expert_src *src, uint32_t layer, int32_t expert);
 };
 
 /* Embed as the first member of an implementation's struct (the ops receive this pointer). */
@@ -102,6 +106,11 @@ static inline void md_expert_src_prefetch(struct md_expert_src *s, uint32_t laye
 {
 	if (s->ops->prefetch)
 		s->ops->prefetch(s, layer, experts, n);
+}
+
+static inline bool md_expert_src_resident(struct md_expert_src *s, uint32_t layer, int32_t expert)
+{
+	return s->ops->resident ? s->ops->resident(s, layer, expert) : true;
 }
 
 static inline void md_expert_src_release(struct md_expert_src *s, uint32_t layer, int32_t expert)

@@ -868,6 +868,11 @@ static void st_observe(struct md_expert_src *src, bool dev, uint64_t bytes, uint
 		md_xcost_observe(&s->cost, dev, bytes, tok_bytes, seconds);
 }
 
+static bool st_resident(struct md_expert_src *src, uint32_t layer, int32_t e)
+{
+	return e >= 0 && md_expert_store_resident((struct md_expert_store *)src, layer, (uint32_t)e);
+}
+
 static const struct md_expert_src_ops store_ops = {
 	.name = "store",
 	.plan = st_plan,
@@ -875,6 +880,7 @@ static const struct md_expert_src_ops store_ops = {
 	.release = st_release,
 	.prefetch = st_prefetch,
 	.observe = st_observe,
+	.resident = st_resident,
 };
 
 /* The same without prefetch: the forward pass then does not predict. */
@@ -884,6 +890,7 @@ static const struct md_expert_src_ops store_ops_nopf = {
 	.get = st_get,
 	.release = st_release,
 	.observe = st_observe,
+	.resident = st_resident,
 };
 
 /* ---- lifecycle ---- */

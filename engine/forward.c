@@ -92,6 +92,8 @@ struct md_forward_ctx {
 	int32_t *tok_err;    /* borrowed: the current batch's md_batch.tok_err, or NULL */
 	struct md_expert_src_map map_src; /* the default expert source */
 	struct md_expert_src *src;        /* borrowed: &map_src or the caller's (set_expert_src) */
+	const struct md_forward_draft *draft; /* borrowed, NULL: exact passes */
+	uint8_t *allow;      /* (E) experts a draft pass may route to */
 	md_forward_route_cb route_cb;     /* NULL: no observer */
 	void *route_ud;                   /* borrowed: passed to route_cb */
 	float *att_scratch; /* per-thread attention scores (att_cap each) */
@@ -150,6 +152,7 @@ void md_forward_free(struct md_forward_ctx *f)
 	free(f->ex_pos);
 	free(f->ex_st);
 	free(f->ex_ntok);
+	free(f->allow);
 	free(f->att_scratch);
 	free(f->rope_cs);
 	free(f->ex_id);
@@ -214,6 +217,7 @@ struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, i
 		f->ex_id = xalloc(E * sizeof(int32_t), &fail);
 		f->ex_st = xalloc(E, &fail);
 		f->ex_ntok = xalloc(E * sizeof(int32_t), &fail);
+		f->allow = xalloc(E, &fail);
 	}
 	f->mm_scratch = xalloc(md_matmul_scratch_floats(f->pool, (int64_t)in_max, max_tokens) * sizeof(float), &fail);
 	f->rope_cs = xalloc((size_t)hp->n_rot * sizeof(float), &fail);
@@ -231,6 +235,13 @@ struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, i
 void md_forward_set_expert_src(struct md_forward_ctx *f, struct md_expert_src *src)
 {
 	f->src = src ? src : &f->map_src.base;
+}
+
+void md_forward_set_draft(struct md_forward_ctx *f, const struct md_forward_draft *d)
+{
+	f->draft = d;
+	if (f->m->hp.n_expert)
+		md_router_set_draft(&f->router, 0, NULL);
 }
 
 void md_forward_set_route_cb(struct md_forward_ctx *f, md_forward_route_cb cb, void *ud)
@@ -755,6 +766,28 @@ static int moe_experts(struct md_forward_ctx *f, uint32_t il, const struct md_ro
 	return 0;
 }
 
+/* A draft pass's note of the exact pass's likely experts: the model's top-k of each token's
+ * router probabilities (md_router_route left them in the logits rows), ORed into pred (E).
+ * f->allow is scratch here (routing is done with it). For scored routing (deepseek2, glm4moe)
+ * these are the unbiased scores, without selection bias and group limit: a prefetch hint. */
+static void predict_exact(struct md_forward_ctx *f, int n, uint8_t *pred)
+{
+	const int E = (int)f->m->hp.n_expert, K = (int)f->m->hp.n_expert_used;
+	uint8_t *taken = f->allow;
+	for (int t = 0; t < n; t++) {
+		const float *p = f->router.logits + (size_t)t * E;
+		memset(taken, 0, (size_t)E);
+		for (int k = 0; k < K; k++) {
+			int best = -1;
+			for (int e = 0; e < E; e++)
+				if (!taken[e] && (best < 0 || p[e] > p[best]))
+					best = e;
+			taken[best] = 1;
+			pred[best] = 1;
+		}
+	}
+}
+
 /* The MoE FFN of layer il on f->xn (n, N); output in f->tmp (n, N). Returns 0 or an expert
  * source's error. */
 static int moe(struct md_forward_ctx *f, int n, uint32_t il)
@@ -763,13 +796,26 @@ static int moe(struct md_forward_ctx *f, int n, uint32_t il)
 	const struct md_layer *L = &f->m->layers[il];
 	const int64_t N = hp->n_embd;
 
-	/* 1-2. Route and group (router.c); the observer sees the result. */
+	/* 1-2. Route and group (router.c); the observer sees the result. A draft pass routes to
+	 * fewer (or only resident) experts and notes the exact pass's likely choice. */
 	struct md_mat wr = md_mat_of(L->gate_inp, 0);
 	md_matmul(f->pool, &wr, f->xn, n, f->router.logits, f->mm_scratch);
 	add_bias(f->router.logits, L->gate_inp_b, n, hp->n_expert);
+	const struct md_forward_draft *dp = f->draft;
+	if (dp) {
+		const uint8_t *allow = NULL;
+		if (dp->resident_only && f->src->ops->resident) {
+			for (uint32_t e = 0; e < hp->n_expert; e++)
+				f->allow[e] = md_expert_src_resident(f->src, il, (int32_t)e);
+			allow = f->allow;
+		}
+		md_router_set_draft(&f->router, (int)dp->n_used, allow);
+	}
 	const struct md_routing *r = md_router_route_bias(&f->router, n,
 							  L->exp_probs_b ? L->exp_probs_b->data : NULL);
-	if (f->route_cb)
+	if (dp && dp->predict)
+		predict_exact(f, n, dp->predict + (size_t)il * hp->n_expert);
+	if (f->route_cb && !dp)
 		f->route_cb(f->route_ud, il, r);
 
 	/* 3. Get the active experts' weights and run each once over all its tokens. */
@@ -872,6 +918,8 @@ int md_forward(struct md_forward_ctx *f, struct md_kv_cache *kv, const struct md
 			       f->x + (size_t)t * N, N);
 
 	for (uint32_t il = 0; il < hp->n_layer; il++) {
+		if (f->draft && f->draft->skip && f->draft->skip[il])
+			continue;
 		attention(f, kv, b, il);
 		rc = ffn(f, n, il);
 		if (rc)

@@ -51,6 +51,27 @@ void md_forward_set_expert_src(struct md_forward_ctx *f, struct md_expert_src *s
 typedef void (*md_forward_route_cb)(void *ud, uint32_t layer, const struct md_routing *r);
 void md_forward_set_route_cb(struct md_forward_ctx *f, md_forward_route_cb cb, void *ud);
 
+/*
+ * A draft pass (self-speculation, engine/self_draft.h): the same model made cheaper. While
+ * set, md_forward routes each token to n_used experts (1..the model's k; 0: the model's k),
+ * only among the experts the expert source has resident when resident_only (its resident
+ * op; all of them where it has none, or fewer than n_used are resident), skips the layers
+ * with skip[l] != 0 entirely (their K/V rows at the batch's positions are not written: a
+ * later pass of the same skips never reads them, and the exact pass writes them), and ORs
+ * into predict (when not NULL) what the exact pass would route each token to: the model's
+ * own top-k on the same scores, predict[l * n_expert + e] = 1. The route observer is not
+ * called (it describes exact passes). K/V rows written are the draft's, committed as usual:
+ * the caller rolls them back (md_kv_truncate) before the exact pass rewrites those positions.
+ * NULL (the default) restores exact passes. d and what it points to are borrowed until then.
+ */
+struct md_forward_draft {
+	uint32_t n_used;
+	const uint8_t *skip;    /* (n_layer) or NULL */
+	bool resident_only;
+	uint8_t *predict;       /* (n_layer * n_expert) or NULL */
+};
+void md_forward_set_draft(struct md_forward_ctx *f, const struct md_forward_draft *d);
+
 /* Run the batch. Validates it against kv (md_kv_batch_begin: live sequences, positions
  * contiguous from each sequence's length and reserved), writes K/V, and once every layer ran
  * commits each sequence's new length (md_kv_commit). Logits of each token with want_logits

@@ -22,6 +22,8 @@ typedef void (*route_select_fn)(const struct md_router *r, float *p, int32_t *id
 static void select_softmax_topk(const struct md_router *r, float *p, int32_t *ids, float *w)
 {
 	const int E = r->n_expert, K = r->n_used;
+	if (E < 1)
+		return;
 	float mx = p[0];
 	for (int e = 1; e < E; e++)
 		mx = p[e] > mx ? p[e] : mx;
@@ -33,6 +35,9 @@ static void select_softmax_topk(const struct md_router *r, float *p, int32_t *id
 	for (int e = 0; e < E; e++)
 		p[e] = (float)(p[e] / sum);
 	memset(r->taken, 0, (size_t)E);
+	if (r->allow) /* a draft pass: the experts it may not use count as taken */
+		for (int e = 0; e < E; e++)
+			r->taken[e] = !r->allow[e];
 	double wsum = 0;
 	for (int k = 0; k < K; k++) {
 		int best = -1;
@@ -49,11 +54,13 @@ static void select_softmax_topk(const struct md_router *r, float *p, int32_t *id
 			w[k] = (float)(w[k] / wsum);
 }
 
-/* The k largest of v (E) by repeated arg-max, strictly greater wins (ties: the lower id);
- * taken (E) is scratch. */
-static void topk(const float *v, int E, int K, uint8_t *taken, int32_t *ids)
+/* The k largest of v (E) among those with allow[e] != 0 (NULL: all; at least K allowed) by
+ * repeated arg-max, strictly greater wins (ties: the lower id); taken (E) is scratch. */
+static void topk_among(const float *v, int E, int K, uint8_t *taken, const uint8_t *allow,
+		       int32_t *ids)
 {
-	memset(taken, 0, (size_t)E);
+	for (int e = 0; e < E; e++)
+		taken[e] = allow && !allow[e];
 	for (int k = 0; k < K; k++) {
 		int best = -1;
 		for (int e = 0; e < E; e++)
@@ -64,12 +71,17 @@ static void topk(const float *v, int E, int K, uint8_t *taken, int32_t *ids)
 	}
 }
 
+static void topk(const float *v, int E, int K, uint8_t *taken, int32_t *ids)
+{
+	topk_among(v, E, K, taken, NULL, ids);
+}
+
 /* Top-k on the raw logits (the same arg-max rule), then a softmax over the k chosen: float exp,
  * double sum, as the softmax above. */
 static void select_softmax_weight(const struct md_router *r, float *p, int32_t *ids, float *w)
 {
 	const int K = r->n_used;
-	topk(p, r->n_expert, K, r->taken, ids);
+	topk_among(p, r->n_expert, K, r->taken, r->allow, ids); /* a draft: the allowed only */
 	float mx = p[ids[0]];
 	double sum = 0;
 	for (int k = 0; k < K; k++) {
@@ -103,6 +115,10 @@ static void select_scored_topk(const struct md_router *r, float *p, int32_t *ids
 	float *sel = r->sel;
 	for (int e = 0; e < E; e++)
 		sel[e] = r->bias ? p[e] + r->bias[e] : p[e];
+	if (r->allow) /* a draft pass: its groups and experts from the allowed ones */
+		for (int e = 0; e < E; e++)
+			if (!r->allow[e])
+				sel[e] = -INFINITY;
 	if (r->n_groups > 1) {
 		/* A group's score: the sum of its two largest biased scores. Groups outside the
 		 * n_group_used best are masked out (-inf). */
@@ -202,7 +218,7 @@ int md_router_init(struct md_router *r, const struct md_hparams *hp, int max_tok
 		return -EINVAL;
 	r->fn = md_route_fn_of(hp);
 	r->n_expert = (int)hp->n_expert;
-	r->n_used = (int)hp->n_expert_used;
+	r->n_used = r->n_used_model = (int)hp->n_expert_used;
 	r->max_tokens = max_tokens;
 	r->norm_topk = hp->norm_topk;
 	r->gating = hp->gating;
@@ -225,6 +241,19 @@ int md_router_init(struct md_router *r, const struct md_hparams *hp, int max_tok
 		return -ENOMEM;
 	}
 	return 0;
+}
+
+void md_router_set_draft(struct md_router *r, int k, const uint8_t *allow)
+{
+	r->n_used = k >= 1 && k <= r->n_used_model ? k : r->n_used_model;
+	r->allow = NULL;
+	if (allow) {
+		int n = 0;
+		for (int e = 0; e < r->n_expert; e++)
+			n += allow[e] != 0;
+		if (n >= r->n_used)
+			r->allow = allow;
+	}
 }
 
 const struct md_routing *md_router_route(struct md_router *r, int n)

@@ -61,6 +61,8 @@ struct md_router {
 	float *tok_w;      /* owned (max_tokens * k) */
 	int32_t *active;   /* owned (E) */
 	uint8_t *taken;    /* owned (E) top-k scratch */
+	int n_used_model;  /* the model's k (n_used is it, or fewer for a draft pass) */
+	const uint8_t *allow; /* borrowed, (E) or NULL: experts a draft pass may choose */
 	struct md_routing r;
 };
 
@@ -73,6 +75,12 @@ const char *md_route_fn_name(enum md_route_fn fn);
  * tokens per call. Returns 0, -EINVAL or -ENOMEM (r zeroed then). */
 int md_router_init(struct md_router *r, const struct md_hparams *hp, int max_tokens);
 void md_router_release(struct md_router *r);
+
+/* For the calls that follow (a draft pass, engine/forward.h md_forward_draft): choose k
+ * experts per token (1 <= k <= the model's; 0 restores the model's), and only among those
+ * with allow[e] != 0 (NULL: all; allow is borrowed until the next call). When fewer than k
+ * are allowed, every expert may be chosen. */
+void md_router_set_draft(struct md_router *r, int k, const uint8_t *allow);
 
 /* Route n tokens (1 <= n <= max_tokens) from the logits the caller wrote into r->logits
  * (n, E). Returns the result (r->r), valid until the next call. Pure arithmetic on the

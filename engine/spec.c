@@ -10,6 +10,7 @@ static const char *const names[] = {
 	[MD_SPEC_OFF] = "off",
 	[MD_SPEC_NGRAM] = "ngram",
 	[MD_SPEC_DRAFT] = "draft",
+	[MD_SPEC_SELF] = "self",
 };
 
 const char *md_spec_drafter_name(enum md_spec_drafter d)

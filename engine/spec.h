@@ -54,6 +54,8 @@ enum md_spec_drafter {
 	MD_SPEC_OFF,
 	MD_SPEC_NGRAM,
 	MD_SPEC_DRAFT,       /* a draft model (md_engine_config.draft_model_path) */
+	MD_SPEC_SELF,        /* the model itself, cheaper: fewer experts, skipped layers
+			      * (engine/self_draft.h) */
 };
 
 /* A request's choice (moed extension "speculative"). */
@@ -62,14 +64,14 @@ struct md_spec_opts {
 	uint32_t max_k;               /* 0: the engine's; clamped to MD_SPEC_MAX_K */
 };
 
-/* "off", "ngram", "draft" (and "default"); NULL for an unknown value. */
+/* "off", "ngram", "draft", "self" (and "default"); NULL for an unknown value. */
 const char *md_spec_drafter_name(enum md_spec_drafter d);
 /* Parse one of the names above; returns the drafter or -EINVAL. */
 int md_spec_drafter_parse(const char *s);
 
 /* What one sequence keeps between steps. */
 struct md_spec_seq {
-	enum md_spec_drafter drafter;  /* resolved: OFF, NGRAM or DRAFT */
+	enum md_spec_drafter drafter;  /* resolved: OFF, NGRAM, DRAFT or SELF */
 	uint32_t max_k;                /* resolved, 1..MD_SPEC_MAX_K */
 	int32_t draft[MD_SPEC_MAX_K];  /* this step's proposal (n_draft), handed to the scheduler */
 	uint32_t n_draft;
@@ -83,7 +85,7 @@ struct md_spec_seq {
 	int32_t shadow;                /* n-gram proposal not verified this step (-1: none) */
 	uint32_t probe_wait, probe_gap; /* steps until a probe when k was 0; current gap */
 	uint32_t k_used;               /* k given to the scheduler this step */
-	uint32_t explore;              /* speculating steps since the last frontier probe */
+	uint32_t explore;              /* speculating steps, counted for frontier probes */
 
 	/* the draft model's KV (engine/draft_model.c) */
 	int dkv_seq;                   /* slot in the draft model's KV cache, -1: none */

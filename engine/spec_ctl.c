@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define DECAY 0.85      /* per verification: how fast acceptance history fades */
 #define MARGIN 1.03     /* predicted gain needed to speculate */
@@ -15,6 +16,33 @@
  * acceptance 0.4, probing as often as n-gram lookup cost a quarter of the throughput). */
 #define PROBE_COSTLY 4
 #define EXPLORE 8       /* every this many speculating steps, try one more draft token */
+#define EXPLORE_ANYWAY 4 /* ... even where that size is measured, every this many times */
+/* Frontier probes for free drafters (n-gram: acceptance is judged for free by the shadow, so
+ * only a step size needs measuring): at most one per FRONTIER_GAP steps engine-wide, of the
+ * smallest size that could pay (cost_opt) and is not measured well (fresh: FRESH_OBS
+ * measurements, the last within RECENT_STEPS). */
+#define FRONTIER_GAP 32
+#define FRESH_OBS 9
+/* A drafter without a shadow (the draft model) is probed only while it could pay with an
+ * optimistic acceptance: its estimate plus UCB_SD standard deviations of the Beta posterior
+ * behind it (decayed counts), at most ALPHA_MAX. */
+#define UCB_SD 1.5
+#define ALPHA_MAX 0.95
+/* A new sequence starts from its drafter's engine-wide acceptance (decayed by GLOBAL_DECAY
+ * per judgement) as PRIOR_TRIALS judgements: requests are short, and learning acceptance
+ * from nothing costs each one its probes. */
+#define GLOBAL_DECAY 0.995
+#define PRIOR_TRIALS 3.0
+#define RECENT_STEPS 256 /* a size's time is trusted this many steps after it was measured */
+#define REF_STEPS 32    /* a speculating engine runs a plain step at least this often */
+#define SHAPE_GAIN 0.2  /* running mean of a size's times */
+
+double md_spec_ctl_clock(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 static double tensor_bytes(const struct md_tensor *t)
 {
@@ -33,7 +61,6 @@ void md_spec_ctl_init(struct md_spec_ctl *c, const struct md_model *m, bool fixe
 {
 	memset(c, 0, sizeof(*c));
 	c->fixed = fixed;
-	c->load = 1;
 	c->trace = getenv("MOED_SPEC_TRACE") != NULL;
 	c->rvar = 0.0625; /* until measured: a quarter of a step */
 	const struct md_hparams *hp = &m->hp;
@@ -55,64 +82,124 @@ void md_spec_ctl_init(struct md_spec_ctl *c, const struct md_model *m, bool fixe
 	}
 	if (c->n_moe_layers)
 		c->w_expert /= c->n_moe_layers;
-	c->n_expert = hp->n_expert;
-	c->n_used = hp->n_expert_used;
+	md_spec_ctl_set_bytes(c, c->w_dense, c->w_expert, c->n_moe_layers, hp->n_expert,
+			      hp->n_expert_used);
+}
+
+void md_spec_ctl_set_bytes(struct md_spec_ctl *c, double w_dense, double w_expert,
+			   uint32_t n_moe_layers, uint32_t n_expert, uint32_t n_used)
+{
+	c->w_dense = w_dense;
+	c->w_expert = w_expert;
+	c->n_moe_layers = n_moe_layers;
+	c->n_expert = n_expert;
+	c->n_used = n_used;
+	for (uint32_t n = 0; n <= MD_SPEC_CTL_MAXN; n++) {
+		double u = 0;
+		if (n_moe_layers && n_expert)
+			u = n_expert * (1 - pow(1 - (double)n_used / n_expert, (double)n));
+		c->r[n] = w_dense + n_moe_layers * u * w_expert + 1;
+	}
 }
 
 double md_spec_ctl_bytes(const struct md_spec_ctl *c, uint32_t n)
 {
-	if (!c->n_moe_layers || !c->n_expert)
-		return c->w_dense + 1;
-	double E = c->n_expert, K = c->n_used;
-	double u = E * (1 - pow(1 - K / E, (double)n));
-	return c->w_dense + c->n_moe_layers * u * c->w_expert + 1;
+	return c->r[n < MD_SPEC_CTL_MAXN ? n : MD_SPEC_CTL_MAXN];
 }
 
-/* The step time of n tokens at load factor 1 (see md_spec_ctl_observe). */
+/* The step time of n tokens from the sizes measured lately (see md_spec_ctl_observe). */
+/* A size's time is trusted while measured at least twice and lately (see observe). */
+static bool measured(const struct md_spec_ctl *c, uint32_t n)
+{
+	return c->nobs[n] >= 2 && c->chosen_steps - c->last_obs[n] <= RECENT_STEPS;
+}
+
 static double shape_cost(const struct md_spec_ctl *c, uint32_t n)
 {
 	if (n > MD_SPEC_CTL_MAXN)
 		n = MD_SPEC_CTL_MAXN;
 	if (n == 0)
 		n = 1;
-	if (c->nobs[n] >= 2)
+	if (measured(c, n))
 		return c->t[n];
 	/* The nearest measured sizes below and above, scaled by the byte model between. */
 	int lo = -1, hi = -1;
 	for (int i = (int)n - 1; i >= 1; i--)
-		if (c->nobs[i] >= 2) {
+		if (measured(c, (uint32_t)i)) {
 			lo = i;
 			break;
 		}
-	for (int i = (int)n + 1; i <= MD_SPEC_CTL_MAXN; i++)
-		if (c->nobs[i] >= 2) {
+	for (int i = (int)n + 1; i <= (int)c->max_n; i++)
+		if (measured(c, (uint32_t)i)) {
 			hi = i;
 			break;
 		}
-	/* Between two measured sizes: along the byte model (the distinct experts). Beyond the
-	 * largest: as if every token cost as much as a whole step (compute-bound, the worst
-	 * case), never less than the byte model says, so sizes not measured yet look no cheaper
-	 * than they can be; the frontier is measured by exploring (md_spec_ctl_choose). Below
-	 * the smallest: the smallest's time. */
+	/* Between two measured sizes: linearly in n (what a compute-bound step does; a
+	 * memory-bound one is concave, so this never makes a size look cheaper than its
+	 * neighbours say). Beyond the largest: along the secant over the measured range (a
+	 * concave curve only flattens further; a compute-bound one goes on straight), or with
+	 * one size measured as if every token cost as much as a whole step (compute-bound,
+	 * the worst case); never less than the byte model says. So sizes not measured yet look
+	 * no cheaper than what was seen; the frontier is measured by probes
+	 * (md_spec_ctl_choose). Below the smallest: the smallest's time. */
 	double r = md_spec_ctl_bytes(c, n);
-	if (lo > 0 && hi > 0) {
-		double rl = md_spec_ctl_bytes(c, (uint32_t)lo), rh = md_spec_ctl_bytes(c, (uint32_t)hi);
-		double f = rh > rl ? (r - rl) / (rh - rl) : 0.5;
-		return c->t[lo] + f * (c->t[hi] - c->t[lo]);
-	}
+	if (lo > 0 && hi > 0)
+		return c->t[lo] + (double)(n - (uint32_t)lo) / (double)(hi - lo) * (c->t[hi] - c->t[lo]);
 	if (lo > 0) {
 		double by_bytes = c->t[lo] * r / md_spec_ctl_bytes(c, (uint32_t)lo);
-		double linear = c->t[lo] * n / lo;
-		return linear > by_bytes ? linear : by_bytes;
+		int s0 = -1;
+		for (int i = 1; i < lo; i++)
+			if (measured(c, (uint32_t)i)) {
+				s0 = i;
+				break;
+			}
+		double ext = c->t[lo] * n / lo;
+		if (s0 > 0) {
+			double slope = (c->t[lo] - c->t[s0]) / (double)(lo - s0);
+			ext = c->t[lo] + (double)(n - (uint32_t)lo) * (slope > 0 ? slope : 0);
+		}
+		return ext > by_bytes ? ext : by_bytes;
 	}
 	if (hi > 0)
 		return c->t[hi];
 	return 0;
 }
 
+static bool fresh(const struct md_spec_ctl *c, uint32_t n);
+
+/* The cheapest a step of n tokens may plausibly turn out: a size measured often and lately
+ * as measured; any other (a few noisy samples say little) no dearer than the curve of the
+ * well-measured sizes continued at half its slope (it may flatten: bound by memory
+ * traffic), nor than the byte model from the largest such size below. Probes walk the sizes
+ * up while this says they could pay, and stop one size past where the measured curve says
+ * not. */
+static double cost_opt(const struct md_spec_ctl *c, uint32_t n)
+{
+	if (n > MD_SPEC_CTL_MAXN)
+		n = MD_SPEC_CTL_MAXN;
+	double est = shape_cost(c, n);
+	if (fresh(c, n))
+		return est;
+	uint32_t f = 0, f0 = 0;
+	for (uint32_t i = n - 1; i >= 1; i--)
+		if (fresh(c, i)) {
+			if (!f)
+				f = i;
+			f0 = i;
+		}
+	if (!f)
+		return est;
+	double slope = f0 < f ? (c->t[f] - c->t[f0]) / (double)(f - f0) : c->t[f] / f;
+	double opt = c->t[f] + 0.5 * (slope > 0 ? slope : 0) * (double)(n - f);
+	double by_bytes = c->t[f] * md_spec_ctl_bytes(c, n) / md_spec_ctl_bytes(c, f);
+	if (opt < by_bytes)
+		opt = by_bytes;
+	return (est > 0 && est < opt ? est : opt);
+}
+
 double md_spec_ctl_cost(const struct md_spec_ctl *c, uint32_t n)
 {
-	return c->load * shape_cost(c, n);
+	return shape_cost(c, n);
 }
 
 double md_spec_ctl_cost_hi(const struct md_spec_ctl *c, uint32_t n)
@@ -123,7 +210,7 @@ double md_spec_ctl_cost_hi(const struct md_spec_ctl *c, uint32_t n)
 	/* The standard error of the nearest measured size at or below n: the machine's relative
 	 * noise over the samples behind it (about 9 in the smoother's window). */
 	for (int i = (int)n; i >= 1; i--)
-		if (c->nobs[i] >= 2) {
+		if (measured(c, (uint32_t)i)) {
 			uint32_t m = c->nobs[i] < 9 ? c->nobs[i] : 9;
 			return t * (1 + sqrt(c->rvar / m));
 		}
@@ -134,25 +221,37 @@ void md_spec_ctl_observe(struct md_spec_ctl *c, uint32_t n, double dt)
 {
 	if (n == 0 || n > MD_SPEC_CTL_MAXN || !(dt > 0))
 		return;
-	/* Times are load x shape: the machine's load (other processes, frequency) drifts far
-	 * more between the moments two step sizes are measured than the sizes differ, so a fast
-	 * load factor follows every observation and the per-size shape learns slowly from
-	 * normalised times; comparing sizes then compares like with like. Deviations are capped
-	 * at 2x (a preempted thread) so one outlier moves either by a bounded step. */
-	if (c->load <= 0)
-		c->load = 1;
-	if (c->nobs[n] == 0) {
-		c->t[n] = dt / c->load;
+	/* Each size's time is a running mean of its own raw times (the clock is CPU time, so
+	 * other processes sharing the cores do not show in it; frequency and memory contention
+	 * still drift). Sizes are compared only while each was measured lately (measured():
+	 * within RECENT_STEPS), and a speculating engine still runs a plain step every
+	 * REF_STEPS steps (md_spec_ctl_choose), so the two times a decision weighs are never
+	 * far apart. (A load factor times a per-size shape, learned from the same residuals,
+	 * was tried: the split drifts, and a size established in other units locked the plan
+	 * in: a 36-token step believed as cheap as a 16-token one that cost 2.2x.) Deviations
+	 * are capped at 2x (a preempted thread) so one outlier moves an estimate by a bounded
+	 * step. */
+	if (c->nobs[n] == 0 || c->chosen_steps - c->last_obs[n] > RECENT_STEPS) {
+		c->t[n] = c->nobs[n] ? 0.5 * (c->t[n] + dt) : dt; /* stale: half the old value */
 	} else {
-		double pred = c->load * c->t[n];
+		double pred = c->t[n];
 		double x = dt > 2 * pred ? 2 * pred : dt < pred / 2 ? pred / 2 : dt;
 		double d = x / pred - 1;
 		c->rvar = 0.95 * c->rvar + 0.05 * d * d;
-		c->load *= 1 + 0.2 * d;
-		c->t[n] += 0.3 * (x / c->load - c->t[n]);
+		c->t[n] += SHAPE_GAIN * (x - c->t[n]);
 	}
 	if (c->nobs[n] < UINT32_MAX)
 		c->nobs[n]++;
+	c->last_obs[n] = c->chosen_steps;
+	if (n > c->max_n)
+		c->max_n = n;
+}
+
+static bool fresh(const struct md_spec_ctl *c, uint32_t n)
+{
+	if (n > MD_SPEC_CTL_MAXN)
+		return true;
+	return c->nobs[n] >= FRESH_OBS && measured(c, n);
 }
 
 double md_spec_ctl_alpha(const struct md_spec_seq *ss)
@@ -166,15 +265,42 @@ static void judge(struct md_spec_seq *ss, double ok, double trials)
 	ss->acc_n = ss->acc_n * DECAY + trials;
 }
 
-void md_spec_ctl_feedback(struct md_spec_seq *ss, uint32_t n_draft, uint32_t n_acc, int32_t first)
+void md_spec_ctl_feedback(struct md_spec_ctl *c, struct md_spec_seq *ss, uint32_t n_draft,
+			  uint32_t n_acc, int32_t first)
 {
+	double ok = 0, trials = 0;
 	if (n_draft) {
 		/* n_acc successes, then one failure unless every draft held. */
-		judge(ss, n_acc, n_acc + (n_acc < n_draft));
+		ok = n_acc;
+		trials = n_acc + (n_acc < n_draft);
 	} else if (ss->shadow >= 0 && first >= 0) {
-		judge(ss, first == ss->shadow, 1);
+		ok = first == ss->shadow;
+		trials = 1;
 	}
 	ss->shadow = -1;
+	if (trials == 0)
+		return;
+	judge(ss, ok, trials);
+	if (ss->drafter < MD_SPEC_CTL_DRAFTERS) {
+		c->g_acc_w[ss->drafter] = c->g_acc_w[ss->drafter] * GLOBAL_DECAY + ok;
+		c->g_acc_n[ss->drafter] = c->g_acc_n[ss->drafter] * GLOBAL_DECAY + trials;
+	}
+}
+
+void md_spec_ctl_prior(const struct md_spec_ctl *c, struct md_spec_seq *ss)
+{
+	if (ss->drafter >= MD_SPEC_CTL_DRAFTERS || c->g_acc_n[ss->drafter] < 1)
+		return;
+	double a = c->g_acc_w[ss->drafter] / c->g_acc_n[ss->drafter];
+	ss->acc_w = a * PRIOR_TRIALS;
+	ss->acc_n = PRIOR_TRIALS;
+}
+
+static double alpha_ucb(const struct md_spec_seq *ss)
+{
+	double m = md_spec_ctl_alpha(ss);
+	double u = m + UCB_SD * sqrt(m * (1 - m) / (ss->acc_n + 3));
+	return u < ALPHA_MAX ? u : ALPHA_MAX;
 }
 
 /* E(k) = alpha + ... + alpha^k */
@@ -188,8 +314,32 @@ static double expect(double a, uint32_t k)
 	return e;
 }
 
+/* The n-gram drafter's proposals cost nothing and are judged without verification. */
+static bool is_free(const struct md_spec_seq *ss)
+{
+	return ss->drafter == MD_SPEC_NGRAM;
+}
+
+static unsigned drafter_of(const struct md_spec_seq *ss)
+{
+	return (unsigned)ss->drafter < MD_SPEC_CTL_DRAFTERS ? (unsigned)ss->drafter : 0;
+}
+
+/* Whether drafting for a sequence with acceptance a could beat plain decode at all: the best
+ * k's rate with every unmeasured size as cheap as the byte model allows (cost_opt). */
+static bool could_pay(const struct md_spec_ctl *c, double a, uint32_t room, bool free_draft,
+		      uint32_t B, double t_round, double plain)
+{
+	for (uint32_t kk = 1; kk <= room; kk++) {
+		double cost = cost_opt(c, B + kk) + (free_draft ? 0 : kk * t_round);
+		if (cost > 0 && (B + expect(a, kk)) / cost > MARGIN * B / plain)
+			return true;
+	}
+	return false;
+}
+
 void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, uint32_t *k,
-			const bool *free_draft, uint32_t n, uint32_t B, double t_round)
+			const double *t_round_of, uint32_t n, uint32_t B)
 {
 	c->chosen_steps++;
 	if (c->fixed)
@@ -209,18 +359,27 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 		room[i < 256 ? i : 255] = i < 256 ? k[i] : 0;
 		k[i] = 0;
 	}
+	/* Nothing measured yet: plain steps first (they measure C(B)). */
+	double plain = md_spec_ctl_cost(c, B);
+	if (!(plain > 0))
+		return;
 	/* Grow the plan sequence by sequence while the step's rate rises, every size charged
 	 * its upper estimate; then keep it only if it beats plain decode by the margin. */
-	double gain = 0, plain = md_spec_ctl_cost(c, B);
-	uint32_t extra = 0, rounds = 0;
-	for (uint32_t oi = 0; oi < m && plain > 0; oi++) {
+	double gain = 0;
+	/* Draft rounds: each drafter with rounds runs max(its k) of them, batched over its
+	 * sequences; their cost adds to the step's. */
+	uint32_t extra = 0, rounds[MD_SPEC_CTL_DRAFTERS] = { 0 };
+	double t_rounds = 0; /* sum over drafters of rounds x seconds per round */
+	for (uint32_t oi = 0; oi < m; oi++) {
 		uint32_t i = order[oi];
 		double a = md_spec_ctl_alpha(ss[i]);
-		double best_rate = (B + gain) / (md_spec_ctl_cost_hi(c, B + extra) + rounds * t_round);
+		const unsigned dr = drafter_of(ss[i]);
+		const double tr = is_free(ss[i]) ? 0 : t_round_of[dr];
+		double best_rate = (B + gain) / (md_spec_ctl_cost_hi(c, B + extra) + t_rounds);
 		uint32_t best = 0;
 		for (uint32_t kk = 1; kk <= room[i]; kk++) {
-			uint32_t r = free_draft[i] || kk < rounds ? rounds : kk;
-			double cost = md_spec_ctl_cost_hi(c, B + extra + kk) + r * t_round;
+			double more = kk > rounds[dr] ? (kk - rounds[dr]) * tr : 0;
+			double cost = md_spec_ctl_cost_hi(c, B + extra + kk) + t_rounds + more;
 			double rate = (B + gain + expect(a, kk)) / cost;
 			if (cost > 0 && rate > best_rate) {
 				best_rate = rate;
@@ -230,27 +389,82 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 		k[i] = best;
 		gain += expect(a, best);
 		extra += best;
-		if (!free_draft[i] && best > rounds)
-			rounds = best;
+		if (best > rounds[dr]) {
+			t_rounds += (best - rounds[dr]) * tr;
+			rounds[dr] = best;
+		}
 	}
-	bool spec = extra > 0 && (B + gain) / (md_spec_ctl_cost_hi(c, B + extra) + rounds * t_round) >
+	bool spec = extra > 0 && (B + gain) / (md_spec_ctl_cost_hi(c, B + extra) + t_rounds) >
 				 MARGIN * B / plain;
+	/* Keep plain decode's time current: the reference every decision compares with. */
+	if (spec && c->chosen_steps - c->last_obs[B < MD_SPEC_CTL_MAXN ? B : MD_SPEC_CTL_MAXN] > REF_STEPS)
+		spec = false;
+	/* A free sequence whose speculation could pay with a step size not measured lately:
+	 * probes the smallest such size. */
+	int frontier = -1;
+	uint32_t frontier_k = 0;
 	for (uint32_t oi = 0; oi < m; oi++) {
 		uint32_t i = order[oi];
 		struct md_spec_seq *s = ss[i];
 		if (!spec)
 			k[i] = 0;
 		if (k[i] == 0) {
-			/* Probe now and then: one draft re-measures alpha and a step size; the gap
-			 * doubles while probes do not lead to speculation. */
+			if (room[i] == 0)
+				continue;
+			if (is_free(s) && spec) {
+				/* In a step that speculates anyway, a sequence left out is probed
+				 * now and then (one draft more on an already larger step): that
+				 * measures the sizes around the plan. */
+				if (s->probe_wait > 0) {
+					s->probe_wait--;
+				} else if (could_pay(c, md_spec_ctl_alpha(s), room[i], true, B + extra, 0, plain)) {
+					k[i] = 1;
+					s->probe_gap = s->probe_gap ? s->probe_gap * 2 : PROBE_MIN;
+					if (s->probe_gap > PROBE_MAX)
+						s->probe_gap = PROBE_MAX;
+					s->probe_wait = s->probe_gap;
+				}
+				continue;
+			}
+			if (is_free(s)) {
+				/* The shadow judges its proposals; only a step size may need measuring. */
+				if (frontier < 0 && c->chosen_steps >= c->next_frontier &&
+				    could_pay(c, md_spec_ctl_alpha(s), room[i], true, B, 0, plain)) {
+					uint32_t kk = 1;
+					while (kk <= room[i] && fresh(c, B + kk))
+						kk++;
+					if (kk <= room[i]) {
+						frontier = (int)i;
+						frontier_k = kk;
+					}
+				}
+				continue;
+			}
+			/* No shadow: a probe (one draft) re-measures alpha, now and then, while
+			 * drafting could pay with a good acceptance at all; the gap doubles while
+			 * probes do not lead to speculation. */
+			const double tr = t_round_of[drafter_of(s)];
+			if (!could_pay(c, alpha_ucb(s), room[i], false, B, tr, plain)) {
+				/* Not by what this sequence has shown: only the rare re-check (its text
+				 * may change), and not at all where no acceptance could pay. */
+				if (!could_pay(c, ALPHA_MAX, room[i], false, B, tr, plain))
+					continue;
+				s->probe_gap = PROBE_MAX * PROBE_COSTLY / 2;
+				if (s->probe_wait > PROBE_MAX * PROBE_COSTLY)
+					s->probe_wait = PROBE_MAX * PROBE_COSTLY;
+			}
 			if (s->probe_wait > 0) {
 				s->probe_wait--;
-			} else if (room[i] > 0) {
-				k[i] = 1;
-				uint32_t f = free_draft[i] ? 1 : PROBE_COSTLY;
-				s->probe_gap = s->probe_gap ? s->probe_gap * 2 : PROBE_MIN * f;
-				if (s->probe_gap > PROBE_MAX * f)
-					s->probe_gap = PROBE_MAX * f;
+			} else {
+				/* One draft, or as many as reach the smallest size not measured well
+				 * (the size the plan would need next). */
+				uint32_t kk = 1;
+				while (kk < room[i] && fresh(c, B + kk))
+					kk++;
+				k[i] = fresh(c, B + kk) ? 1 : kk;
+				s->probe_gap = s->probe_gap ? s->probe_gap * 2 : PROBE_MIN * PROBE_COSTLY;
+				if (s->probe_gap > PROBE_MAX * PROBE_COSTLY)
+					s->probe_gap = PROBE_MAX * PROBE_COSTLY;
 				s->probe_wait = s->probe_gap;
 			}
 			continue;
@@ -259,14 +473,19 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 		s->probe_wait = PROBE_MIN;
 		/* Explore the frontier: a step one token larger than any measured is predicted
 		 * pessimistically, so measure it now and then. */
-		if (k[i] < room[i] && ++s->explore >= EXPLORE) {
+		if (k[i] < room[i] && ++s->explore % EXPLORE == 0) {
+			/* The next size while it is not measured well, and every EXPLORE_ANYWAY-th
+			 * time anyway (a size estimated too dear by noise would stay untried). */
 			uint32_t next = B + extra + 1 <= MD_SPEC_CTL_MAXN ? B + extra + 1 : MD_SPEC_CTL_MAXN;
-			if (c->nobs[next] < 9) {
+			if (!fresh(c, next) || s->explore % (EXPLORE * EXPLORE_ANYWAY) == 0) {
 				k[i]++;
 				extra++;
 			}
-			s->explore = 0;
 		}
+	}
+	if (!spec && frontier >= 0) {
+		k[frontier] = frontier_k;
+		c->next_frontier = c->chosen_steps + FRONTIER_GAP;
 	}
 	c->spec_steps += spec;
 	if (c->trace) {
@@ -276,7 +495,7 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 			m ? md_spec_ctl_alpha(ss[order[0]]) : 0);
 		if (c->chosen_steps % 100 == 0)
 			for (uint32_t i = 1; i <= 12; i++)
-				fprintf(stderr, "spec-ctl   t[%u]=%.2fms n=%u (load %.2f)\n", i,
-					c->t[i] * 1e3, c->nobs[i], c->load);
+				fprintf(stderr, "spec-ctl   t[%u]=%.2fms n=%u\n", i, c->t[i] * 1e3,
+					c->nobs[i]);
 	}
 }

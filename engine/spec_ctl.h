@@ -15,20 +15,31 @@
  * gate+up+down in one layer; L MoE layers). u(n) = E (1 - (1 - K/E)^n) is the expected number
  * of distinct experts n tokens touch: it grows almost linearly while n K << E and saturates at
  * E, which is why short drafts cost an MoE the most per token and long ones little more than
- * the whole model. Where decode is bound by memory traffic the step's time follows R(n); where
- * it is bound by per-step overhead (a tiny model) it is nearly flat. The controller does not
- * assume either: it measures the forward time of decode-only steps per token count (smoothed,
- * as a fast load factor times a slow per-size shape, so that sizes measured at different
- * moments of a drifting machine load compare fairly) and uses R only to interpolate between them; a size beyond the largest measured is predicted pessimistically (as if
- * compute-bound: t(n) = t(n') n / n', or the byte model's ratio if larger) until measured, so
- * the controller never counts on a speedup it has not seen; a draft model adds its rounds'
- * measured time.
+ * the whole model. Where decode is bound by memory traffic the step's time follows R(n); but
+ * every token also costs its own multiply-adds over the dense weights and its K experts, and
+ * on a CPU like this project's (bench/README.md: ~3 ns per 32 weights per token and core)
+ * that work, n times one token's, passes R(n) from n = 2 on: the step is compute-bound and
+ * t(n) grows almost linearly. Where decode is bound by per-step overhead (a tiny model) it is
+ * nearly flat. The controller assumes none of these: it measures the cost of decode-only
+ * steps per token count and uses R and straight lines only between and beyond measured sizes.
+ *
+ * Measuring. The clock is the process's CPU time (md_spec_ctl_clock), not the wall clock:
+ * on a machine shared with other processes the wall time of a step varies 2x with what the
+ * scheduler does, its CPU time (memory stalls included) with the work. Each size keeps a
+ * running mean of its own times; sizes are compared only while each was measured lately
+ * (RECENT_STEPS), and a speculating engine still runs a plain step every REF_STEPS steps, so
+ * the two times a decision weighs are never far apart in time. Between measured sizes the
+ * time is interpolated linearly in n; beyond the largest it follows the secant over the
+ * measured range (linear from zero with one size measured), never less than R's ratio says:
+ * the controller does not count on a speedup it has not seen. A draft model adds its rounds'
+ * measured CPU time.
  *
  * Acceptance model. Each sequence keeps decayed counts of its draft tokens judged and accepted;
  * alpha = (accepted + 1) / (judged + 2) is the chance that a draft token is accepted given the
  * previous one was, so k drafts yield E(k) = alpha + ... + alpha^k extra tokens. Judgements
  * come from verifications and, for the n-gram drafter, for free: a proposal that was not
- * verified (k = 0) is compared with the token the step emitted (the shadow).
+ * verified (k = 0) is compared with the token the step emitted (the shadow). A new sequence
+ * starts from its drafter's engine-wide acceptance, weighted as a few judgements.
  *
  * Choice. One step emits B tokens for its B decoding sequences in time C(B). Sequences are
  * taken best alpha first; each gets the k (0..its room) that most raises the step's tokens per
@@ -39,12 +50,20 @@
  * a margin (3%); the margin applies to the whole step, so under load many small gains can add
  * up, and a stream is not pushed below plain decode by noise. Under load B is large and
  * C(B + k) - C(B) is what a draft costs everyone: the rule speculates only while that still
- * gains. A sequence given k = 0 is probed with one draft after probe_gap steps (doubling to
- * 128 while probes do not pay, reset when speculation is chosen): a draft model has no free
- * shadow, and the step size gets measured. While speculating, every 8th step of a sequence
- * adds one draft when that step size has fewer than 9 measurements, which is how k grows where
- * verification is cheap (memory-bound MoE decode). tests/unit/test_spec_ctl.c runs it on
- * simulated cost curves against the best fixed k.
+ * gains, which on a compute-bound step is never.
+ *
+ * Probes (what costs when speculation does not pay, so each is gated by could_pay: the
+ * drafts could beat plain decode if the unmeasured sizes are as cheap as plausible, cost_opt).
+ * An n-gram sequence needs no probe for its acceptance (the shadow); a step size it would
+ * need is measured by a frontier probe, one engine-wide per FRONTIER_GAP steps, of the
+ * smallest size not measured well. A draft-model sequence is probed with drafts reaching that
+ * size after probe_gap steps (doubling while probes do not lead to speculation), while it
+ * could pay with an optimistic acceptance (its estimate plus 1.5 standard deviations), else
+ * only at the longest gap, and never where no acceptance could pay. While speculating, every
+ * 8th step of a sequence adds one draft when the next size is not measured well (and every
+ * 32nd anyway), which is how k grows where verification is cheap, and sequences left out of
+ * a speculating step are probed now and then. tests/unit/test_spec_ctl.c runs it on simulated
+ * cost curves (compute-, memory-, overhead- and this CPU's bound) against the best fixed k.
  *
  * Engine thread only.
  */
@@ -56,47 +75,63 @@
 #include "engine/spec.h"
 
 #define MD_SPEC_CTL_MAXN 1024 /* token counts measured per step */
+#define MD_SPEC_CTL_DRAFTERS 8 /* drafters (enum md_spec_drafter) with engine-wide acceptance */
 
 struct md_spec_ctl {
 	bool fixed;                       /* always draft the most (tests) */
 	bool trace;                       /* $MOED_SPEC_TRACE: each decision on stderr */
 	double w_dense, w_expert;         /* bytes (see DESIGN) */
 	uint32_t n_moe_layers, n_expert, n_used;
-	double t[MD_SPEC_CTL_MAXN + 1];   /* smoothed seconds of a decode-only step of n tokens,
-					     at load factor 1 */
-	double load;                      /* the machine's current load factor (fast) */
+	double t[MD_SPEC_CTL_MAXN + 1];   /* smoothed CPU seconds of a decode-only step of n tokens */
 	double rvar;                      /* smoothed squared relative deviation of step times
 					     from their size's mean (the machine's noise) */
 	uint32_t nobs[MD_SPEC_CTL_MAXN + 1];
+	uint64_t last_obs[MD_SPEC_CTL_MAXN + 1]; /* chosen_steps at each size's last measurement */
+	uint64_t next_frontier;           /* no frontier probe before this step */
+	uint32_t max_n;                   /* the largest size measured */
+	double r[MD_SPEC_CTL_MAXN + 1];   /* R(n), bytes */
 	uint64_t chosen_steps, spec_steps; /* steps decided, and those that speculated */
+	double g_acc_w[MD_SPEC_CTL_DRAFTERS], g_acc_n[MD_SPEC_CTL_DRAFTERS]; /* per drafter, decayed */
 };
 
 void md_spec_ctl_init(struct md_spec_ctl *c, const struct md_model *m, bool fixed);
 
-/* R(n) of the DESIGN, in bytes. */
+/* R(n) of the DESIGN, in bytes (from a table; n beyond MD_SPEC_CTL_MAXN as MD_SPEC_CTL_MAXN). */
 double md_spec_ctl_bytes(const struct md_spec_ctl *c, uint32_t n);
+/* Set the byte model's parameters (md_spec_ctl_init does, from the model; simulations call it
+ * with their own) and its table. */
+void md_spec_ctl_set_bytes(struct md_spec_ctl *c, double w_dense, double w_expert,
+			   uint32_t n_moe_layers, uint32_t n_expert, uint32_t n_used);
 /* Predicted seconds of a decode step of n tokens; 0 when nothing is measured yet. */
 double md_spec_ctl_cost(const struct md_spec_ctl *c, uint32_t n);
 /* The same plus one standard error of the measurement it rests on: what a step of n tokens
  * is charged when choosing to draft, so noisy timings do not make drafting look cheap. */
 double md_spec_ctl_cost_hi(const struct md_spec_ctl *c, uint32_t n);
-/* A decode-only step of n tokens took dt seconds in the forward pass. */
+/* A decode-only step of n tokens took dt seconds (md_spec_ctl_clock) in the forward pass. */
 void md_spec_ctl_observe(struct md_spec_ctl *c, uint32_t n, double dt);
+/* The clock step costs are measured on: the process's CPU seconds (see DESIGN). */
+double md_spec_ctl_clock(void);
 
 /* The acceptance estimate of a sequence. */
 double md_spec_ctl_alpha(const struct md_spec_seq *ss);
 /* After a step: n_draft drafts were verified and n_acc accepted (n_draft 0: none); first is
- * the first token the step emitted for the sequence (judges the n-gram shadow). */
-void md_spec_ctl_feedback(struct md_spec_seq *ss, uint32_t n_draft, uint32_t n_acc,
-			  int32_t first);
+ * the first token the step emitted for the sequence (judges the n-gram shadow). Updates the
+ * sequence's and its drafter's engine-wide acceptance. */
+void md_spec_ctl_feedback(struct md_spec_ctl *c, struct md_spec_seq *ss, uint32_t n_draft,
+			  uint32_t n_acc, int32_t first);
+/* A new sequence's acceptance history: its drafter's engine-wide acceptance, weighted as a
+ * few judgements (nothing while the drafter has none). */
+void md_spec_ctl_prior(const struct md_spec_ctl *c, struct md_spec_seq *ss);
 
 /*
  * Choose k for the n sequences with drafters in a step of B decoding sequences: on entry
  * k[i] is the most sequence i may draft (its room, and for the n-gram drafter the proposal's
- * length), on return what it drafts. avail[i]: a proposal exists at no cost (n-gram) rather
- * than costing draft rounds; t_round: seconds per draft-model round (0 if unknown).
+ * length), on return what it drafts. The n-gram drafter's proposals cost nothing; any other
+ * drafter d runs rounds of t_round[d] seconds each (0 if unknown), one per drafted position,
+ * batched over its sequences (t_round has MD_SPEC_CTL_DRAFTERS entries, by enum
+ * md_spec_drafter).
  */
 void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, uint32_t *k,
-			const bool *free_draft, uint32_t n, uint32_t B, double t_round);
+			const double *t_round, uint32_t n, uint32_t B);
 
 #endif

@@ -55,9 +55,10 @@ static int v_log_format(const char *v, char *err, size_t errlen)
 
 static int v_spec(const char *v, char *err, size_t errlen)
 {
-	if (strcmp(v, "off") == 0 || strcmp(v, "ngram") == 0 || strcmp(v, "draft") == 0)
+	if (strcmp(v, "off") == 0 || strcmp(v, "ngram") == 0 || strcmp(v, "draft") == 0 ||
+	    strcmp(v, "self") == 0)
 		return 0;
-	snprintf(err, errlen, "must be off, ngram or draft");
+	snprintf(err, errlen, "must be off, ngram, draft or self");
 	return -EINVAL;
 }
 
@@ -151,13 +152,17 @@ static const struct opt options[] = {
 	  "1: when more sequences decode than a step holds, batch those that share experts "
 	  "(age-bounded; bench/README.md); 0: off; -1: on where experts go through the store" },
 	{ "speculative", "spec", 0, OPT_STRING, OFF(spec), "ngram", 0, 0, v_spec, false,
-	  "speculative decoding by default: off, ngram (prompt lookup) or draft (draft-model); "
-	  "requests choose with \"speculative\"" },
+	  "speculative decoding by default: off, ngram (prompt lookup), draft (draft-model) or "
+	  "self (the model with fewer experts); requests choose with \"speculative\"" },
 	{ "speculative", "spec-k", 0, OPT_INT, OFF(spec_k), "8", 1, 16, NULL, false,
 	  "most drafted tokens per sequence and step (the controller picks 0..spec-k)" },
 	{ "speculative", "draft-model", 0, OPT_STRING, OFF(draft_model), "", 0, 0, NULL, false,
 	  "draft GGUF with the model's vocabulary (empty: the draft beside the default model "
 	  "when serving it)" },
+	{ "speculative", "spec-self-experts", 0, OPT_INT, OFF(spec_self_experts), "1", 1, 64, NULL,
+	  false, "experts per token in self-speculation's draft passes (at most the model's)" },
+	{ "speculative", "spec-self-skip", 0, OPT_STRING, OFF(spec_self_skip), "", 0, 0, NULL,
+	  false, "layers self-speculation's draft passes skip, a comma list (empty: none)" },
 	{ "log", "log-level", 0, OPT_STRING, OFF(log_level), "info", 0, 0, v_log_level, true,
 	  "error, warn, info or debug; re-read from the config file on SIGHUP" },
 	{ "log", "log-format", 0, OPT_STRING, OFF(log_format), "text", 0, 0, v_log_format, true,

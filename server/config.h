@@ -44,9 +44,11 @@ struct md_config {
 	int64_t expert_prefetch;    /* 0 or 1 */
 	char *state_dir;            /* owned; "" = none */
 	/* [speculative] */
-	char *spec;                 /* owned: off, ngram or draft: requests' default drafter */
+	char *spec;                 /* owned: off, ngram, draft or self: requests' default drafter */
 	int64_t spec_k;             /* largest drafted tokens per step */
 	char *draft_model;          /* owned; "" = the draft beside the default model, if any */
+	int64_t spec_self_experts;  /* experts per token in self-speculation's draft passes */
+	char *spec_self_skip;       /* owned; layers those passes skip, "" = none */
 	/* [log] */
 	char *log_level;            /* owned */
 	char *log_format;           /* owned */

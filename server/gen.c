@@ -1129,6 +1129,7 @@ static struct md_req_limits limits_of(const struct md_gen_ctx *x)
 				       .max_tokens_cap = x->cfg->max_tokens_cap,
 				       .n_vocab = x->n_vocab,
 				       .has_draft = md_engine_has_draft(x->eng),
+				       .has_self = md_engine_has_self(x->eng),
 				       .tool_format = md_engine_tool_format(x->eng),
 				       .tool_text = md_engine_tool_text(x->eng) };
 }

@@ -297,6 +297,9 @@ int main(int argc, char **argv)
 		.spec_k = (uint32_t)a->cfg.spec_k,
 		.draft_model_path = a->cfg.draft_model && a->cfg.draft_model[0] ? a->cfg.draft_model
 										 : NULL,
+		.spec_self_experts = (uint32_t)a->cfg.spec_self_experts,
+		.spec_self_skip = a->cfg.spec_self_skip && a->cfg.spec_self_skip[0]
+				  ? a->cfg.spec_self_skip : NULL,
 	};
 	struct md_http_limits lim = {
 		.max_connections = (size_t)a->cfg.max_connections,

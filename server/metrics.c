@@ -234,6 +234,13 @@ static double spec_mean_len(const struct md_metrics_src *src)
 	return e->spec_verify_steps ? (double)e->spec_emitted / e->spec_verify_steps : 0.0;
 }
 
+/* Distinct experts per MoE layer of a verifying step (0: none yet). */
+static double spec_verify_distinct(const struct md_metrics_src *src)
+{
+	const struct md_engine_stats *e = src->engine;
+	return e->spec_verify_layers ? (double)e->spec_verify_distinct / e->spec_verify_layers : 0.0;
+}
+
 static double spec_accept_rate(const struct md_metrics_src *src)
 {
 	const struct md_engine_stats *e = src->engine;
@@ -335,6 +342,24 @@ static const struct row registry[] = {
 	COUNTER("moed:spec_emitted_tokens_total",
 		"Speculative decoding: tokens emitted by verifying steps (accepted drafts plus one).",
 		SRC_ENGINE, ENG, spec_emitted, V_U64),
+	COUNTER("moed:spec_verify_layer_passes_total",
+		"Speculative decoding: MoE layer passes of steps that verified drafts.", SRC_ENGINE, ENG,
+		spec_verify_layers, V_U64),
+	COUNTER("moed:spec_verify_distinct_experts_total",
+		"Speculative decoding: distinct experts over those layer passes.", SRC_ENGINE, ENG,
+		spec_verify_distinct, V_U64),
+	DERIVED("moed:spec_verify_distinct_experts",
+		"Distinct experts per MoE layer of a verifying step, mean since start.",
+		spec_verify_distinct),
+	COUNTER("moed:spec_self_predicted_experts_total",
+		"Self-speculation: experts its drafts predicted for the verifying step and prefetched "
+		"(expert store only; per layer, summed).", SRC_ENGINE, ENG, spec_self_predicted, V_U64),
+	COUNTER("moed:spec_self_predicted_used_total",
+		"Self-speculation: of those, experts the verifying step then used.", SRC_ENGINE, ENG,
+		spec_self_predicted_used, V_U64),
+	COUNTER("moed:spec_self_used_experts_total",
+		"Self-speculation: experts the verifying steps it predicted for used.", SRC_ENGINE, ENG,
+		spec_self_used, V_U64),
 	DERIVED("moed:spec_mean_accepted_length",
 		"Tokens emitted per verifying step (1 + accepted drafts), since start.", spec_mean_len),
 	DERIVED("moed:spec_acceptance_rate", "Accepted over drafted tokens, since start.",

@@ -428,12 +428,17 @@ static int p_speculative(const struct param *row, struct pctx *x, cJSON *sp)
 		int v = cJSON_IsString(d) ? md_spec_drafter_parse(d->valuestring) : -EINVAL;
 		if (v < 0 || v == MD_SPEC_DEFAULT) {
 			bad_request(x->o, "speculative.drafter",
-				    "'speculative.drafter' must be \"ngram\", \"draft\" or \"off\"");
+				    "'speculative.drafter' must be \"ngram\", \"draft\", \"self\" or \"off\"");
 			return -1;
 		}
 		if (v == MD_SPEC_DRAFT && !x->lim->has_draft) {
 			bad_request(x->o, "speculative.drafter",
 				    "no draft model is loaded (start moed with --draft-model)");
+			return -1;
+		}
+		if (v == MD_SPEC_SELF && !x->lim->has_self) {
+			bad_request(x->o, "speculative.drafter",
+				    "self-speculation needs a model with experts (or --spec-self-skip)");
 			return -1;
 		}
 		so->drafter = (enum md_spec_drafter)v;

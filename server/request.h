@@ -50,6 +50,7 @@ struct md_req_limits {
 	int64_t max_tokens_cap;  /* largest max_tokens accepted */
 	uint32_t n_vocab;        /* token ids are in [0, n_vocab) */
 	bool has_draft;          /* a draft model is loaded ("speculative": {"drafter": "draft"}) */
+	bool has_self;           /* self-speculation is available ({"drafter": "self"}) */
 	int tool_format;         /* md_engine_tool_format(): how forced tool calls are written */
 	int tool_text;           /* md_engine_tool_text(): the form of each tool's text */
 };

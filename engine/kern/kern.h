@@ -15,6 +15,8 @@
  *   md_q8k: 256 elements, bsums[g] = sum of qs[16g .. 16g+15]   (paired with the 256-element
  *           super-block types: q2_K .. q6_K, iq4_xs)
  * qs are in [-127, 127] so u8 x s8 pair sums never saturate 16 bits.
+ * A row of n elements in md_q8b is n/32 blocks followed by their n/32 scales d again as a
+ * float array (md_q8b_scales), so a kernel can load the scales of 8 blocks at once.
  */
 struct md_q8b {
 	float d;
@@ -30,6 +32,27 @@ struct md_q8k {
 
 /* Largest number of activation rows one dot call handles (the register tile width). */
 #define MD_KERN_NT 8
+
+/* The float array of block scales after the n/32 md_q8b blocks of a row (see above). */
+static inline const float *md_q8b_scales(const void *row, int64_t n)
+{
+	return (const float *)((const struct md_q8b *)row + n / 32);
+}
+
+/*
+ * Tokens in lanes (optional, per type): up to MD_KERN_LANES activation rows are repacked once
+ * per product (pack_q8b_lanes, into md_kern_lanes_size(n) bytes) so that one register holds
+ * the same few elements of every token of the group; a lanes kernel then dots nr weight rows
+ * (row r at w + r * w_stride) with such a group of nt tokens, writing y[t * y_stride + r].
+ * Every output has the same bits as the table's dot gives that token, so a product may mix
+ * both freely. A group pays from lanes_min tokens on (fewer: use dot). Layout of a packed
+ * q8b group, per 32-element block: float d[8]; int8 q[8][8][4] (q[j][t] = elements 4j..4j+3
+ * of token t); tokens past nt are zero.
+ */
+#define MD_KERN_LANES 8
+#define MD_KERN_LANES_MIN 5 /* no table packs groups of fewer tokens (scratch sizing) */
+typedef void (*md_lanes_fn)(int64_t n, const void *w, size_t w_stride, int nr, const void *p,
+			    int nt, float *y, size_t y_stride);
 
 /* Which activation format a weight type pairs with. */
 enum md_act_fmt {
@@ -64,6 +87,9 @@ struct md_kern {
 	md_dot_fn dot[MD_DT_COUNT]; /* NULL where the type has no kernel */
 	md_gemm_fn gemm[MD_DT_COUNT]; /* NULL where the type has none: callers use dot */
 	int gemm_nt; /* tokens per gemm register tile: up to this many, weights pass once */
+	md_lanes_fn lanes[MD_DT_COUNT]; /* NULL where the type has none */
+	int lanes_min;                  /* >= MD_KERN_LANES_MIN */
+	void (*pack_q8b_lanes)(const void *a, size_t a_stride, int nt, int64_t n, void *dst);
 	/* Quantize n floats (n multiple of 32 / 256) into blocks. */
 	void (*quant_q8b)(const float *x, struct md_q8b *y, int64_t n);
 	void (*quant_q8k)(const float *x, struct md_q8k *y, int64_t n);
@@ -81,6 +107,8 @@ void md_kern__k_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8]);
 enum md_act_fmt md_kern_act_fmt(enum md_dtype t);
 /* Bytes of one activation row of n elements in format f. */
 size_t md_kern_act_row_size(enum md_act_fmt f, int64_t n);
+/* Bytes of one packed lanes group of n elements (md_q8b activations). */
+size_t md_kern_lanes_size(int64_t n);
 
 /* The kernel tables; avx2/avx512 are NULL when not compiled in (non-x86 builds). */
 extern const struct md_kern md_kern_scalar;

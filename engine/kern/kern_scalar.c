@@ -37,12 +37,17 @@ size_t md_kern_act_row_size(enum md_act_fmt f, int64_t n)
 	case MD_ACT_F32:
 		return (size_t)n * sizeof(float);
 	case MD_ACT_Q8B:
-		return (size_t)(n / 32) * sizeof(struct md_q8b);
+		return (size_t)(n / 32) * (sizeof(struct md_q8b) + sizeof(float));
 	case MD_ACT_Q8K:
 		return (size_t)(n / 256) * sizeof(struct md_q8k);
 	default:
 		return 0;
 	}
+}
+
+size_t md_kern_lanes_size(int64_t n)
+{
+	return (size_t)(n / 32) * (MD_KERN_LANES * sizeof(float) + MD_KERN_LANES * 32);
 }
 
 static inline float ld_f16(const uint8_t *p)
@@ -70,6 +75,7 @@ static void quant_q8b(const float *x, struct md_q8b *y, int64_t n)
 		}
 		y[b].d = d;
 		y[b].s = s;
+		((float *)(y + n / 32))[b] = d;
 	}
 }
 

@@ -42,6 +42,9 @@ struct mm_job {
 	const struct md_kern *k;
 	const uint8_t *act;     /* (n_tok) rows of act_stride bytes */
 	size_t act_stride;
+	const uint8_t *lanes;   /* (n_lanes) packed groups of MD_KERN_LANES tokens, or NULL */
+	size_t lanes_stride;
+	int n_lanes;
 	int64_t ir;             /* rows per work item */
 	int64_t items[MD_MATMUL_MAX_MULTI]; /* work items (row chunks) per weight */
 	int64_t n_items;
@@ -124,9 +127,12 @@ static int64_t count_items(const struct md_mat *w, int nw, int64_t ir, int64_t *
 }
 
 /* Rows r0 .. r0+nr-1 of w for n_tok activation rows at act (stride as), into y (n_tok rows of
- * w->n_out floats). */
+ * w->n_out floats). The first n_lanes * MD_KERN_LANES tokens (at most n_tok) may come packed
+ * in lanes (kern.h) at lanes, groups lstride bytes apart: those go through the type's lanes
+ * kernel, the rest through dot (the same bits either way). */
 static void kern_rows(const struct md_kern *k, const struct md_mat *w, int64_t r0, int64_t nr,
-		      const uint8_t *act, size_t as, int n_tok, float *y)
+		      const uint8_t *act, size_t as, int n_tok, float *y, const uint8_t *lanes,
+		      size_t lstride, int n_lanes)
 {
 	const md_dot_fn dot = k->dot[w->type];
 	const md_gemm_fn gemm = k->gemm[w->type];
@@ -156,7 +162,18 @@ static void kern_rows(const struct md_kern *k, const struct md_mat *w, int64_t r
 		}
 		return;
 	}
-	for (int t0 = 0; t0 < n_tok; t0 += MD_KERN_NT) {
+	int t_lanes = 0;
+	if (lanes && k->lanes[w->type]) {
+		for (int g = 0; g < n_lanes; g++) {
+			const int t0 = g * MD_KERN_LANES;
+			const int nt = n_tok - t0 < MD_KERN_LANES ? n_tok - t0 : MD_KERN_LANES;
+			k->lanes[w->type](w->n_in, wd + (size_t)r0 * w->nb1, w->nb1, (int)nr,
+					  lanes + (size_t)g * lstride, nt, y + (size_t)t0 * w->n_out + r0,
+					  (size_t)w->n_out);
+		}
+		t_lanes = n_lanes * MD_KERN_LANES < n_tok ? n_lanes * MD_KERN_LANES : n_tok;
+	}
+	for (int t0 = t_lanes; t0 < n_tok; t0 += MD_KERN_NT) {
 		int nt = n_tok - t0 < MD_KERN_NT ? n_tok - t0 : MD_KERN_NT;
 		const uint8_t *a = act + (size_t)t0 * as;
 		float *yt = y + (size_t)t0 * w->n_out;
@@ -194,7 +211,8 @@ static void kern_worker(void *ctx, int ith, int nth)
 		const struct md_mat *w = &j->w[i];
 		int64_t r0 = it * ir;
 		int64_t n = w->n_out - r0 < ir ? w->n_out - r0 : ir;
-		kern_rows(j->k, w, r0, n, j->act, j->act_stride, j->n_tok, j->y[i]);
+		kern_rows(j->k, w, r0, n, j->act, j->act_stride, j->n_tok, j->y[i], j->lanes,
+			  j->lanes_stride, j->n_lanes);
 	}
 }
 
@@ -238,16 +256,35 @@ static void quantize_acts(struct md_pool *pool, struct q_job *q)
 		quant_rows(q, 0, q->n_tok);
 }
 
+/* Lanes groups a product of n_tok tokens packs with table k (kern.h): whole groups, and the
+ * last partial one when it has lanes_min tokens. */
+static int lane_groups(const struct md_kern *k, int n_tok)
+{
+	if (!k || !k->pack_q8b_lanes || n_tok < k->lanes_min)
+		return 0;
+	int g = n_tok / MD_KERN_LANES;
+	return g + (n_tok % MD_KERN_LANES >= k->lanes_min);
+}
+
+/* Bytes of packed lanes groups for products of up to n_tok tokens (any table). */
+static size_t lanes_bytes(int64_t n_in, int n_tok)
+{
+	size_t groups = (size_t)(n_tok / MD_KERN_LANES + 1);
+	return groups * pad64(md_kern_lanes_size((n_in + 31) / 32 * 32));
+}
+
 size_t md_matmul_scratch_floats(const struct md_pool *pool, int64_t n_in, int max_tok)
 {
 	/* Reference path: one dequantized row per thread, padded to 64 bytes so threads never
-	 * share a cache line. Kernel path: max_tok quantized rows (at most 40 bytes per 32). */
+	 * share a cache line. Kernel path: max_tok quantized rows (at most 44 bytes per 32), then
+	 * their lanes groups. */
 	size_t ref = (((size_t)n_in + 15) & ~(size_t)15) * (size_t)md_pool_size(pool);
 	size_t row = pad64(md_kern_act_row_size(MD_ACT_Q8B, (n_in + 31) / 32 * 32));
 	size_t rowk = pad64(md_kern_act_row_size(MD_ACT_Q8K, (n_in + 255) / 256 * 256));
 	if (rowk > row)
 		row = rowk;
-	size_t kern = (row * (size_t)(max_tok > 0 ? max_tok : 1) + 63) / sizeof(float);
+	const int nt = max_tok > 0 ? max_tok : 1;
+	size_t kern = (row * (size_t)nt + lanes_bytes(n_in, nt) + 63) / sizeof(float);
 	return ref > kern ? ref : kern;
 }
 
@@ -324,6 +361,17 @@ void md_matmul_multi(struct md_pool *pool, const struct md_mat *w, int nw, const
 		quantize_acts(pool, &q);
 		j.act = q.act;
 		j.act_stride = q.act_stride;
+		if (fmt == MD_ACT_Q8B && (j.n_lanes = lane_groups(k, n_tok)) > 0) {
+			uint8_t *lp = q.act + q.act_stride * (size_t)n_tok;
+			j.lanes_stride = pad64(md_kern_lanes_size(w[0].n_in));
+			for (int g = 0; g < j.n_lanes; g++) {
+				int t0 = g * MD_KERN_LANES;
+				int nt = n_tok - t0 < MD_KERN_LANES ? n_tok - t0 : MD_KERN_LANES;
+				k->pack_q8b_lanes(q.act + q.act_stride * (size_t)t0, q.act_stride, nt,
+						  w[0].n_in, lp + j.lanes_stride * (size_t)g);
+			}
+			j.lanes = lp;
+		}
 	}
 	md_pool_run(pool, kern_worker, &j);
 }
@@ -344,6 +392,9 @@ struct ex_job {
 	float *const *y;        /* (nw) */
 	const uint8_t *act;     /* one row per slot */
 	size_t act_stride;
+	const uint8_t *lanes;   /* packed lanes groups of the groups with enough slots, or NULL */
+	size_t lanes_stride;
+	const int32_t *lane0;   /* (ng) first packed group of each group */
 	int64_t ir;             /* rows per work item */
 	int64_t items[MD_MATMUL_MAX_MULTI];
 	int64_t per_group;
@@ -371,8 +422,10 @@ static void ex_worker(void *ctx, int ith, int nth)
 		const int32_t s0 = j->off[g], m = j->off[g + 1] - s0;
 		int64_t r0 = it * j->ir;
 		int64_t n = w->n_out - r0 < j->ir ? w->n_out - r0 : j->ir;
+		const uint8_t *lp = j->lanes ? j->lanes + j->lanes_stride * (size_t)j->lane0[g] : NULL;
 		kern_rows(j->k, w, r0, n, j->act + (size_t)s0 * j->act_stride, j->act_stride, m,
-			  j->y[i] + (size_t)s0 * w->n_out);
+			  j->y[i] + (size_t)s0 * w->n_out, lp, j->lanes_stride,
+			  lp ? j->lane0[g + 1] - j->lane0[g] : 0);
 	}
 }
 
@@ -391,7 +444,9 @@ size_t md_matmul_experts_scratch_bytes(int64_t n_in, int n_x, int n_slots)
 		row = rowk;
 	if (rowf > row)
 		row = rowf;
-	return row * ((size_t)n_x + (size_t)n_slots) + 64;
+	/* Lanes groups: a group of m slots packs at most m / MD_KERN_LANES_MIN (lane_groups). */
+	size_t lanes = (size_t)(n_slots / MD_KERN_LANES_MIN + 1) * pad64(md_kern_lanes_size((n_in + 31) / 32 * 32));
+	return row * ((size_t)n_x + (size_t)n_slots) + lanes + pad64(sizeof(int32_t) * ((size_t)n_slots + 2)) + 64;
 }
 
 struct gather_job {
@@ -461,9 +516,32 @@ void md_matmul_experts(struct md_pool *pool, const struct md_mat *w, int nw, int
 		else
 			gather_worker(&g, 0, 1);
 		act = buf;
+		buf += stride * (size_t)n_slots;
 	}
 	j.act = act - (size_t)off[0] * stride;
 	j.act_stride = stride;
+	if (fmt == MD_ACT_Q8B && k->pack_q8b_lanes) {
+		/* Pack the groups with enough slots; lane0 counts them, ng + 1 entries. */
+		int32_t *lane0 = (int32_t *)buf;
+		uint8_t *lp = buf + pad64(sizeof(int32_t) * ((size_t)n_slots + 2));
+		const size_t ls = pad64(md_kern_lanes_size(n_in));
+		int32_t total = 0;
+		for (int g = 0; g < ng; g++) {
+			lane0[g] = total;
+			const int m = off[g + 1] - off[g], lg = lane_groups(k, m);
+			for (int q = 0; q < lg; q++) {
+				const int t0 = q * MD_KERN_LANES, nt = m - t0 < MD_KERN_LANES ? m - t0 : MD_KERN_LANES;
+				k->pack_q8b_lanes(j.act + (size_t)(off[g] + t0) * stride, stride, nt, n_in,
+						  lp + ls * (size_t)total++);
+			}
+		}
+		lane0[ng] = total;
+		if (total > 0) {
+			j.lanes = lp;
+			j.lanes_stride = ls;
+			j.lane0 = lane0;
+		}
+	}
 	int max_m = 0;
 	for (int g = 0; g < ng; g++)
 		max_m = off[g + 1] - off[g] > max_m ? off[g + 1] - off[g] : max_m;

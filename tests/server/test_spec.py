@@ -78,7 +78,7 @@ try:
         return {k: u[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
     with ThreadPoolExecutor(4) as pool:
         plain = list(pool.map(lambda p: chat(srv, p, {"drafter": "off"}), ps))
-        for d in ("ngram", "draft"):
+        for d in ("ngram", "draft", "self"):
             spec = list(pool.map(lambda p: chat(srv, p, {"drafter": d, "max_k": 8}), ps))
             same = 0
             for i, (a, b) in enumerate(zip(plain, spec)):

@@ -273,6 +273,85 @@ static void test_gemm(const struct md_kern *k)
 	}
 }
 
+/*
+ * Tokens in lanes (kern.h): for every type with a lanes kernel, rows whose block count is and
+ * is not a multiple of 8, 1..MD_KERN_LANES tokens and several row counts, every output equals
+ * the table's dot for that token alone, bit for bit, and the slots past nt are not written;
+ * dot itself gives those bits at every nt (the tails of the 8-block loop included).
+ */
+static void test_lanes(const struct md_kern *k)
+{
+	static const int64_t ns[] = { 32, 224, 256, 800 };
+	const int max_nr = 5, nt_max = MD_KERN_LANES;
+	if (!k->pack_q8b_lanes)
+		return;
+	for (size_t ti = 0; ti < N_TYPES; ti++) {
+		const enum md_dtype t = types[ti];
+		if (!k->lanes[t])
+			continue;
+		CHECK_MSG(md_kern_act_fmt(t) == MD_ACT_Q8B && k->lanes_min >= MD_KERN_LANES_MIN,
+			  "%s %s: lanes kernel for a type not on md_q8b", k->name, md_dtype_info(t)->name);
+		for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++) {
+			const int64_t n = ns[ni];
+			const size_t rb = md_dtype_row_size(t, n) + 2; /* odd stride on purpose */
+			uint8_t *w = malloc(rb * max_nr);
+			float *x = malloc(sizeof(float) * n * nt_max), *src = malloc(sizeof(float) * n);
+			for (int r = 0; r < max_nr; r++) {
+				for (int64_t i = 0; i < n; i++)
+					src[i] = frand() * (r == 3 ? 40.0f : 1.0f);
+				md_quantize_row(t, src, w + rb * r, n);
+			}
+			for (int64_t i = 0; i < n * nt_max; i++)
+				x[i] = frand() * (i / n == 5 ? 1e-3f : 1.0f);
+			size_t as;
+			uint8_t *a = malloc(md_kern_act_row_size(MD_ACT_Q8B, n) * nt_max + 64);
+			uint8_t *p = malloc(md_kern_lanes_size(n) + 64);
+			make_act(k, t, x, n, nt_max, a, &as);
+			const size_t ys = max_nr + 1;
+			float y[(5 + 1) * MD_KERN_LANES], one[MD_KERN_NT];
+			for (int nt = 1; nt <= nt_max; nt++) {
+				k->pack_q8b_lanes(a, as, nt, n, p);
+				for (int nr = 1; nr <= max_nr; nr += 2) {
+					for (size_t i = 0; i < sizeof(y) / sizeof(y[0]); i++)
+						y[i] = NAN;
+					k->lanes[t](n, w, rb, nr, p, nt, y, ys);
+					for (int tok = 0; tok < nt_max; tok++)
+						for (int r = 0; r < (int)ys; r++) {
+							float got = y[tok * ys + r];
+							if (tok >= nt || r >= nr) {
+								CHECK_MSG(isnan(got), "%s lanes %s n %d nr %d nt %d: wrote (%d, %d)",
+									  k->name, md_dtype_info(t)->name, (int)n, nr, nt, tok, r);
+								continue;
+							}
+							k->dot[t](n, w + rb * r, a + as * tok, as, 1, one, 1);
+							CHECK_MSG(memcmp(&got, &one[0], sizeof(float)) == 0,
+								  "%s lanes %s n %d nr %d nt %d (%d, %d): %.9g != dot %.9g",
+								  k->name, md_dtype_info(t)->name, (int)n, nr, nt, tok, r,
+								  got, one[0]);
+						}
+				}
+				/* dot with nt tokens equals dot with one. */
+				for (int r = 0; r < max_nr; r++) {
+					float yt[MD_KERN_NT];
+					k->dot[t](n, w + rb * r, a, as, nt, yt, 1);
+					for (int tok = 0; tok < nt; tok++) {
+						k->dot[t](n, w + rb * r, a + as * tok, as, 1, one, 1);
+						CHECK_MSG(memcmp(&yt[tok], &one[0], sizeof(float)) == 0,
+							  "%s dot %s n %d nt %d row %d tok %d: %.9g != single %.9g",
+							  k->name, md_dtype_info(t)->name, (int)n, nt, r, tok, yt[tok],
+							  one[0]);
+					}
+				}
+			}
+			free(w);
+			free(x);
+			free(src);
+			free(a);
+			free(p);
+		}
+	}
+}
+
 /* Threaded kernel matmul (single and multi) against direct kernel calls, many token counts. */
 static void test_matmul(const struct md_kern *k)
 {
@@ -358,6 +437,7 @@ int main(void)
 		}
 		test_helpers(k);
 		test_gemm(k);
+		test_lanes(k);
 		test_matmul(k);
 		printf("kernels: %s checked\n", k->name);
 	}

@@ -5,7 +5,8 @@
  *
  * Usage: test_spec CASE MOED_GGUF DEFAULT_MODEL [DRAFT_MODEL]
  * Cases: ngram, greedy-default, greedy-gen, seeded-gen, cancel, chisq-ngram, chisq-draft,
- * greedy-draft, draft-refused. */
+ * greedy-draft, draft-refused, and for self-speculation greedy-self, greedy-self-gen,
+ * self-refused, chisq-self, self-store. */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -16,6 +17,8 @@
 #include "engine/engine.h"
 #include "engine/spec.h"
 #include "tests/check.h"
+#include "engine/experts.h"
+#include "engine/model.h"
 #include "tests/unit/gen_model.h"
 
 static double now_s(void)
@@ -35,6 +38,11 @@ struct run {
 	struct md_engine_event fin;
 };
 
+/* Self-speculation's settings for the engines start() makes next. */
+static const char *self_skip;
+static uint32_t self_experts;
+static double cache_mb; /* expert store budget (0: the mapping) */
+
 static struct md_engine *start(const char *model, const char *draft, enum md_spec_drafter spec,
 			       uint32_t k, uint32_t max_seqs, uint32_t n_ctx)
 {
@@ -42,6 +50,8 @@ static struct md_engine *start(const char *model, const char *draft, enum md_spe
 		.model_path = model, .n_threads = 2, .n_ctx = n_ctx, .kv_mem_mb = 64,
 		.max_seqs = max_seqs, .step_tokens = 256, .max_queue = 256, .spec = spec,
 		.spec_k = k, .spec_fixed = true, .draft_model_path = draft,
+		.spec_self_experts = self_experts, .spec_self_skip = self_skip,
+		.expert_cache_mb = cache_mb,
 	};
 	struct md_engine *e;
 	REQUIRE(CHECK_EQ_I(md_engine_new(&e, &cfg, NULL, NULL), 0));
@@ -245,6 +255,7 @@ static void case_ngram(void)
 	CHECK_EQ_I(md_spec_drafter_parse("ngram"), MD_SPEC_NGRAM);
 	CHECK_EQ_I(md_spec_drafter_parse("draft"), MD_SPEC_DRAFT);
 	CHECK_EQ_I(md_spec_drafter_parse("off"), MD_SPEC_OFF);
+	CHECK_EQ_I(md_spec_drafter_parse("self"), MD_SPEC_SELF);
 	CHECK_EQ_I(md_spec_drafter_parse("eagle"), -EINVAL);
 }
 
@@ -374,6 +385,119 @@ static void case_greedy_draft(const char *model, const char *draft)
 	compare(e, ids, lens, n, 64, 0, MD_SPEC_DRAFT, &dr, &ac);
 	free_prompts(ids, n);
 	md_engine_free(e);
+}
+
+/* Self-speculation on the default model: drafts from the model with one expert per token
+ * (then also with its last layer skipped), written into the target's own KV cache and
+ * overwritten by the verification; greedy outputs equal plain decoding's over 52 prompts
+ * each, and every KV block comes back. */
+static void case_greedy_self(const char *model)
+{
+	for (int v = 0; v < 2; v++) {
+		self_skip = v ? "3" : NULL;
+		struct md_engine *e = start(model, NULL, MD_SPEC_OFF, 6, 4, 256);
+		REQUIRE(CHECK_EQ_I(md_engine_state(e), MD_ENGINE_READY));
+		CHECK(md_engine_has_self(e));
+		int32_t *ids[64];
+		uint32_t lens[64];
+		int n = default_prompts(e, ids, lens, 52);
+		CHECK(n >= 52);
+		uint64_t dr, ac;
+		printf("self-speculation, 1 expert per token%s: ", v ? ", layer 3 skipped" : "");
+		compare(e, ids, lens, n, 64, 0, MD_SPEC_SELF, &dr, &ac);
+		free_prompts(ids, n);
+		md_engine_free(e);
+	}
+	self_skip = NULL;
+}
+
+/* The same on a generated model (8 experts, top-2, two layers): 60 random prompts. */
+static void case_greedy_self_gen(const char *moed_gguf)
+{
+	char dir[512], path[600];
+	REQUIRE(CHECK(gen_tiny(moed_gguf, "13", "512", dir, sizeof dir, path, sizeof path)));
+	struct md_engine *e = start(path, NULL, MD_SPEC_OFF, 6, 4, 512);
+	REQUIRE(CHECK_EQ_I(md_engine_state(e), MD_ENGINE_READY));
+	int32_t *ids[64];
+	uint32_t lens[64];
+	int n = random_prompts(ids, lens, 60, md_engine_n_vocab(e));
+	uint64_t dr, ac;
+	compare(e, ids, lens, n, 96, 0, MD_SPEC_SELF, &dr, &ac);
+	free_prompts(ids, n);
+	md_engine_free(e);
+	gen_model_cleanup(dir, path);
+}
+
+/*
+ * Self-speculation under the expert store (a budget of 10 of the generated model's 16
+ * experts): draft passes route only among resident experts, and their prediction of what
+ * the verification step routes to is prefetched. Greedy outputs equal plain decoding's (50
+ * prompts), predictions were made and used, and the step's own routing shows how many of its
+ * experts the drafts foresaw.
+ */
+static void case_self_store(const char *moed_gguf)
+{
+	char dir[512], path[600];
+	const char *args[] = { "--arch", "qwen3moe", "--seed", "14", "--n-layer", "2",
+			       "--n-expert", "8", "--n-expert-used", "2", "--n-vocab", "512",
+			       "--n-embd", "256", "--n-ff-exp", "512", "--std", "0.3", NULL };
+	REQUIRE(CHECK_EQ_I(gen_model(moed_gguf, args, "spec.gguf", dir, sizeof dir, path, sizeof path), 0));
+	struct md_model m;
+	char err[256];
+	REQUIRE(CHECK_EQ_I(md_model_load(&m, path, err, sizeof err), 0));
+	cache_mb = 10.0 * (double)md_expert_store_slot_bytes(&m) / 1048576.0;
+	md_model_free(&m);
+	struct md_engine *e = start(path, NULL, MD_SPEC_OFF, 6, 4, 512);
+	cache_mb = 0;
+	REQUIRE(CHECK_EQ_I(md_engine_state(e), MD_ENGINE_READY));
+	int32_t *ids[64];
+	uint32_t lens[64];
+	int n = random_prompts(ids, lens, 50, md_engine_n_vocab(e));
+	uint64_t dr, ac;
+	compare(e, ids, lens, n, 64, 0, MD_SPEC_SELF, &dr, &ac);
+	struct md_engine_stats st;
+	md_engine_get_stats(e, &st);
+	printf("store: %u slots; self drafts predicted %llu experts, %llu of them used; the verifying "
+	       "steps used %llu (recall %.2f, precision %.2f); prefetch issued %llu, used %llu\n",
+	       st.experts_slots, (unsigned long long)st.spec_self_predicted,
+	       (unsigned long long)st.spec_self_predicted_used, (unsigned long long)st.spec_self_used,
+	       st.spec_self_used ? (double)st.spec_self_predicted_used / st.spec_self_used : 0.0,
+	       st.spec_self_predicted ? (double)st.spec_self_predicted_used / st.spec_self_predicted
+				      : 0.0,
+	       (unsigned long long)st.experts_prefetch_issued,
+	       (unsigned long long)st.experts_prefetch_used);
+	CHECK(st.experts_slots > 0 && st.experts_slots < 16); /* the store, not the mapping */
+	CHECK(st.spec_self_predicted > 0);
+	CHECK(st.spec_self_predicted_used > 0);
+	CHECK(st.spec_self_predicted_used <= st.spec_self_used);
+	free_prompts(ids, n);
+	md_engine_free(e);
+	gen_model_cleanup(dir, path);
+}
+
+/* Self-speculation is refused where it cannot draft: a dense model with no layer skipped, a
+ * skip list naming a layer the model lacks or every layer. */
+static void case_self_refused(const char *model, const char *draft)
+{
+	struct md_engine *e = start(draft, NULL, MD_SPEC_SELF, 4, 2, 256);
+	CHECK_EQ_I(md_engine_state(e), MD_ENGINE_FAILED);
+	printf("refused: %s\n", md_engine_error(e));
+	CHECK(strstr(md_engine_error(e), "self-speculation") != NULL);
+	md_engine_free(e);
+	e = start(draft, NULL, MD_SPEC_OFF, 4, 2, 256);
+	CHECK_EQ_I(md_engine_state(e), MD_ENGINE_READY);
+	CHECK(!md_engine_has_self(e)); /* not asked for: the engine serves without it */
+	md_engine_free(e);
+	const char *bad[] = { "9", "0,1,2,3", "1,x" };
+	for (int i = 0; i < 3; i++) {
+		self_skip = bad[i];
+		e = start(model, NULL, MD_SPEC_SELF, 4, 2, 256);
+		CHECK_EQ_I(md_engine_state(e), MD_ENGINE_FAILED);
+		printf("refused: %s\n", md_engine_error(e));
+		CHECK(strstr(md_engine_error(e), "spec-self-skip") != NULL);
+		md_engine_free(e);
+	}
+	self_skip = NULL;
 }
 
 /* A draft that cannot serve is refused at start-up with a message saying why. */
@@ -608,6 +732,68 @@ static void case_chisq_draft(const char *moed_gguf)
 	gen_model_cleanup(dir, path);
 }
 
+/*
+ * Sampled outputs with self-speculation follow the target distribution: as chisq-draft, on a
+ * generated model with 8 experts (top-2) whose draft passes route one expert per token (so
+ * drafts are sampled from a q that differs from p, and both the min(1, p/q) test and the
+ * residual draw run), 4000 seeded requests of 4 tokens with k = 2, top_k 4 at temperature 1:
+ * Pearson's chi-square over the 64 three-token cells below the alpha = 0.001 point.
+ */
+static void case_chisq_self(const char *moed_gguf)
+{
+	char dir[512], path[600];
+	REQUIRE(CHECK(gen_tiny(moed_gguf, "22", "300", dir, sizeof dir, path, sizeof path)));
+	enum { CELLS = TOPK * TOPK * TOPK, N = 4000 };
+	static int32_t id[CELLS][3];
+	static double prob[CELLS];
+	const int32_t prompt[] = { 17, 99, 3, 250, 42 };
+	const uint32_t np = 5;
+	struct md_engine *e = start(path, NULL, MD_SPEC_SELF, 2, 8, 64);
+	REQUIRE(CHECK_EQ_I(md_engine_state(e), MD_ENGINE_READY));
+	exact_cells(e, prompt, np, id, prob);
+	static uint32_t cnt[CELLS];
+	static struct run runs[64];
+	uint32_t other = 0, done = 0;
+	uint64_t drafted = 0, accepted = 0;
+	while (done < N) {
+		int batch = N - done < 64 ? (int)(N - done) : 64;
+		for (int i = 0; i < batch; i++) {
+			memset(&runs[i], 0, sizeof(runs[i]));
+			runs[i].id = 1 + done + (uint64_t)i;
+			struct md_engine_req *r = mkreq(runs[i].id, prompt, np, 4, 1.0f,
+							4242 + done + (uint64_t)i, MD_SPEC_SELF);
+			r->sampling.top_k = TOPK;
+			r->ignore_eos = true;
+			REQUIRE(CHECK_EQ_I(md_engine_submit(e, r), 0));
+		}
+		REQUIRE(CHECK(collect(e, runs, (size_t)batch, 120)));
+		for (int i = 0; i < batch; i++) {
+			REQUIRE(CHECK_EQ_U(runs[i].n_out, 4));
+			drafted += runs[i].fin.n_drafted;
+			accepted += runs[i].fin.n_accepted;
+			int c = 0;
+			while (c < CELLS && memcmp(id[c], runs[i].out, sizeof(id[c])) != 0)
+				c++;
+			if (c < CELLS)
+				cnt[c]++;
+			else
+				other++;
+		}
+		done += (uint32_t)batch;
+	}
+	CHECK_EQ_U(other, 0);
+	int df;
+	double x2 = pearson(cnt, prob, CELLS, N, &df);
+	double crit = chisq_crit_001(df);
+	printf("self: chi-square %.1f, df %d, alpha 0.001 threshold %.1f; %d samples, drafted %llu, "
+	       "accepted %llu (%.0f%%)\n", x2, df, crit, N, (unsigned long long)drafted,
+	       (unsigned long long)accepted, drafted ? 100.0 * accepted / drafted : 0.0);
+	CHECK(x2 < crit);
+	CHECK(accepted > 0 && drafted > accepted);
+	md_engine_free(e);
+	gen_model_cleanup(dir, path);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 4) {
@@ -631,6 +817,16 @@ int main(int argc, char **argv)
 		case_draft_refused(argv[2], argv[3]);
 	else if (strcmp(c, "chisq-draft") == 0)
 		case_chisq_draft(argv[2]);
+	else if (strcmp(c, "greedy-self") == 0)
+		case_greedy_self(argv[3]);
+	else if (strcmp(c, "greedy-self-gen") == 0)
+		case_greedy_self_gen(argv[2]);
+	else if (strcmp(c, "self-refused") == 0 && argc > 4)
+		case_self_refused(argv[3], argv[4]);
+	else if (strcmp(c, "chisq-self") == 0)
+		case_chisq_self(argv[2]);
+	else if (strcmp(c, "self-store") == 0)
+		case_self_store(argv[2]);
 	else {
 		fprintf(stderr, "unknown case '%s'\n", c);
 		return 2;
