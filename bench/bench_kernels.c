@@ -10,7 +10,10 @@
  * machine spread over all of them; the table gives the median and the spread over the
  * repetitions, and each median's ratio to q8_0's and q4_K's.
  *
- * usage: bench_kernels [-k scalar|avx2|avx512] [-n N_IN] [-m MIB] [-r REPS] [TYPE...]
+ * -c times each pass in the thread's CPU time instead of wall time: on a shared machine the
+ * time the thread waits for a core then drops out (memory stalls still count).
+ *
+ * usage: bench_kernels [-c] [-k scalar|avx2|avx512] [-n N_IN] [-m MIB] [-r REPS] [TYPE...]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,10 +39,12 @@ struct bt {
 	double gbs[2][MAX_REPS]; /* [1 token, 8 tokens][rep] */
 };
 
+static clockid_t clock_id = CLOCK_MONOTONIC;
+
 static double now(void)
 {
 	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
+	clock_gettime(clock_id, &ts);
 	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -149,7 +154,9 @@ int main(int argc, char **argv)
 
 	memset(bts, 0, sizeof(bts));
 	for (int i = 1; i < argc; i++) {
-		if (strcmp(argv[i], "-k") == 0 && i + 1 < argc) {
+		if (strcmp(argv[i], "-c") == 0) {
+			clock_id = CLOCK_THREAD_CPUTIME_ID;
+		} else if (strcmp(argv[i], "-k") == 0 && i + 1 < argc) {
 			kname = argv[++i];
 		} else if (strcmp(argv[i], "-n") == 0 && i + 1 < argc) {
 			n = atoll(argv[++i]);
@@ -158,7 +165,7 @@ int main(int argc, char **argv)
 		} else if (strcmp(argv[i], "-r") == 0 && i + 1 < argc) {
 			reps = atoi(argv[++i]);
 		} else if (argv[i][0] == '-') {
-			fprintf(stderr, "usage: bench_kernels [-k scalar|avx2|avx512] [-n N_IN] [-m MIB] "
+			fprintf(stderr, "usage: bench_kernels [-c] [-k scalar|avx2|avx512] [-n N_IN] [-m MIB] "
 				"[-r REPS] [TYPE...]\n");
 			return 2;
 		} else {
@@ -226,9 +233,10 @@ int main(int argc, char **argv)
 				base[which][nt][1] = hi;
 			}
 		}
-	printf("dot kernels '%s', 1 thread, n_in %lld, ~%d MiB of weights per type, %d reps; "
-	       "GB/s of weight bytes: median, best (max) and spread; ratios of medians (of "
-	       "bests)\n\n", k->name, (long long)n, mib, reps);
+	printf("dot kernels '%s', 1 thread, n_in %lld, ~%d MiB of weights per type, %d reps, %s "
+	       "time; GB/s of weight bytes: median, best (max) and spread; ratios of medians (of "
+	       "bests)\n\n", k->name, (long long)n, mib, reps,
+	       clock_id == CLOCK_MONOTONIC ? "wall" : "thread CPU");
 	printf("| type | bits/w | tokens | GB/s median | best | spread | Gweights/s median | "
 	       "vs q8_0 | vs q4_K |\n");
 	printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");

@@ -155,12 +155,14 @@ static void test_type(const struct md_kern *k, enum md_dtype t, int64_t n, float
 					CHECK_MSG(y[2 * i] == 0, "%s %s: zero activations give %g", k->name, tn,
 					      y[2 * i]);
 			}
-			/* A tile equals its single-token calls exactly; float weights promise that
-			 * only among products of nt >= 2 tokens (kern.h), so those compare with a
-			 * 2-token call on the same row twice (stride 0). */
+			/* A tile equals its single-token calls exactly (quantized weights: the
+			 * one-token call itself, whose own path must sum in the tile's order); float
+			 * weights promise that only among products of nt >= 2 tokens (kern.h), so
+			 * those compare with a 2-token call on the same row twice (stride 0). */
+			const int single = md_kern_act_fmt(t) != MD_ACT_F32 || cnt == 1 ? 1 : 2;
 			for (int i = 0; i < cnt; i++) {
 				float one[2];
-				k->dot[t](n, wr, aq + i * stride, 0, cnt > 1 ? 2 : 1, one, 1);
+				k->dot[t](n, wr, aq + i * stride, 0, single, one, 1);
 				CHECK_MSG(one[0] == y[2 * i], "%s %s nt %d: tile %g != single %g", k->name, tn, cnt,
 				      y[2 * i], one[0]);
 			}
