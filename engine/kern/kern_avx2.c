@@ -799,6 +799,58 @@ INLINE void tile_q6_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 		acc[t] = _mm256_setzero_ps();
 	const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3);
 	const int64_t nb = n / 256;
+#ifndef KERN_AVX512
+	if (nt == 1) {
+		/* One token (decode): each 32-weight group decoded, scaled and dotted at once, so
+		 * no decoded block waits in registers (8 weights and 8 scales do not fit in 16
+		 * and spilled: 35 ns per 256 weights against 26 this way, one core, weights in
+		 * L2). The high bits come to bits 4-5 with one shift and one mask each. Same
+		 * arithmetic as the tile below (integer sums, then one fma per block). */
+		const __m256i m30 = _mm256_set1_epi8(0x30);
+		for (int64_t b = 0; b < nb; b++, w += 210) {
+			const uint8_t *ql = w, *qh = w + 128;
+			const int8_t *scp = (const int8_t *)(w + 192);
+			const struct md_q8k *ab = (const struct md_q8k *)a + b;
+			const __m128i sc_lo = _mm_loadu_si128((const __m128i *)scp);
+			__m256i is0 = _mm256_setzero_si256(), is1 = _mm256_setzero_si256();
+			for (int h = 0; h < 2; h++) {
+				const __m256i w16 = _mm256_broadcastsi128_si256(
+					_mm_cvtepi8_epi16(h ? _mm_srli_si128(sc_lo, 8) : sc_lo));
+				const __m256i l0 = ld256(ql + 64 * h), l1 = ld256(ql + 64 * h + 32);
+				const __m256i hh = ld256(qh + 32 * h);
+				const __m256i q0 = _mm256_or_si256(_mm256_and_si256(l0, m4),
+					_mm256_and_si256(_mm256_slli_epi16(hh, 4), m30));
+				const __m256i q1 = _mm256_or_si256(_mm256_and_si256(l1, m4),
+					_mm256_and_si256(_mm256_slli_epi16(hh, 2), m30));
+				const __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+					_mm256_and_si256(hh, m30));
+				const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+					_mm256_and_si256(_mm256_srli_epi16(hh, 2), m30));
+				const __m256i qq[4] = { q0, q1, q2, q3 };
+				for (int j = 0; j < 4; j++) {
+					const char lo = (char)(4 * j), hi = (char)(4 * j + 2);
+					const __m256i sh = _mm256_setr_epi8(lo, lo + 1, lo, lo + 1, lo, lo + 1, lo,
+						lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, hi, hi + 1, hi,
+						hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi,
+						hi + 1);
+					const __m256i p = dot_us8_scaled(qq[j], ld256(ab->qs + 128 * h + 32 * j),
+									 _mm256_shuffle_epi8(w16, sh));
+					if (j & 1)
+						is1 = _mm256_add_epi32(is1, p);
+					else
+						is0 = _mm256_add_epi32(is0, p);
+				}
+			}
+			const __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(ld256(ab->bsums),
+							_mm256_cvtepi8_epi16(sc_lo)), 5);
+			const __m256i is = _mm256_sub_epi32(_mm256_add_epi32(is0, is1), corr);
+			acc[0] = _mm256_fmadd_ps(_mm256_set1_ps(ld_f16(w + 208) * ab->d),
+						 _mm256_cvtepi32_ps(is), acc[0]);
+		}
+		y[0] = hsum8(acc[0]);
+		return;
+	}
+#endif
 	for (int64_t b = 0; b < nb; b++, w += 210) {
 		const uint8_t *ql = w, *qh = w + 128;
 		const int8_t *scp = (const int8_t *)(w + 192);
@@ -816,9 +868,22 @@ INLINE void tile_q6_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 			q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
 				_mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 6), m3), 4));
 		}
-		for (int k = 0; k < 8; k++)
-			s16[k] = _mm256_set_m128i(_mm_set1_epi16(scp[2 * k + 1]), _mm_set1_epi16(scp[2 * k]));
-		const __m256i sc_all = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scp));
+		/* s16[k]: scale 2k in the low lane, 2k+1 in the high lane, as int16 (for the madd
+		 * after maddubs). Eight scales widened once and put in both lanes, then one byte
+		 * shuffle per k (16 scalar broadcasts and 8 lane inserts cost 30% of the kernel). */
+		const __m128i sc_lo = _mm_loadu_si128((const __m128i *)scp);
+		for (int g = 0; g < 2; g++) {
+			const __m256i w16 = _mm256_broadcastsi128_si256(
+				_mm_cvtepi8_epi16(g ? _mm_srli_si128(sc_lo, 8) : sc_lo));
+			for (int j = 0; j < 4; j++) {
+				const char lo = (char)(4 * j), hi = (char)(4 * j + 2);
+				const __m256i sh = _mm256_setr_epi8(lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1,
+					lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, hi, hi + 1, hi, hi + 1, hi,
+					hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1);
+				s16[4 * g + j] = _mm256_shuffle_epi8(w16, sh);
+			}
+		}
+		const __m256i sc_all = _mm256_cvtepi8_epi16(sc_lo);
 #ifdef KERN_AVX512
 		/* One token: the 256-bit loop below issues on more ports than packing 512-bit
 		 * operands would save. */
