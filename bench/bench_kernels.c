@@ -10,7 +10,11 @@
  * machine spread over all of them; the table gives the median and the spread over the
  * repetitions, and each median's ratio to q8_0's and q4_K's.
  *
- * usage: bench_kernels [-k scalar|avx2|avx512] [-n N_IN] [-m MIB] [-r REPS] [TYPE...]
+ * -c times each pass by the thread's CPU time (CLOCK_THREAD_CPUTIME_ID) instead of the wall
+ * clock: on a shared machine whose CPUs are oversubscribed, a pass that the OS preempts then
+ * counts only the time it ran (caches still see the other tenants).
+ *
+ * usage: bench_kernels [-c] [-k scalar|avx2|avx512] [-n N_IN] [-m MIB] [-r REPS] [TYPE...]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,10 +40,12 @@ struct bt {
 	double gbs[2][MAX_REPS]; /* [1 token, 8 tokens][rep] */
 };
 
+static int cpu_clock; /* -c: thread CPU time instead of the wall clock */
+
 static double now(void)
 {
 	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
+	clock_gettime(cpu_clock ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -140,25 +146,28 @@ int main(int argc, char **argv)
 {
 	const char *kname = NULL;
 	int64_t n = 4096;
-	int mib = 64, reps = 7;
+	double mib = 64;
+	int reps = 7;
 	struct bt bts[MAX_TYPES];
 	int nb = 0;
-	static const enum md_dtype defaults[] = { MD_DT_Q8_0, MD_DT_Q4_K, MD_DT_Q4_1, MD_DT_Q5_0,
-						  MD_DT_Q5_1, MD_DT_Q2_K, MD_DT_Q3_K, MD_DT_IQ4_NL,
-						  MD_DT_IQ4_XS, MD_DT_MXFP4 };
+	static const enum md_dtype defaults[] = { MD_DT_Q8_0, MD_DT_Q4_K, MD_DT_Q4_0, MD_DT_Q4_1,
+						  MD_DT_Q5_0, MD_DT_Q5_1, MD_DT_Q2_K, MD_DT_Q3_K,
+						  MD_DT_IQ4_NL, MD_DT_IQ4_XS, MD_DT_MXFP4 };
 
 	memset(bts, 0, sizeof(bts));
 	for (int i = 1; i < argc; i++) {
-		if (strcmp(argv[i], "-k") == 0 && i + 1 < argc) {
+		if (strcmp(argv[i], "-c") == 0) {
+			cpu_clock = 1;
+		} else if (strcmp(argv[i], "-k") == 0 && i + 1 < argc) {
 			kname = argv[++i];
 		} else if (strcmp(argv[i], "-n") == 0 && i + 1 < argc) {
 			n = atoll(argv[++i]);
 		} else if (strcmp(argv[i], "-m") == 0 && i + 1 < argc) {
-			mib = atoi(argv[++i]);
+			mib = atof(argv[++i]);
 		} else if (strcmp(argv[i], "-r") == 0 && i + 1 < argc) {
 			reps = atoi(argv[++i]);
 		} else if (argv[i][0] == '-') {
-			fprintf(stderr, "usage: bench_kernels [-k scalar|avx2|avx512] [-n N_IN] [-m MIB] "
+			fprintf(stderr, "usage: bench_kernels [-c] [-k scalar|avx2|avx512] [-n N_IN] [-m MIB] "
 				"[-r REPS] [TYPE...]\n");
 			return 2;
 		} else {
@@ -202,7 +211,7 @@ int main(int argc, char **argv)
 				md_dtype_info(bts[i].t)->name);
 			return 2;
 		}
-		if (setup(&bts[i], k, n, (size_t)mib << 20)) {
+		if (setup(&bts[i], k, n, (size_t)(mib * 1048576.0))) {
 			fprintf(stderr, "bench_kernels: out of memory\n");
 			return 1;
 		}
@@ -226,9 +235,9 @@ int main(int argc, char **argv)
 				base[which][nt][1] = hi;
 			}
 		}
-	printf("dot kernels '%s', 1 thread, n_in %lld, ~%d MiB of weights per type, %d reps; "
-	       "GB/s of weight bytes: median, best (max) and spread; ratios of medians (of "
-	       "bests)\n\n", k->name, (long long)n, mib, reps);
+	printf("dot kernels '%s', 1 thread, n_in %lld, ~%g MiB of weights per type, %d reps, %s "
+	       "time; GB/s of weight bytes: median, best (max) and spread; ratios of medians (of "
+	       "bests)\n\n", k->name, (long long)n, mib, reps, cpu_clock ? "CPU" : "wall");
 	printf("| type | bits/w | tokens | GB/s median | best | spread | Gweights/s median | "
 	       "vs q8_0 | vs q4_K |\n");
 	printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");

@@ -9,17 +9,25 @@ per-setting medians and the ratio off/on.
 With --llama DIR (llama.cpp's binaries, built beside the project, never part of it; or
 MOED_LLAMA_CPP) each round also starts DIR/llama-server on the same model (-m, required then)
 with its own prompt caching (slot reuse, cache_prompt on by default), one slot, the same
-threads, and runs the same requests: the side-by-side column.
+threads, and runs the same requests: the side-by-side column. llama-server caps a slot's
+context at the model's training context (the default model's is 256 tokens, shorter than the
+long prompt; moed only warns): --llama-args "--override-kv ARCH.context_length=int:4096" lifts
+it for the comparison.
 
-usage: bench_prefix.py MOED [ROUNDS=3] [REPS=8] [--llama DIR] [-- moed args, e.g. -m MODEL -t 2]"""
-import http.client, json, os, socket, statistics, subprocess, sys, time
+usage: bench_prefix.py MOED [ROUNDS=3] [REPS=8] [--llama DIR] [--llama-args STR] [-- moed args, e.g. -m MODEL -t 2]"""
+import http.client, json, os, shlex, socket, statistics, subprocess, sys, time
 
 argv = sys.argv[1:]
 llama = os.environ.get("MOED_LLAMA_CPP")
-if "--llama" in argv[:argv.index("--") if "--" in argv else len(argv)]:
-    i = argv.index("--llama")
-    llama = argv[i + 1]
-    del argv[i:i + 2]
+llama_args = []
+for opt in ("--llama", "--llama-args"):
+    if opt in argv[:argv.index("--") if "--" in argv else len(argv)]:
+        i = argv.index(opt)
+        if opt == "--llama":
+            llama = argv[i + 1]
+        else:
+            llama_args = shlex.split(argv[i + 1])
+        del argv[i:i + 2]
 extra = []
 if "--" in argv:
     extra = argv[argv.index("--") + 1:]
@@ -41,8 +49,9 @@ def free_port():
 
 
 def post_stream(port, path, body):
-    """Streams a request; returns (seconds to the first text, final usage, text). A chat
-    stream's first chunk (the role) carries no token and does not count."""
+    """Streams a request; returns (seconds to the first text, or to the finish of a reply with
+    none, final usage, text). A chat stream's first chunk (the role) carries no token and does
+    not count."""
     body = dict(body, stream=True, stream_options={"include_usage": True}, temperature=0)
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     t0 = time.perf_counter()
@@ -60,7 +69,8 @@ def post_stream(port, path, body):
             usage = ev["usage"]
         for ch in ev.get("choices") or []:
             piece = ch.get("text") or (ch.get("delta") or {}).get("content") or ""
-            if piece and ttft is None:
+            # a reply that ends at once (the end token first) counts at its finish
+            if (piece or ch.get("finish_reason")) and ttft is None:
                 ttft = time.perf_counter() - t0
             text += piece
     c.close()
@@ -88,7 +98,7 @@ def one_run(kind):
             sys.exit("bench_prefix: --llama needs the model as a moed argument (-- -m MODEL)")
         cmd = [os.path.join(llama, "llama-server"), "-m", model, "--host", "127.0.0.1",
                "--port", str(port), "-t", arg_of(["-t", "--threads"], "2"), "-np", "1",
-               "-c", "4096", "--log-disable"]
+               "-c", "4096", "--log-disable"] + llama_args
     else:
         cmd = [moed, "--port", str(port), "--log-level", "error",
                "--prefix-cache", "true" if kind == "on" else "false"] + extra
@@ -122,6 +132,9 @@ def one_run(kind):
             if len(msgs) > 3:
                 turns.append(ttft)
                 turn_cached.append((cached_of(usage), (usage or {}).get("prompt_tokens", 0)))
+        if None in rep + turns:
+            sys.exit("bench_prefix: %s: a streamed reply carried neither text nor a finish "
+                     "(repeats %s, turns %s)" % (kind, rep, turns))
         return statistics.median(rep), statistics.median(cached), n_prompt, \
             statistics.median(turns), turn_cached
     finally:

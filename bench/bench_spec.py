@@ -1,21 +1,42 @@
 #!/usr/bin/python3
-"""Speculative decoding against plain decode on one model, through the real server.
+"""Speculative decoding against plain decode on one model, through the real server, and
+llama.cpp's server with its own speculation on the same file, side by side.
 
 Starts moed on MODEL (with --draft-model when given) and drives it over HTTP with S concurrent
 streams, each request choosing its drafter with the "speculative" object, so every drafter
-runs in the same process and the configurations alternate round by round (the machine's noise
-hits them alike). Workloads, chat format, 128 tokens at most:
-  verses   "Quote <book> <c>:1-8." greedy: the model quotes verses it memorised, and so does
-           its draft (long, right drafts for the draft model)
+runs in the same process; with --llama DIR (llama.cpp's binaries, never part of the project;
+or MOED_LLAMA_CPP) also one llama-server per speculation type (none, ngram-simple, and
+draft-simple with -md DRAFT), started once with -np S and kept for the stream count. The
+configurations alternate within each round (the order rotates round by round), so the
+machine's noise hits them alike. Every engine gets the same prompt as token ids (moed's chat
+rendering, /tokenize), at /v1/completions (moed) and /completion (llama-server).
+
+Workloads (64 tokens at most by default):
+  verses   "Quote <book> <c>:1-8." greedy: the model quotes verses it memorised, and so do its
+           draft and its one-expert self (long, right drafts for the draft model and self)
   prompt   the same request with the model's own quotation of those verses pasted before it:
            text that repeats the prompt (long, right drafts for n-gram lookup)
   free     "Tell me about <topic>." at temperature 0.8, top_p 0.95, fixed seeds
-For each (workload, streams, drafter): generated tokens/s (median over rounds), the ratio to
-plain decode (median of the per-round ratios), the acceptance rate and the mean accepted
-length (tokens per verifying step) from /metrics. Greedy outputs are checked identical.
 
-usage: bench_spec.py MOED MODEL [--draft FILE] [--streams 1,4] [--rounds 3] [--threads 2]
-                     [--workloads verses,prompt,free] [--drafters off,ngram,draft] [--fixed]
+Printed per (workload, streams, configuration): generated tokens/s (median over rounds) and
+their ratio to plain decode of the same engine (median of per-round ratios); the same ratio in
+tokens per CPU-second of the server process (robust where other processes share the cores:
+what time-sharing takes shows in wall time, not in CPU time); for moed the acceptance rate,
+the mean accepted length (tokens per verifying step) and the distinct experts per MoE layer of
+a verifying step from /metrics; and the cost-model bound for that acceptance:
+
+    bound = max over k of  (1 + a + ... + a^k) * t(S) / (t(S + S k) + k r(S))
+
+t(n): the CPU time of a decode step of n tokens (moed-bench -v on the model; n up to S (1 + K)
+with K = --max-k), r(S): one draft round for S sequences (the draft model's t(S) by
+moed-bench -v on it; for self the model's t(S) scaled by the draft pass's bytes over the
+step's, one expert per token; 0 for n-gram lookup), a: the measured acceptance rate. Greedy
+outputs (and seeded n-gram ones) are checked equal to plain decode's. --svg FILE draws tok/s
+against streams per configuration, one panel per workload.
+
+usage: bench_spec.py MOED MODEL [--draft FILE] [--streams 1,4,16] [--rounds 2] [--threads 2]
+                     [--workloads verses,prompt,free] [--drafters off,ngram,draft,self]
+                     [--llama DIR] [--max-tokens 64] [--svg FILE] [--no-bound]
 """
 import argparse
 import http.client
@@ -34,23 +55,29 @@ ap = argparse.ArgumentParser()
 ap.add_argument("moed")
 ap.add_argument("model")
 ap.add_argument("--draft")
-ap.add_argument("--streams", default="1,4")
-ap.add_argument("--rounds", type=int, default=3)
+ap.add_argument("--streams", default="1,4,16")
+ap.add_argument("--rounds", type=int, default=2)
 ap.add_argument("--threads", type=int, default=2)
-ap.add_argument("--max-tokens", type=int, default=128)
-ap.add_argument("--per-stream", type=int, default=2, help="requests per stream and run")
+ap.add_argument("--max-tokens", type=int, default=64)
+ap.add_argument("--max-k", type=int, default=8)
+ap.add_argument("--per-stream", type=int, default=1, help="requests per stream and run")
 ap.add_argument("--workloads", default="verses,prompt,free")
 ap.add_argument("--drafters", default=None)
+ap.add_argument("--llama", default=os.environ.get("MOED_LLAMA_CPP"))
+ap.add_argument("--svg")
+ap.add_argument("--no-bound", action="store_true")
 args = ap.parse_args()
 
-drafters = (args.drafters or ("off,ngram,draft" if args.draft else "off,ngram")).split(",")
+drafters = (args.drafters or ("off,ngram,draft,self" if args.draft else "off,ngram,self")).split(",")
 streams = [int(x) for x in args.streams.split(",")]
+workloads = args.workloads.split(",")
 REFS = ["Genesis 1", "John 1", "Psalms 23", "Exodus 20", "Matthew 5", "Romans 8", "Isaiah 40",
         "Luke 2", "Proverbs 3", "Acts 2", "Mark 4", "Daniel 3", "Job 38", "Ruth 1", "Genesis 2",
         "John 3"]
 TOPICS = ["the sea", "a king and his sons", "the harvest", "a long journey", "the temple",
           "wisdom", "the desert", "a shepherd", "the river", "the night sky", "a city wall",
           "bread and wine", "the mountains", "a storm", "the morning", "a great feast"]
+LLAMA_TYPES = ["none", "ngram-simple"] + (["draft-simple"] if args.draft else [])
 
 
 def free_port():
@@ -61,19 +88,7 @@ def free_port():
     return p
 
 
-port = free_port()
-log = tempfile.NamedTemporaryFile("w+", prefix="bench-spec-", suffix=".log", delete=False)
-cmd = [args.moed, "-m", args.model, "--port", str(port), "--threads", str(args.threads),
-       "--spec", "off", "--max-seqs", str(max(streams)), "--ctx-size", "1024"]
-if args.draft:
-    cmd += ["--draft-model", args.draft]
-proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-import atexit, signal  # noqa: E401,E402
-atexit.register(lambda: proc.poll() is None and proc.terminate())
-signal.signal(signal.SIGTERM, lambda *a: sys.exit(1))
-
-
-def request(method, path, body=None, timeout=900):
+def request(port, method, path, body=None, timeout=1800):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     c.request(method, path, json.dumps(body) if body is not None else None,
               {"Content-Type": "application/json"})
@@ -83,58 +98,130 @@ def request(method, path, body=None, timeout=900):
     return r.status, d
 
 
-deadline = time.time() + 300
-while True:
-    try:
-        if request("GET", "/health", timeout=2)[0] == 200:
-            break
-    except OSError:
-        pass
-    if proc.poll() is not None or time.time() > deadline:
-        log.seek(0)
-        sys.exit("moed did not start:\n" + log.read())
-    time.sleep(0.2)
+def cpu_seconds(pid):
+    """utime + stime of a process, in seconds (/proc/PID/stat)."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Srv:
+    def __init__(self, cmd, name):
+        self.port = free_port()
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="bench-spec-%s-" % name,
+                                               suffix=".log", delete=False)
+        self.proc = subprocess.Popen(cmd + ["--port", str(self.port)], stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+        deadline = time.time() + 600
+        while True:
+            try:
+                if request(self.port, "GET", "/health", timeout=2)[0] == 200:
+                    break
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.time() > deadline:
+                self.log.seek(0)
+                sys.exit("%s did not start:\n%s" % (cmd[0], self.log.read()[-3000:]))
+            time.sleep(0.3)
+
+    def cpu(self):
+        return cpu_seconds(self.proc.pid)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+servers = []
+import atexit, signal  # noqa: E401,E402
+atexit.register(lambda: [s.stop() for s in servers])
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(1))
+
+moed_cmd = [args.moed, "-m", args.model, "--threads", str(args.threads), "--spec", "off",
+            "--spec-k", str(args.max_k), "--max-seqs", str(max(streams)), "--ctx-size", "1024"]
+if args.draft:
+    moed_cmd += ["--draft-model", args.draft]
+moed = Srv(moed_cmd, "moed")
+servers.append(moed)
 
 
 def metrics():
-    b = request("GET", "/metrics")[1].decode()
+    b = request(moed.port, "GET", "/metrics")[1].decode()
     out = {}
     for k in ("spec_draft_tokens_total", "spec_accepted_tokens_total", "spec_verify_steps_total",
-              "spec_emitted_tokens_total"):
-        m = re.search(r"^moed:%s\{[^}]*\} (\S+)$" % k, b, re.M)
-        out[k] = float(m.group(1)) if m else 0.0
+              "spec_emitted_tokens_total", "spec_verify_layer_passes_total",
+              "spec_verify_distinct_experts_total"):
+        m = re.search(r"^moed:%s(\{[^}]*\})? (\S+)$" % k, b, re.M)
+        out[k] = float(m.group(2)) if m else 0.0
     return out
 
 
-def chat(content, drafter, temp=0.0, seed=None):
-    body = {"messages": [{"role": "user", "content": content}], "max_tokens": args.max_tokens,
-            "temperature": temp, "speculative": {"drafter": drafter}}
+def tokenize(content):
+    st, d = request(moed.port, "POST", "/tokenize",
+                    {"messages": [{"role": "user", "content": content}]})
+    if st != 200:
+        sys.exit("tokenize: %d %s" % (st, d[:200]))
+    return json.loads(d)["tokens"]
+
+
+def moed_complete(ids, drafter, temp, seed):
+    body = {"prompt": ids, "max_tokens": args.max_tokens, "temperature": temp,
+            "speculative": {"drafter": drafter}}
     if temp > 0:
         body.update(top_p=0.95, seed=seed)
-    st, d = request("POST", "/v1/chat/completions", body)
+    st, d = request(moed.port, "POST", "/v1/completions", body)
     if st != 200:
-        raise RuntimeError("status %d: %s" % (st, d[:300]))
+        raise RuntimeError("moed status %d: %s" % (st, d[:300]))
     doc = json.loads(d)
-    return doc["choices"][0]["message"]["content"], doc["usage"]["completion_tokens"]
+    return doc["choices"][0]["text"], doc["usage"]["completion_tokens"]
 
 
-# The "prompt" workload pastes the model's own quotation (plain decode) before the request.
+def llama_complete(srv, ids, temp, seed):
+    body = {"prompt": ids, "n_predict": args.max_tokens, "temperature": temp, "seed": seed,
+            "cache_prompt": True}
+    if temp > 0:
+        body.update(top_p=0.95)
+    else:
+        body.update(top_k=1)
+    st, d = request(srv.port, "POST", "/completion", body)
+    if st != 200:
+        raise RuntimeError("llama-server status %d: %s" % (st, d[:300]))
+    doc = json.loads(d)
+    t = doc.get("timings") or {}
+    srv.drafted += t.get("draft_n", 0) or 0
+    srv.accepted += t.get("draft_n_accepted", 0) or 0
+    return doc.get("content", ""), doc.get("tokens_predicted", 0)
+
+
+# Prompts: the "prompt" workload pastes the model's own quotation (plain decode) first.
 quoted = {}
 for ref in REFS:
-    quoted[ref] = chat("Quote %s:1-8." % ref, "off")[0]
+    quoted[ref] = moed_complete(tokenize("Quote %s:1-8." % ref), "off", 0.0, 0)[0]
+prompt_ids = {}
 
 
 def job(workload, i):
     ref = REFS[i % len(REFS)]
     if workload == "verses":
-        return ("Quote %s:1-8." % ref,), 0.0
-    if workload == "prompt":
-        return ("%s\n\n%s\n\nQuote %s:1-8." % (ref, quoted[ref], ref),), 0.0
-    return ("Tell me about %s." % TOPICS[i % len(TOPICS)],), 0.8
+        content, temp = "Quote %s:1-8." % ref, 0.0
+    elif workload == "prompt":
+        content, temp = "%s\n\n%s\n\nQuote %s:1-8." % (ref, quoted[ref], ref), 0.0
+    else:
+        content, temp = "Tell me about %s." % TOPICS[i % len(TOPICS)], 0.8
+    if content not in prompt_ids:
+        prompt_ids[content] = tokenize(content)
+    return prompt_ids[content], temp
 
 
-def run(workload, drafter, S, rnd):
-    """S streams, per_stream requests each; returns (tok/s, texts by job index)."""
+def run(workload, cfg, S, rnd):
+    """S streams, per_stream requests each, on one configuration: (tok/s, tokens per
+    CPU-second of its server, texts by job index)."""
+    kind, name = cfg
+    srv = moed if kind == "moed" else llamas[(S, name)]
     n = S * args.per_stream
     todo = list(range(n))
     texts, toks = {}, [0]
@@ -146,54 +233,233 @@ def run(workload, drafter, S, rnd):
                 if not todo:
                     return
                 i = todo.pop(0)
-            (content,), temp = job(workload, i + rnd * n)
-            text, ct = chat(content, drafter, temp, seed=1000 + i + rnd * n)
+            ids, temp = job(workload, i + rnd * n)
+            seed = 1000 + i + rnd * n
+            if kind == "moed":
+                text, ct = moed_complete(ids, name, temp, seed)
+            else:
+                text, ct = llama_complete(srv, ids, temp, seed)
             with lock:
                 texts[i] = text
                 toks[0] += ct
 
     th = [threading.Thread(target=worker) for _ in range(S)]
+    c0 = srv.cpu()
     t0 = time.perf_counter()
     [t.start() for t in th]
     [t.join() for t in th]
-    return toks[0] / (time.perf_counter() - t0), texts
+    dt = time.perf_counter() - t0
+    dc = srv.cpu() - c0
+    return toks[0] / dt, toks[0] / dc if dc > 0 else 0.0, texts
 
 
-print("# model %s%s; %d threads; drafters %s; %d rounds; max_tokens %d" %
+# ---- the cost model's bound (moed-bench -v) ----
+
+def step_costs(model, sizes):
+    """CPU ms of a decode step of n tokens, for n in sizes (moed-bench -v, -t threads)."""
+    bench = os.path.join(os.path.dirname(os.path.abspath(args.moed)), "..", "bench", "moed-bench")
+    out = subprocess.run([bench, "-m", model, "-t", str(args.threads), "-p", "32", "-n", "3",
+                          "-r", "3", "-v", ",".join(str(s) for s in sizes)],
+                         capture_output=True, text=True, check=True).stdout
+    t = {}
+    for line in out.splitlines():
+        f = [x.strip() for x in line.strip().strip("|").split("|")]
+        if len(f) >= 6 and f[0].isdigit():
+            t[int(f[0])] = float(f[4])
+    return t
+
+
+def model_bytes(model):
+    """(dense bytes, one expert's bytes, MoE layers, experts, experts per token) from the
+    GGUF's tensor table (moed-gguf info)."""
+    gguf = os.path.join(os.path.dirname(os.path.abspath(args.moed)), "..", "tools", "moed-gguf")
+    out = subprocess.run([gguf, "info", model], capture_output=True, text=True).stdout
+    dense, exp, layers, n_exp, k = 0, 0, set(), 1, 1
+    for line in out.splitlines():
+        m = re.match(r"\s*\d+\s+(\S+)\s+\S+\s+\[([^\]]*)\]\s+(\d+)", line)
+        if m:
+            name, shape, nb = m.group(1), m.group(2), int(m.group(3))
+            if "_exps" in name:
+                layers.add(name.split(".")[1])
+                n_exp = int(shape.split(",")[-1])
+                exp += nb
+            elif name != "token_embd.weight" or "output.weight" not in out:
+                dense += nb
+        m = re.search(r"expert_used_count\s+u32 (\d+)", line)
+        if m:
+            k = int(m.group(1))
+    L = max(len(layers), 1)
+    return dense, exp / L / n_exp if layers else 0, L, n_exp, k
+
+
+costs, draft_costs, self_ratio = {}, {}, 0.0
+if not args.no_bound:
+    K = args.max_k
+    costs = step_costs(args.model, sorted({S * (1 + k) for S in streams for k in range(K + 1)}))
+    if args.draft:
+        draft_costs = step_costs(args.draft, sorted(set(streams)))
+    dense, w_exp, L, n_exp, k_used = model_bytes(args.model)
+    if w_exp:
+        self_ratio = (dense + L * 1 * w_exp) / (dense + L * k_used * w_exp)
+
+
+def bound(S, drafter, a):
+    if not costs or S not in costs:
+        return None
+    best = 1.0
+    for k in range(1, args.max_k + 1):
+        n = S * (1 + k)
+        if n not in costs:
+            break
+        r = 0.0
+        if drafter == "draft":
+            r = draft_costs.get(S, 0.0)
+        elif drafter == "self":
+            r = costs[S] * self_ratio
+        e = sum(a ** j for j in range(k + 1))
+        best = max(best, e * costs[S] / (costs[n] + k * r))
+    return best
+
+
+# ---- the runs ----
+
+print("# model %s%s; %d threads; moed drafters %s%s; %d rounds; max_tokens %d; load %s" %
       (os.path.basename(args.model), (" + draft " + os.path.basename(args.draft)) if args.draft
-       else "", args.threads, ",".join(drafters), args.rounds, args.max_tokens), flush=True)
-print("%-7s %3s %-6s %9s %8s %8s %9s  %s" % ("work", "S", "spec", "tok/s", "x plain", "accept",
-                                             "mean len", "per-round tok/s"))
+       else "", args.threads, ",".join(drafters),
+       ("; llama.cpp " + ",".join(LLAMA_TYPES)) if args.llama else "", args.rounds,
+       args.max_tokens, " ".join("%.1f" % x for x in os.getloadavg())), flush=True)
+if costs:
+    print("# step CPU ms t(n): " + " ".join("%d:%.1f" % kv for kv in sorted(costs.items())) +
+          ("; draft t(S): " + " ".join("%d:%.1f" % kv for kv in sorted(draft_costs.items()))
+           if draft_costs else "") + ("; self pass / step bytes %.2f" % self_ratio
+                                       if self_ratio else ""), flush=True)
+print("%-7s %3s %-18s %8s %7s %7s %7s %8s %8s %7s  %s" % (
+    "work", "S", "config", "tok/s", "x plain", "x CPU", "accept", "mean len", "experts", "bound",
+    "per-round tok/s"), flush=True)
+results = {}  # (workload, S, config name) -> median tok/s
 mismatch = 0
-for workload in args.workloads.split(","):
-    for S in streams:
-        rates = {d: [] for d in drafters}
-        ratios = {d: [] for d in drafters}
-        acc = {d: [0.0, 0.0, 0.0, 0.0] for d in drafters}
+llamas = {}
+for S in streams:
+    if args.llama:
+        for t in LLAMA_TYPES:
+            cmd = [os.path.join(args.llama, "llama-server"), "-m", args.model, "--host",
+                   "127.0.0.1", "-t", str(args.threads), "-np", str(S), "-c", str(1024 * S),
+                   "--log-disable", "--spec-type", t]
+            if t == "draft-simple":
+                cmd += ["-md", args.draft, "--spec-draft-n-max", str(args.max_k)]
+            elif t == "ngram-simple":
+                cmd += ["--spec-draft-n-max", str(args.max_k)]
+            srv = Srv(cmd, "llama-" + t)
+            srv.drafted = srv.accepted = 0
+            servers.append(srv)
+            llamas[(S, t)] = srv
+    cfgs = [("moed", d) for d in drafters] + [("llama", t) for t in (LLAMA_TYPES if args.llama else [])]
+    for workload in workloads:
+        rates = {c: [] for c in cfgs}
+        ratios = {c: [] for c in cfgs}
+        cratios = {c: [] for c in cfgs}
+        acc = {c: [0.0] * 6 for c in cfgs}
         for rnd in range(args.rounds):
-            order = drafters[rnd % len(drafters):] + drafters[:rnd % len(drafters)]
+            order = cfgs[rnd % len(cfgs):] + cfgs[:rnd % len(cfgs)]
             got = {}
-            for d in order:
-                m0 = metrics()
-                r, texts = run(workload, d, S, rnd)
-                m1 = metrics()
-                got[d] = (r, texts)
-                rates[d].append(r)
-                for j, k in enumerate(("spec_draft_tokens_total", "spec_accepted_tokens_total",
-                                       "spec_verify_steps_total", "spec_emitted_tokens_total")):
-                    acc[d][j] += m1[k] - m0[k]
-            for d in drafters:
-                ratios[d].append(got[d][0] / got["off"][0])
-                if workload != "free" or d == "ngram":
-                    for i, t in got["off"][1].items():
-                        if got[d][1].get(i) != t:
+            for c in order:
+                if c[0] == "moed":
+                    m0 = metrics()
+                else:
+                    srv = llamas[(S, c[1])]
+                    l0 = (srv.drafted, srv.accepted)
+                r, rc, texts = run(workload, c, S, rnd)
+                if c[0] == "moed":
+                    m1 = metrics()
+                    for j, k in enumerate(("spec_draft_tokens_total", "spec_accepted_tokens_total",
+                                           "spec_verify_steps_total", "spec_emitted_tokens_total",
+                                           "spec_verify_layer_passes_total",
+                                           "spec_verify_distinct_experts_total")):
+                        acc[c][j] += m1[k] - m0[k]
+                else:
+                    acc[c][0] += srv.drafted - l0[0]
+                    acc[c][1] += srv.accepted - l0[1]
+                got[c] = (r, rc, texts)
+                rates[c].append(r)
+            for c in cfgs:
+                base = ("moed", "off") if c[0] == "moed" else ("llama", "none")
+                if base in got:
+                    ratios[c].append(got[c][0] / got[base][0])
+                    cratios[c].append(got[c][1] / got[base][1] if got[base][1] else 0.0)
+                if c[0] == "moed" and ("moed", "off") in got and (workload != "free" or c[1] == "ngram"):
+                    for i, t in got[("moed", "off")][2].items():
+                        if got[c][2].get(i) != t:
                             mismatch += 1
-        for d in drafters:
-            dr, ac, vs, em = acc[d]
-            print("%-7s %3d %-6s %9.1f %8.2f %8s %9s  %s" % (
-                workload, S, d, statistics.median(rates[d]), statistics.median(ratios[d]),
-                "%.2f" % (ac / dr) if dr else "-", "%.2f" % (em / vs) if vs else "-",
-                " ".join("%.0f" % x for x in rates[d])), flush=True)
-print("# outputs differing from plain decode (greedy, and seeded n-gram): %d" % mismatch)
-proc.terminate()
-proc.wait(30)
+        for c in cfgs:
+            dr, ac, vs, em, lp, di = acc[c]
+            a = ac / dr if dr else 0.0
+            b = bound(S, c[1], a) if c[0] == "moed" and c[1] != "off" else None
+            med = statistics.median(rates[c])
+            results[(workload, S, "%s %s" % c)] = med
+            print("%-7s %3d %-18s %8.1f %7.2f %7.2f %7s %8s %8s %7s  %s" % (
+                workload, S, "%s %s" % c, med, statistics.median(ratios[c]),
+                statistics.median(cratios[c]), "%.2f" % a if dr else "-",
+                "%.2f" % (em / vs) if vs else "-", "%.2f" % (di / lp) if lp else "-",
+                "%.2f" % b if b else "-", " ".join("%.1f" % x for x in rates[c])), flush=True)
+    for t in LLAMA_TYPES if args.llama else []:
+        llamas[(S, t)].stop()
+print("# outputs differing from plain decode (greedy, and seeded n-gram): %d; load %s" %
+      (mismatch, " ".join("%.1f" % x for x in os.getloadavg())))
+
+
+# ---- the plot ----
+
+def svg(path):
+    cfg_names = sorted({k[2] for k in results}, key=lambda n: (n.startswith("llama"), n))
+    colors = ["#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#7f7f7f", "#ff7f0e", "#8c564b",
+              "#e377c2"]
+    W, H, pad = 330, 260, 45
+    total_w = W * len(workloads) + 180
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" '
+           'font-size="11">' % (total_w, H + 40),
+           '<rect width="100%" height="100%" fill="white"/>',
+           '<text x="10" y="16" font-size="13">%s: generated tok/s against concurrent streams '
+           '(median of %d rounds; moed solid, llama.cpp dashed)</text>' %
+           (os.path.basename(args.model), args.rounds)]
+    xs = sorted(streams)
+    for wi, w in enumerate(workloads):
+        x0 = wi * W + pad
+        ymax = max([results.get((w, S, n), 0) for S in xs for n in cfg_names] + [1]) * 1.1
+
+        def px(S):
+            return x0 + (xs.index(S) / max(len(xs) - 1, 1)) * (W - pad - 20)
+
+        def py(v):
+            return 30 + (1 - v / ymax) * (H - 50)
+        out.append('<text x="%d" y="%d" font-size="12">%s</text>' % (x0, 32, w))
+        out.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>' % (x0, H - 20, x0 + W - pad - 20, H - 20))
+        out.append('<line x1="%d" y1="30" x2="%d" y2="%d" stroke="black"/>' % (x0, x0, H - 20))
+        for S in xs:
+            out.append('<text x="%.0f" y="%d" text-anchor="middle">%d</text>' % (px(S), H - 6, S))
+        for j in range(5):
+            v = ymax * j / 4
+            out.append('<text x="%d" y="%.0f" text-anchor="end">%.0f</text>' % (x0 - 4, py(v) + 4, v))
+        for ci, n in enumerate(cfg_names):
+            pts = [(px(S), py(results[(w, S, n)])) for S in xs if (w, S, n) in results]
+            dash = ' stroke-dasharray="5,3"' if n.startswith("llama") else ""
+            out.append('<polyline fill="none" stroke="%s" stroke-width="1.8"%s points="%s"/>' % (
+                colors[ci % len(colors)], dash, " ".join("%.1f,%.1f" % p for p in pts)))
+            for p in pts:
+                out.append('<circle cx="%.1f" cy="%.1f" r="2.5" fill="%s"/>' % (p[0], p[1], colors[ci % len(colors)]))
+    lx = W * len(workloads) + 10
+    for ci, n in enumerate(cfg_names):
+        y = 50 + 16 * ci
+        dash = ' stroke-dasharray="5,3"' if n.startswith("llama") else ""
+        out.append('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="2"%s/>' % (
+            lx, y, lx + 22, y, colors[ci % len(colors)], dash))
+        out.append('<text x="%d" y="%d">%s</text>' % (lx + 27, y + 4, n))
+    out.append('<text x="%d" y="%d">streams</text>' % (W * len(workloads) // 2, H + 30))
+    out.append("</svg>")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+
+
+if args.svg:
+    svg(args.svg)
+for s in servers:
+    s.stop()

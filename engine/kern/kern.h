@@ -65,7 +65,9 @@ enum md_act_fmt {
 /*
  * Dot one weight row (n elements of the weight type) with nt <= MD_KERN_NT activation rows:
  * a points at row 0, row t at a + t * a_stride bytes (in the pairing format); writes
- * y[t * y_stride] for t < nt. n is a multiple of the weight block size.
+ * y[t * y_stride] for t < nt. n is a multiple of the weight block size. For the quantized
+ * types (activations in md_q8b / md_q8k) every token's sum is formed in the same order
+ * whatever nt is, nt == 1 included, so a token's result does not depend on its group.
  */
 typedef void (*md_dot_fn)(int64_t n, const void *w, const void *a, size_t a_stride, int nt,
 			  float *y, size_t y_stride);

@@ -371,6 +371,182 @@ INLINE void tile_nl(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, fl
 		y[(size_t)t * ys] = hsum8(_mm256_add_ps(acc[0][t], acc[1][t]));
 }
 
+#ifndef KERN_AVX512
+/* ---- 32-element block types on AVX2: two blocks per step ----
+ *
+ * The tiles above spend most of their time outside the multiplies: a float scale, a
+ * conversion and an fma for every 32 weights, and (with the block parity indexing an array)
+ * accumulators that live on the stack. Here blocks b and b+1 sit side by side, one per
+ * 128-bit lane: the 16 quant bytes of each give the low nibbles (elements 0-15) in one
+ * vector and the high nibbles (16-31) in another, the activation halves are paired the same
+ * way, and so the two maddubs results of a block pair add up per lane before one madd, one
+ * conversion and one fma serve both blocks (the 16-bit sums cannot overflow: |w| <= 31
+ * unsigned or 12 for mxfp4; iq4_nl's levels reach 127, so its two halves are widened
+ * apart). Every token keeps one accumulator, up to MD_KERN_NT tokens in one pass over the
+ * weights, and its sum is formed in the same order whatever nt is, 1 included (kern.h), so a
+ * token's result does not depend on the group matmul puts it in. Decode (one token) unrolls
+ * to two pairs a step on that one accumulator: for mxfp4, 1.02x a version with two
+ * accumulators (which would give a lone token of a batch other bits) and the plain loop
+ * 0.94-0.98x it, in alternating runs on a shared machine. An odd last block pairs with itself
+ * under a zero scale. The AVX-512 build keeps the tiles above (measured on that machine). */
+
+/* 16 bytes at p in lane 0, 16 bytes at q in lane 1. */
+INLINE __m256i ld_pair(const uint8_t *p, const uint8_t *q)
+{
+	return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
+				       _mm_loadu_si128((const __m128i *)q), 1);
+}
+
+/* x0 in float lanes 0-3, x1 in lanes 4-7. */
+INLINE __m256 pair_ps(float x0, float x1)
+{
+	return _mm256_set_m128(_mm_set1_ps(x1), _mm_set1_ps(x0));
+}
+
+/* Byte i of each lane is 16 where bit i (lo) or bit 16 + i (hi) of that lane's qh word is
+ * set: the fifth bits of q5_0 / q5_1, with hv holding block b's word in lane 0 and block
+ * b+1's in lane 1 (bytes 0-3). */
+INLINE __m256i bit5_pair(__m256i hv, const int hi)
+{
+	const __m256i shuf = hi ? _mm256_setr_epi8(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+						   2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3)
+				: _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+						   0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+	const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+	const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(hv, shuf), bit);
+	return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(16));
+}
+
+/* Layout of each type: block bytes, offset of the quant bytes. */
+#define B32_BS(type)                                                                         \
+	((type) == MD_DT_Q4_0 || (type) == MD_DT_IQ4_NL ? 18 : (type) == MD_DT_Q4_1 ? 20         \
+	 : (type) == MD_DT_Q5_0 ? 22 : (type) == MD_DT_Q5_1 ? 24 : 17)
+#define B32_QO(type)                                                                         \
+	((type) == MD_DT_Q4_0 || (type) == MD_DT_IQ4_NL ? 2 : (type) == MD_DT_Q4_1 ? 4           \
+	 : (type) == MD_DT_Q5_0 ? 6 : (type) == MD_DT_Q5_1 ? 8 : 1)
+#define B32_SIGNED(type) ((type) == MD_DT_IQ4_NL || (type) == MD_DT_MXFP4)
+#define B32_MIN(type) ((type) == MD_DT_Q4_1 || (type) == MD_DT_Q5_1)
+/* q4_0 and q5_0 store q + 8 / q + 16: sum(q * a) comes out as sum(u * a) - off * sum(a). */
+#define B32_OFF(type) ((type) == MD_DT_Q4_0 ? 3 : (type) == MD_DT_Q5_0 ? 4 : 0) /* log2 */
+
+/* One block pair of weights, decoded once for every token. */
+struct b32w {
+	__m256i lo, hi;   /* elements 0-15 / 16-31 of each block: u (unsigned types) or the level */
+	__m256i ulo, uhi; /* |level| (signed types) */
+	__m256 dw;        /* block scales, 4 lanes each */
+	__m256 mw;        /* mins (q4_1, q5_1) */
+};
+
+/* Blocks at w0 (lane 0) and w1 (lane 1); zero1: lane 1 gets scale 0 (odd tail, w1 == w0). */
+INLINE struct b32w b32_decode(const uint8_t *w0, const uint8_t *w1, const int zero1,
+			      const __m256i lut, const int type)
+{
+	const int qo = B32_QO(type);
+	const __m256i m4 = _mm256_set1_epi8(15);
+	struct b32w r;
+	const __m256i x = ld_pair(w0 + qo, w1 + qo);
+	r.lo = _mm256_and_si256(x, m4);
+	r.hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+	if (type == MD_DT_Q5_0 || type == MD_DT_Q5_1) {
+		uint32_t h0, h1;
+		memcpy(&h0, w0 + qo - 4, 4);
+		memcpy(&h1, w1 + qo - 4, 4);
+		const __m256i hv = _mm256_set_m128i(_mm_cvtsi32_si128((int)h1), _mm_cvtsi32_si128((int)h0));
+		r.lo = _mm256_or_si256(r.lo, bit5_pair(hv, 0));
+		r.hi = _mm256_or_si256(r.hi, bit5_pair(hv, 1));
+	}
+	if (B32_SIGNED(type)) {
+		r.lo = _mm256_shuffle_epi8(lut, r.lo);
+		r.hi = _mm256_shuffle_epi8(lut, r.hi);
+		r.ulo = _mm256_sign_epi8(r.lo, r.lo);
+		r.uhi = _mm256_sign_epi8(r.hi, r.hi);
+	} else {
+		r.ulo = r.uhi = _mm256_setzero_si256();
+	}
+	const float d0 = type == MD_DT_MXFP4 ? e8m0_half(w0[0]) : ld_f16(w0);
+	const float d1 = zero1 ? 0.0f : type == MD_DT_MXFP4 ? e8m0_half(w1[0]) : ld_f16(w1);
+	r.dw = pair_ps(d0, d1);
+	r.mw = B32_MIN(type) ? pair_ps(ld_f16(w0 + 2), zero1 ? 0.0f : ld_f16(w1 + 2))
+			     : _mm256_setzero_ps();
+	return r;
+}
+
+/* acc + this pair's contribution for one token: a0, a1 the activation blocks paired with
+ * the weight blocks (a1 == a0 for the odd tail). */
+INLINE __m256 b32_token(const struct b32w *q, const struct md_q8b *a0, const struct md_q8b *a1,
+			__m256 acc, const int type)
+{
+	const __m256i ones = _mm256_set1_epi16(1);
+	const __m256i alo = ld_pair((const uint8_t *)a0->qs, (const uint8_t *)a1->qs);
+	const __m256i ahi = ld_pair((const uint8_t *)a0->qs + 16, (const uint8_t *)a1->qs + 16);
+	__m256i p;
+	if (type == MD_DT_IQ4_NL) {
+		const __m256i plo = _mm256_maddubs_epi16(q->ulo, _mm256_sign_epi8(alo, q->lo));
+		const __m256i phi = _mm256_maddubs_epi16(q->uhi, _mm256_sign_epi8(ahi, q->hi));
+		p = _mm256_add_epi32(_mm256_madd_epi16(plo, ones), _mm256_madd_epi16(phi, ones));
+	} else if (type == MD_DT_MXFP4) {
+		const __m256i plo = _mm256_maddubs_epi16(q->ulo, _mm256_sign_epi8(alo, q->lo));
+		const __m256i phi = _mm256_maddubs_epi16(q->uhi, _mm256_sign_epi8(ahi, q->hi));
+		p = _mm256_madd_epi16(_mm256_add_epi16(plo, phi), ones);
+	} else {
+		const __m256i plo = _mm256_maddubs_epi16(q->lo, alo);
+		const __m256i phi = _mm256_maddubs_epi16(q->hi, ahi);
+		p = _mm256_madd_epi16(_mm256_add_epi16(plo, phi), ones);
+	}
+	const __m256 da = _mm256_set_m128(_mm_broadcast_ss(&a1->d), _mm_broadcast_ss(&a0->d));
+	if (B32_OFF(type) || B32_MIN(type)) {
+		/* The activation sums in int32 lanes 0 and 4. */
+		const __m256i sv = _mm256_set_m128i(_mm_cvtsi32_si128(a1->s), _mm_cvtsi32_si128(a0->s));
+		if (B32_OFF(type))
+			p = _mm256_sub_epi32(p, _mm256_slli_epi32(sv, B32_OFF(type)));
+		if (B32_MIN(type))
+			return _mm256_fmadd_ps(da, _mm256_fmadd_ps(q->dw, _mm256_cvtepi32_ps(p),
+					       _mm256_mul_ps(q->mw, _mm256_cvtepi32_ps(sv))), acc);
+	}
+	return _mm256_fmadd_ps(_mm256_mul_ps(q->dw, da), _mm256_cvtepi32_ps(p), acc);
+}
+
+INLINE void tile_b32(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y,
+		     size_t ys, const int nt, const int type)
+{
+	const int bs = B32_BS(type);
+	const int64_t nb = n / 32;
+	const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(
+		type == MD_DT_MXFP4 ? md_mxfp4_levels : md_iq4nl_levels)));
+	if (nt == 1) {
+		const struct md_q8b *a0 = (const struct md_q8b *)a;
+		__m256 c = _mm256_setzero_ps();
+		int64_t b = 0;
+		for (; b + 4 <= nb; b += 4, w += 4 * bs) {
+			const struct b32w q0 = b32_decode(w, w + bs, 0, lut, type);
+			const struct b32w q1 = b32_decode(w + 2 * bs, w + 3 * bs, 0, lut, type);
+			c = b32_token(&q0, a0 + b, a0 + b + 1, c, type);
+			c = b32_token(&q1, a0 + b + 2, a0 + b + 3, c, type);
+		}
+		for (; b < nb; b += 2, w += 2 * bs) {
+			const int odd = b + 1 == nb;
+			const struct b32w q = b32_decode(w, odd ? w : w + bs, odd, lut, type);
+			c = b32_token(&q, a0 + b, a0 + b + !odd, c, type);
+		}
+		y[0] = hsum8(c);
+		return;
+	}
+	__m256 acc[MD_KERN_NT];
+	for (int t = 0; t < nt; t++)
+		acc[t] = _mm256_setzero_ps();
+	for (int64_t b = 0; b < nb; b += 2, w += 2 * bs) {
+		const int odd = b + 1 == nb;
+		const struct b32w q = b32_decode(w, odd ? w : w + bs, odd, lut, type);
+		for (int t = 0; t < nt; t++) {
+			const struct md_q8b *at = (const struct md_q8b *)(a + (size_t)t * as) + b;
+			acc[t] = b32_token(&q, at, at + !odd, acc[t], type);
+		}
+	}
+	for (int t = 0; t < nt; t++)
+		y[(size_t)t * ys] = hsum8(acc[t]);
+}
+#endif
+
 /* ---- K-quants against md_q8k ---- */
 
 /* The 6-bit scales and mins of a q4_K / q5_K block (same as md_kern__k_scales, inlined). */
@@ -623,6 +799,58 @@ INLINE void tile_q6_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 		acc[t] = _mm256_setzero_ps();
 	const __m256i m4 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3);
 	const int64_t nb = n / 256;
+#ifndef KERN_AVX512
+	if (nt == 1) {
+		/* One token (decode): each 32-weight group decoded, scaled and dotted at once, so
+		 * no decoded block waits in registers (8 weights and 8 scales do not fit in 16
+		 * and spilled: 35 ns per 256 weights against 26 this way, one core, weights in
+		 * L2). The high bits come to bits 4-5 with one shift and one mask each. Same
+		 * arithmetic as the tile below (integer sums, then one fma per block). */
+		const __m256i m30 = _mm256_set1_epi8(0x30);
+		for (int64_t b = 0; b < nb; b++, w += 210) {
+			const uint8_t *ql = w, *qh = w + 128;
+			const int8_t *scp = (const int8_t *)(w + 192);
+			const struct md_q8k *ab = (const struct md_q8k *)a + b;
+			const __m128i sc_lo = _mm_loadu_si128((const __m128i *)scp);
+			__m256i is0 = _mm256_setzero_si256(), is1 = _mm256_setzero_si256();
+			for (int h = 0; h < 2; h++) {
+				const __m256i w16 = _mm256_broadcastsi128_si256(
+					_mm_cvtepi8_epi16(h ? _mm_srli_si128(sc_lo, 8) : sc_lo));
+				const __m256i l0 = ld256(ql + 64 * h), l1 = ld256(ql + 64 * h + 32);
+				const __m256i hh = ld256(qh + 32 * h);
+				const __m256i q0 = _mm256_or_si256(_mm256_and_si256(l0, m4),
+					_mm256_and_si256(_mm256_slli_epi16(hh, 4), m30));
+				const __m256i q1 = _mm256_or_si256(_mm256_and_si256(l1, m4),
+					_mm256_and_si256(_mm256_slli_epi16(hh, 2), m30));
+				const __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+					_mm256_and_si256(hh, m30));
+				const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+					_mm256_and_si256(_mm256_srli_epi16(hh, 2), m30));
+				const __m256i qq[4] = { q0, q1, q2, q3 };
+				for (int j = 0; j < 4; j++) {
+					const char lo = (char)(4 * j), hi = (char)(4 * j + 2);
+					const __m256i sh = _mm256_setr_epi8(lo, lo + 1, lo, lo + 1, lo, lo + 1, lo,
+						lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, hi, hi + 1, hi,
+						hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi,
+						hi + 1);
+					const __m256i p = dot_us8_scaled(qq[j], ld256(ab->qs + 128 * h + 32 * j),
+									 _mm256_shuffle_epi8(w16, sh));
+					if (j & 1)
+						is1 = _mm256_add_epi32(is1, p);
+					else
+						is0 = _mm256_add_epi32(is0, p);
+				}
+			}
+			const __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(ld256(ab->bsums),
+							_mm256_cvtepi8_epi16(sc_lo)), 5);
+			const __m256i is = _mm256_sub_epi32(_mm256_add_epi32(is0, is1), corr);
+			acc[0] = _mm256_fmadd_ps(_mm256_set1_ps(ld_f16(w + 208) * ab->d),
+						 _mm256_cvtepi32_ps(is), acc[0]);
+		}
+		y[0] = hsum8(acc[0]);
+		return;
+	}
+#endif
 	for (int64_t b = 0; b < nb; b++, w += 210) {
 		const uint8_t *ql = w, *qh = w + 128;
 		const int8_t *scp = (const int8_t *)(w + 192);
@@ -640,9 +868,22 @@ INLINE void tile_q6_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 			q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
 				_mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 6), m3), 4));
 		}
-		for (int k = 0; k < 8; k++)
-			s16[k] = _mm256_set_m128i(_mm_set1_epi16(scp[2 * k + 1]), _mm_set1_epi16(scp[2 * k]));
-		const __m256i sc_all = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scp));
+		/* s16[k]: scale 2k in the low lane, 2k+1 in the high lane, as int16 (for the madd
+		 * after maddubs). Eight scales widened once and put in both lanes, then one byte
+		 * shuffle per k (16 scalar broadcasts and 8 lane inserts cost 30% of the kernel). */
+		const __m128i sc_lo = _mm_loadu_si128((const __m128i *)scp);
+		for (int g = 0; g < 2; g++) {
+			const __m256i w16 = _mm256_broadcastsi128_si256(
+				_mm_cvtepi8_epi16(g ? _mm_srli_si128(sc_lo, 8) : sc_lo));
+			for (int j = 0; j < 4; j++) {
+				const char lo = (char)(4 * j), hi = (char)(4 * j + 2);
+				const __m256i sh = _mm256_setr_epi8(lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1,
+					lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, hi, hi + 1, hi, hi + 1, hi,
+					hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1);
+				s16[4 * g + j] = _mm256_shuffle_epi8(w16, sh);
+			}
+		}
+		const __m256i sc_all = _mm256_cvtepi8_epi16(sc_lo);
 #ifdef KERN_AVX512
 		/* One token: the 256-bit loop below issues on more ports than packing 512-bit
 		 * operands would save. */
@@ -838,12 +1079,13 @@ INLINE void gemm_pass(int64_t n, const uint8_t *w, size_t wst, int nr, const uin
 /* One token (decode): every weight row streams from memory once, and one fma chain per row
  * would leave the loop waiting on FMA latency. Four chains take the vector chunks round-robin
  * and are summed (c0 + c1) + (c2 + c3), then the tail element by element. This order is
- * decode's own (kern.h: nt == 1), as the integer kernels' is. Each 64-byte line is
- * prefetched DOT1_PF_BYTES ahead as the loop goes, a steady trickle that keeps more lines in
- * flight than the hardware prefetchers do (they restart at every 4 KiB page): measured on
- * f16 decode of the bench model, 2 threads, 28-30 tok/s against 22-24 without it, and
- * ahead of one burst of prefetches per row (25-27). Into L2 (T1), not L1: 32.6-33.8 tok/s
- * against 30.7-31.5 with T0 in alternating runs (the load itself brings the line to L1). */
+ * decode's own (kern.h: nt == 1; the integer kernels keep one order for every nt). Each
+ * 64-byte line is prefetched DOT1_PF_BYTES ahead as the loop goes, a steady trickle that
+ * keeps more lines in flight than the hardware prefetchers do (they restart at every 4 KiB
+ * page): measured on f16 decode of the bench model, 2 threads, 28-30 tok/s against 22-24
+ * without it, and ahead of one burst of prefetches per row (25-27). Into L2 (T1), not L1:
+ * 32.6-33.8 tok/s against 30.7-31.5 with T0 in alternating runs (the load itself brings the
+ * line to L1). */
 INLINE float dot1_float(int64_t n, const uint8_t *w, const float *x, const int type)
 {
 	VF c0 = vzero(), c1 = vzero(), c2 = vzero(), c3 = vzero();
@@ -919,9 +1161,10 @@ GEMM_ENTRY(gemm_f16, dot_f16, MD_DT_F16)
 GEMM_ENTRY(gemm_bf16, dot_bf16, MD_DT_BF16)
 
 /* Entry points: dispatch on nt so each tile width compiles with constant bounds. AVX2 has 16
- * vector registers: its widest tile is 4 tokens, wider requests run as two tiles. */
-#ifdef KERN_AVX512
-#define ENTRY(name, call)                                                                        \
+ * vector registers: its widest tile is 4 tokens for most types, wider requests run as two
+ * tiles (ENTRY); tiles that keep only an accumulator per token take all MD_KERN_NT in one
+ * (ENTRY8). */
+#define ENTRY8(name, call)                                                                        \
 	static void name(int64_t n, const void *wv, const void *av, size_t as, int nt, float *y,   \
 			 size_t ys)                                                                 \
 	{                                                                                          \
@@ -937,6 +1180,8 @@ GEMM_ENTRY(gemm_bf16, dot_bf16, MD_DT_BF16)
 		default: call(8); break;                                                           \
 		}                                                                                  \
 	}
+#ifdef KERN_AVX512
+#define ENTRY(name, call) ENTRY8(name, call)
 #else
 #define ENTRY(name, call)                                                                        \
 	static void name(int64_t n, const void *wv, const void *av, size_t as, int nt, float *y,   \
@@ -959,29 +1204,40 @@ GEMM_ENTRY(gemm_bf16, dot_bf16, MD_DT_BF16)
 #endif
 
 #define C_Q8_0(k) tile_q8_0(n, w, a, as, y, ys, k)
+#ifdef KERN_AVX512
 #define C_Q4_0(k) tile_q4_0(n, w, a, as, y, ys, k)
 #define C_Q4_1(k) tile_q451(n, w, a, as, y, ys, k, MD_DT_Q4_1)
 #define C_Q5_0(k) tile_q451(n, w, a, as, y, ys, k, MD_DT_Q5_0)
 #define C_Q5_1(k) tile_q451(n, w, a, as, y, ys, k, MD_DT_Q5_1)
-#define C_Q2_K(k) tile_q2_K(n, w, a, as, y, ys, k)
-#define C_Q3_K(k) tile_q3_K(n, w, a, as, y, ys, k)
 #define C_IQ4_NL(k) tile_nl(n, w, a, as, y, ys, k, 0)
 #define C_MXFP4(k) tile_nl(n, w, a, as, y, ys, k, 1)
+#define ENTRY_B32 ENTRY
+#else
+#define C_Q4_0(k) tile_b32(n, w, a, as, y, ys, k, MD_DT_Q4_0)
+#define C_Q4_1(k) tile_b32(n, w, a, as, y, ys, k, MD_DT_Q4_1)
+#define C_Q5_0(k) tile_b32(n, w, a, as, y, ys, k, MD_DT_Q5_0)
+#define C_Q5_1(k) tile_b32(n, w, a, as, y, ys, k, MD_DT_Q5_1)
+#define C_IQ4_NL(k) tile_b32(n, w, a, as, y, ys, k, MD_DT_IQ4_NL)
+#define C_MXFP4(k) tile_b32(n, w, a, as, y, ys, k, MD_DT_MXFP4)
+#define ENTRY_B32 ENTRY8
+#endif
+#define C_Q2_K(k) tile_q2_K(n, w, a, as, y, ys, k)
+#define C_Q3_K(k) tile_q3_K(n, w, a, as, y, ys, k)
 #define C_IQ4_XS(k) tile_iq4_xs(n, w, a, as, y, ys, k)
 #define C_Q4_K(k) tile_qk45(n, w, a, as, y, ys, k, 0)
 #define C_Q5_K(k) tile_qk45(n, w, a, as, y, ys, k, 1)
 #define C_Q6_K(k) tile_q6_K(n, w, a, as, y, ys, k)
 
 ENTRY(dot_q8_0, C_Q8_0)
-ENTRY(dot_q4_0, C_Q4_0)
-ENTRY(dot_q4_1, C_Q4_1)
-ENTRY(dot_q5_0, C_Q5_0)
-ENTRY(dot_q5_1, C_Q5_1)
+ENTRY_B32(dot_q4_0, C_Q4_0)
+ENTRY_B32(dot_q4_1, C_Q4_1)
+ENTRY_B32(dot_q5_0, C_Q5_0)
+ENTRY_B32(dot_q5_1, C_Q5_1)
 ENTRY(dot_q2_K, C_Q2_K)
 ENTRY(dot_q3_K, C_Q3_K)
-ENTRY(dot_iq4_nl, C_IQ4_NL)
+ENTRY_B32(dot_iq4_nl, C_IQ4_NL)
 ENTRY(dot_iq4_xs, C_IQ4_XS)
-ENTRY(dot_mxfp4, C_MXFP4)
+ENTRY_B32(dot_mxfp4, C_MXFP4)
 ENTRY(dot_q4_K, C_Q4_K)
 ENTRY(dot_q5_K, C_Q5_K)
 ENTRY(dot_q6_K, C_Q6_K)

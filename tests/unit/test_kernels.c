@@ -157,12 +157,18 @@ static void test_type(const struct md_kern *k, enum md_dtype t, int64_t n, float
 			}
 			/* A tile equals its single-token calls exactly; float weights promise that
 			 * only among products of nt >= 2 tokens (kern.h), so those compare with a
-			 * 2-token call on the same row twice (stride 0). */
+			 * 2-token call on the same row twice (stride 0). Integer kernels form every
+			 * token's sum in one order whatever nt is, nt == 1 included. */
 			for (int i = 0; i < cnt; i++) {
 				float one[2];
 				k->dot[t](n, wr, aq + i * stride, 0, cnt > 1 ? 2 : 1, one, 1);
 				CHECK_MSG(one[0] == y[2 * i], "%s %s nt %d: tile %g != single %g", k->name, tn, cnt,
 				      y[2 * i], one[0]);
+				if (md_kern_act_fmt(t) != MD_ACT_F32) {
+					k->dot[t](n, wr, aq + i * stride, 0, 1, one, 1);
+					CHECK_MSG(one[0] == y[2 * i], "%s %s nt %d: tile %g != nt 1 %g", k->name,
+					      tn, cnt, y[2 * i], one[0]);
+				}
 			}
 		}
 	}
@@ -435,6 +441,13 @@ int main(void)
 			test_type(k, types[ti], 768, 1.0f);
 			test_type(k, types[ti], 256, 1e-3f);
 		}
+		/* 32-element block types on rows of 1, 2, 3, 5, 6 and 25 blocks: kernels that take
+		 * two (or four) blocks per step end on an odd block or a short step. */
+		static const int nbs[] = { 1, 2, 3, 5, 6, 25 };
+		for (size_t ti = 0; ti < N_TYPES; ti++)
+			if (md_kern_act_fmt(types[ti]) == MD_ACT_Q8B)
+				for (size_t i = 0; i < sizeof(nbs) / sizeof(nbs[0]); i++)
+					test_type(k, types[ti], 32 * nbs[i], 1.0f);
 		test_helpers(k);
 		test_gemm(k);
 		test_lanes(k);
