@@ -38,11 +38,12 @@ static const char *const family_names[MD_CHAT_FAMILY_COUNT] = {
 	[MD_CHAT_MISTRAL_NEMO] = "mistral-nemo",
 	[MD_CHAT_LLAMA31] = "llama3.1",
 	[MD_CHAT_LLAMA32] = "llama3.2",
+	[MD_CHAT_GLM45] = "glm4.5",
 };
 
 static const char all_names[] =
 	"chatml, chatml-bos, qwen1.5, qwen2, qwen2.5, qwen3, mistral (mixtral), mistral-v1, "
-	"tulu, olmo2, llama3, llama3.1, llama3.2, mistral-nemo, deepseek3, gpt-oss";
+	"tulu, olmo2, llama3, llama3.1, llama3.2, mistral-nemo, deepseek3, gpt-oss, glm4.5";
 
 const char *md_chat_family_name(enum md_chat_family f)
 {
@@ -205,6 +206,20 @@ static const char *const sig_deepseek3[] = {
 	"{{bos_token}}{{ns['system_prompt']}}",
 	"ns['system_prompt']+'\n\n'+message['content']",
 	"{%ifadd_generation_promptandnotns['is_tool']%}{{'<｜Assistant｜>'}}{%endif%}",
+	NULL,
+};
+
+/* GLM-4.5 / GLM-4.6 (the template llama.cpp keeps as models/templates/GLM-4.6.jinja). */
+static const char *const sig_glm45[] = {
+	"{%ifm['role']=='user'%}<|user|>{{visible_text(m['content'])}}",
+	"{{'/nothink'if(enable_thinkingisdefinedandnotenable_thinkingandnot"
+	"visible_text(m['content']).endswith('/nothink'))else''}}",
+	"{%ifloop['index0']>ns['last_user_index']andreasoning_content%}"
+	"{{'\n<think>'+reasoning_content.strip()+'</think>'}}{%else%}{{'\n<think></think>'}}",
+	"{%ifcontent.strip()%}{{'\n'+content.strip()}}{%endif%}",
+	"{%elifm['role']=='system'%}<|system|>{{visible_text(m['content'])}}{%endif%}",
+	"{%ifadd_generation_prompt%}<|assistant|>{{'\n<think></think>'if(enable_thinking"
+	"isdefinedandnotenable_thinking)else''}}{%endif%}",
 	NULL,
 };
 
@@ -434,6 +449,9 @@ static enum md_chat_family classify(const char *norm, bool *found)
 	if (has(norm, "<|channel|>")) {
 		if (has_all(norm, sig_gpt_oss))
 			return MD_CHAT_GPT_OSS;
+	} else if (strncmp(norm, "[gMASK]<sop>", 12) == 0) {
+		if (has_all(norm, sig_glm45))
+			return MD_CHAT_GLM45;
 	} else if (has(norm, "<｜Assistant｜>")) {
 		if (!has(norm, "think") && has_all(norm, sig_deepseek3))
 			return MD_CHAT_DEEPSEEK3;
@@ -1330,6 +1348,78 @@ static int render_gpt_oss(struct sbuf *b, const struct md_chat_msg *m, const enu
 	return 0;
 }
 
+/*
+ * GLM-4.5/4.6: "[gMASK]<sop>", then <|system|>\n / <|user|>\n turns (a user turn gets
+ * "/nothink" when enable_thinking is false and it does not end so already), assistant turns
+ * as <|assistant|> + "\n<think>R</think>" (R the reasoning part of a turn after the last user
+ * turn: its content up to the first </think>, after the last <think> before that, newlines
+ * trimmed, then strip()ped) or "\n<think></think>", then "\n" + the part after the last
+ * </think>, strip()ped, when not empty. The generation prompt is <|assistant|>, with
+ * "\n<think></think>" when enable_thinking is false. Rendered with the trim_blocks and
+ * lstrip_blocks Hugging Face applies, which leave no other whitespace.
+ */
+static void render_glm45(struct sbuf *b, const struct md_chat_msg *m, const enum role *r,
+			 size_t n, const struct md_chat_opts *o)
+{
+	size_t last_user = SIZE_MAX;
+
+	for (size_t i = 0; i < n; i++)
+		if (r[i] == R_USER)
+			last_user = i;
+	sb_puts(b, "[gMASK]<sop>");
+	for (size_t i = 0; i < n; i++) {
+		struct span c = span_of(m[i].content);
+
+		if (r[i] == R_USER) {
+			sb_puts(b, "<|user|>\n");
+			sb_span(b, c);
+			if (o->enable_thinking == 0 && !ends_with(c, "/nothink"))
+				sb_puts(b, "/nothink");
+		} else if (r[i] == R_SYSTEM) {
+			sb_puts(b, "<|system|>\n");
+			sb_span(b, c);
+		} else if (r[i] == R_ASSISTANT) {
+			struct span reasoning = { "", 0 };
+			const char *end = find(c, "</think>", false);
+
+			if (end) {
+				const char *last_end = find(c, "</think>", true);
+				struct span before = { c.p, (size_t)(end - c.p) };
+				const char *open;
+
+				before = rstrip_nl(before);
+				open = find(before, "<think>", true);
+				if (open) {
+					before.n -= (size_t)(open + 7 - before.p);
+					before.p = open + 7;
+				}
+				reasoning = lstrip_nl(before);
+				c.n -= (size_t)(last_end + 8 - c.p);
+				c.p = last_end + 8;
+				c = lstrip_nl(c);
+			}
+			sb_puts(b, "<|assistant|>");
+			if ((last_user == SIZE_MAX || i > last_user) && reasoning.n > 0) {
+				sb_puts(b, "\n<think>");
+				sb_span(b, py_strip(reasoning));
+				sb_puts(b, "</think>");
+			} else {
+				sb_puts(b, "\n<think></think>");
+			}
+			c = py_strip(c);
+			if (c.n > 0) {
+				sb_puts(b, "\n");
+				sb_span(b, c);
+			}
+		}
+	}
+	if (o->add_generation_prompt) {
+		sb_puts(b, "<|assistant|>");
+		if (o->enable_thinking == 0)
+			sb_puts(b, "\n<think></think>");
+	}
+}
+
 int md_chat_render_opts(enum md_chat_family f, const struct md_chat_msg *msgs, size_t n,
                         const struct md_chat_opts *opts, char **out, size_t *out_len)
 {
@@ -1447,6 +1537,9 @@ int md_chat_render_opts(enum md_chat_family f, const struct md_chat_msg *msgs, s
 		rc = render_llama31(&b, msgs, r, n, &o, date);
 		break;
 	}
+	case MD_CHAT_GLM45:
+		render_glm45(&b, msgs, r, n, &o);
+		break;
 	default:
 		rc = -EINVAL;
 		break;

@@ -30,6 +30,7 @@ enum md_chat_family {
 			     * template's fixed "26 Jul 2024" date */
 	MD_CHAT_LLAMA32,    /* "llama3.2": Llama-3.2-Instruct: llama3.1 with today's date
 			     * (strftime_now) and no built-in tools */
+	MD_CHAT_GLM45,      /* "glm4.5": GLM-4.5/4.6 ([gMASK]<sop>, <think></think> turns; no tools) */
 	MD_CHAT_FAMILY_COUNT
 };
 

@@ -469,11 +469,13 @@ static uint32_t blocks_for(uint32_t n_pos)
 	return (n_pos + MD_KV_BLOCK_TOKENS - 1) / MD_KV_BLOCK_TOKENS;
 }
 
-/* Bytes of one KV block (K and V, every layer). */
-static uint64_t kv_block_bytes(const struct md_hparams *hp)
+/* Bytes of one KV block of the model's rows (latent attention caches one row of its own width
+ * and no V: md_model_kv_dims). */
+static uint64_t kv_block_bytes(const struct md_model *m)
 {
-	return (uint64_t)hp->n_layer * MD_KV_BLOCK_TOKENS * hp->n_head_kv * hp->head_dim *
-	       sizeof(float) * 2;
+	uint32_t k_dim, v_dim;
+	md_model_kv_dims(m, &k_dim, &v_dim);
+	return MD_KV_BLOCK_TOKENS * md_kv_token_bytes(m->hp.n_layer, k_dim, v_dim);
 }
 
 /* Choose the experts' mode and make their tiers (engine/expert_tiers.h); the plan may lower
@@ -482,7 +484,7 @@ static int setup_experts(struct md_engine *e)
 {
 	const struct md_engine_config *c = &e->cfg;
 	/* setup_kv's pool: kv-blocks when set, else the budget, never less than one context */
-	uint64_t bb = kv_block_bytes(&e->model.hp);
+	uint64_t bb = kv_block_bytes(&e->model);
 	uint64_t kv_min = (blocks_for(e->n_ctx) + 1) * bb;
 	uint64_t kv = c->kv_blocks ? c->kv_blocks * bb : e->kv_mem_bytes;
 	struct md_expert_tiers_config tc = {
@@ -1122,8 +1124,9 @@ static int setup_kv(struct md_engine *e)
 {
 	const struct md_engine_config *c = &e->cfg;
 	const struct md_hparams *hp = &e->model.hp;
-	uint32_t kv_dim = hp->n_head_kv * hp->head_dim;
-	uint64_t block_bytes = kv_block_bytes(hp);
+	uint32_t k_dim, v_dim; /* latent attention caches one row of its own width, no V */
+	md_model_kv_dims(&e->model, &k_dim, &v_dim);
+	uint64_t block_bytes = kv_block_bytes(&e->model);
 	uint64_t min_blocks = blocks_for(e->n_ctx) + 1;
 	uint64_t n_blocks = c->kv_blocks;
 	if (n_blocks && n_blocks < min_blocks) {
@@ -1140,7 +1143,7 @@ static int setup_kv(struct md_engine *e)
 		n_blocks = useful;
 	if (n_blocks < min_blocks)
 		n_blocks = min_blocks;
-	int rc = md_kv_init(&e->kv, hp->n_layer, kv_dim, (uint32_t)n_blocks, c->max_seqs);
+	int rc = md_kv_init_dims(&e->kv, hp->n_layer, k_dim, v_dim, (uint32_t)n_blocks, c->max_seqs);
 	if (rc) {
 		snprintf(e->err, sizeof(e->err), "cannot allocate the KV cache (%llu blocks)",
 			 (unsigned long long)n_blocks);

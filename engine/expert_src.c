@@ -7,7 +7,8 @@ static int map_get(struct md_expert_src *src, uint32_t layer, int32_t expert,
 		   struct md_expert_w *out)
 {
 	const struct md_model *m = ((struct md_expert_src_map *)src)->m;
-	if (layer >= m->hp.n_layer || expert < 0 || (uint32_t)expert >= m->hp.n_expert)
+	if (layer >= m->hp.n_layer || expert < 0 || (uint32_t)expert >= m->hp.n_expert ||
+	    !m->layers[layer].gate_exps) /* a layer with a dense FFN has no experts */
 		return -EINVAL;
 	const struct md_layer *L = &m->layers[layer];
 	out->gate = md_mat_of(L->gate_exps, expert);

@@ -223,7 +223,8 @@ int md_expert_tiers_init(struct md_expert_tiers *t, const struct md_model *m,
 	}
 	md_log(MD_LOG_INFO, "experts: store, host cache %.0f MiB (%u of %u experts, %.2f MiB "
 	       "each, %s reads)%s, policy %s, prefetch %s, KV %.0f MiB, limit %.0f MiB (%s): %s",
-	       plan.cache_bytes / MIB, st.n_slots, m->hp.n_layer * m->hp.n_expert,
+	       plan.cache_bytes / MIB, st.n_slots,
+	       (m->hp.n_layer - m->hp.n_layer_dense_lead) * m->hp.n_expert, /* dense layers: none */
 	       st.slot_bytes / MIB, st.direct ? "O_DIRECT" : "buffered", dline, md_epol_name(pol),
 	       c->prefetch ? "on" : "off", plan.kv_bytes / MIB, lim.bytes / MIB,
 	       lim.bytes ? lim.source : "unknown", plan.why);

@@ -159,18 +159,21 @@ static const struct md_tensor *part_tensor(const struct md_layer *L, int p)
 	return p == 0 ? L->gate_exps : p == 1 ? L->up_exps : L->down_exps;
 }
 
-/* Largest span of each part over all units; 0 when the model has no routed experts. */
+/* Largest span of each part over all units; false when the model has no routed experts.
+ * Layers without (a dense FFN: the leading layers of DeepSeek and GLM-4.5) hold no units. */
 static bool part_spans(const struct md_model *m, size_t span[3])
 {
 	const struct md_hparams *hp = &m->hp;
 	span[0] = span[1] = span[2] = 0;
 	if (!hp->n_expert)
 		return false;
+	bool any = false;
 	for (uint32_t l = 0; l < hp->n_layer; l++)
 		for (int p = 0; p < 3; p++) {
 			const struct md_tensor *t = part_tensor(&m->layers[l], p);
 			if (!t)
-				return false;
+				continue;
+			any = true;
 			for (uint32_t e = 0; e < hp->n_expert; e++) {
 				struct md_mat x = md_mat_of(t, e);
 				size_t sp = span_of((uint64_t)((const uint8_t *)x.data - m->gguf.base),
@@ -179,7 +182,7 @@ static bool part_spans(const struct md_model *m, size_t span[3])
 					span[p] = sp;
 			}
 		}
-	return true;
+	return any;
 }
 
 size_t md_expert_store_slot_bytes(const struct md_model *m)
@@ -590,8 +593,8 @@ static int st_plan(struct md_expert_src *src, uint32_t layer, const int32_t *exp
 		   const int32_t *tokens, int n, int32_t *order)
 {
 	struct md_expert_store *s = (struct md_expert_store *)src;
-	if (layer >= s->n_layer || n < 0 || (uint32_t)n > s->n_expert)
-		return -EINVAL;
+	if (layer >= s->n_layer || n < 0 || (uint32_t)n > s->n_expert || !s->m->layers[layer].gate_exps)
+		return -EINVAL; /* outside the model, or a layer with a dense FFN */
 	for (int i = 0; i < n; i++)
 		if (experts[i] < 0 || (uint32_t)experts[i] >= s->n_expert)
 			return -EINVAL;
@@ -742,7 +745,7 @@ static int st_plan(struct md_expert_src *src, uint32_t layer, const int32_t *exp
 static int st_get(struct md_expert_src *src, uint32_t layer, int32_t e, struct md_expert_w *out)
 {
 	struct md_expert_store *s = (struct md_expert_store *)src;
-	if (layer >= s->n_layer || e < 0 || (uint32_t)e >= s->n_expert)
+	if (layer >= s->n_layer || e < 0 || (uint32_t)e >= s->n_expert || !s->m->layers[layer].gate_exps)
 		return -EINVAL;
 	uint32_t u = layer * s->n_expert + (uint32_t)e;
 	const struct unit_src *us = &s->units[u];
@@ -837,7 +840,7 @@ static void st_release(struct md_expert_src *src, uint32_t layer, int32_t e)
 static void st_prefetch(struct md_expert_src *src, uint32_t layer, const int32_t *experts, int n)
 {
 	struct md_expert_store *s = (struct md_expert_store *)src;
-	if (layer >= s->n_layer)
+	if (layer >= s->n_layer || !s->m->layers[layer].gate_exps)
 		return;
 	uint8_t *pred = s->predicted + layer * s->n_expert;
 	memset(pred, 0, s->n_expert);
@@ -1088,8 +1091,8 @@ int md_expert_store_warm(struct md_expert_store *s, const char *path, uint32_t *
 		rc = -EINVAL;
 	unsigned l, e;
 	while (!rc && *n < s->n_slots && fscanf(f, "%u %u\n", &l, &e) == 2) {
-		if (l >= s->n_layer || e >= s->n_expert) {
-			rc = -EINVAL;
+		if (l >= s->n_layer || e >= s->n_expert || !s->m->layers[l].gate_exps) {
+			rc = -EINVAL; /* outside the model, or a dense layer's */
 			break;
 		}
 		uint32_t u = l * s->n_expert + e;
@@ -1110,7 +1113,7 @@ static int map_units(struct md_expert_store *s, char *err, size_t errlen)
 	const struct md_model *m = s->m;
 	const uint8_t *base = m->gguf.base;
 	for (uint32_t l = 0; l < s->n_layer; l++)
-		for (uint32_t e = 0; e < s->n_expert; e++) {
+		for (uint32_t e = 0; e < s->n_expert && m->layers[l].gate_exps; e++) {
 			struct unit_src *us = &s->units[l * s->n_expert + e];
 			for (int p = 0; p < 3; p++) {
 				struct md_mat x = md_mat_of(part_tensor(&m->layers[l], p), e);
@@ -1257,7 +1260,7 @@ int md_expert_store_new(struct md_expert_store **out, const struct md_model *m,
 	size_t slot_bytes = span[0] + span[1] + span[2];
 	uint32_t need = max_active(m, c->max_tokens);
 	uint64_t n_slots = c->host_bytes / slot_bytes;
-	uint64_t all = (uint64_t)m->hp.n_layer * m->hp.n_expert;
+	uint64_t all = (uint64_t)(m->hp.n_layer - m->hp.n_layer_dense_lead) * m->hp.n_expert;
 	if (n_slots > all)
 		n_slots = all;
 	if (n_slots < need) {

@@ -34,6 +34,10 @@
  *   output projection, a per-head sink logit in the softmax, a sliding window on alternate
  *   layers (positions outside it are skipped, not masked: the KV cache still holds them), a
  *   router bias, per-expert biases on gate, up and down, and its clamped SwiGLU (glu()).
+ *   deepseek2 attends through its latent (engine/attn_mla.c, over a cache of one compressed
+ *   row per token and layer) instead of the Q/K/V path; it and glm4moe route by scored top-k
+ *   with a selection bias and expert groups (router.c), run leading layers dense, and add
+ *   their shared experts ungated. Every arch's rope, YaRN included, is engine/rope.c's.
  *   Commit: each sequence's new length (md_kv_commit) once every layer ran; then the final
  *   RMSNorm and logits for the rows the caller asks for only.
  *
@@ -48,6 +52,7 @@
 #include <time.h>
 
 #include "common/assert.h"
+#include "engine/attn_mla.h"
 #include "engine/kern/cpu.h"
 #include "engine/kern/matmul.h"
 #include "engine/kern/threadpool.h"
@@ -97,6 +102,7 @@ struct md_forward_ctx {
 	struct md_rope rope[2]; /* full-attention layers' rope, sliding-window layers' */
 	int32_t *ex_id;      /* (E) expert id of each group of the get-order layout */
 	const struct md_layer *ex_L; /* borrowed: the layer whose experts run (their biases) */
+	struct md_mla *mla; /* owned: latent attention's scratch (deepseek2), else NULL */
 };
 
 static void *xalloc(size_t n, int *fail)
@@ -150,6 +156,7 @@ void md_forward_free(struct md_forward_ctx *f)
 	free(f->att_scratch);
 	free(f->rope_cs);
 	free(f->ex_id);
+	md_mla_free(f->mla);
 	free(f);
 }
 
@@ -176,8 +183,8 @@ struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, i
 	size_t F = hp->n_ff_exp;
 	if (hp->n_ff_shexp > F)
 		F = hp->n_ff_shexp;
-	if (!hp->n_expert && hp->n_ff > F)
-		F = hp->n_ff;
+	if ((!hp->n_expert || hp->n_layer_dense_lead) && hp->n_ff > F)
+		F = hp->n_ff; /* dense layers: all of them, or the leading ones of an MoE model */
 	size_t in_max = N > QD ? N : QD;
 	if (F > in_max)
 		in_max = F;
@@ -216,6 +223,8 @@ struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, i
 	f->rope_cs = xalloc((size_t)hp->n_rot * sizeof(float), &fail);
 	md_rope_init(&f->rope[0], hp, false);
 	md_rope_init(&f->rope[1], hp, true);
+	if (hp->kv_lora_rank && !fail && !(f->mla = md_mla_new(m, f->pool, max_tokens)))
+		fail = 1;
 	if (fail) {
 		md_forward_free(f);
 		return NULL;
@@ -299,27 +308,6 @@ static const float *bias_row(const struct md_tensor *t, int32_t e)
 	return t ? (const float *)t->data + (size_t)e * (size_t)t->ne[0] : NULL;
 }
 
-/* Rotate the pairs of one head in place with the table of its position. */
-static void rope_head(float *h, const struct md_hparams *hp, const float *cs)
-{
-	const int half = (int)hp->n_rot / 2;
-	if (hp->rope_type == MD_ROPE_NEOX) {
-		for (int i = 0; i < half; i++) {
-			float c = cs[2 * i], s = cs[2 * i + 1];
-			float x0 = h[i], x1 = h[i + half];
-			h[i] = x0 * c - x1 * s;
-			h[i + half] = x0 * s + x1 * c;
-		}
-	} else {
-		for (int i = 0; i < half; i++) {
-			float c = cs[2 * i], s = cs[2 * i + 1];
-			float x0 = h[2 * i], x1 = h[2 * i + 1];
-			h[2 * i] = x0 * c - x1 * s;
-			h[2 * i + 1] = x0 * s + x1 * c;
-		}
-	}
-}
-
 struct att_job {
 	struct md_forward_ctx *f;
 	struct md_kv_cache *kv;
@@ -334,7 +322,7 @@ static void att_worker(void *ctx, int ith, int nth)
 	const struct md_hparams *hp = &f->m->hp;
 	const int H = (int)hp->n_head, D = (int)hp->head_dim;
 	const int group = (int)(hp->n_head / hp->n_head_kv);
-	const float scale = 1.0f / sqrtf((float)D);
+	const float scale = hp->attn_scale;
 	const struct md_kern *kn = md_kern_active(); /* NULL: portable loops */
 	/* gpt-oss: a sliding-window layer sees the n_swa positions ending at the token's own
 	 * (llama.cpp's LLAMA_SWA_TYPE_STANDARD masks p when pos - p >= n_swa); a sink logit per
@@ -411,6 +399,12 @@ static void attention(struct md_forward_ctx *f, struct md_kv_cache *kv, const st
 
 	for (int t = 0; t < n; t++)
 		rmsnorm(f->xn + (size_t)t * N, f->x + (size_t)t * N, L->attn_norm->data, N, eps);
+	if (f->mla) { /* latent attention (engine/attn_mla.h) */
+		md_mla_attention(f->mla, f->pool, kv, b, il, f->xn, f->tmp, f->att_scratch, f->att_cap);
+		for (size_t i = 0; i < (size_t)n * N; i++)
+			f->x[i] += f->tmp[i];
+		return;
+	}
 
 	struct md_mat wq = md_mat_of(L->wq, 0), wk = md_mat_of(L->wk, 0), wv = md_mat_of(L->wv, 0);
 	const struct md_mat wqkv[3] = { wq, wk, wv };
@@ -431,12 +425,13 @@ static void attention(struct md_forward_ctx *f, struct md_kv_cache *kv, const st
 			for (int64_t h = 0; h < K; h++)
 				rmsnorm(k + h * D, k + h * D, L->k_norm->data, D, eps);
 		}
+		const struct md_rope *rope = &f->rope[md_layer_is_swa(hp, il)];
 		if (t == 0 || b->pos[t] != b->pos[t - 1])
-			md_rope_table(&f->rope[md_layer_is_swa(hp, il)], b->pos[t], f->rope_cs);
+			md_rope_table(rope, b->pos[t], f->rope_cs);
 		for (int64_t h = 0; h < H; h++)
-			rope_head(q + h * D, hp, f->rope_cs);
+			md_rope_apply(rope, f->rope_cs, q + h * D);
 		for (int64_t h = 0; h < K; h++)
-			rope_head(k + h * D, hp, f->rope_cs);
+			md_rope_apply(rope, f->rope_cs, k + h * D);
 		float *kr, *vr;
 		md_kv_write_rows(kv, il, b->seq[t], (uint32_t)b->pos[t], &kr, &vr);
 		memcpy(kr, k, (size_t)(K * D) * sizeof(float));
@@ -713,13 +708,16 @@ static void prefetch_next(struct md_forward_ctx *f, uint32_t il, int n)
 		return;
 	const struct md_layer *L = &f->m->layers[il + 1];
 	const int64_t N = hp->n_embd;
+	if (!L->gate_inp)
+		return;
 	for (int t = 0; t < n; t++)
 		rmsnorm(f->pre_x + (size_t)t * N, f->x + (size_t)t * N, L->ffn_norm->data, N,
 			hp->rms_eps);
 	struct md_mat wr = md_mat_of(L->gate_inp, 0);
 	md_matmul(f->pool, &wr, f->pre_x, n, f->pre_router.logits, f->mm_scratch);
 	add_bias(f->pre_router.logits, L->gate_inp_b, n, hp->n_expert);
-	const struct md_routing *p = md_router_route(&f->pre_router, n);
+	const struct md_routing *p = md_router_route_bias(&f->pre_router, n,
+							  L->exp_probs_b ? L->exp_probs_b->data : NULL);
 	md_expert_src_prefetch(f->src, il + 1, p->active, p->n_active);
 }
 
@@ -770,7 +768,8 @@ static int moe_experts(struct md_forward_ctx *f, uint32_t il, const struct md_ro
 
 /* A draft pass's note of the exact pass's likely experts: the model's top-k of each token's
  * router probabilities (md_router_route left them in the logits rows), ORed into pred (E).
- * f->allow is scratch here (routing is done with it). */
+ * f->allow is scratch here (routing is done with it). For scored routing (deepseek2, glm4moe)
+ * these are the unbiased scores, without selection bias and group limit: a prefetch hint. */
 static void predict_exact(struct md_forward_ctx *f, int n, uint8_t *pred)
 {
 	const int E = (int)f->m->hp.n_expert, K = (int)f->m->hp.n_expert_used;
@@ -812,7 +811,8 @@ static int moe(struct md_forward_ctx *f, int n, uint32_t il)
 		}
 		md_router_set_draft(&f->router, (int)dp->n_used, allow);
 	}
-	const struct md_routing *r = md_router_route(&f->router, n);
+	const struct md_routing *r = md_router_route_bias(&f->router, n,
+							  L->exp_probs_b ? L->exp_probs_b->data : NULL);
 	if (dp && dp->predict)
 		predict_exact(f, n, dp->predict + (size_t)il * hp->n_expert);
 	if (f->route_cb && !dp)
@@ -835,18 +835,18 @@ static int moe(struct md_forward_ctx *f, int n, uint32_t il)
 			dst[j] += w * src[j];
 	}
 
-	/* Qwen2-MoE shared expert with its sigmoid gate. */
+	/* The shared expert: with its sigmoid gate (Qwen2-MoE), or ungated (DeepSeek, GLM). */
 	if (L->gate_shexp) {
 		struct md_mat g = md_mat_of(L->gate_shexp, 0), u = md_mat_of(L->up_shexp, 0);
 		struct md_mat d = md_mat_of(L->down_shexp, 0);
 		swiglu(f, &g, &u, &d, f->xn, n, f->ye);
-		const float *gw = L->gate_inp_shexp->data;
+		const float *gw = L->gate_inp_shexp ? L->gate_inp_shexp->data : NULL;
 		for (int t = 0; t < n; t++) {
 			const float *xr = f->xn + (size_t)t * N;
 			double s = 0;
-			for (int64_t j = 0; j < N; j++)
+			for (int64_t j = 0; gw && j < N; j++)
 				s += (double)gw[j] * xr[j];
-			float gate = (float)(1.0 / (1.0 + exp(-s)));
+			float gate = gw ? (float)(1.0 / (1.0 + exp(-s))) : 1.0f;
 			float *dst = f->tmp + (size_t)t * N;
 			const float *src = f->ye + (size_t)t * N;
 			for (int64_t j = 0; j < N; j++)
@@ -864,7 +864,7 @@ static int ffn(struct md_forward_ctx *f, int n, uint32_t il)
 	const int64_t N = hp->n_embd;
 	for (int t = 0; t < n; t++)
 		rmsnorm(f->xn + (size_t)t * N, f->x + (size_t)t * N, L->ffn_norm->data, N, hp->rms_eps);
-	if (hp->n_expert) {
+	if (L->gate_inp) { /* routed experts; dense FFN in dense models and leading layers */
 		int rc = moe(f, n, il);
 		if (rc)
 			return rc;

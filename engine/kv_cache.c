@@ -48,23 +48,37 @@ static inline bool seq_ok(const struct md_kv_cache *kv, int seq)
 int md_kv_init(struct md_kv_cache *kv, uint32_t n_layer, uint32_t kv_dim, uint32_t n_blocks,
 	       uint32_t max_seqs)
 {
+	return md_kv_init_dims(kv, n_layer, kv_dim, kv_dim, n_blocks, max_seqs);
+}
+
+uint64_t md_kv_token_bytes(uint32_t n_layer, uint32_t k_dim, uint32_t v_dim)
+{
+	return (uint64_t)n_layer * ((uint64_t)k_dim + v_dim) * sizeof(float);
+}
+
+int md_kv_init_dims(struct md_kv_cache *kv, uint32_t n_layer, uint32_t k_dim, uint32_t v_dim,
+		    uint32_t n_blocks, uint32_t max_seqs)
+{
 	memset(kv, 0, sizeof(*kv));
-	if (n_layer == 0 || kv_dim == 0 || n_blocks == 0 || max_seqs == 0)
+	if (n_layer == 0 || k_dim == 0 || n_blocks == 0 || max_seqs == 0)
 		return -EINVAL;
-	size_t per = (size_t)n_layer * n_blocks * MD_KV_BLOCK_TOKENS * kv_dim;
-	if (per / n_layer / n_blocks / MD_KV_BLOCK_TOKENS != kv_dim || per > SIZE_MAX / sizeof(float))
+	uint32_t dim = k_dim > v_dim ? k_dim : v_dim;
+	size_t per = (size_t)n_layer * n_blocks * MD_KV_BLOCK_TOKENS * dim;
+	if (per / n_layer / n_blocks / MD_KV_BLOCK_TOKENS != dim || per > SIZE_MAX / sizeof(float))
 		return -EOVERFLOW;
+	size_t rows = (size_t)n_layer * n_blocks * MD_KV_BLOCK_TOKENS;
 	kv->n_layer = n_layer;
-	kv->kv_dim = kv_dim;
+	kv->kv_dim = k_dim;
+	kv->v_dim = v_dim;
 	kv->n_blocks = n_blocks;
 	kv->max_seqs = max_seqs;
-	kv->k = malloc(per * sizeof(float));
-	kv->v = malloc(per * sizeof(float));
+	kv->k = malloc(rows * k_dim * sizeof(float));
+	kv->v = v_dim ? malloc(rows * v_dim * sizeof(float)) : NULL;
 	kv->free_list = malloc(n_blocks * sizeof(int32_t));
 	kv->refs = calloc(n_blocks, sizeof(uint32_t));
 	kv->_writers = calloc(n_blocks, sizeof(uint32_t));
 	kv->seqs = calloc(max_seqs, sizeof(*kv->seqs));
-	if (!kv->k || !kv->v || !kv->free_list || !kv->refs || !kv->_writers || !kv->seqs) {
+	if (!kv->k || (v_dim && !kv->v) || !kv->free_list || !kv->refs || !kv->_writers || !kv->seqs) {
 		md_kv_release(kv);
 		return -ENOMEM;
 	}
@@ -148,12 +162,14 @@ static void block_put(struct md_kv_cache *kv, int32_t b)
 static void block_copy(struct md_kv_cache *kv, int32_t dst, int32_t src)
 {
 	const size_t rows = (size_t)MD_KV_BLOCK_TOKENS * kv->kv_dim;
+	const size_t vrows = (size_t)MD_KV_BLOCK_TOKENS * kv->v_dim;
 	for (uint32_t l = 0; l < kv->n_layer; l++) {
 		size_t base = (size_t)l * kv->n_blocks;
 		memcpy(kv->k + (base + (size_t)dst) * rows, kv->k + (base + (size_t)src) * rows,
 		       rows * sizeof(float));
-		memcpy(kv->v + (base + (size_t)dst) * rows, kv->v + (base + (size_t)src) * rows,
-		       rows * sizeof(float));
+		if (vrows)
+			memcpy(kv->v + (base + (size_t)dst) * vrows,
+			       kv->v + (base + (size_t)src) * vrows, vrows * sizeof(float));
 	}
 }
 
@@ -403,12 +419,12 @@ int md_kv_batch_begin(struct md_kv_cache *kv, int n, const int32_t *seq, const i
 	return 0;
 }
 
-static inline size_t kv_offset(const struct md_kv_cache *kv, uint32_t l, int seq, uint32_t pos)
+/* Row index of (l, seq, pos) in the pool: times kv_dim for K, v_dim for V. */
+static inline size_t kv_row(const struct md_kv_cache *kv, uint32_t l, int seq, uint32_t pos)
 {
 	const struct md_kv_seq *s = &kv->seqs[seq];
 	size_t blk = (size_t)s->blocks[pos / MD_KV_BLOCK_TOKENS];
-	size_t row = ((size_t)l * kv->n_blocks + blk) * MD_KV_BLOCK_TOKENS + pos % MD_KV_BLOCK_TOKENS;
-	return row * kv->kv_dim;
+	return ((size_t)l * kv->n_blocks + blk) * MD_KV_BLOCK_TOKENS + pos % MD_KV_BLOCK_TOKENS;
 }
 
 void md_kv_write_rows(struct md_kv_cache *kv, uint32_t l, int seq, uint32_t pos, float **k,
@@ -419,9 +435,9 @@ void md_kv_write_rows(struct md_kv_cache *kv, uint32_t l, int seq, uint32_t pos,
 	MD_ASSERT(pos >= s->n_pos && pos / MD_KV_BLOCK_TOKENS < s->n_blocks);
 	MD_ASSERT(kv->refs[s->blocks[pos / MD_KV_BLOCK_TOKENS]] == 1);
 	MD_ASSERT(!kv->px || !kv->px->reg[s->blocks[pos / MD_KV_BLOCK_TOKENS]]);
-	size_t off = kv_offset(kv, l, seq, pos);
-	*k = kv->k + off;
-	*v = kv->v + off;
+	size_t row = kv_row(kv, l, seq, pos);
+	*k = kv->k + row * kv->kv_dim;
+	*v = kv->v ? kv->v + row * kv->v_dim : NULL;
 }
 
 int md_kv_commit(struct md_kv_cache *kv, int seq, uint32_t n_pos)
@@ -437,12 +453,13 @@ int md_kv_commit(struct md_kv_cache *kv, int seq, uint32_t n_pos)
 
 const float *md_kv_k(const struct md_kv_cache *kv, uint32_t l, int seq, uint32_t pos)
 {
-	return kv->k + kv_offset(kv, l, seq, pos);
+	return kv->k + kv_row(kv, l, seq, pos) * kv->kv_dim;
 }
 
 const float *md_kv_v(const struct md_kv_cache *kv, uint32_t l, int seq, uint32_t pos)
 {
-	return kv->v + kv_offset(kv, l, seq, pos);
+	MD_ASSERT(kv->v);
+	return kv->v + kv_row(kv, l, seq, pos) * kv->v_dim;
 }
 
 /* ---- prefix cache ---- */

@@ -24,6 +24,8 @@ static const struct arch_desc archs[] = {
 	{ MD_ARCH_QWEN2, "qwen2", MD_ROPE_NEOX, false, false },
 	{ MD_ARCH_QWEN3, "qwen3", MD_ROPE_NEOX, false, false },
 	{ MD_ARCH_GPT_OSS, "gpt-oss", MD_ROPE_NEOX, false, true },
+	{ MD_ARCH_DEEPSEEK2, "deepseek2", MD_ROPE_NORM, false, false },
+	{ MD_ARCH_GLM4MOE, "glm4moe", MD_ROPE_NEOX, false, false },
 };
 
 #define N_ARCHS (sizeof(archs) / sizeof(archs[0]))
@@ -44,6 +46,17 @@ bool md_layer_is_swa(const struct md_hparams *hp, uint32_t il)
 bool md_model_is_moe(const struct md_model *m)
 {
 	return m->hp.n_expert > 0;
+}
+
+void md_model_kv_dims(const struct md_model *m, uint32_t *k_dim, uint32_t *v_dim)
+{
+	const struct md_hparams *hp = &m->hp;
+	if (hp->kv_lora_rank) {
+		*k_dim = hp->kv_lora_rank + hp->n_rot;
+		*v_dim = 0;
+	} else {
+		*k_dim = *v_dim = hp->n_head_kv * hp->head_dim;
+	}
 }
 
 __attribute__((format(printf, 3, 4)))
@@ -394,82 +407,113 @@ static int get_u32(struct md_model *m, const char *suffix, bool required, uint32
 	return 0;
 }
 
-/* Rope scaling, read as llama.cpp reads it: type (default "linear"), factor (or the older
- * rope.scale_linear; 0 and 1 mean none), original_context_length (default n_ctx_train),
- * rope.scaling.attn_factor. YaRN is computed (engine/rope.c); a linear factor other than 1
- * is refused by name, as are YaRN variants moed does not compute. The yarn_ext_factor and
- * yarn_beta_fast/slow keys are read where present (the converter writes the betas from the
- * Hugging Face config); llama.cpp reads them only for a few architectures and otherwise takes
- * 1, 32 and 1, which is what gpt-oss's config says too. */
+/* Rope scaling, read once for every architecture as llama.cpp reads it (llama_model's
+ * hparams, deepseek2's own loader, llama_context's YaRN set-up, the deepseek2 graph):
+ * - rope.scaling.type (default "linear"), factor s from rope.scaling.factor or the older
+ *   rope.scale_linear (0: none); type none, or s 0 or 1, leave the angles as they are. A
+ *   linear s other than 1 is refused by name (no file of these architectures has one, and
+ *   the reference does not check it); YaRN is computed (engine/rope.c): freq_scale 1/s,
+ *   ext_factor 1, original_context_length (default n_ctx_train), beta_fast 32 and beta_slow
+ *   1. llama.cpp reads the yarn_ext_factor, yarn_attn_factor and yarn_beta_* keys the
+ *   converter writes only for other architectures, so they are not read here either (gpt-oss's
+ *   and DeepSeek's configs say 32 and 1 anyway).
+ * - The rope's magnitude yarn_attn_factor (llama_context): with YaRN, get_mscale(s, m) /
+ *   get_mscale(s, m_all) where the file has a log multiplier m_all (deepseek2 takes m = m_all:
+ *   1), else get_mscale(s, 1); then divided by 1 + 0.1 ln s, the factor GGML's rope_yarn
+ *   multiplies back. Times rope.scaling.attn_factor (default 1), with or without YaRN. So a
+ *   gpt-oss file's cos and sin come out times 1 + 0.1 ln s, a DeepSeek one's times 1.
+ * - deepseek2's q.k scale (its graph pre-scales it): mscale^2 / sqrt(head_dim), mscale =
+ *   yarn_attn_factor (1 + 0.1 ln s) (1 + 0.1 m_all ln s), where m_all is the file's
+ *   yarn_log_multiplier / 0.1 (the converter writes 0.1 * mscale_all_dim). Every other arch:
+ *   1 / sqrt(head_dim). A log multiplier on another arch is refused: llama.cpp reads none for
+ *   it, Hugging Face's YaRN would scale the attention by it, and neither engine does. */
 static int read_rope_scaling(struct md_model *m, char *err, size_t errlen)
 {
 	struct md_hparams *hp = &m->hp;
 	char key[128], tkey[128];
 	struct md_gguf_str type = { 0 };
+	float rope_attn = 1.0f, factor = 0.0f, log_mul = 0.0f;
 	hp->rope_freq_scale = 1.0f;
-	hp->rope_attn_factor = 1.0f;
-	hp->n_ctx_orig_yarn = hp->n_ctx_train;
-	hp->yarn_ext_factor = 1.0f;
+	hp->yarn_ext_factor = 0.0f;
 	hp->yarn_beta_fast = 32.0f;
 	hp->yarn_beta_slow = 1.0f;
+	hp->rope_yarn_log_mul = 0.0f;
+	hp->n_ctx_orig_yarn = hp->n_ctx_train;
+	hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+	snprintf(key, sizeof(key), "%s.rope.scaling.attn_factor", hp->arch_name);
+	if (md_gguf_get_f32(&m->gguf, key, &rope_attn) && !(rope_attn > 0.0f && isfinite(rope_attn))) {
+		seterr(err, errlen, "model: metadata '%s' is %g, expected a positive factor", key, (double)rope_attn);
+		return -EINVAL;
+	}
+	hp->yarn_attn_factor = rope_attn;
+	snprintf(key, sizeof(key), "%s.rope.scaling.yarn_log_multiplier", hp->arch_name);
+	if (md_gguf_get_f32(&m->gguf, key, &log_mul) && log_mul != 0.0f) {
+		if (hp->arch != MD_ARCH_DEEPSEEK2) {
+			seterr(err, errlen, "model: metadata '%s' is %g; moed's YaRN applies a log multiplier (mscale_all_dim) only for deepseek2",
+			       key, (double)log_mul);
+			return -ENOTSUP;
+		}
+		if (!isfinite(log_mul)) {
+			seterr(err, errlen, "model: metadata '%s' is not finite", key);
+			return -EINVAL;
+		}
+		hp->rope_yarn_log_mul = log_mul / 0.1f;
+	}
 	snprintf(tkey, sizeof(tkey), "%s.rope.scaling.type", hp->arch_name);
 	bool has_type = md_gguf_get_str(&m->gguf, tkey, &type);
-	if (has_type && md_gguf_str_eq(type, "none"))
-		return 0;
 	bool yarn = has_type && md_gguf_str_eq(type, "yarn");
-	if (has_type && !md_gguf_str_eq(type, "linear") && !yarn) {
+	if (has_type && !yarn && !md_gguf_str_eq(type, "linear") && !md_gguf_str_eq(type, "none")) {
 		seterr(err, errlen, "model: metadata '%s' is '%.*s'; moed supports rope scaling 'none', 'linear' with factor 1, and 'yarn'",
 		       tkey, (int)(type.len > 32 ? 32 : type.len), type.ptr);
 		return -ENOTSUP;
 	}
-	float factor = 0.0f;
 	const char *const suffixes[] = { "rope.scaling.factor", "rope.scale_linear" };
 	for (size_t i = 0; i < 2; i++) {
 		snprintf(key, sizeof(key), "%s.%s", hp->arch_name, suffixes[i]);
 		if (md_gguf_get_f32(&m->gguf, key, &factor))
 			break;
 	}
-	if (factor == 0.0f || factor == 1.0f)
-		return 0; /* no scaling (yarn with factor 1 reduces to plain rope) */
-	if (!yarn) {
-		seterr(err, errlen,
-		       "model: metadata '%s' is %g (rope scaling 'linear'); moed computes linear rope only unscaled, expected 0 or 1",
-		       key, (double)factor);
-		return -ENOTSUP;
-	}
-	if (!(factor > 0.0f) || !isfinite(factor)) {
-		seterr(err, errlen, "model: metadata '%s' is %g, expected a positive factor", key, (double)factor);
-		return -EINVAL;
-	}
-	snprintf(key, sizeof(key), "%s.rope.scaling.yarn_log_multiplier", hp->arch_name);
-	float f;
-	if (md_gguf_get_f32(&m->gguf, key, &f) && f != 0.0f) {
-		seterr(err, errlen, "model: metadata '%s' is %g; moed's YaRN does not apply a log multiplier (mscale_all_dim)",
-		       key, (double)f);
-		return -ENOTSUP;
-	}
-	hp->rope_yarn = true;
-	hp->rope_freq_scale = 1.0f / factor;
-	int rc = get_u32(m, "rope.scaling.original_context_length", false, hp->n_ctx_train,
-			 &hp->n_ctx_orig_yarn, err, errlen);
-	if (rc)
-		return rc;
-	struct { const char *suffix; float *v; } fk[] = {
-		{ "rope.scaling.attn_factor", &hp->rope_attn_factor },
-		{ "rope.scaling.yarn_ext_factor", &hp->yarn_ext_factor },
-		{ "rope.scaling.yarn_beta_fast", &hp->yarn_beta_fast },
-		{ "rope.scaling.yarn_beta_slow", &hp->yarn_beta_slow },
-	};
-	for (size_t i = 0; i < sizeof(fk) / sizeof(fk[0]); i++) {
-		snprintf(key, sizeof(key), "%s.%s", hp->arch_name, fk[i].suffix);
-		if (md_gguf_get_f32(&m->gguf, key, fk[i].v) && !isfinite(*fk[i].v)) {
-			seterr(err, errlen, "model: metadata '%s' is not finite", key);
+	bool none = has_type && md_gguf_str_eq(type, "none");
+	if (!none && factor != 0.0f && factor != 1.0f) {
+		if (!yarn) {
+			seterr(err, errlen,
+			       "model: metadata '%s' is %g (rope scaling 'linear'); moed computes linear rope only unscaled, expected 0 or 1",
+			       key, (double)factor);
+			return -ENOTSUP;
+		}
+		if (!(factor > 0.0f) || !isfinite(factor)) {
+			seterr(err, errlen, "model: metadata '%s' is %g, expected a positive factor", key, (double)factor);
 			return -EINVAL;
 		}
+		int rc = get_u32(m, "rope.scaling.original_context_length", false, hp->n_ctx_train,
+				 &hp->n_ctx_orig_yarn, err, errlen);
+		if (rc)
+			return rc;
+		if (hp->n_ctx_orig_yarn == 0) {
+			seterr(err, errlen, "model: metadata '%s.rope.scaling.original_context_length' is 0", hp->arch_name);
+			return -EINVAL;
+		}
+		hp->rope_freq_scale = 1.0f / factor;
+		hp->yarn_ext_factor = 1.0f;
+		/* get_mscale(s, k) = 1 + 0.1 k ln s (1 for s <= 1) */
+		const float s = 1.0f / hp->rope_freq_scale, ls = logf(s);
+#define MSCALE(k) (s <= 1.0f ? 1.0f : 0.1f * (k) * ls + 1.0f)
+		const float m_all = hp->rope_yarn_log_mul;
+		float a;
+		if (m_all != 0.0f) {
+			float mscale = hp->arch == MD_ARCH_DEEPSEEK2 && m_all != 1.0f ? m_all : 1.0f;
+			a = MSCALE(mscale) / MSCALE(m_all);
+		} else {
+			a = MSCALE(1.0f);
+		}
+#undef MSCALE
+		hp->yarn_attn_factor = a / (1.0f + 0.1f * ls) * rope_attn;
 	}
-	if (hp->n_ctx_orig_yarn == 0) {
-		seterr(err, errlen, "model: metadata '%s.rope.scaling.original_context_length' is 0", hp->arch_name);
-		return -EINVAL;
+	if (hp->arch == MD_ARCH_DEEPSEEK2) {
+		const float ls = logf(1.0f / hp->rope_freq_scale);
+		float mscale = hp->yarn_attn_factor * (1.0f + 0.1f * ls) *
+			       (1.0f + 0.1f * hp->rope_yarn_log_mul * ls);
+		hp->attn_scale = mscale * mscale / sqrtf((float)hp->head_dim);
 	}
 	return 0;
 }
@@ -495,6 +539,133 @@ static int read_gpt_oss(struct md_model *m, char *err, size_t errlen)
 		hp->rope_freq_base_swa = hp->rope_freq_base;
 	hp->ffn_act = MD_ACT_SWIGLU_OAI;
 	return 0;
+}
+
+/* Multi-head latent attention sizes (deepseek2), as llama.cpp's converter writes them. Files
+ * from today's converter carry key_length_mla/value_length_mla (the decompressed head sizes)
+ * beside key_length = kv_lora_rank + rope dims and value_length = kv_lora_rank (the latent
+ * row llama.cpp caches) and split attn_k_b/attn_v_b tensors; older files carry the head
+ * sizes in key_length/value_length and one attn_kv_b. Either way head_dim becomes the
+ * decompressed key width (nope + rope), head_dim_v the value width. vlen: value_length. */
+static int read_mla(struct md_model *m, uint32_t vlen, char *err, size_t errlen)
+{
+	struct md_hparams *hp = &m->hp;
+	uint32_t klen = hp->head_dim, kmla = 0, vmla = 0;
+	int rc = get_u32(m, "attention.kv_lora_rank", true, 0, &hp->kv_lora_rank, err, errlen);
+	rc = rc ? rc : get_u32(m, "attention.q_lora_rank", false, 0, &hp->q_lora_rank, err, errlen);
+	rc = rc ? rc : get_u32(m, "attention.key_length_mla", false, 0, &kmla, err, errlen);
+	rc = rc ? rc : get_u32(m, "attention.value_length_mla", false, 0, &vmla, err, errlen);
+	if (rc)
+		return rc;
+	if (!kmla != !vmla) {
+		seterr(err, errlen, "model: metadata '%s.attention.%s' present without '%s.attention.%s'",
+		       hp->arch_name, kmla ? "key_length_mla" : "value_length_mla", hp->arch_name,
+		       kmla ? "value_length_mla" : "key_length_mla");
+		return -EINVAL;
+	}
+	if (kmla) {
+		if (klen != hp->kv_lora_rank + hp->n_rot || vlen != hp->kv_lora_rank) {
+			seterr(err, errlen,
+			       "model: latent attention sizes disagree: key_length %u, value_length %u, expected kv_lora_rank + rope dims = %u and kv_lora_rank = %u",
+			       klen, vlen, hp->kv_lora_rank + hp->n_rot, hp->kv_lora_rank);
+			return -EINVAL;
+		}
+		hp->head_dim = kmla;
+		hp->head_dim_v = vmla;
+	} else {
+		hp->head_dim_v = vlen;
+	}
+	if (hp->kv_lora_rank == 0 || hp->n_rot == 0 || hp->n_rot % 2 || hp->head_dim <= hp->n_rot ||
+	    hp->head_dim_v == 0 || hp->kv_lora_rank > 65536 || hp->head_dim > 65536) {
+		seterr(err, errlen,
+		       "model: unsupported latent attention sizes (kv_lora_rank %u, key %u, value %u, rope dims %u; the key must be wider than the rope dims)",
+		       hp->kv_lora_rank, hp->head_dim, hp->head_dim_v, hp->n_rot);
+		return -ENOTSUP;
+	}
+	hp->head_dim_nope = hp->head_dim - hp->n_rot;
+	char key[128];
+	float f;
+	snprintf(key, sizeof(key), "%s.attention.temperature_scale", hp->arch_name);
+	if (md_gguf_get_f32(&m->gguf, key, &f) && f != 0.0f) {
+		seterr(err, errlen, "model: metadata '%s' is %g; moed has no attention temperature tuning",
+		       key, (double)f);
+		return -ENOTSUP;
+	}
+	return 0;
+}
+
+/* The routing and layout keys deepseek2 and glm4moe add (llama.cpp's defaults): expert and
+ * shared-expert widths, leading dense layers, gating function, weight scale, NextN layers. */
+static int read_moe_extras(struct md_model *m, char *err, size_t errlen)
+{
+	struct md_hparams *hp = &m->hp;
+	uint32_t gating = 0;
+	int rc = get_u32(m, "expert_feed_forward_length", true, 0, &hp->n_ff_exp, err, errlen);
+	rc = rc ? rc : get_u32(m, "expert_shared_count", true, 0, &hp->n_expert_shared, err, errlen);
+	rc = rc ? rc : get_u32(m, "leading_dense_block_count", false, 0, &hp->n_layer_dense_lead, err, errlen);
+	rc = rc ? rc : get_u32(m, "expert_gating_func", false, 0, &gating, err, errlen);
+	rc = rc ? rc : get_u32(m, "nextn_predict_layers", false, 0, &hp->n_layer_nextn, err, errlen);
+	rc = rc ? rc : get_u32(m, "expert_group_count", false, 0, &hp->n_expert_groups, err, errlen);
+	rc = rc ? rc : get_u32(m, "expert_group_used_count", false, 0, &hp->n_group_used, err, errlen);
+	if (rc)
+		return rc;
+	if (gating == 0) {
+		/* Absent: glm4moe gates by sigmoid; deepseek2 files from before the key (V2, V2.5)
+		 * by softmax, except GLM-4.7-Flash (47/48 layers, 154880 tokens), by sigmoid. */
+		uint32_t n_vocab = 0;
+		char key[128];
+		snprintf(key, sizeof(key), "%s.vocab_size", hp->arch_name);
+		if (!md_gguf_get_u32(&m->gguf, key, &n_vocab)) {
+			int64_t k = md_gguf_find_key(&m->gguf, "tokenizer.ggml.tokens");
+			if (k >= 0 && m->gguf.kv[k].type == MD_GGUF_ARRAY)
+				n_vocab = (uint32_t)m->gguf.kv[k].arr_n;
+		}
+		gating = hp->arch == MD_ARCH_GLM4MOE ? 2
+			 : (hp->n_layer == 47 || hp->n_layer == 48) && n_vocab == 154880 ? 2 : 1;
+	}
+	if (gating != 1 && gating != 2) {
+		seterr(err, errlen, "model: metadata '%s.expert_gating_func' is %u; moed gates by softmax (1) or sigmoid (2)",
+		       hp->arch_name, gating);
+		return -ENOTSUP;
+	}
+	hp->gating = gating == 2 ? MD_GATING_SIGMOID : MD_GATING_SOFTMAX;
+	char key[128];
+	snprintf(key, sizeof(key), "%s.expert_weights_scale", hp->arch_name);
+	if (!md_gguf_get_f32(&m->gguf, key, &hp->expert_weights_scale))
+		hp->expert_weights_scale = 0.0f;
+	hp->n_ff_shexp = hp->n_ff_exp * hp->n_expert_shared;
+	const uint32_t G = hp->n_expert_groups;
+	if (G > 1 && (hp->n_expert % G != 0 || hp->n_group_used == 0 || hp->n_group_used >= G ||
+		      hp->n_expert_used > hp->n_group_used * (hp->n_expert / G))) {
+		seterr(err, errlen,
+		       "model: bad expert groups (%u groups of the %u experts, %u used, %u experts per token)",
+		       G, hp->n_expert, hp->n_group_used, hp->n_expert_used);
+		return -EINVAL;
+	}
+	if (hp->n_ff_exp == 0 || hp->n_ff_exp > (1u << 24) || hp->n_expert_shared > 64) {
+		seterr(err, errlen, "model: bad expert widths (expert_feed_forward_length %u, %u shared experts)",
+		       hp->n_ff_exp, hp->n_expert_shared);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* glm4moe with rope sections is a multimodal file (llama.cpp rotates by M-RoPE then). */
+static int check_mrope(struct md_model *m, char *err, size_t errlen)
+{
+	char key[128];
+	snprintf(key, sizeof(key), "%s.rope.dimension_sections", m->hp.arch_name);
+	int64_t k = md_gguf_find_key(&m->gguf, key);
+	if (k < 0)
+		return 0;
+	const struct md_gguf_kv *kv = &m->gguf.kv[k];
+	int64_t s0 = 0, s1 = 0;
+	if (kv->type == MD_GGUF_ARRAY && kv->arr_n >= 2 && md_gguf_arr_i64(kv, 0, &s0) &&
+	    md_gguf_arr_i64(kv, 1, &s1) && (s0 <= 0 || s1 <= 0))
+		return 0;
+	seterr(err, errlen, "model: metadata '%s' asks for multimodal rope sections (M-RoPE), which moed does not compute",
+	       key);
+	return -ENOTSUP;
 }
 
 static int read_hparams(struct md_model *m, char *err, size_t errlen)
@@ -550,8 +721,12 @@ static int read_hparams(struct md_model *m, char *err, size_t errlen)
 	uint32_t vlen = 0;
 	rc = rc ? rc : get_u32(m, "attention.value_length", false, hp->head_dim, &vlen, err, errlen);
 	rc = rc ? rc : get_u32(m, "rope.dimension_count", false, hp->head_dim, &hp->n_rot, err, errlen);
+	if (!rc && hp->arch == MD_ARCH_DEEPSEEK2)
+		rc = read_mla(m, vlen, err, errlen); /* sets head_dim to the decompressed key */
 	if (rc)
 		return rc;
+	if (hp->arch == MD_ARCH_DEEPSEEK2)
+		vlen = hp->head_dim; /* its value width is head_dim_v, checked by read_mla */
 	if (vlen != hp->head_dim || hp->head_dim == 0 || hp->n_rot > hp->head_dim || hp->n_rot % 2) {
 		seterr(err, errlen, "model: unsupported head sizes (key_length %u, value_length %u, rope dims %u)",
 		       hp->head_dim, vlen, hp->n_rot);
@@ -563,8 +738,11 @@ static int read_hparams(struct md_model *m, char *err, size_t errlen)
 			       hp->n_expert);
 			return -EINVAL;
 		}
-		/* llama.cpp: n_ff_exp defaults to n_ff / n_expert_used (qwen2moe, qwen3moe). */
-		if (hp->arch == MD_ARCH_QWEN3MOE || hp->arch == MD_ARCH_QWEN2MOE)
+		/* llama.cpp: n_ff_exp defaults to n_ff / n_expert_used (qwen2moe, qwen3moe);
+		 * deepseek2 and glm4moe require it. */
+		if (hp->arch == MD_ARCH_DEEPSEEK2 || hp->arch == MD_ARCH_GLM4MOE)
+			rc = read_moe_extras(m, err, errlen);
+		else if (hp->arch == MD_ARCH_QWEN3MOE || hp->arch == MD_ARCH_QWEN2MOE)
 			rc = get_u32(m, "expert_feed_forward_length", false, hp->n_ff / hp->n_expert_used,
 				     &hp->n_ff_exp, err, errlen);
 		else if (hp->arch == MD_ARCH_GPT_OSS) /* required there */
@@ -576,7 +754,7 @@ static int read_hparams(struct md_model *m, char *err, size_t errlen)
 		if (rc)
 			return rc;
 	} else if (hp->arch == MD_ARCH_QWEN3MOE || hp->arch == MD_ARCH_QWEN2MOE || hp->arch == MD_ARCH_OLMOE ||
-		   hp->arch == MD_ARCH_GPT_OSS) {
+		   hp->arch == MD_ARCH_GPT_OSS || hp->arch == MD_ARCH_DEEPSEEK2 || hp->arch == MD_ARCH_GLM4MOE) {
 		seterr(err, errlen, "model: metadata '%s.expert_count' missing for an MoE architecture", hp->arch_name);
 		return -EINVAL;
 	}
@@ -598,7 +776,137 @@ static int read_hparams(struct md_model *m, char *err, size_t errlen)
 	rc = read_rope_scaling(m, err, errlen);
 	if (!rc && hp->arch == MD_ARCH_GPT_OSS)
 		rc = read_gpt_oss(m, err, errlen);
-	return rc;
+	if (!rc && hp->arch == MD_ARCH_GLM4MOE)
+		rc = check_mrope(m, err, errlen);
+	if (rc)
+		return rc;
+	/* NextN/MTP layers are counted in block_count and follow the n_layer that run. */
+	if (hp->n_layer_nextn >= hp->n_layer) {
+		seterr(err, errlen, "model: metadata '%s.nextn_predict_layers' is %u, expected fewer than block_count %u",
+		       hp->arch_name, hp->n_layer_nextn, hp->n_layer);
+		return -EINVAL;
+	}
+	hp->n_layer -= hp->n_layer_nextn;
+	if (hp->n_expert && hp->n_layer_dense_lead >= hp->n_layer) {
+		seterr(err, errlen, "model: metadata '%s.leading_dense_block_count' is %u, expected fewer than the %u layers",
+		       hp->arch_name, hp->n_layer_dense_lead, hp->n_layer);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* A model-owned f32 tensor (the first 3 of ne; name copied), or NULL with b->rc set. */
+static struct md_tensor *owned_f32(struct binder *b, const char *name, int64_t ne0, int64_t ne1,
+				   int64_t ne2)
+{
+	struct md_model *m = b->m;
+	size_t name_len = strlen(name);
+	char *tname = model_alloc(m, name_len + 1, false);
+	float *data = model_alloc(m, (size_t)(ne0 * ne1 * ne2) * sizeof(float), true);
+	if (!tname || !data) {
+		seterr(b->err, b->errlen, "model: out of memory making '%s'", name);
+		b->rc = -ENOMEM;
+		return NULL;
+	}
+	memcpy(tname, name, name_len + 1);
+	struct md_tensor *t = &m->tensors[m->n_tensors++];
+	t->name = tname;
+	t->name_len = name_len;
+	t->type = MD_DT_F32;
+	t->ne[0] = ne0;
+	t->ne[1] = ne1;
+	t->ne[2] = ne2;
+	t->ne[3] = 1;
+	t->nb1 = (size_t)ne0 * sizeof(float);
+	t->nb2 = t->nb1 * (size_t)ne1;
+	t->data = data;
+	return t;
+}
+
+/* The latent attention tensors of layer i (deepseek2), as llama.cpp's converter writes them:
+ * the query through q_lora_rank (attn_q_a, attn_q_a_norm, attn_q_b) or a plain attn_q,
+ * attn_kv_a_mqa and attn_kv_a_norm, then either today's split attn_k_b [nope, C, H] and
+ * attn_v_b [C, v, H], or an older file's one attn_kv_b [C, H * (nope + v)]. Of the latter,
+ * the value rows become a view (head h's rows lie (nope + v) rows apart) and the key rows
+ * are transposed once into a model-owned f32 attn_k_b, so the absorbed query is a plain
+ * product either way (costs H * nope * C floats per layer: 4 MiB for V2-Lite's layers). */
+static void bind_mla(struct binder *b, uint32_t i)
+{
+	struct md_model *m = b->m;
+	const struct md_hparams *hp = &m->hp;
+	struct md_layer *L = &m->layers[i];
+	const int64_t N = hp->n_embd, H = hp->n_head, R = hp->n_rot, C = hp->kv_lora_rank;
+	const int64_t Dn = hp->head_dim_nope, Dv = hp->head_dim_v, QL = hp->q_lora_rank;
+	if (QL) {
+		L->wq_a = bind(b, true, 2, N, QL, 0, "blk.%u.attn_q_a.weight", i);
+		L->q_a_norm = bind(b, true, 1, QL, 0, 0, "blk.%u.attn_q_a_norm.weight", i);
+		L->wq_b = bind(b, true, 2, QL, H * (Dn + R), 0, "blk.%u.attn_q_b.weight", i);
+	} else {
+		L->wq = bind(b, true, 2, N, H * (Dn + R), 0, "blk.%u.attn_q.weight", i);
+	}
+	L->wkv_a_mqa = bind(b, true, 2, N, C + R, 0, "blk.%u.attn_kv_a_mqa.weight", i);
+	L->kv_a_norm = bind(b, true, 1, C, 0, 0, "blk.%u.attn_kv_a_norm.weight", i);
+	L->wo = bind(b, true, 2, H * Dv, N, 0, "blk.%u.attn_output.weight", i);
+	char name[96];
+	snprintf(name, sizeof(name), "blk.%u.attn_kv_b.weight", i);
+	if (!md_gguf_find_tensor(&m->gguf, name)) {
+		L->wk_b = bind(b, true, 3, Dn, C, H, "blk.%u.attn_k_b.weight", i);
+		L->wv_b = bind(b, true, 3, C, Dv, H, "blk.%u.attn_v_b.weight", i);
+		return;
+	}
+	const struct md_tensor *kvb = bind(b, true, 2, C, H * (Dn + Dv), 0, "%s", name);
+	if (!kvb)
+		return;
+	snprintf(name, sizeof(name), "blk.%u.attn_v_b.weight", i);
+	size_t name_len = strlen(name);
+	char *tname = model_alloc(m, name_len + 1, false);
+	snprintf(name, sizeof(name), "blk.%u.attn_k_b.weight", i);
+	struct md_tensor *kb = owned_f32(b, name, Dn, C, H);
+	if (!tname || !kb) {
+		if (!b->rc) {
+			seterr(b->err, b->errlen, "model: out of memory splitting 'blk.%u.attn_kv_b.weight'", i);
+			b->rc = -ENOMEM;
+		}
+		return;
+	}
+	float *row = malloc((size_t)C * sizeof(float));
+	if (!row) {
+		seterr(b->err, b->errlen, "model: out of memory splitting 'blk.%u.attn_kv_b.weight'", i);
+		b->rc = -ENOMEM;
+		return;
+	}
+	float *kd = (float *)kb->data;
+	for (int64_t h = 0; h < H; h++)
+		for (int64_t d = 0; d < Dn; d++) {
+			const uint8_t *src = (const uint8_t *)kvb->data + (size_t)(h * (Dn + Dv) + d) * kvb->nb1;
+			md_dequant_row(kvb->type, src, row, C);
+			for (int64_t c = 0; c < C; c++) /* k_b[h][c][d]: row c of head h, Dn wide */
+				kd[(size_t)(h * C + c) * Dn + d] = row[c];
+		}
+	free(row);
+	L->wk_b = kb;
+	snprintf(tname, name_len + 1, "blk.%u.attn_v_b.weight", i);
+	struct md_tensor *vb = &m->tensors[m->n_tensors++];
+	*vb = *kvb;
+	vb->name = tname;
+	vb->name_len = name_len;
+	vb->ne[0] = C;
+	vb->ne[1] = Dv;
+	vb->ne[2] = H;
+	vb->data = (const uint8_t *)kvb->data + (size_t)Dn * kvb->nb1;
+	vb->nb2 = (size_t)(Dn + Dv) * kvb->nb1;
+	L->wv_b = vb;
+}
+
+/* Accept every tensor of layer i without binding it (a NextN/MTP layer). */
+static void skip_layer(struct binder *b, uint32_t i)
+{
+	const struct md_gguf *g = &b->m->gguf;
+	char prefix[32];
+	int n = snprintf(prefix, sizeof(prefix), "blk.%u.", i);
+	for (uint64_t t = 0; t < g->n_tensors; t++)
+		if (g->tensors[t].name.len > (size_t)n && memcmp(g->tensors[t].name.ptr, prefix, (size_t)n) == 0)
+			b->used[t] = 1;
 }
 
 /* Bind every tensor of the architecture (hparams read, n_vocab set). Returns 0 or b->rc. */
@@ -628,14 +936,28 @@ static int bind_tensors(struct binder *b)
 	for (uint32_t i = 0; i < hp->n_layer && !b->rc; i++) {
 		struct md_layer *L = &m->layers[i];
 		L->attn_norm = bind(b, true, 1, N, 0, 0, "blk.%u.attn_norm.weight", i);
-		L->wq = bind(b, true, 2, N, H * D, 0, "blk.%u.attn_q.weight", i);
-		L->wk = bind(b, true, 2, N, K * D, 0, "blk.%u.attn_k.weight", i);
-		L->wv = bind(b, true, 2, N, K * D, 0, "blk.%u.attn_v.weight", i);
-		L->wo = bind(b, true, 2, H * D, N, 0, "blk.%u.attn_output.weight", i);
-		L->bq = bind(b, false, 1, H * D, 0, 0, "blk.%u.attn_q.bias", i);
-		L->bk = bind(b, false, 1, K * D, 0, 0, "blk.%u.attn_k.bias", i);
-		L->bv = bind(b, false, 1, K * D, 0, 0, "blk.%u.attn_v.bias", i);
-		if (hp->arch == MD_ARCH_OLMOE) {
+		if (hp->kv_lora_rank) {
+			bind_mla(b, i);
+		} else {
+			L->wq = bind(b, true, 2, N, H * D, 0, "blk.%u.attn_q.weight", i);
+			L->wk = bind(b, true, 2, N, K * D, 0, "blk.%u.attn_k.weight", i);
+			L->wv = bind(b, true, 2, N, K * D, 0, "blk.%u.attn_v.weight", i);
+			L->wo = bind(b, true, 2, H * D, N, 0, "blk.%u.attn_output.weight", i);
+			L->bq = bind(b, false, 1, H * D, 0, 0, "blk.%u.attn_q.bias", i);
+			L->bk = bind(b, false, 1, K * D, 0, 0, "blk.%u.attn_k.bias", i);
+			L->bv = bind(b, false, 1, K * D, 0, 0, "blk.%u.attn_v.bias", i);
+		}
+		if (hp->arch == MD_ARCH_GLM4MOE) {
+			/* QK-norm per head where present (GLM-4.5; not GLM-4.5-Air) */
+			L->q_norm = bind(b, false, 1, D, 0, 0, "blk.%u.attn_q_norm.weight", i);
+			L->k_norm = bind(b, !!L->q_norm, 1, D, 0, 0, "blk.%u.attn_k_norm.weight", i);
+			if (L->q_norm)
+				hp->qk_norm = MD_QK_NORM_HEAD;
+			else if (hp->qk_norm != MD_QK_NORM_NONE && !b->rc) {
+				seterr(b->err, b->errlen, "model: layer %u has no attn_q_norm but layer 0 has (arch glm4moe)", i);
+				b->rc = -EINVAL;
+			}
+		} else if (hp->arch == MD_ARCH_OLMOE) {
 			L->q_norm = bind(b, true, 1, H * D, 0, 0, "blk.%u.attn_q_norm.weight", i);
 			L->k_norm = bind(b, true, 1, K * D, 0, 0, "blk.%u.attn_k_norm.weight", i);
 			hp->qk_norm = MD_QK_NORM_FULL;
@@ -647,11 +969,13 @@ static int bind_tensors(struct binder *b)
 		if (hp->arch == MD_ARCH_GPT_OSS) { /* llama.cpp: create_tensor_qkv, wo_b, sinks */
 			L->bo = bind(b, true, 1, N, 0, 0, "blk.%u.attn_output.bias", i);
 			L->attn_sinks = bind(b, true, 1, H, 0, 0, "blk.%u.attn_sinks.weight", i);
-			L->ffn_norm = bind(b, true, 1, N, 0, 0, "blk.%u.post_attention_norm.weight", i);
-		} else {
-			L->ffn_norm = bind(b, true, 1, N, 0, 0, "blk.%u.ffn_norm.weight", i);
 		}
-		if (hp->n_expert) {
+		/* gpt-oss's and glm4moe's FFN norm is llama.cpp's attn_post_norm
+		 * (post_attention_layernorm) */
+		L->ffn_norm = bind(b, true, 1, N, 0, 0,
+				   hp->arch == MD_ARCH_GPT_OSS || hp->arch == MD_ARCH_GLM4MOE ?
+				   "blk.%u.post_attention_norm.weight" : "blk.%u.ffn_norm.weight", i);
+		if (hp->n_expert && i >= hp->n_layer_dense_lead) {
 			const int64_t E = hp->n_expert, F = hp->n_ff_exp;
 			if (F == 0) {
 				seterr(b->err, b->errlen, "model: metadata '%s.%s' is 0 or missing, expected the experts' width",
@@ -677,6 +1001,21 @@ static int bind_tensors(struct binder *b)
 				L->gate_shexp = bind(b, true, 2, N, S, 0, "blk.%u.ffn_gate_shexp.weight", i);
 				L->up_shexp = bind(b, true, 2, N, S, 0, "blk.%u.ffn_up_shexp.weight", i);
 				L->down_shexp = bind(b, true, 2, S, N, 0, "blk.%u.ffn_down_shexp.weight", i);
+			} else if (hp->arch == MD_ARCH_DEEPSEEK2 || hp->arch == MD_ARCH_GLM4MOE) {
+				/* selection bias: optional for deepseek2 (V2 has none), required for glm4moe */
+				L->exp_probs_b = bind(b, hp->arch == MD_ARCH_GLM4MOE, 1, E, 0, 0,
+						      "blk.%u.exp_probs_b.bias", i);
+				const int64_t S = hp->n_ff_shexp;
+				if (S == 0 && hp->arch == MD_ARCH_DEEPSEEK2 && !b->rc) {
+					seterr(b->err, b->errlen, "model: metadata '%s.expert_shared_count' is 0; deepseek2 layers have a shared expert",
+					       hp->arch_name);
+					b->rc = -EINVAL;
+				}
+				if (S) {
+					L->gate_shexp = bind(b, true, 2, N, S, 0, "blk.%u.ffn_gate_shexp.weight", i);
+					L->up_shexp = bind(b, true, 2, N, S, 0, "blk.%u.ffn_up_shexp.weight", i);
+					L->down_shexp = bind(b, true, 2, S, N, 0, "blk.%u.ffn_down_shexp.weight", i);
+				}
 			}
 		} else {
 			const int64_t FF = hp->n_ff;
@@ -691,6 +1030,9 @@ static int bind_tensors(struct binder *b)
 			L->ffn_down = bind(b, true, 2, FF, N, 0, "blk.%u.ffn_down.weight", i);
 		}
 	}
+	/* NextN/MTP layers: accepted and left unused, as llama.cpp skips them at inference. */
+	for (uint32_t i = hp->n_layer; i < hp->n_layer + hp->n_layer_nextn && !b->rc; i++)
+		skip_layer(b, i);
 	return b->rc;
 }
 
@@ -725,7 +1067,8 @@ int md_model_load(struct md_model *m, const char *path, char *err, size_t errlen
 
 	struct md_hparams *hp = &m->hp;
 	struct binder b = { m, err, errlen, 0, NULL };
-	m->tensors = calloc(m->gguf.n_tensors + 1, sizeof(*m->tensors));
+	/* One per file tensor, plus the two an older deepseek2 file's attn_kv_b becomes. */
+	m->tensors = calloc(m->gguf.n_tensors + 2 * (size_t)hp->n_layer + 1, sizeof(*m->tensors));
 	m->layers = calloc(hp->n_layer, sizeof(*m->layers));
 	b.used = calloc(m->gguf.n_tensors + 1, 1);
 	if (!m->tensors || !m->layers || !b.used) {

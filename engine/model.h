@@ -17,8 +17,14 @@ enum md_arch {
 	MD_ARCH_OLMOE,
 	MD_ARCH_QWEN2,
 	MD_ARCH_QWEN3,
-	MD_ARCH_GPT_OSS, /* OpenAI gpt-oss (llama.cpp's LLM_ARCH_OPENAI_MOE) */
+	MD_ARCH_GPT_OSS,   /* OpenAI gpt-oss (llama.cpp's LLM_ARCH_OPENAI_MOE) */
+	MD_ARCH_DEEPSEEK2, /* DeepSeek-V2/V3/R1, Kimi-K2, Moonlight: latent attention */
+	MD_ARCH_GLM4MOE,   /* GLM-4.5/4.6, GLM-4.5-Air */
 };
+
+/* How router logits become expert scores (llama.cpp's expert_gating_func: 1 softmax,
+ * 2 sigmoid). */
+enum md_gating { MD_GATING_SOFTMAX, MD_GATING_SIGMOID };
 
 enum md_rope_type { MD_ROPE_NORM, MD_ROPE_NEOX };
 
@@ -73,9 +79,21 @@ struct md_layer {
 	struct md_tensor *gate_inp_b;
 	struct md_tensor *gate_exps_b, *up_exps_b; /* (n_ff_exp, n_expert) */
 	struct md_tensor *down_exps_b;             /* (n_embd, n_expert) */
-	/* shared expert (Qwen2-MoE) */
-	struct md_tensor *gate_inp_shexp; /* (n_embd) -> scalar gate, sigmoid */
+	struct md_tensor *exp_probs_b; /* optional (n_expert): bias added to the scores for the
+					* selection only (DeepSeek-V3, GLM-4.5) */
+	/* shared expert (Qwen2-MoE, DeepSeek, GLM-4.5) */
+	struct md_tensor *gate_inp_shexp; /* optional (n_embd) -> scalar gate, sigmoid (Qwen2-MoE) */
 	struct md_tensor *gate_shexp, *up_shexp, *down_shexp;
+	/* multi-head latent attention (deepseek2; engine/attn_mla.h). R = n_rot, C =
+	 * kv_lora_rank, Dn = head_dim_nope, Dv = head_dim_v, H = n_head. */
+	struct md_tensor *wq_a;      /* (n_embd -> q_lora_rank), with q_lora_rank only */
+	struct md_tensor *q_a_norm;  /* (q_lora_rank) */
+	struct md_tensor *wq_b;      /* (q_lora_rank -> H * (Dn + R)); without q_lora_rank wq
+				      * is (n_embd -> H * (Dn + R)) */
+	struct md_tensor *wkv_a_mqa; /* (n_embd -> C + R): the latent, then the rope key */
+	struct md_tensor *kv_a_norm; /* (C) */
+	struct md_tensor *wk_b;      /* (Dn -> C) x H: absorbs a head's nope query into the latent */
+	struct md_tensor *wv_b;      /* (C -> Dv) x H: a head's latent output to its value */
 };
 
 struct md_hparams {
@@ -90,13 +108,19 @@ struct md_hparams {
 	float rope_freq_base_swa;             /* sliding-window layers' base (default: the same) */
 	uint32_t n_rot;                       /* rotary dims (<= head_dim) */
 	enum md_rope_type rope_type;
-	/* YaRN rope scaling (rope.scaling.type "yarn"), as llama.cpp computes it; rope_yarn false:
-	 * plain rope (freq_scale 1). */
-	bool rope_yarn;
-	float rope_freq_scale;                /* 1 / rope.scaling.factor */
+	/* Rope frequency scaling, read once as llama.cpp reads it (read_rope_scaling in model.c)
+	 * and computed by engine/rope.c: none or YaRN (linear only unscaled). */
+	float rope_freq_scale;                /* 1 / rope.scaling.factor (1: none) */
+	float yarn_ext_factor;                /* 1 with rope.scaling.type yarn, else 0 (no ramp) */
+	/* llama.cpp's cparams.yarn_attn_factor: the magnitude handed to the rope, which GGML's
+	 * rope_yarn multiplies by 1 + 0.1 ln(factor) again wherever yarn_ext_factor != 0. It is
+	 * rope.scaling.attn_factor times, with YaRN, get_mscale terms that cancel that factor
+	 * (all but gpt-oss's kind of file) or keep it: see read_rope_scaling. */
+	float yarn_attn_factor;
+	float yarn_beta_fast, yarn_beta_slow; /* 32 and 1: llama.cpp reads no key for these archs */
 	uint32_t n_ctx_orig_yarn;             /* rope.scaling.original_context_length */
-	float yarn_ext_factor, yarn_beta_fast, yarn_beta_slow;
-	float rope_attn_factor;               /* rope.scaling.attn_factor (default 1) */
+	float rope_yarn_log_mul;              /* deepseek2: mscale_all_dim (the file's
+					       * yarn_log_multiplier / 0.1); 0: none */
 	/* Sliding-window attention (gpt-oss): layer il attends to the n_swa positions ending at
 	 * the token's own when md_layer_is_swa; n_swa 0: every layer attends to all. */
 	uint32_t n_swa;
@@ -106,6 +130,21 @@ struct md_hparams {
 	enum md_qk_norm qk_norm;
 	bool norm_topk;                       /* renormalise top-k router weights */
 	bool tied_output;                     /* output.weight absent: token_embd reused */
+	float attn_scale;                     /* softmax scale of q.k: 1/sqrt(head_dim), or the
+					       * MLA/YaRN one (deepseek2) */
+	/* MoE extras (deepseek2, glm4moe): 0 / 1 / softmax where an arch has none */
+	enum md_gating gating;
+	float expert_weights_scale;           /* routed weights times this (0: 1) */
+	uint32_t n_expert_groups, n_group_used; /* group-limited top-k (n_expert_groups > 1) */
+	uint32_t n_expert_shared;             /* shared experts (their FFN is n_ff_shexp wide) */
+	uint32_t n_layer_dense_lead;          /* leading layers with a dense FFN */
+	uint32_t n_layer_nextn;               /* NextN/MTP layers after the n_layer run (their
+					       * tensors are accepted and not used) */
+	/* multi-head latent attention (deepseek2): kv_lora_rank > 0. head_dim is then the
+	 * decompressed key width head_dim_nope + n_rot, n_head_kv 1. */
+	uint32_t q_lora_rank;                 /* 0: a plain attn_q */
+	uint32_t kv_lora_rank;
+	uint32_t head_dim_nope, head_dim_v;
 };
 
 struct md_model_buf; /* private: one buffer of converted or merged tensor data */
@@ -140,5 +179,10 @@ const char *md_arch_name(enum md_arch a);
 /* Whether layer il uses sliding-window attention (always false when hp->n_swa is 0). */
 bool md_layer_is_swa(const struct md_hparams *hp, uint32_t il);
 bool md_model_is_moe(const struct md_model *m);
+
+/* Floats per token and layer the model's KV cache rows hold: K (n_head_kv * head_dim) and V
+ * (the same), or for latent attention one compressed row (kv_lora_rank + n_rot) and no V
+ * (*v_dim 0). For md_kv_init_dims. */
+void md_model_kv_dims(const struct md_model *m, uint32_t *k_dim, uint32_t *v_dim);
 
 #endif

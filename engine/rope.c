@@ -3,47 +3,59 @@
 
 #include <math.h>
 
-static double corr_dim(double n_rot, double n_ctx_orig, double beta, double base)
+/* YaRN's correction dim: the pair index whose rotation turns beta times over n_ctx_orig
+ * positions, in float as GGML computes it (its floor/ceil decide the ramp's ends). */
+static float corr_dim(int n_rot, uint32_t n_ctx_orig, float beta, float base)
 {
-	return n_rot * log(n_ctx_orig / (beta * 2.0 * M_PI)) / (2.0 * log(base));
+	return (float)n_rot * logf((float)n_ctx_orig / (beta * 2.0f * (float)M_PI)) / (2.0f * logf(base));
 }
 
 void md_rope_init(struct md_rope *r, const struct md_hparams *hp, bool swa)
 {
-	r->n_rot = hp->n_rot;
+	r->n_rot = (int)hp->n_rot;
+	r->type = hp->rope_type;
 	r->freq_base = swa ? hp->rope_freq_base_swa : hp->rope_freq_base;
-	r->yarn = hp->rope_yarn;
-	r->freq_scale = hp->rope_yarn ? hp->rope_freq_scale : 1.0;
-	r->ext_factor = hp->rope_yarn ? hp->yarn_ext_factor : 0.0;
-	r->mscale = 1.0;
-	r->corr_lo = r->corr_hi = 0;
-	if (!r->yarn)
+	r->freq_scale = hp->rope_freq_scale > 0.0f ? hp->rope_freq_scale : 1.0f;
+	r->ext_factor = hp->yarn_ext_factor;
+	r->mscale = hp->yarn_attn_factor > 0.0f ? hp->yarn_attn_factor : 1.0f;
+	r->corr[0] = r->corr[1] = 0.0f;
+	if (r->ext_factor == 0.0f)
 		return;
-	/* llama.cpp: attn_factor = get_mscale(factor) / (1 + 0.1 ln factor) * rope.scaling.
-	 * attn_factor (the first two cancel), then rope_yarn multiplies by 1 + 0.1 ln factor
-	 * wherever ext_factor != 0. */
-	double factor = 1.0 / r->freq_scale;
-	r->mscale = hp->rope_attn_factor;
-	if (r->ext_factor != 0.0)
-		r->mscale *= 1.0 + 0.1 * log(factor);
-	double lo = floor(corr_dim(r->n_rot, hp->n_ctx_orig_yarn, hp->yarn_beta_fast, r->freq_base));
-	double hi = ceil(corr_dim(r->n_rot, hp->n_ctx_orig_yarn, hp->yarn_beta_slow, r->freq_base));
-	r->corr_lo = lo > 0 ? lo : 0;
-	r->corr_hi = hi < r->n_rot - 1 ? hi : r->n_rot - 1;
+	const float base = (float)r->freq_base;
+	float lo = floorf(corr_dim(r->n_rot, hp->n_ctx_orig_yarn, hp->yarn_beta_fast, base));
+	float hi = ceilf(corr_dim(r->n_rot, hp->n_ctx_orig_yarn, hp->yarn_beta_slow, base));
+	r->corr[0] = lo > 0.0f ? lo : 0.0f;
+	r->corr[1] = hi < (float)(r->n_rot - 1) ? hi : (float)(r->n_rot - 1);
+	r->mscale *= 1.0f + 0.1f * logf(1.0f / r->freq_scale);
 }
 
 void md_rope_table(const struct md_rope *r, int32_t pos, float *cs)
 {
-	const int half = (int)r->n_rot / 2;
+	const int half = r->n_rot / 2;
 	for (int i = 0; i < half; i++) {
-		double theta = (double)pos * pow(r->freq_base, -2.0 * i / (double)r->n_rot);
-		if (r->yarn) {
-			double interp = r->freq_scale * theta;
-			double y = (i - r->corr_lo) / fmax(0.001, r->corr_hi - r->corr_lo);
-			double mix = (1.0 - fmin(1.0, fmax(0.0, y))) * r->ext_factor;
-			theta = interp * (1.0 - mix) + theta * mix;
+		double extrap = (double)pos * pow(r->freq_base, -2.0 * i / (double)r->n_rot);
+		double theta = extrap * r->freq_scale;
+		if (r->ext_factor != 0.0f) {
+			/* ramp 1 below corr[0] (keep the original angle), 0 above corr[1] */
+			float y = ((float)i - r->corr[0]) / fmaxf(0.001f, r->corr[1] - r->corr[0]);
+			double mix = (double)((1.0f - fminf(1.0f, fmaxf(0.0f, y))) * r->ext_factor);
+			theta = theta * (1.0 - mix) + extrap * mix;
 		}
-		cs[2 * i] = (float)(cos(theta) * r->mscale);
-		cs[2 * i + 1] = (float)(sin(theta) * r->mscale);
+		cs[2 * i] = (float)cos(theta) * r->mscale;
+		cs[2 * i + 1] = (float)sin(theta) * r->mscale;
+	}
+}
+
+void md_rope_apply(const struct md_rope *r, const float *cs, float *x)
+{
+	const int half = r->n_rot / 2;
+	const bool neox = r->type == MD_ROPE_NEOX;
+	for (int i = 0; i < half; i++) {
+		float c = cs[2 * i], s = cs[2 * i + 1];
+		int a = neox ? i : 2 * i;
+		int b = neox ? i + half : 2 * i + 1;
+		float x0 = x[a], x1 = x[b];
+		x[a] = x0 * c - x1 * s;
+		x[b] = x0 * s + x1 * c;
 	}
 }

@@ -54,20 +54,34 @@ static void select_softmax_topk(const struct md_router *r, float *p, int32_t *id
 			w[k] = (float)(w[k] / wsum);
 }
 
+/* The k largest of v (E) among those with allow[e] != 0 (NULL: all; at least K allowed) by
+ * repeated arg-max, strictly greater wins (ties: the lower id); taken (E) is scratch. */
+static void topk_among(const float *v, int E, int K, uint8_t *taken, const uint8_t *allow,
+		       int32_t *ids)
+{
+	for (int e = 0; e < E; e++)
+		taken[e] = allow && !allow[e];
+	for (int k = 0; k < K; k++) {
+		int best = -1;
+		for (int e = 0; e < E; e++)
+			if (!taken[e] && (best < 0 || v[e] > v[best]))
+				best = e;
+		taken[best] = 1;
+		ids[k] = best;
+	}
+}
+
+static void topk(const float *v, int E, int K, uint8_t *taken, int32_t *ids)
+{
+	topk_among(v, E, K, taken, NULL, ids);
+}
+
 /* Top-k on the raw logits (the same arg-max rule), then a softmax over the k chosen: float exp,
  * double sum, as the softmax above. */
 static void select_softmax_weight(const struct md_router *r, float *p, int32_t *ids, float *w)
 {
-	const int E = r->n_expert, K = r->n_used;
-	memset(r->taken, 0, (size_t)E);
-	for (int k = 0; k < K; k++) {
-		int best = -1;
-		for (int e = 0; e < E; e++)
-			if (!r->taken[e] && (best < 0 || p[e] > p[best]))
-				best = e;
-		r->taken[best] = 1;
-		ids[k] = best;
-	}
+	const int K = r->n_used;
+	topk_among(p, r->n_expert, K, r->taken, r->allow, ids); /* a draft: the allowed only */
 	float mx = p[ids[0]];
 	double sum = 0;
 	for (int k = 0; k < K; k++) {
@@ -78,16 +92,83 @@ static void select_softmax_weight(const struct md_router *r, float *p, int32_t *
 		w[k] = (float)(w[k] / sum);
 }
 
+/* Scores (softmax or sigmoid), selection on score + bias within the best groups, weights
+ * from the unbiased scores (see MD_ROUTE_SCORED_TOPK). */
+static void select_scored_topk(const struct md_router *r, float *p, int32_t *ids, float *w)
+{
+	const int E = r->n_expert, K = r->n_used;
+	if (r->gating == MD_GATING_SIGMOID) {
+		for (int e = 0; e < E; e++)
+			p[e] = 1.0f / (1.0f + expf(-p[e]));
+	} else {
+		float mx = p[0];
+		for (int e = 1; e < E; e++)
+			mx = p[e] > mx ? p[e] : mx;
+		double sum = 0;
+		for (int e = 0; e < E; e++) {
+			p[e] = expf(p[e] - mx);
+			sum += p[e];
+		}
+		for (int e = 0; e < E; e++)
+			p[e] = (float)(p[e] / sum);
+	}
+	float *sel = r->sel;
+	for (int e = 0; e < E; e++)
+		sel[e] = r->bias ? p[e] + r->bias[e] : p[e];
+	if (r->allow) /* a draft pass: its groups and experts from the allowed ones */
+		for (int e = 0; e < E; e++)
+			if (!r->allow[e])
+				sel[e] = -INFINITY;
+	if (r->n_groups > 1) {
+		/* A group's score: the sum of its two largest biased scores. Groups outside the
+		 * n_group_used best are masked out (-inf). */
+		const int G = r->n_groups, per = E / G;
+		float gs[64];
+		int32_t gid[64], top2[2];
+		for (int g = 0; g < G; g++) {
+			int two = per < 2 ? per : 2;
+			topk(sel + g * per, per, two, r->taken, top2);
+			gs[g] = 0.0f;
+			for (int j = 0; j < two; j++)
+				gs[g] += sel[g * per + top2[j]];
+		}
+		topk(gs, G, r->n_group_used, r->taken, gid);
+		uint8_t keep[64] = { 0 };
+		for (int j = 0; j < r->n_group_used; j++)
+			keep[gid[j]] = 1;
+		for (int g = 0; g < G; g++)
+			if (!keep[g])
+				for (int e = g * per; e < (g + 1) * per; e++)
+					sel[e] = -INFINITY;
+	}
+	topk(sel, E, K, r->taken, ids);
+	float wsum = 0.0f;
+	for (int k = 0; k < K; k++) {
+		w[k] = p[ids[k]];
+		wsum += w[k];
+	}
+	if (r->norm_topk) {
+		if (wsum < 6.103515625e-5f)
+			wsum = 6.103515625e-5f;
+		for (int k = 0; k < K; k++)
+			w[k] /= wsum;
+	}
+	if (r->w_scale != 1.0f)
+		for (int k = 0; k < K; k++)
+			w[k] *= r->w_scale;
+}
+
 static const struct {
 	const char *name;
 	route_select_fn select;
 } route_fns[MD_ROUTE_FN_COUNT] = {
 	[MD_ROUTE_SOFTMAX_TOPK] = { "softmax_topk", select_softmax_topk },
 	[MD_ROUTE_SOFTMAX_WEIGHT] = { "softmax_weight", select_softmax_weight },
+	[MD_ROUTE_SCORED_TOPK] = { "scored_topk", select_scored_topk },
 };
 
-/* Every architecture but gpt-oss gates by softmax over all experts. The switch names each one so that adding an
- * md_arch without deciding its routing is a compile error (-Wswitch, -Werror). */
+/* The switch names each architecture so that adding an md_arch without deciding its routing
+ * is a compile error (-Wswitch, -Werror). */
 enum md_route_fn md_route_fn_of(const struct md_hparams *hp)
 {
 	switch (hp->arch) {
@@ -100,6 +181,9 @@ enum md_route_fn md_route_fn_of(const struct md_hparams *hp)
 		break;
 	case MD_ARCH_GPT_OSS:
 		return MD_ROUTE_SOFTMAX_WEIGHT;
+	case MD_ARCH_DEEPSEEK2:
+	case MD_ARCH_GLM4MOE:
+		return MD_ROUTE_SCORED_TOPK;
 	}
 	return MD_ROUTE_SOFTMAX_TOPK;
 }
@@ -119,6 +203,7 @@ void md_router_release(struct md_router *r)
 	free(r->tok_w);
 	free(r->active);
 	free(r->taken);
+	free(r->sel);
 	memset(r, 0, sizeof(*r));
 }
 
@@ -126,13 +211,20 @@ int md_router_init(struct md_router *r, const struct md_hparams *hp, int max_tok
 {
 	memset(r, 0, sizeof(*r));
 	if (hp->n_expert == 0 || hp->n_expert_used == 0 || hp->n_expert_used > hp->n_expert ||
-	    hp->n_expert > INT32_MAX / 2 || max_tokens < 1)
+	    hp->n_expert > INT32_MAX / 2 || max_tokens < 1 || hp->n_expert_groups > 64 ||
+	    (hp->n_expert_groups > 1 && (hp->n_expert % hp->n_expert_groups ||
+					 hp->n_group_used == 0 || hp->n_group_used > hp->n_expert_groups ||
+					 hp->n_expert_used > hp->n_group_used * (hp->n_expert / hp->n_expert_groups))))
 		return -EINVAL;
 	r->fn = md_route_fn_of(hp);
 	r->n_expert = (int)hp->n_expert;
 	r->n_used = r->n_used_model = (int)hp->n_expert_used;
 	r->max_tokens = max_tokens;
 	r->norm_topk = hp->norm_topk;
+	r->gating = hp->gating;
+	r->w_scale = hp->expert_weights_scale != 0.0f ? hp->expert_weights_scale : 1.0f;
+	r->n_groups = (int)hp->n_expert_groups;
+	r->n_group_used = (int)hp->n_group_used;
 	const size_t T = (size_t)max_tokens, E = hp->n_expert, K = hp->n_expert_used;
 	r->logits = malloc(T * E * sizeof(float));
 	r->ids = malloc(T * K * sizeof(int32_t));
@@ -142,8 +234,9 @@ int md_router_init(struct md_router *r, const struct md_hparams *hp, int max_tok
 	r->tok_w = malloc(T * K * sizeof(float));
 	r->active = malloc(E * sizeof(int32_t));
 	r->taken = malloc(E);
+	r->sel = malloc(E * sizeof(float));
 	if (!r->logits || !r->ids || !r->w || !r->off || !r->tok || !r->tok_w || !r->active ||
-	    !r->taken) {
+	    !r->taken || !r->sel) {
 		md_router_release(r);
 		return -ENOMEM;
 	}
@@ -165,6 +258,12 @@ void md_router_set_draft(struct md_router *r, int k, const uint8_t *allow)
 
 const struct md_routing *md_router_route(struct md_router *r, int n)
 {
+	return md_router_route_bias(r, n, NULL);
+}
+
+const struct md_routing *md_router_route_bias(struct md_router *r, int n, const float *bias)
+{
+	r->bias = bias;
 	const int E = r->n_expert, K = r->n_used;
 	route_select_fn sel = route_fns[r->fn].select;
 
@@ -206,5 +305,6 @@ const struct md_routing *md_router_route(struct md_router *r, int n)
 	r->r.tok = r->tok;
 	r->r.tok_w = r->tok_w;
 	r->r.active = r->active;
+	r->bias = NULL;
 	return &r->r;
 }

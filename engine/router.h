@@ -15,13 +15,17 @@
 /* How router logits become expert choices. One row of route_fns[] in router.c each. */
 enum md_route_fn {
 	/* Softmax over all experts, the k largest probabilities (ties: the lower expert id),
-	 * their weights renormalised to sum 1 when hp.norm_topk (Qwen2/3-MoE, Mixtral, OLMoE).
-	 * Next to come: sigmoid scores with a per-expert selection bias, group-limited top-k and
-	 * a routed scaling factor (DeepSeek-V3, Kimi-K2, GLM-4.5). */
+	 * their weights renormalised to sum 1 when hp.norm_topk (Qwen2/3-MoE, Mixtral, OLMoE). */
 	MD_ROUTE_SOFTMAX_TOPK,
 	/* The k largest logits (ties: the lower id), their weights a softmax over those k alone
 	 * (llama.cpp's SOFTMAX_WEIGHT gating: gpt-oss). */
 	MD_ROUTE_SOFTMAX_WEIGHT,
+	/* Scores by softmax or sigmoid (hp.gating); the k largest of score + selection bias
+	 * (exp_probs_b, md_router_route_bias), within the n_group_used groups of experts whose
+	 * two best biased scores sum highest when hp.n_expert_groups > 1; weights are the
+	 * unbiased scores, renormalised when hp.norm_topk (sum clamped below at 2^-14), then
+	 * times hp.expert_weights_scale (DeepSeek-V2/V3, Kimi-K2, GLM-4.5). */
+	MD_ROUTE_SCORED_TOPK,
 	MD_ROUTE_FN_COUNT,
 };
 
@@ -43,6 +47,11 @@ struct md_router {
 	enum md_route_fn fn;
 	int n_expert, n_used, max_tokens;
 	bool norm_topk;
+	enum md_gating gating;
+	float w_scale;     /* 1: none */
+	int n_groups, n_group_used; /* n_groups <= 1: no group limit */
+	const float *bias; /* borrowed during md_router_route_bias: (E) selection bias, or NULL */
+	float *sel;        /* owned (E): biased, group-masked scores */
 	float *logits;     /* owned (max_tokens, E): the caller writes router logits here;
 			    * md_router_route overwrites them with the scores it selected on */
 	int32_t *ids;      /* owned (max_tokens, k) */
@@ -77,5 +86,8 @@ void md_router_set_draft(struct md_router *r, int k, const uint8_t *allow);
  * (n, E). Returns the result (r->r), valid until the next call. Pure arithmetic on the
  * calling thread; the same inputs give bit-identical results. */
 const struct md_routing *md_router_route(struct md_router *r, int n);
+/* The same with a per-expert selection bias (E floats, borrowed for the call; NULL: none),
+ * which only MD_ROUTE_SCORED_TOPK uses: it moves the choice, not the weights. */
+const struct md_routing *md_router_route_bias(struct md_router *r, int n, const float *bias);
 
 #endif

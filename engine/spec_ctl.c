@@ -69,7 +69,9 @@ void md_spec_ctl_init(struct md_spec_ctl *c, const struct md_model *m, bool fixe
 		const struct md_layer *L = &m->layers[l];
 		const struct md_tensor *dense[] = { L->wq, L->wk, L->wv, L->wo, L->ffn_gate, L->ffn_up,
 						    L->ffn_down, L->gate_inp, L->gate_shexp,
-						    L->up_shexp, L->down_shexp };
+						    L->up_shexp, L->down_shexp,
+						    /* latent attention (deepseek2) */
+						    L->wq_a, L->wq_b, L->wkv_a_mqa, L->wk_b, L->wv_b };
 		for (size_t i = 0; i < sizeof(dense) / sizeof(dense[0]); i++)
 			c->w_dense += tensor_bytes(dense[i]);
 		if (L->gate_exps) {

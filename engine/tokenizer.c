@@ -42,7 +42,7 @@
 #define SPM_SPACE "\xE2\x96\x81" /* U+2581 ▁ */
 
 enum tok_kind { KIND_BPE, KIND_SPM };
-enum tok_pre { PRE_GPT2, PRE_QWEN2, PRE_LLAMA3, PRE_DEEPSEEK3, PRE_GPT4O };
+enum tok_pre { PRE_GPT2, PRE_QWEN2, PRE_LLAMA3, PRE_DEEPSEEK3, PRE_GPT4O, PRE_GLM4 };
 
 struct merge_ent {
 	uint64_t key; /* (left id << 32) | right id; UINT64_MAX when empty */
@@ -326,6 +326,12 @@ static const char *const re_qwen2[] = {
 static const char *const re_llama3[] = {
 	"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}|"
 	" ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+};
+/* GLM-4 / GLM-4.5 ("glm4", "chatglm-bpe"): Llama-3's split with the contractions' case
+ * spelled out as classes, as llama.cpp defines it (so 's matches 'S but not 'ſ). */
+static const char *const re_glm4[] = {
+	"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
+	"\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
 };
 static const char *const re_deepseek3[] = {
 	"\\p{N}{1,3}",
@@ -655,9 +661,11 @@ int md_tokenizer_load(struct md_tokenizer **out, const struct md_gguf *g, char *
 			t->pre = PRE_DEEPSEEK3;
 		} else if (md_gguf_str_eq(pre, "gpt-4o")) {
 			t->pre = PRE_GPT4O;
+		} else if (md_gguf_str_eq(pre, "glm4") || md_gguf_str_eq(pre, "chatglm-bpe")) {
+			t->pre = PRE_GLM4;
 		} else {
 			seterr(err, errlen, "unsupported tokenizer.ggml.pre '%.*s' (want default, "
-			       "qwen2, llama-bpe, deepseek-v3 or gpt-4o)",
+			       "qwen2, llama-bpe, deepseek-v3, gpt-4o or glm4)",
 			       (int)(pre.len > 64 ? 64 : pre.len), pre.ptr);
 			rc = -ENOTSUP;
 			goto fail;
@@ -731,7 +739,9 @@ int md_tokenizer_load(struct md_tokenizer **out, const struct md_gguf *g, char *
 		t->hash[h] = i + 1;
 	}
 
-	t->bos = get_id(g, "tokenizer.ggml.bos_token_id", t->n_vocab);
+	/* GLM's files name [gMASK] as BOS, which their template writes itself: llama.cpp
+	 * drops the BOS of this pre-tokenizer, and so does moed. */
+	t->bos = t->pre == PRE_GLM4 ? -1 : get_id(g, "tokenizer.ggml.bos_token_id", t->n_vocab);
 	t->eos = get_id(g, "tokenizer.ggml.eos_token_id", t->n_vocab);
 	t->unk = get_id(g, "tokenizer.ggml.unknown_token_id", t->n_vocab);
 	t->add_bos = t->kind == KIND_SPM || t->pre == PRE_LLAMA3;
@@ -784,6 +794,7 @@ int md_tokenizer_load(struct md_tokenizer **out, const struct md_gguf *g, char *
 		case PRE_LLAMA3: rc = compile_res(t, re_llama3, 1, err, errlen); break;
 		case PRE_DEEPSEEK3: rc = compile_res(t, re_deepseek3, 3, err, errlen); break;
 		case PRE_GPT4O: rc = compile_res(t, re_gpt4o, 1, err, errlen); break;
+		case PRE_GLM4: rc = compile_res(t, re_glm4, 1, err, errlen); break;
 		}
 		if (rc)
 			goto fail;

@@ -45,7 +45,8 @@ static void usage(FILE *f)
 "\n"
 "gen       write a seeded random-weight model (weights N(0,std), norms 1+N(0,0.1),\n"
 "          biases N(0,std)); options (defaults in brackets):\n"
-"  --arch A            qwen3moe|qwen2moe|llama|mixtral|olmoe|qwen2|qwen3|gpt-oss [qwen3moe]\n"
+"  --arch A            qwen3moe|qwen2moe|llama|mixtral|olmoe|qwen2|qwen3|gpt-oss\n"
+"                      |deepseek2|glm4moe [qwen3moe]\n"
 "                      (mixtral = arch \"llama\" with experts; llama = dense)\n"
 "  --type T            f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k\n"
 "                      |q6_k|iq4_nl|iq4_xs|mxfp4 for 2-D/3-D weights [f32];\n"
@@ -56,8 +57,10 @@ static void usage(FILE *f)
 "  --n-ff-exp N [64]  --n-ff-shexp N [128]  --n-vocab N [512]  --n-ctx N [4096]\n"
 "  --rope-base F [1e6; 1e4 for llama, olmoe; 150000 for gpt-oss]  --rms-eps F [1e-6]\n"
 "  --std F [0.02]  --exp-type T: type of the 3-D expert tensors [--type]\n"
-"  gpt-oss: --sliding-window N [128]  --yarn-factor F [32; 0: no YaRN]\n"
-"  --yarn-orig-ctx N [4096] (attention sinks N(0,1), q/k/v/o, router and expert biases)\n"
+"  --yarn-factor F    YaRN rope scaling [gpt-oss: 32; others 0: none]\n"
+"  --yarn-orig-ctx N  its original context [gpt-oss: 4096; others: n-ctx / factor]\n"
+"  gpt-oss: --sliding-window N [128] (attention sinks N(0,1), q/k/v/o, router and\n"
+"                      expert biases)\n"
 "  --tied              omit output.weight (not for qwen2moe, olmoe)\n"
 "  --layout L          tensor layout as a writer of llama.cpp's world lays it out [moed]:\n"
 "                      moed: merged expert tensors, 1-D shared-expert gate\n"
@@ -70,6 +73,21 @@ static void usage(FILE *f)
 "  --bias              add q/k/v biases to an arch that has none (optional in llama.cpp)\n"
 "  --tokenizer-gguf F  copy all tokenizer.* keys from F (n_vocab = its token count);\n"
 "                      default: a synthetic byte-level \"gpt2\" vocabulary\n"
+"  deepseek2 and glm4moe (names, shapes and keys as convert_hf_to_gguf.py writes them;\n"
+"  --n-ff is the leading dense layers' width, the shared experts n-ff-exp each):\n"
+"  --q-lora-rank N [32]  deepseek2: 0 = a plain attn_q (V2-Lite)\n"
+"  --kv-lora-rank N [32] --v-head-dim N [head-dim]  deepseek2 (head-dim = qk_nope_head_dim)\n"
+"  --rope-dim N        rotary dims [deepseek2: 8; glm4moe: head-dim / 2]\n"
+"  --kv-b L            deepseek2: split (attn_k_b/attn_v_b, today's converter) | merged\n"
+"                      (one attn_kv_b and the older head-size keys) [split]\n"
+"  --n-dense-lead N [1]  --n-shared N [1]  --n-expert-groups N [0]  --n-group-used N [0]\n"
+"  --gating G          softmax|sigmoid|none (none: key not written) [sigmoid]\n"
+"  --no-probs-bias     no exp_probs_b (deepseek2 only; V2)\n"
+"  --weights-scale F [2.5; 0: key not written]  --no-weights-norm\n"
+"  --yarn-mscale-all F [1] (deepseek2 with --yarn-factor: written as yarn_log_multiplier\n"
+"                      0.1 * F)\n"
+"  --nextn N [0]       NextN/MTP layers appended after the n-layer (their tensors unused)\n"
+"  --no-qk-norm        glm4moe without attn_q_norm/attn_k_norm (GLM-4.5-Air)\n"
 "\n"
 "quantize  requantize every 2-D/3-D weight of IN into OUT; 1-D tensors, ffn_gate_inp* and\n"
 "          tensors whose name does not end in \"weight\" (biases) are kept as they are.\n"
@@ -376,6 +394,9 @@ static const struct arch_def archs[] = {
 	{ "qwen2", "qwen2", false, false, true, false, QK_NONE, false, 1e6, false },
 	{ "qwen3", "qwen3", false, false, false, false, QK_HEAD, false, 1e6, false },
 	{ "gpt-oss", "gpt-oss", true, false, true, true, QK_NONE, true, 150000, true },
+	/* deepseek2 and glm4moe have their own tensor lists (build_deepseek2, build_glm4moe) */
+	{ "deepseek2", "deepseek2", true, false, false, false, QK_NONE, true, 1e4, false },
+	{ "glm4moe", "glm4moe", true, false, true, false, QK_HEAD, true, 1e6, false },
 };
 
 struct wtype_def {
@@ -449,12 +470,18 @@ struct gen_opts {
 	bool rope_base_set, tied, bias;
 	const struct wtype_def *exp_wt; /* type of the 3-D expert tensors (NULL: wt) */
 	uint32_t n_swa;                 /* gpt-oss sliding window */
-	double yarn_factor;             /* gpt-oss YaRN factor (0 or 1: none) */
-	uint32_t yarn_orig_ctx;
+	double yarn_factor;             /* YaRN factor (0 or 1: none; < 0: the arch's default) */
+	uint32_t yarn_orig_ctx;         /* UINT32_MAX: the arch's default */
 	enum { LAYOUT_MOED, LAYOUT_CONVERTER, LAYOUT_SPLIT } layout;
 	uint32_t vec_type;  /* type of 1-D tensors */
 	const char *tokenizer;
 	const char *out;
+	/* deepseek2 / glm4moe */
+	uint32_t q_lora_rank, kv_lora_rank, v_head_dim, rope_dim, n_dense_lead, n_shared;
+	uint32_t n_expert_groups, n_group_used, nextn;
+	int gating;         /* 0: key not written, 1 softmax, 2 sigmoid */
+	bool kv_b_merged, no_probs_bias, no_weights_norm, no_qk_norm;
+	double weights_scale, yarn_mscale_all;
 };
 
 struct gen_list {
@@ -509,6 +536,102 @@ static void add_blk(struct gen_list *l, const struct gen_opts *o, uint32_t i, co
 	add_tensor(l, o, name, kind, n_dims, ne0, ne1, ne2);
 }
 
+static bool is_arch(const struct gen_opts *o, const char *name)
+{
+	return strcmp(o->arch->name, name) == 0;
+}
+
+/* The routed and shared experts of an MoE layer of deepseek2 / glm4moe, or its dense FFN. */
+static void add_ffn_ds(struct gen_list *l, const struct gen_opts *o, uint32_t i)
+{
+	int64_t N = o->n_embd, E = o->n_expert, F = o->n_ff_exp, FF = o->n_ff;
+	int64_t S = (int64_t)o->n_ff_exp * o->n_shared;
+	if (i < o->n_dense_lead) {
+		add_blk(l, o, i, "ffn_gate.weight", INIT_WEIGHT, 2, N, FF, 1);
+		add_blk(l, o, i, "ffn_down.weight", INIT_WEIGHT, 2, FF, N, 1);
+		add_blk(l, o, i, "ffn_up.weight", INIT_WEIGHT, 2, N, FF, 1);
+		return;
+	}
+	add_blk(l, o, i, "ffn_gate_inp.weight", INIT_WEIGHT, 2, N, E, 1);
+	if (!o->no_probs_bias)
+		add_blk(l, o, i, "exp_probs_b.bias", INIT_BIAS, 1, E, 1, 1);
+	add_blk(l, o, i, "ffn_down_exps.weight", INIT_WEIGHT, 3, F, N, E);
+	add_blk(l, o, i, "ffn_gate_exps.weight", INIT_WEIGHT, 3, N, F, E);
+	add_blk(l, o, i, "ffn_up_exps.weight", INIT_WEIGHT, 3, N, F, E);
+	if (S) {
+		add_blk(l, o, i, "ffn_gate_shexp.weight", INIT_WEIGHT, 2, N, S, 1);
+		add_blk(l, o, i, "ffn_down_shexp.weight", INIT_WEIGHT, 2, S, N, 1);
+		add_blk(l, o, i, "ffn_up_shexp.weight", INIT_WEIGHT, 2, N, S, 1);
+	}
+}
+
+/* A NextN/MTP layer's own tensors (after its ordinary layer tensors). */
+static void add_nextn(struct gen_list *l, const struct gen_opts *o, uint32_t i)
+{
+	int64_t N = o->n_embd;
+	add_blk(l, o, i, "nextn.eh_proj.weight", INIT_WEIGHT, 2, 2 * N, N, 1);
+	add_blk(l, o, i, "nextn.enorm.weight", INIT_NORM, 1, N, 1, 1);
+	add_blk(l, o, i, "nextn.hnorm.weight", INIT_NORM, 1, N, 1, 1);
+	add_blk(l, o, i, "nextn.shared_head_norm.weight", INIT_NORM, 1, N, 1, 1);
+}
+
+/* deepseek2 as DeepseekV2Model.modify_tensors writes it: latent attention, then the FFN. */
+static void build_deepseek2(struct gen_list *l, const struct gen_opts *o)
+{
+	int64_t N = o->n_embd, H = o->n_head, Dn = o->head_dim, R = o->rope_dim;
+	int64_t Dv = o->v_head_dim, C = o->kv_lora_rank, QL = o->q_lora_rank;
+	for (uint32_t i = 0; i < o->n_layer + o->nextn; i++) {
+		add_blk(l, o, i, "attn_norm.weight", INIT_NORM, 1, N, 1, 1);
+		if (QL)
+			add_blk(l, o, i, "attn_q_a_norm.weight", INIT_NORM, 1, QL, 1, 1);
+		add_blk(l, o, i, "attn_kv_a_norm.weight", INIT_NORM, 1, C, 1, 1);
+		if (QL) {
+			add_blk(l, o, i, "attn_q_a.weight", INIT_WEIGHT, 2, N, QL, 1);
+			add_blk(l, o, i, "attn_q_b.weight", INIT_WEIGHT, 2, QL, H * (Dn + R), 1);
+		} else {
+			add_blk(l, o, i, "attn_q.weight", INIT_WEIGHT, 2, N, H * (Dn + R), 1);
+		}
+		add_blk(l, o, i, "attn_kv_a_mqa.weight", INIT_WEIGHT, 2, N, C + R, 1);
+		if (o->kv_b_merged) {
+			add_blk(l, o, i, "attn_kv_b.weight", INIT_WEIGHT, 2, C, H * (Dn + Dv), 1);
+		} else {
+			add_blk(l, o, i, "attn_k_b.weight", INIT_WEIGHT, 3, Dn, C, H);
+			add_blk(l, o, i, "attn_v_b.weight", INIT_WEIGHT, 3, C, Dv, H);
+		}
+		add_blk(l, o, i, "attn_output.weight", INIT_WEIGHT, 2, H * Dv, N, 1);
+		add_blk(l, o, i, "ffn_norm.weight", INIT_NORM, 1, N, 1, 1);
+		add_ffn_ds(l, o, i);
+		if (i >= o->n_layer)
+			add_nextn(l, o, i);
+	}
+}
+
+/* glm4moe as Glm4MoeModel writes it: biased q/k/v, optional per-head QK-norm,
+ * post_attention_norm before the FFN, NextN layers at the end. */
+static void build_glm4moe(struct gen_list *l, const struct gen_opts *o)
+{
+	int64_t N = o->n_embd, D = o->head_dim;
+	int64_t QD = (int64_t)o->n_head * D, KD = (int64_t)o->n_head_kv * D;
+	for (uint32_t i = 0; i < o->n_layer + o->nextn; i++) {
+		add_blk(l, o, i, "attn_norm.weight", INIT_NORM, 1, N, 1, 1);
+		add_blk(l, o, i, "attn_q.weight", INIT_WEIGHT, 2, N, QD, 1);
+		add_blk(l, o, i, "attn_q.bias", INIT_BIAS, 1, QD, 1, 1);
+		add_blk(l, o, i, "attn_k.weight", INIT_WEIGHT, 2, N, KD, 1);
+		add_blk(l, o, i, "attn_k.bias", INIT_BIAS, 1, KD, 1, 1);
+		add_blk(l, o, i, "attn_v.weight", INIT_WEIGHT, 2, N, KD, 1);
+		add_blk(l, o, i, "attn_v.bias", INIT_BIAS, 1, KD, 1, 1);
+		add_blk(l, o, i, "attn_output.weight", INIT_WEIGHT, 2, QD, N, 1);
+		if (!o->no_qk_norm) {
+			add_blk(l, o, i, "attn_q_norm.weight", INIT_NORM, 1, D, 1, 1);
+			add_blk(l, o, i, "attn_k_norm.weight", INIT_NORM, 1, D, 1, 1);
+		}
+		add_blk(l, o, i, "post_attention_norm.weight", INIT_NORM, 1, N, 1, 1);
+		add_ffn_ds(l, o, i);
+		if (i >= o->n_layer)
+			add_nextn(l, o, i);
+	}
+}
+
 static void build_tensors(struct gen_list *l, const struct gen_opts *o)
 {
 	const struct arch_def *a = o->arch;
@@ -517,7 +640,12 @@ static void build_tensors(struct gen_list *l, const struct gen_opts *o)
 	int64_t E = o->n_expert, F = o->n_ff_exp, S = o->n_ff_shexp, FF = o->n_ff;
 
 	add_tensor(l, o, "token_embd.weight", INIT_WEIGHT, 2, N, V, 1);
-	for (uint32_t i = 0; i < o->n_layer; i++) {
+	bool own = is_arch(o, "deepseek2") || is_arch(o, "glm4moe"); /* their own tensor lists */
+	if (is_arch(o, "deepseek2"))
+		build_deepseek2(l, o);
+	else if (is_arch(o, "glm4moe"))
+		build_glm4moe(l, o);
+	for (uint32_t i = 0; i < o->n_layer && !own; i++) {
 		add_blk(l, o, i, "attn_norm.weight", INIT_NORM, 1, N, 1, 1);
 		add_blk(l, o, i, "attn_q.weight", INIT_WEIGHT, 2, N, QD, 1);
 		add_blk(l, o, i, "attn_k.weight", INIT_WEIGHT, 2, N, KD, 1);
@@ -704,6 +832,59 @@ static bool parse_f64(const char *s, double *out)
 	return true;
 }
 
+/* The metadata deepseek2 / glm4moe add, as their converters write it: head sizes (deepseek2:
+ * the latent row in key_length/value_length and the head sizes in the _mla keys, or an older
+ * file's head sizes alone), rope dims, experts and their routing, YaRN, NextN layers. */
+static void meta_own(struct md_gguf_writer *w, const struct gen_opts *o)
+{
+	char key[128];
+#define AK(suffix) (snprintf(key, sizeof(key), "%s." suffix, o->arch->name), key)
+	const bool ds = is_arch(o, "deepseek2");
+	if (ds && !o->kv_b_merged) {
+		md_gguf_w_u32(w, AK("attention.key_length"), o->kv_lora_rank + o->rope_dim);
+		md_gguf_w_u32(w, AK("attention.value_length"), o->kv_lora_rank);
+		md_gguf_w_u32(w, AK("attention.key_length_mla"), o->head_dim + o->rope_dim);
+		md_gguf_w_u32(w, AK("attention.value_length_mla"), o->v_head_dim);
+	} else if (ds) {
+		md_gguf_w_u32(w, AK("attention.key_length"), o->head_dim + o->rope_dim);
+		md_gguf_w_u32(w, AK("attention.value_length"), o->v_head_dim);
+	} else {
+		md_gguf_w_u32(w, AK("attention.key_length"), o->head_dim);
+		md_gguf_w_u32(w, AK("attention.value_length"), o->head_dim);
+	}
+	md_gguf_w_u32(w, AK("rope.dimension_count"), o->rope_dim);
+	if (ds) {
+		md_gguf_w_u32(w, AK("vocab_size"), o->n_vocab);
+		if (o->q_lora_rank)
+			md_gguf_w_u32(w, AK("attention.q_lora_rank"), o->q_lora_rank);
+		md_gguf_w_u32(w, AK("attention.kv_lora_rank"), o->kv_lora_rank);
+	}
+	md_gguf_w_u32(w, AK("leading_dense_block_count"), o->n_dense_lead);
+	md_gguf_w_u32(w, AK("expert_shared_count"), o->n_shared);
+	if (o->weights_scale != 0)
+		md_gguf_w_f32(w, AK("expert_weights_scale"), (float)o->weights_scale);
+	if (!ds || !o->no_weights_norm) /* deepseek2's converter writes it only when true */
+		md_gguf_w_bool(w, AK("expert_weights_norm"), !o->no_weights_norm);
+	if (o->gating || !ds)
+		md_gguf_w_u32(w, AK("expert_gating_func"), ds ? (uint32_t)o->gating : 2);
+	if (o->n_expert_groups) {
+		md_gguf_w_u32(w, AK("expert_group_count"), o->n_expert_groups);
+		md_gguf_w_u32(w, AK("expert_group_used_count"), o->n_group_used);
+	}
+	if (o->nextn)
+		md_gguf_w_u32(w, AK("nextn_predict_layers"), o->nextn);
+	if (o->yarn_factor >= 1) {
+		md_gguf_w_str(w, AK("rope.scaling.type"), "yarn");
+		md_gguf_w_f32(w, AK("rope.scaling.factor"), (float)o->yarn_factor);
+		md_gguf_w_u32(w, AK("rope.scaling.original_context_length"),
+			      o->yarn_orig_ctx ? o->yarn_orig_ctx : (uint32_t)(o->n_ctx / o->yarn_factor));
+		if (ds)
+			md_gguf_w_f32(w, AK("rope.scaling.yarn_log_multiplier"),
+				      (float)(0.1 * o->yarn_mscale_all));
+	}
+#undef AK
+}
+
 static int cmd_gen(int argc, char **argv)
 {
 	struct gen_opts o = {
@@ -712,7 +893,9 @@ static int cmd_gen(int argc, char **argv)
 		.n_ff = 128, .n_expert = 4, .n_expert_used = 2, .n_ff_exp = 64, .n_ff_shexp = 128,
 		.n_vocab = 512, .n_ctx = 4096, .rms_eps = 1e-6, .std = 0.02,
 		.layout = LAYOUT_MOED, .vec_type = MD_DT_F32,
-		.n_swa = 128, .yarn_factor = 32, .yarn_orig_ctx = 4096,
+		.n_swa = 128, .yarn_factor = -1, .yarn_orig_ctx = UINT32_MAX,
+		.q_lora_rank = 32, .kv_lora_rank = 32, .n_dense_lead = 1, .n_shared = 1, .gating = 2,
+		.weights_scale = 2.5, .yarn_mscale_all = 1.0,
 	};
 	bool vocab_set = false;
 	struct {
@@ -725,6 +908,11 @@ static int cmd_gen(int argc, char **argv)
 		{ "n-ff-exp", &o.n_ff_exp }, { "n-ff-shexp", &o.n_ff_shexp },
 		{ "n-vocab", &o.n_vocab }, { "n-ctx", &o.n_ctx },
 		{ "sliding-window", &o.n_swa }, { "yarn-orig-ctx", &o.yarn_orig_ctx },
+		{ "q-lora-rank", &o.q_lora_rank }, { "kv-lora-rank", &o.kv_lora_rank },
+		{ "v-head-dim", &o.v_head_dim }, { "rope-dim", &o.rope_dim },
+		{ "n-dense-lead", &o.n_dense_lead }, { "n-shared", &o.n_shared },
+		{ "n-expert-groups", &o.n_expert_groups }, { "n-group-used", &o.n_group_used },
+		{ "nextn", &o.nextn },
 	};
 
 	for (int i = 0; i < argc; i++) {
@@ -747,6 +935,12 @@ static int cmd_gen(int argc, char **argv)
 		}
 		if (strcmp(name, "bias") == 0) {
 			o.bias = true;
+			continue;
+		}
+		if (strcmp(name, "no-probs-bias") == 0 || strcmp(name, "no-weights-norm") == 0 ||
+		    strcmp(name, "no-qk-norm") == 0) {
+			*(name[3] == 'p' ? &o.no_probs_bias : name[3] == 'w' ? &o.no_weights_norm
+									  : &o.no_qk_norm) = true;
 			continue;
 		}
 		if (strcmp(name, "help") == 0) {
@@ -786,9 +980,6 @@ static int cmd_gen(int argc, char **argv)
 						o.exp_wt = &gen_types[k];
 					ok = true;
 				}
-		} else if (strcmp(name, "yarn-factor") == 0) {
-			known = true;
-			ok = parse_f64(val, &o.yarn_factor) && o.yarn_factor >= 0;
 		} else if (strcmp(name, "seed") == 0) {
 			char *end;
 			known = true;
@@ -816,6 +1007,25 @@ static int cmd_gen(int argc, char **argv)
 			for (size_t k = 0; k < 3; k++)
 				if (strcasecmp(val, gen_types[k].name) == 0)
 					o.vec_type = gen_types[k].type, ok = true;
+		} else if (strcmp(name, "kv-b") == 0) {
+			known = true;
+			ok = strcmp(val, "split") == 0 || strcmp(val, "merged") == 0;
+			o.kv_b_merged = strcmp(val, "merged") == 0;
+		} else if (strcmp(name, "gating") == 0) {
+			known = true;
+			const char *const gnames[] = { "none", "softmax", "sigmoid" };
+			for (int k = 0; k < 3; k++)
+				if (strcmp(val, gnames[k]) == 0)
+					o.gating = k, ok = true;
+		} else if (strcmp(name, "weights-scale") == 0) {
+			known = true;
+			ok = parse_f64(val, &o.weights_scale) && o.weights_scale >= 0;
+		} else if (strcmp(name, "yarn-factor") == 0) {
+			known = true;
+			ok = parse_f64(val, &o.yarn_factor) && (o.yarn_factor == 0 || o.yarn_factor >= 1);
+		} else if (strcmp(name, "yarn-mscale-all") == 0) {
+			known = true;
+			ok = parse_f64(val, &o.yarn_mscale_all) && o.yarn_mscale_all > 0;
 		} else if (strcmp(name, "tokenizer-gguf") == 0) {
 			known = ok = true;
 			o.tokenizer = val;
@@ -893,6 +1103,10 @@ static int cmd_gen(int argc, char **argv)
 		fprintf(stderr, "moed-gguf gen: --n-ff must be positive\n");
 		goto out;
 	}
+	if (o.yarn_factor < 0)
+		o.yarn_factor = a->oss ? 32 : 0;
+	if (o.yarn_orig_ctx == UINT32_MAX)
+		o.yarn_orig_ctx = a->oss ? 4096 : 0;
 	if (a->oss && (!o.n_swa || !o.yarn_orig_ctx)) {
 		fprintf(stderr, "moed-gguf gen: --sliding-window and --yarn-orig-ctx must be positive\n");
 		goto out;
@@ -908,6 +1122,28 @@ static int cmd_gen(int argc, char **argv)
 	if (o.tied && a->always_output)
 		fprintf(stderr, "moed-gguf gen: note: %s always has output.weight; --tied "
 			"ignored\n", a->opt);
+	const bool own = is_arch(&o, "deepseek2") || is_arch(&o, "glm4moe");
+	if (own) {
+		if (!o.v_head_dim)
+			o.v_head_dim = o.head_dim;
+		if (!o.rope_dim)
+			o.rope_dim = is_arch(&o, "deepseek2") ? 8 : o.head_dim / 2;
+		if (is_arch(&o, "deepseek2"))
+			o.n_head_kv = o.kv_b_merged ? o.n_head : 1; /* as the converter writes it */
+		else
+			o.no_probs_bias = false; /* glm4moe always has the selection bias */
+		uint32_t G = o.n_expert_groups;
+		if (o.rope_dim % 2 || (is_arch(&o, "glm4moe") && o.rope_dim > o.head_dim) ||
+		    (is_arch(&o, "deepseek2") && (!o.kv_lora_rank || !o.rope_dim)) ||
+		    o.n_dense_lead >= o.n_layer || !o.n_ff || (is_arch(&o, "deepseek2") && !o.n_shared) ||
+		    (G > 1 && (o.n_expert % G || !o.n_group_used || o.n_group_used >= G ||
+			       o.n_expert_used > o.n_group_used * (o.n_expert / G)))) {
+			fprintf(stderr, "moed-gguf gen: %s needs an even --rope-dim (<= head-dim for glm4moe; "
+				"> 0 and --kv-lora-rank > 0 for deepseek2), --n-dense-lead < --n-layer, --n-ff > 0, "
+				"--n-shared > 0 (deepseek2) and expert groups that divide the experts\n", a->opt);
+			goto out;
+		}
+	}
 
 	build_tensors(&l, &o);
 	const struct md_dtype_info *wi = md_dtype_info(o.wt->type);
@@ -932,7 +1168,7 @@ static int cmd_gen(int argc, char **argv)
 		      ? FTYPE_MXFP4_MOE : o.wt->ftype);
 	if (is_quantized(o.wt->type) || (o.exp_wt && is_quantized(o.exp_wt->type)))
 		md_gguf_w_u32(w, "general.quantization_version", 2);
-	md_gguf_w_u32(w, AK("block_count"), o.n_layer);
+	md_gguf_w_u32(w, AK("block_count"), o.n_layer + o.nextn);
 	md_gguf_w_u32(w, AK("context_length"), o.n_ctx);
 	md_gguf_w_u32(w, AK("embedding_length"), o.n_embd);
 	/* gpt-oss's converter writes intermediate_size as both widths. */
@@ -940,10 +1176,14 @@ static int cmd_gen(int argc, char **argv)
 		      a->moe && (!a->exp_ff_key || a->oss) ? o.n_ff_exp : o.n_ff);
 	md_gguf_w_u32(w, AK("attention.head_count"), o.n_head);
 	md_gguf_w_u32(w, AK("attention.head_count_kv"), o.n_head_kv);
-	md_gguf_w_u32(w, AK("attention.key_length"), o.head_dim);
-	md_gguf_w_u32(w, AK("attention.value_length"), o.head_dim);
+	if (own) {
+		meta_own(w, &o);
+	} else {
+		md_gguf_w_u32(w, AK("attention.key_length"), o.head_dim);
+		md_gguf_w_u32(w, AK("attention.value_length"), o.head_dim);
+		md_gguf_w_u32(w, AK("rope.dimension_count"), o.head_dim);
+	}
 	md_gguf_w_f32(w, AK("rope.freq_base"), (float)o.rope_base);
-	md_gguf_w_u32(w, AK("rope.dimension_count"), o.head_dim);
 	md_gguf_w_f32(w, AK("attention.layer_norm_rms_epsilon"), (float)o.rms_eps);
 	if (a->moe) {
 		md_gguf_w_u32(w, AK("expert_count"), o.n_expert);

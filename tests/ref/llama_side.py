@@ -51,12 +51,18 @@ import urllib.request
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import route_ties  # noqa: E402
+
 N_GEN = 24
 PROMPT_LEN = 20
 SHAPE = ["--n-layer", "2", "--n-embd", "256", "--n-head", "4", "--n-head-kv", "2",
          "--head-dim", "64", "--n-expert", "4", "--n-expert-used", "2", "--n-ff-exp", "256",
          "--n-vocab", "512"]
-ARCH_GEN = {"gpt-oss": ["--sliding-window", "8"]}
+# gpt-oss: a window shorter than the prompt; deepseek2: YaRN (factor 40, its mscale) from an
+# original context shorter than the sequence, so interpolation and ramp both act.
+ARCH_GEN = {"gpt-oss": ["--sliding-window", "8"],
+            "deepseek2": ["--yarn-factor", "40", "--yarn-orig-ctx", "16"]}
 
 
 def llama_server_bin():
@@ -173,17 +179,13 @@ def top_diff(lp_row, top):
 
 
 def explain_routing(model, prompt, gen, i, l_top, m_lp, tol):
-    """Whether llama.cpp's row i is the numpy reference's with a near-tied expert choice
-    flipped (at position i or before it), moed's the unflipped reference's. Returns the
-    (layer, position) flipped, or None."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    """Whether llama.cpp's row i is the numpy reference's with near-tied routing choices
+    flipped (at position i or before it; route_ties.py, the search parity.py uses), moed's the
+    unflipped reference's. Returns the flips taken, or None."""
     import forward_ref
     ref = forward_ref.Model(model, act_quant=True)
     toks = prompt + gen
-    ref.route_margins = [dict() for _ in range(ref.n_layer)]
     base = ref.forward(ref.new_cache(), toks)
-    margins = ref.route_margins
-    ref.route_margins = None
 
     def lsm(z):
         m = z.max()
@@ -191,15 +193,10 @@ def explain_routing(model, prompt, gen, i, l_top, m_lp, tol):
     row = len(prompt) - 1 + i
     if top_diff(m_lp[i], [(t, lsm(base[row])[t]) for t, _ in l_top[i]]) > tol:
         return None
-    cands = sorted((mg, li, p) for li in range(ref.n_layer) for p, mg in margins[li].items()
-                   if p <= row and mg <= ROUTE_TIE)
-    for _, li, p in cands:
-        ref.route_flips = {(li, p)}
-        alt = ref.forward(ref.new_cache(), toks)
-        ref.route_flips = set()
-        if top_diff(lsm(alt[row]), l_top[i]) <= tol:
-            return (li, p)
-    return None
+    cand = route_ties.near_ties(ref, toks, range(row + 1), ROUTE_TIE)
+    found = route_ties.explain(ref, toks, lambda rows: top_diff(lsm(rows[row]), l_top[i]), tol,
+                               cand)
+    return found[0] if found else None
 
 
 def main(argv=None):
@@ -265,7 +262,8 @@ def main(argv=None):
                  "PASS" if ok else "FAIL"))
         for i, d, why in rties:
             print("  routing tie at generated position %d (|d| %.2g): llama.cpp matches the "
-                  "reference that takes the other expert at layer %d position %d" % (i, d, *why))
+                  "reference that takes the other near-tied choice at %s"
+                  % (i, d, ", ".join(route_ties.describe(f) for f in sorted(why))))
         for i, g, _ in ties:
             print("  tie at generated position %d: moed's log-probabilities of the two tokens "
                   "%.2g apart" % (i, g))

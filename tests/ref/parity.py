@@ -27,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import forward_ref  # noqa: E402
+import route_ties  # noqa: E402
 
 # Reference variants. "exact" is the float64 forward pass on the dequantized weights. "act-q8"
 # additionally rounds the activations to 8 bits (blocks of 32 for Q8_0/Q4_0 weights, 256 for
@@ -61,7 +62,7 @@ QUANT_TYPES = ("q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "q4_1", "q5_0", "q5_1", "
 # each of the two logits may move by the tolerance.
 TIE_FACTOR = 2.0
 
-MOE_ARCHES = ("qwen3moe", "qwen2moe", "mixtral", "olmoe", "gpt-oss")
+MOE_ARCHES = ("qwen3moe", "qwen2moe", "mixtral", "olmoe", "gpt-oss", "deepseek2", "glm4moe")
 
 # gpt-oss: a sliding window shorter than every case's context (12 + 32 and 14 + 32 positions),
 # so the sliding layers' window cuts in both in the prompt and while decoding; YaRN as the
@@ -76,9 +77,14 @@ OSS_GEN = ["--sliding-window", "16"]
 # within tolerance of that; it is then counted as a routing tie. A real bug is not explained
 # this way: it shows at positions with no near-tie, or the flipped reference does not match.
 # Measured: olmoe q8_0 seed 7 on the AVX2 table, layer 1 margin 3.4e-4 at one generated
-# position (0.95 std off against the reference, 5e-7 against its flipped run).
+# position (0.95 std off against the reference, 5e-7 against its flipped run). Where several
+# layers are near-tied at one position, the combination that explains the row is searched
+# (glm4moe q4_k seed 7: margins 0.0046 and 0.0016 at one position, only one flipped); with
+# group-limited routing (deepseek2) a near tie between the last chosen and the first dropped
+# group of experts counts the same way.
 ROUTE_TIE = 0.01
-ROUTE_TIE_ROUNDS = 3
+ROUTE_TIE_ROUNDS = 6
+ROUTE_TIE_COMB = 4   # the smallest margins at a position also searched in combination
 
 # Model shape: small enough that a case takes about a second; K-quants need n_embd, H*D and
 # every FFN width to be multiples of 256.
@@ -88,7 +94,28 @@ DENSE_N_FF = 512
 N_GEN = 32
 
 
+# deepseek2 and glm4moe: a leading dense layer, 8 experts in 4 groups (2 used, deepseek2), one
+# shared expert. deepseek2's latent attention: q_lora_rank and kv_lora_rank 256, nope head 256
+# (every product's input a multiple of 256 for the K-quants), rope 32, value head 64, YaRN.
+# glm4moe: partial rope (32 of 64 dims), per-head QK-norm, biases, a NextN layer at the end.
+# Their weights are drawn with std 0.05, not 0.08: with the routed scale (2.5) and the shared
+# expert on top of the routed ones these models amplify more, and at 0.08 the two reference
+# variants already differ by 0.1-0.2 std of the logits from activation rounding alone (0.06-0.1
+# at 0.05, as the other architectures at 0.08), which leaves an integer kernel no margin.
+OWN_STD = 0.05
+OWN_SHAPE = {
+    "deepseek2": dict(n_layer=3, n_embd=256, n_head=4, head_dim=256, n_ff=512, n_expert=8,
+                      n_expert_used=2, n_ff_exp=256, n_vocab=512, q_lora_rank=256,
+                      kv_lora_rank=256, rope_dim=32, v_head_dim=64, n_expert_groups=4,
+                      n_group_used=2, yarn_factor=4, yarn_mscale_all=0.707),
+    "glm4moe": dict(n_layer=3, n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_ff=512,
+                    n_expert=8, n_expert_used=2, n_ff_exp=256, n_vocab=512, nextn=1),
+}
+
+
 def shape_for(arch):
+    if arch in OWN_SHAPE:
+        return dict(OWN_SHAPE[arch])
     sh = dict(SHAPE)
     if arch not in MOE_ARCHES:
         for k in ("n_expert", "n_expert_used", "n_ff_exp", "n_ff_shexp"):
@@ -147,38 +174,39 @@ def ref_logits(model, prompts, c_gen):
                            for p, g in zip(prompts, c_gen)], axis=0)
 
 
-def route_tie_ref(model, prompts, c_gen, ref, res, flips):
-    """A reference with the near-tied expert choices at the positions of res's bad rows and
-    tokens taken the other way (accumulated in flips: seq -> set of (layer, position)), or
-    None where no bad position has a near-tie left to flip."""
+def route_tie_ref(model, prompts, c_gen, c_rows, ref, res, flips, tol):
+    """A reference with near-tied routing choices taken the other way (accumulated in flips:
+    seq -> set of route_flips entries), or None where nothing is left to explain.
+
+    Per sequence, the earliest row over tolerance (or mismatching token) is explained by the
+    fewest near ties at its position (route_ties.py: experts or expert groups, of any layer)
+    that bring that row within tolerance of the engine; a flip there also moves every later
+    row through the KV cache, so later rows are looked at again in the next round."""
     if not model.n_expert_used:
         return None
-    bad_pos = {}
+    first_bad = {}
     for si, row, _, _, _ in res["rows_bad"]:
-        bad_pos.setdefault(si, set()).add(row)
+        first_bad[si] = min(first_bad.get(si, row), row)
     for si, i, _, _, _ in res["bad"]:
-        bad_pos.setdefault(si, set()).add(len(prompts[si]) - 1 + i)
+        row = len(prompts[si]) - 1 + i
+        first_bad[si] = min(first_bad.get(si, row), row)
     ref = ref.copy()
     changed = False
     r0 = 0
     for si, (p, g) in enumerate(zip(prompts, c_gen)):
         toks = p + g[:-1]
-        if si in bad_pos:
-            model.route_margins = [dict() for _ in range(model.n_layer)]
-            model.route_flips = set(flips.get(si, ()))
-            model.forward(model.new_cache(), toks)
-            new = {(li, pos) for pos in bad_pos[si] for li in range(model.n_layer)
-                   if model.route_margins[li].get(pos, 1.0) <= ROUTE_TIE}
-            new -= model.route_flips
-            if new:
+        if si in first_bad:
+            pos = first_bad[si]
+            have = frozenset(flips.get(si, ()))
+            cand = route_ties.near_ties(model, toks, [pos], ROUTE_TIE, have)
+            target = c_rows[r0 + pos]
+            found = route_ties.explain(model, toks, lambda rows: np.abs(rows[pos] - target).max(),
+                                       tol, cand, have, comb=ROUTE_TIE_COMB)
+            if found:
                 changed = True
-                flips.setdefault(si, set()).update(new)
-                model.route_flips = set(flips[si])
-                model.route_margins = None
-                ref[r0:r0 + len(toks)] = model.forward(model.new_cache(), toks)
-            model.route_margins = None
-            model.route_flips = set()
-        r0 += len(toks)
+                flips.setdefault(si, set()).update(found[0])
+                ref[r0:r0 + len(toks)] = found[1]
+        r0 += len(p) + len(g) - 1
     return ref if changed else None
 
 
@@ -189,12 +217,12 @@ def compare_routed(model, ref, prompts, c_gen, c_rows, tol_rel, cos_min):
     for _ in range(ROUTE_TIE_ROUNDS):
         if res["ok"]:
             break
-        alt = route_tie_ref(model, prompts, c_gen, ref, res, flips)
+        alt = route_tie_ref(model, prompts, c_gen, c_rows, ref, res, flips, tol_rel * float(ref.std()))
         if alt is None:
             break
         ref = alt
         res = compare_case(ref, prompts, c_gen, c_rows, tol_rel, cos_min)
-    res["route_ties"] = sorted((si, li, pos) for si, s in flips.items() for li, pos in s)
+    res["route_ties"] = sorted((si,) + f for si, s in flips.items() for f in s)
     return res
 
 
@@ -242,7 +270,7 @@ def main(argv=None):
     ap.add_argument("--moed-run", required=True)
     ap.add_argument("--arch", required=True,
                     choices=["qwen3moe", "qwen2moe", "mixtral", "olmoe", "llama", "qwen2", "qwen3",
-                             "gpt-oss"])
+                             "gpt-oss", "deepseek2", "glm4moe"])
     ap.add_argument("--type", required=True, choices=sorted(TOL))
     ap.add_argument("--exp-type", choices=sorted(TOL),
                     help="type of the 3-D expert tensors (moed-gguf gen --exp-type), e.g. gpt-oss's "
@@ -250,7 +278,8 @@ def main(argv=None):
                          "MXFP4_MOE) weights; the tolerance and the reference variants are then "
                          "those of the coarser type")
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--std", type=float, default=0.08)
+    ap.add_argument("--std", type=float, default=None,
+                    help="weights' std [0.08; %g for deepseek2 and glm4moe]" % OWN_STD)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--keep", help="keep the model and dumps in this directory")
     ap.add_argument("--exact", action="store_true",
@@ -261,6 +290,8 @@ def main(argv=None):
                          "converter): the layouts llama.cpp's converters write")
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args(argv)
+    if a.std is None:
+        a.std = OWN_STD if a.arch in OWN_SHAPE else 0.08
     # Judged as the coarser of the two types where the experts have their own.
     jtype = a.exp_type if a.exp_type in QUANT_TYPES else a.type
     label = a.type + ("+" + a.exp_type if a.exp_type else "")
@@ -336,9 +367,10 @@ def main(argv=None):
         for si, i, top, t, gap in r["ties"]:
             print("  %s: tie at seq %d gen %d: reference %d, engine %d, reference gap %.3g "
                   "(continuing on the engine's token)" % (name, si, i, top, t, gap))
-        for si, li, pos in r["route_ties"]:
+        for si, li, pos, *grp in r["route_ties"]:
             print("  %s: routing tie at seq %d layer %d position %d: the engine matches the "
-                  "reference that takes the other near-tied expert there" % (name, si, li, pos))
+                  "reference that takes the other near-tied %s there"
+                  % (name, si, li, pos, "expert group" if grp else "expert"))
         for si, i, top, t, gap in r["bad"][:5]:
             print("  %s: MISMATCH seq %d gen %d: reference %d, engine %d, reference gap %.3g"
                   % (name, si, i, top, t, gap))

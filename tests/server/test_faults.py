@@ -193,6 +193,9 @@ cases = {
     "bad magic": b"XXXX" + data[4:],
     "bad version": data[:4] + struct.pack("<I", 99) + data[8:],
     "huge tensor count": data[:8] + struct.pack("<Q", 1 << 60) + data[16:],
+    # a well-formed file of an architecture moed does not bind: the line names it and the
+    # ones moed does
+    "unsupported architecture": data.replace(b"qwen3moe", b"grok3moe", 1),
 }
 for name, blob in cases.items():
     path = os.path.join(tmp, name.replace(" ", "_") + ".gguf")
@@ -210,6 +213,10 @@ for name, blob in cases.items():
     check(len(errs) == 1 and path in errs[0], "%s: one error line naming the file" % name, errs)
     check("ready" not in r.stderr, "%s: never ready" % name)
     check(time.time() - t0 < 10, "%s: exits promptly" % name, time.time() - t0)
+    if name == "unsupported architecture":
+        check(len(errs) == 1 and "unsupported architecture 'grok3moe'" in errs[0] and
+              "supported: qwen3moe" in errs[0] and "deepseek2" in errs[0],
+              "%s: the line names the architecture and the supported ones" % name, errs)
     if errs:
         print("%-24s exit %d: %s" % (name, r.returncode, errs[0].split(" error ", 1)[1][:150]))
 shutil.rmtree(tmp, ignore_errors=True)

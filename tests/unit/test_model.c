@@ -823,8 +823,12 @@ static void t_gpt_oss(void)
 	CHECK_EQ_U(hp->arch, MD_ARCH_GPT_OSS);
 	CHECK_EQ_U(hp->n_swa, 8);
 	CHECK(md_layer_is_swa(hp, 0) && !md_layer_is_swa(hp, 1));
-	CHECK(hp->rope_yarn);
+	CHECK(hp->yarn_ext_factor == 1.0f);
 	CHECK(fabsf(hp->rope_freq_scale - 1.0f / 32) < 1e-9f);
+	/* llama.cpp's cparams.yarn_attn_factor: get_mscale(32) / (1 + 0.1 ln 32) = 1, so the
+	 * rope's magnitude is GGML's own 1 + 0.1 ln 32; q.k unscaled. */
+	CHECK(fabsf(hp->yarn_attn_factor - 1.0f) < 1e-6f);
+	CHECK(fabsf(hp->attn_scale - 1.0f / sqrtf((float)D)) < 1e-9f);
 	CHECK_EQ_U(hp->n_ctx_orig_yarn, 4096);
 	CHECK(hp->rope_freq_base_swa == hp->rope_freq_base);
 	CHECK_EQ_U(hp->ffn_act, MD_ACT_SWIGLU_OAI);
@@ -877,7 +881,7 @@ static void t_arch_unsupported(void)
 	spec_init(&s, "qwen3");
 	s.arch = "bogus-arch";
 	EXPECT_REFUSED(&s, -ENOTSUP, "unsupported architecture 'bogus-arch'", "general.architecture",
-		       "supported: qwen3moe, qwen2moe, llama (dense, or Mixtral with experts), olmoe, qwen2, qwen3, gpt-oss");
+		       "supported: qwen3moe, qwen2moe, llama (dense, or Mixtral with experts), olmoe, qwen2, qwen3, gpt-oss, deepseek2, glm4moe");
 }
 
 /* Every arch in its plain layout loads, with the shapes bound as the forward pass reads them. */

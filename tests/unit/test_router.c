@@ -1,5 +1,6 @@
-/* Unit tests for MoE routing: softmax top-k selection (ties, renormalisation) and the
- * expert-major grouping the expert compute relies on. */
+/* Unit tests for MoE routing: softmax top-k selection (ties, renormalisation), the scored
+ * selection of DeepSeek-V3/GLM-4.5 (sigmoid, selection bias, expert groups, routed scale) and
+ * the expert-major grouping the expert compute relies on. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,6 +69,11 @@ static void test_fn_table(void)
 		hp.arch = (enum md_arch)a;
 		CHECK_EQ_I(md_route_fn_of(&hp), MD_ROUTE_SOFTMAX_TOPK);
 	}
+	hp.arch = MD_ARCH_DEEPSEEK2;
+	CHECK_EQ_I(md_route_fn_of(&hp), MD_ROUTE_SCORED_TOPK);
+	hp.arch = MD_ARCH_GLM4MOE;
+	CHECK_EQ_I(md_route_fn_of(&hp), MD_ROUTE_SCORED_TOPK);
+	CHECK(strcmp(md_route_fn_name(MD_ROUTE_SCORED_TOPK), "scored_topk") == 0);
 	CHECK(strcmp(md_route_fn_name(MD_ROUTE_SOFTMAX_TOPK), "softmax_topk") == 0);
 	CHECK(strcmp(md_route_fn_name(MD_ROUTE_FN_COUNT), "?") == 0);
 	struct md_router r;
@@ -160,9 +166,93 @@ static void test_random(void)
 	md_router_release(&r);
 }
 
+static float sigm(float x)
+{
+	return 1.0f / (1.0f + expf(-x));
+}
+
+/* Sigmoid scores, worked by hand. Logits of 8 experts: expert 7 scores highest, 6 next. */
+static void test_scored(void)
+{
+	enum { E = 8, K = 2 };
+	const float lg[E] = { 0.1f, -0.4f, 0.3f, 0.2f, -1.0f, 0.0f, 0.8f, 1.2f };
+	struct md_hparams hp = hparams(E, K, false);
+	hp.arch = MD_ARCH_DEEPSEEK2;
+	hp.gating = MD_GATING_SIGMOID;
+	struct md_router r;
+
+	/* Plain: the two largest sigmoids, weights the sigmoids themselves. */
+	CHECK_EQ_I(md_router_init(&r, &hp, 1), 0);
+	memcpy(r.logits, lg, sizeof(lg));
+	const struct md_routing *rt = md_router_route(&r, 1);
+	CHECK_EQ_I(rt->ids[0], 7);
+	CHECK_EQ_I(rt->ids[1], 6);
+	CHECK_NEAR(rt->w[0], sigm(1.2f), 1e-6);
+	CHECK_NEAR(rt->w[1], sigm(0.8f), 1e-6);
+
+	/* A selection bias moves the choice, not the weights: +0.45 on expert 4 (score 0.27 +
+	 * 0.45 = 0.72 > sigm(0.8) = 0.69) takes it second, with its unbiased weight. */
+	float bias[E] = { 0 };
+	bias[4] = 0.45f;
+	memcpy(r.logits, lg, sizeof(lg));
+	rt = md_router_route_bias(&r, 1, bias);
+	CHECK_EQ_I(rt->ids[0], 7);
+	CHECK_EQ_I(rt->ids[1], 4);
+	CHECK_NEAR(rt->w[1], sigm(-1.0f), 1e-6);
+	check_grouping(rt);
+	md_router_release(&r);
+
+	/* Renormalised and scaled by 2.5: the weights sum to 2.5. */
+	hp.norm_topk = true;
+	hp.expert_weights_scale = 2.5f;
+	CHECK_EQ_I(md_router_init(&r, &hp, 1), 0);
+	memcpy(r.logits, lg, sizeof(lg));
+	rt = md_router_route(&r, 1);
+	float s7 = sigm(1.2f), s6 = sigm(0.8f);
+	CHECK_NEAR(rt->w[0], 2.5f * s7 / (s7 + s6), 1e-6);
+	CHECK_NEAR(rt->w[0] + rt->w[1], 2.5f, 1e-5);
+	md_router_release(&r);
+
+	/* Four groups of two, one used: group scores (sum of both) are {0,1}: 0.93, {2,3}: 1.12,
+	 * {4,5}: 0.77, {6,7}: 1.46, so only experts 6 and 7 may be taken; with a bias that lifts
+	 * group {2,3} (+0.4 each: 1.92) above it, the choice is 2 then 3 although 7 scores more. */
+	hp.norm_topk = false;
+	hp.expert_weights_scale = 0.0f;
+	hp.n_expert_groups = 4;
+	hp.n_group_used = 1;
+	CHECK_EQ_I(md_router_init(&r, &hp, 1), 0);
+	memcpy(r.logits, lg, sizeof(lg));
+	rt = md_router_route(&r, 1);
+	CHECK_EQ_I(rt->ids[0], 7);
+	CHECK_EQ_I(rt->ids[1], 6);
+	float gb[E] = { 0, 0, 0.4f, 0.4f, 0, 0, 0, 0 };
+	memcpy(r.logits, lg, sizeof(lg));
+	rt = md_router_route_bias(&r, 1, gb);
+	CHECK_EQ_I(rt->ids[0], 2);
+	CHECK_EQ_I(rt->ids[1], 3);
+	CHECK_NEAR(rt->w[0], sigm(0.3f), 1e-6);
+	md_router_release(&r);
+
+	/* Groups that cannot hold k experts are refused at init. */
+	hp.n_expert_used = 3;
+	CHECK(md_router_init(&r, &hp, 1) < 0);
+
+	/* Softmax scores with the same machinery (DeepSeek-V2): weights are probabilities. */
+	hp = hparams(E, K, false);
+	hp.arch = MD_ARCH_DEEPSEEK2;
+	hp.gating = MD_GATING_SOFTMAX;
+	CHECK_EQ_I(md_router_init(&r, &hp, 1), 0);
+	memcpy(r.logits, lg, sizeof(lg));
+	rt = md_router_route(&r, 1);
+	CHECK_EQ_I(rt->ids[0], 7);
+	CHECK_NEAR(rt->w[0], prob(lg, E, 7), 1e-6);
+	md_router_release(&r);
+}
+
 int main(void)
 {
 	test_fn_table();
+	test_scored();
 	test_small(false);
 	test_small(true);
 	test_random();
