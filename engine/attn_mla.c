@@ -119,22 +119,6 @@ struct md_mla *md_mla_new(const struct md_model *m, const struct md_pool *pool, 
 	return a;
 }
 
-static void rmsnorm(float *out, const float *in, const float *w, int64_t n, float eps)
-{
-	const struct md_kern *kn = md_kern_active();
-	if (kn) {
-		float s = (float)(1.0 / sqrt((double)kn->sumsq_f32(in, n) / (double)n + eps));
-		kn->scale_mul_f32(out, in, s, w, n);
-		return;
-	}
-	double ss = 0;
-	for (int64_t i = 0; i < n; i++)
-		ss += (double)in[i] * in[i];
-	float s = (float)(1.0 / sqrt(ss / (double)n + eps));
-	for (int64_t i = 0; i < n; i++)
-		out[i] = in[i] * s * w[i];
-}
-
 /* y (H, n, n_out) = w[h] x_h for x (H, n, n_in), every head one group of a grouped product
  * (one pass over the pool), or head by head where the kernels can't group the weights. */
 static void per_head(struct md_mla *a, struct md_pool *pool, const struct md_mat *w, int H, int n,
@@ -237,7 +221,7 @@ void md_mla_attention(struct md_mla *a, struct md_pool *pool, struct md_kv_cache
 		md_matmul_multi(pool, w2, 2, xn, n, y2, a->mm_scratch);
 		const int64_t QL = hp->q_lora_rank;
 		for (int t = 0; t < n; t++)
-			rmsnorm(a->qa + (size_t)t * QL, a->qa + (size_t)t * QL, L->q_a_norm->data, QL, eps);
+			md_rmsnorm(a->qa + (size_t)t * QL, a->qa + (size_t)t * QL, L->q_a_norm->data, QL, eps);
 		md_matmul(pool, &wqb, a->qa, n, a->q, a->mm_scratch);
 	} else {
 		struct md_mat wq = md_mat_of(L->wq, 0);
@@ -253,7 +237,7 @@ void md_mla_attention(struct md_mla *a, struct md_pool *pool, struct md_kv_cache
 			md_rope_table(&a->rope, b->pos[t], a->cs);
 		float *kr, *vr;
 		md_kv_write_rows(kv, il, b->seq[t], (uint32_t)b->pos[t], &kr, &vr);
-		rmsnorm(kr, kva, L->kv_a_norm->data, C, eps);
+		md_rmsnorm(kr, kva, L->kv_a_norm->data, C, eps);
 		memcpy(kr + C, kva + C, (size_t)R * sizeof(float));
 		md_rope_apply(&a->rope, a->cs, kr + C);
 		for (int h = 0; h < H; h++) {

@@ -250,22 +250,6 @@ void md_forward_set_route_cb(struct md_forward_ctx *f, md_forward_route_cb cb, v
 	f->route_ud = ud;
 }
 
-static void rmsnorm(float *out, const float *in, const float *w, int64_t n, float eps)
-{
-	const struct md_kern *kn = md_kern_active();
-	if (kn) {
-		float s = (float)(1.0 / sqrt((double)kn->sumsq_f32(in, n) / (double)n + eps));
-		kn->scale_mul_f32(out, in, s, w, n);
-		return;
-	}
-	double ss = 0;
-	for (int64_t i = 0; i < n; i++)
-		ss += (double)in[i] * in[i];
-	float s = (float)(1.0 / sqrt(ss / (double)n + eps));
-	for (int64_t i = 0; i < n; i++)
-		out[i] = in[i] * s * w[i];
-}
-
 enum { EX_RUN, EX_FAILED, EX_DONE };
 
 static double now_s(void)
@@ -398,7 +382,7 @@ static void attention(struct md_forward_ctx *f, struct md_kv_cache *kv, const st
 	const float eps = hp->rms_eps;
 
 	for (int t = 0; t < n; t++)
-		rmsnorm(f->xn + (size_t)t * N, f->x + (size_t)t * N, L->attn_norm->data, N, eps);
+		md_rmsnorm(f->xn + (size_t)t * N, f->x + (size_t)t * N, L->attn_norm->data, N, eps);
 	if (f->mla) { /* latent attention (engine/attn_mla.h) */
 		md_mla_attention(f->mla, f->pool, kv, b, il, f->xn, f->tmp, f->att_scratch, f->att_cap);
 		for (size_t i = 0; i < (size_t)n * N; i++)
@@ -417,13 +401,13 @@ static void attention(struct md_forward_ctx *f, struct md_kv_cache *kv, const st
 	for (int t = 0; t < n; t++) {
 		float *q = f->q + (size_t)t * H * D, *k = f->k + (size_t)t * K * D;
 		if (hp->qk_norm == MD_QK_NORM_FULL) {
-			rmsnorm(q, q, L->q_norm->data, H * D, eps);
-			rmsnorm(k, k, L->k_norm->data, K * D, eps);
+			md_rmsnorm(q, q, L->q_norm->data, H * D, eps);
+			md_rmsnorm(k, k, L->k_norm->data, K * D, eps);
 		} else if (hp->qk_norm == MD_QK_NORM_HEAD) {
 			for (int64_t h = 0; h < H; h++)
-				rmsnorm(q + h * D, q + h * D, L->q_norm->data, D, eps);
+				md_rmsnorm(q + h * D, q + h * D, L->q_norm->data, D, eps);
 			for (int64_t h = 0; h < K; h++)
-				rmsnorm(k + h * D, k + h * D, L->k_norm->data, D, eps);
+				md_rmsnorm(k + h * D, k + h * D, L->k_norm->data, D, eps);
 		}
 		const struct md_rope *rope = &f->rope[md_layer_is_swa(hp, il)];
 		if (t == 0 || b->pos[t] != b->pos[t - 1])
@@ -711,7 +695,7 @@ static void prefetch_next(struct md_forward_ctx *f, uint32_t il, int n)
 	if (!L->gate_inp)
 		return;
 	for (int t = 0; t < n; t++)
-		rmsnorm(f->pre_x + (size_t)t * N, f->x + (size_t)t * N, L->ffn_norm->data, N,
+		md_rmsnorm(f->pre_x + (size_t)t * N, f->x + (size_t)t * N, L->ffn_norm->data, N,
 			hp->rms_eps);
 	struct md_mat wr = md_mat_of(L->gate_inp, 0);
 	md_matmul(f->pool, &wr, f->pre_x, n, f->pre_router.logits, f->mm_scratch);
@@ -863,7 +847,8 @@ static int ffn(struct md_forward_ctx *f, int n, uint32_t il)
 	const struct md_layer *L = &f->m->layers[il];
 	const int64_t N = hp->n_embd;
 	for (int t = 0; t < n; t++)
-		rmsnorm(f->xn + (size_t)t * N, f->x + (size_t)t * N, L->ffn_norm->data, N, hp->rms_eps);
+		md_rmsnorm(f->xn + (size_t)t * N, f->x + (size_t)t * N, L->ffn_norm->data, N,
+			   hp->rms_eps);
 	if (L->gate_inp) { /* routed experts; dense FFN in dense models and leading layers */
 		int rc = moe(f, n, il);
 		if (rc)
@@ -945,7 +930,8 @@ int md_forward(struct md_forward_ctx *f, struct md_kv_cache *kv, const struct md
 				want &= b->seq[u] != b->seq[t];
 		}
 		if (want) {
-			rmsnorm(f->xn + (size_t)n_out * N, f->x + (size_t)t * N, m->output_norm->data, N, hp->rms_eps);
+			md_rmsnorm(f->xn + (size_t)n_out * N, f->x + (size_t)t * N, m->output_norm->data,
+				   N, hp->rms_eps);
 			n_out++;
 		}
 	}

@@ -14,6 +14,7 @@
  * buffer and dots it in float with every token. */
 #include "engine/kern/matmul.h"
 
+#include <math.h>
 #include <stdatomic.h>
 #include <string.h>
 
@@ -550,4 +551,20 @@ void md_matmul_experts(struct md_pool *pool, const struct md_mat *w, int nw, int
 	j.n_items = j.per_group * ng;
 	atomic_init(&j.next, 0);
 	md_pool_run(pool, ex_worker, &j);
+}
+
+void md_rmsnorm(float *out, const float *in, const float *w, int64_t n, float eps)
+{
+	const struct md_kern *kn = md_kern_active();
+	if (kn) {
+		float s = (float)(1.0 / sqrt((double)kn->sumsq_f32(in, n) / (double)n + eps));
+		kn->scale_mul_f32(out, in, s, w, n);
+		return;
+	}
+	double ss = 0;
+	for (int64_t i = 0; i < n; i++)
+		ss += (double)in[i] * in[i];
+	float s = (float)(1.0 / sqrt(ss / (double)n + eps));
+	for (int64_t i = 0; i < n; i++)
+		out[i] = in[i] * s * w[i];
 }

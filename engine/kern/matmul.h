@@ -50,6 +50,10 @@ void md_matmul_experts(struct md_pool *pool, const struct md_mat *w, int nw, int
 		       float *const *ys, void *scratch);
 size_t md_matmul_experts_scratch_bytes(int64_t n_in, int n_x, int n_slots);
 
+/* out (n) = in * w / sqrt(mean(in^2) + eps): one row's RMSNorm, with the active kernels' sum
+ * of squares and scaled product (the portable loops without them). out may be in. */
+void md_rmsnorm(float *out, const float *in, const float *w, int64_t n, float eps);
+
 /* Floats of scratch md_matmul needs for rows of n_in elements and up to max_tok tokens. */
 size_t md_matmul_scratch_floats(const struct md_pool *pool, int64_t n_in, int max_tok);
 
