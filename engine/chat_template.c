@@ -669,6 +669,30 @@ static struct span rstrip_nl(struct span s)
 	return s;
 }
 
+/* An assistant message's reasoning, as the Qwen3 and GLM-4.5 templates split it: the text
+ * between the last "<think>" before the first "</think>" and that "</think>" (newlines
+ * stripped around it); *content becomes what follows the last "</think>", leading newlines
+ * stripped. Without "</think>" the reasoning is empty and *content is kept. */
+static struct span split_think(struct span *content)
+{
+	struct span c = *content, reasoning = { "", 0 };
+	const char *end = find(c, "</think>", false);
+	if (!end)
+		return reasoning;
+	const char *last_end = find(c, "</think>", true);
+	struct span before = rstrip_nl((struct span){ c.p, (size_t)(end - c.p) });
+	const char *open = find(before, "<think>", true);
+	if (open) {
+		before.n -= (size_t)(open + 7 - before.p);
+		before.p = open + 7;
+	}
+	reasoning = lstrip_nl(before);
+	c.n -= (size_t)(last_end + 8 - c.p);
+	c.p = last_end + 8;
+	*content = lstrip_nl(c);
+	return reasoning;
+}
+
 /* Length of the UTF-8 code point of Python's str.isspace() set at s, or 0. */
 static size_t py_space_at(const unsigned char *s, size_t n)
 {
@@ -879,24 +903,8 @@ static void render_qwen3(struct sbuf *b, const struct md_chat_msg *m, const enum
 		} else if (r[i] == R_ASSISTANT) {
 			struct span content = span_of(m[i].content);
 			struct span reasoning = { "", 0 };
-			const char *end = reasoning_blocks ? find(content, "</think>", false) : NULL;
-
-			if (end) {
-				const char *last_end = find(content, "</think>", true);
-				struct span before = { content.p, (size_t)(end - content.p) };
-				const char *open;
-
-				before = rstrip_nl(before);
-				open = find(before, "<think>", true);
-				if (open) {
-					before.n -= (size_t)(open + 7 - before.p);
-					before.p = open + 7;
-				}
-				reasoning = lstrip_nl(before);
-				content.n -= (size_t)(last_end + 8 - content.p);
-				content.p = last_end + 8;
-				content = lstrip_nl(content);
-			}
+			if (reasoning_blocks)
+				reasoning = split_think(&content);
 			sb_puts(b, "<|im_start|>assistant\n");
 			bool content_set = content.n > 0; /* the template tests its variable */
 			if (reasoning_blocks && i > last_query && (i + 1 == n || reasoning.n > 0)) {
@@ -1379,25 +1387,7 @@ static void render_glm45(struct sbuf *b, const struct md_chat_msg *m, const enum
 			sb_puts(b, "<|system|>\n");
 			sb_span(b, c);
 		} else if (r[i] == R_ASSISTANT) {
-			struct span reasoning = { "", 0 };
-			const char *end = find(c, "</think>", false);
-
-			if (end) {
-				const char *last_end = find(c, "</think>", true);
-				struct span before = { c.p, (size_t)(end - c.p) };
-				const char *open;
-
-				before = rstrip_nl(before);
-				open = find(before, "<think>", true);
-				if (open) {
-					before.n -= (size_t)(open + 7 - before.p);
-					before.p = open + 7;
-				}
-				reasoning = lstrip_nl(before);
-				c.n -= (size_t)(last_end + 8 - c.p);
-				c.p = last_end + 8;
-				c = lstrip_nl(c);
-			}
+			struct span reasoning = split_think(&c);
 			sb_puts(b, "<|assistant|>");
 			if ((last_user == SIZE_MAX || i > last_user) && reasoning.n > 0) {
 				sb_puts(b, "\n<think>");
