@@ -683,6 +683,29 @@ INLINE __m256i mins_pairs(const uint8_t m[8])
 	return _mm256_cvtepu8_epi16(dup);
 }
 
+#ifdef KERN_AVX512
+/* Block b of a q4_K / q5_K row, decoded into two sub-blocks per 512-bit register (qz, with
+ * their scales sz and the mins mp), against every token: the per-token half of tile_qk45 and
+ * tile_q4_K512. */
+INLINE void qk_tokens512(const __m512i qz[4], const __m512i sz[4], __m256i mp, float dw,
+			 float dmin, const uint8_t *a, size_t as, int64_t b, const int nt,
+			 __m256 *acc)
+{
+	for (int t = 0; t < nt; t++) {
+		const struct md_q8k *ab = (const struct md_q8k *)(a + (size_t)t * as) + b;
+		__m512i iz = _mm512_setzero_si512();
+		for (int p = 0; p < 4; p++)
+			iz = _mm512_add_epi32(iz, _mm512_madd_epi16(_mm512_maddubs_epi16(qz[p],
+				_mm512_loadu_si512(ab->qs + 64 * p)), sz[p]));
+		const __m256i is = _mm256_add_epi32(_mm512_castsi512_si256(iz),
+						    _mm512_extracti64x4_epi64(iz, 1));
+		const __m256i mv = _mm256_madd_epi16(ld256(ab->bsums), mp);
+		acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab->d), _mm256_cvtepi32_ps(is), acc[t]);
+		acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * ab->d), _mm256_cvtepi32_ps(mv), acc[t]);
+	}
+}
+#endif
+
 /* q4_K (five == 0) and q5_K (five == 1). */
 INLINE void tile_qk45(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y, size_t ys,
 		      const int nt, const int five)
@@ -722,18 +745,7 @@ INLINE void tile_qk45(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 			sz[p] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(sc[2 * p])),
 						   _mm256_set1_epi16(sc[2 * p + 1]), 1);
 		}
-		for (int t = 0; t < nt; t++) {
-			const struct md_q8k *ab = (const struct md_q8k *)(a + (size_t)t * as) + b;
-			__m512i iz = _mm512_setzero_si512();
-			for (int p = 0; p < 4; p++)
-				iz = _mm512_add_epi32(iz, _mm512_madd_epi16(_mm512_maddubs_epi16(qz[p],
-					_mm512_loadu_si512(ab->qs + 64 * p)), sz[p]));
-			const __m256i is = _mm256_add_epi32(_mm512_castsi512_si256(iz),
-							    _mm512_extracti64x4_epi64(iz, 1));
-			const __m256i mv = _mm256_madd_epi16(ld256(ab->bsums), mp);
-			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab->d), _mm256_cvtepi32_ps(is), acc[t]);
-			acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * ab->d), _mm256_cvtepi32_ps(mv), acc[t]);
-		}
+		qk_tokens512(qz, sz, mp, dw, dmin, a, as, b, nt, acc);
 #else
 		for (int t = 0; t < nt; t++) {
 			const struct md_q8k *ab = (const struct md_q8k *)(a + (size_t)t * as) + b;
@@ -796,18 +808,7 @@ INLINE void tile_q4_K512(int64_t n, const uint8_t *w, const uint8_t *a, size_t a
 			qz[p] = _mm512_and_si512(_mm512_srlv_epi16(x, sh), m4);
 			sz[p] = _mm512_permutexvar_epi16(sidx[p], sc16);
 		}
-		for (int t = 0; t < nt; t++) {
-			const struct md_q8k *ab = (const struct md_q8k *)(a + (size_t)t * as) + b;
-			__m512i iz = _mm512_setzero_si512();
-			for (int p = 0; p < 4; p++)
-				iz = _mm512_add_epi32(iz, _mm512_madd_epi16(_mm512_maddubs_epi16(qz[p],
-					_mm512_loadu_si512(ab->qs + 64 * p)), sz[p]));
-			const __m256i is = _mm256_add_epi32(_mm512_castsi512_si256(iz),
-							    _mm512_extracti64x4_epi64(iz, 1));
-			const __m256i mv = _mm256_madd_epi16(ld256(ab->bsums), mp);
-			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab->d), _mm256_cvtepi32_ps(is), acc[t]);
-			acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * ab->d), _mm256_cvtepi32_ps(mv), acc[t]);
-		}
+		qk_tokens512(qz, sz, mp, dw, dmin, a, as, b, nt, acc);
 	}
 	for (int t = 0; t < nt; t++)
 		y[(size_t)t * ys] = hsum8(acc[t]);
