@@ -122,6 +122,16 @@ static double shape_cost(const struct md_spec_ctl *c, uint32_t n)
 		n = 1;
 	if (measured(c, n))
 		return c->t[n];
+	/* Calibrated: its measured shape, scaled by the nearest calibrated size measured
+	 * lately (below first: plain decode's size is measured all the time). */
+	if (c->cal[n] > 0) {
+		for (int i = (int)n - 1; i >= 1; i--)
+			if (c->cal[i] > 0 && measured(c, (uint32_t)i))
+				return c->cal[n] * c->t[i] / c->cal[i];
+		for (uint32_t i = n + 1; i <= c->max_n; i++)
+			if (c->cal[i] > 0 && measured(c, i))
+				return c->cal[n] * c->t[i] / c->cal[i];
+	}
 	/* The nearest measured sizes below and above, scaled by the byte model between. */
 	int lo = -1, hi = -1;
 	for (int i = (int)n - 1; i >= 1; i--)
@@ -247,6 +257,14 @@ void md_spec_ctl_observe(struct md_spec_ctl *c, uint32_t n, double dt)
 		c->max_n = n;
 }
 
+void md_spec_ctl_calibrate(struct md_spec_ctl *c, uint32_t n, double dt)
+{
+	if (n == 0 || n > MD_SPEC_CTL_MAXN || !(dt > 0))
+		return;
+	c->cal[n] = c->cal[n] > 0 ? 0.5 * (c->cal[n] + dt) : dt;
+	md_spec_ctl_observe(c, n, dt);
+}
+
 static bool fresh(const struct md_spec_ctl *c, uint32_t n)
 {
 	if (n > MD_SPEC_CTL_MAXN)
@@ -291,9 +309,13 @@ void md_spec_ctl_prior(const struct md_spec_ctl *c, struct md_spec_seq *ss)
 {
 	if (ss->drafter >= MD_SPEC_CTL_DRAFTERS || c->g_acc_n[ss->drafter] < 1)
 		return;
-	double a = c->g_acc_w[ss->drafter] / c->g_acc_n[ss->drafter];
-	ss->acc_w = a * PRIOR_TRIALS;
-	ss->acc_n = PRIOR_TRIALS;
+	/* Smoothed, and weighted by no more judgements than it rests on: one rejected probe
+	 * does not start every later request at alpha 0.2. */
+	double n = c->g_acc_n[ss->drafter];
+	double a = (c->g_acc_w[ss->drafter] + 1) / (n + 2);
+	double w = n < PRIOR_TRIALS ? n : PRIOR_TRIALS;
+	ss->acc_w = a * w;
+	ss->acc_n = w;
 }
 
 static double alpha_ucb(const struct md_spec_seq *ss)

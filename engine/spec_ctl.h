@@ -32,7 +32,10 @@
  * time is interpolated linearly in n; beyond the largest it follows the secant over the
  * measured range (linear from zero with one size measured), never less than R's ratio says:
  * the controller does not count on a speedup it has not seen. A draft model adds its rounds'
- * measured CPU time.
+ * measured CPU time. The engine measures the sizes one sequence needs (1..k+1 tokens) before
+ * it serves (md_spec_ctl_calibrate), and a calibrated size not measured lately is estimated
+ * from the calibrated shape scaled by the nearest size measured lately: so a request's first
+ * drafts are weighed against known times, not against probes it would pay for.
  *
  * Acceptance model. Each sequence keeps decayed counts of its draft tokens judged and accepted;
  * alpha = (accepted + 1) / (judged + 2) is the chance that a draft token is accepted given the
@@ -90,6 +93,7 @@ struct md_spec_ctl {
 	uint64_t next_frontier;           /* no frontier probe before this step */
 	uint32_t max_n;                   /* the largest size measured */
 	double r[MD_SPEC_CTL_MAXN + 1];   /* R(n), bytes */
+	double cal[MD_SPEC_CTL_MAXN + 1]; /* CPU seconds measured before serving (0: not) */
 	uint64_t chosen_steps, spec_steps; /* steps decided, and those that speculated */
 	double g_acc_w[MD_SPEC_CTL_DRAFTERS], g_acc_n[MD_SPEC_CTL_DRAFTERS]; /* per drafter, decayed */
 };
@@ -109,6 +113,10 @@ double md_spec_ctl_cost(const struct md_spec_ctl *c, uint32_t n);
 double md_spec_ctl_cost_hi(const struct md_spec_ctl *c, uint32_t n);
 /* A decode-only step of n tokens took dt seconds (md_spec_ctl_clock) in the forward pass. */
 void md_spec_ctl_observe(struct md_spec_ctl *c, uint32_t n, double dt);
+/* A step of n tokens measured before serving (the engine's calibration): observed as above,
+ * and kept as the shape of the cost curve, t(n) = cal(n) * t(m) / cal(m) from the nearest
+ * size m measured lately, for a size not measured lately itself. */
+void md_spec_ctl_calibrate(struct md_spec_ctl *c, uint32_t n, double dt);
 /* The clock step costs are measured on: the process's CPU seconds (see DESIGN). */
 double md_spec_ctl_clock(void);
 

@@ -176,5 +176,23 @@ int main(void)
 		if (b > 1.1)
 			CHECK(r >= 0.85 * b);
 	}
+	/* Calibration: sizes measured before serving keep their shape once stale, scaled by
+	 * what plain decode costs now (a slower machine later: t(1) doubled). */
+	struct md_spec_ctl c;
+	memset(&c, 0, sizeof(c));
+	md_spec_ctl_set_bytes(&c, 28e6, 14.2e6, 4, 16, 2);
+	const double cal[] = { 0, 1e-3, 1.5e-3, 1.8e-3, 2.1e-3 };
+	for (int pass = 0; pass < 2; pass++)
+		for (uint32_t n = 1; n <= 4; n++)
+			md_spec_ctl_calibrate(&c, n, cal[n]);
+	CHECK(fabs(md_spec_ctl_cost(&c, 3) - 1.8e-3) < 1e-9);
+	for (int i = 0; i < 600; i++) {
+		c.chosen_steps++;
+		md_spec_ctl_observe(&c, 1, 2e-3);
+	}
+	CHECK_CONTEXT("stale calibrated size: %.3f ms", md_spec_ctl_cost(&c, 3) * 1e3);
+	CHECK(fabs(md_spec_ctl_cost(&c, 3) - 3.6e-3) < 0.05 * 3.6e-3);
+	/* a size never calibrated nor measured: the byte model's floor, not the shape */
+	CHECK(md_spec_ctl_cost(&c, 6) > md_spec_ctl_cost(&c, 1));
 	return failures ? 1 : 0;
 }
