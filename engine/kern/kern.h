@@ -98,6 +98,9 @@ struct md_kern {
 	/* Float vector helpers for attention and norms. */
 	float (*dot_f32)(const float *a, const float *b, int64_t n);
 	void (*axpy_f32)(float *y, float a, const float *x, int64_t n); /* y += a * x */
+	/* The same against IEEE half rows (latent attention's cached rows): a . b, y += a * x. */
+	float (*dot_f32_f16)(const float *a, const uint16_t *b, int64_t n);
+	void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n);
 	float (*sumsq_f32)(const float *x, int64_t n);                  /* in double-ish order */
 	void (*scale_mul_f32)(float *y, const float *x, float s, const float *w, int64_t n); /* y = x*s*w */
 };

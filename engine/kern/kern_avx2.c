@@ -1105,6 +1105,7 @@ INLINE void tile_q6_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 #define VF __m512
 #define VW 16
 #define vzero() _mm512_setzero_ps()
+#define vset1(x) _mm512_set1_ps(x)
 #define vld(p) _mm512_loadu_ps(p)
 #define vst(p, v) _mm512_storeu_ps(p, v)
 #define vfma(a, b, c) _mm512_fmadd_ps(a, b, c)
@@ -1117,6 +1118,7 @@ INLINE void tile_q6_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 #define VF __m256
 #define VW 8
 #define vzero() _mm256_setzero_ps()
+#define vset1(x) _mm256_set1_ps(x)
 #define vld(p) _mm256_loadu_ps(p)
 #define vst(p, v) _mm256_storeu_ps(p, v)
 #define vfma(a, b, c) _mm256_fmadd_ps(a, b, c)
@@ -1518,6 +1520,30 @@ static void vaxpy(float *y, float a, const float *x, int64_t n)
 		y[i] += a * x[i];
 }
 
+static float vdot_f16(const float *a, const uint16_t *b, int64_t n)
+{
+	VF acc0 = vzero(), acc1 = vzero();
+	int64_t i = 0;
+	for (; i + 2 * VW <= n; i += 2 * VW) {
+		acc0 = vfma(vld(a + i), vld_f16(b + i), acc0);
+		acc1 = vfma(vld(a + i + VW), vld_f16(b + i + VW), acc1);
+	}
+	float s = vhsum(vadd(acc0, acc1));
+	for (; i < n; i++)
+		s += a[i] * md_f16_to_f32(b[i]);
+	return s;
+}
+
+static void vaxpy_f16(float *y, float a, const uint16_t *x, int64_t n)
+{
+	int64_t i = 0;
+	const VF va = vset1(a);
+	for (; i + VW <= n; i += VW)
+		vst(y + i, vfma(va, vld_f16(x + i), vld(y + i)));
+	for (; i < n; i++)
+		y[i] += a * md_f16_to_f32(x[i]);
+}
+
 static float vsumsq(const float *x, int64_t n)
 {
 	return vdot(x, x, n);
@@ -1569,6 +1595,8 @@ static const struct md_kern table = {
 	.quant_q8k = quant_q8k,
 	.dot_f32 = vdot,
 	.axpy_f32 = vaxpy,
+	.dot_f32_f16 = vdot_f16,
+	.axpy_f16 = vaxpy_f16,
 	.sumsq_f32 = vsumsq,
 	.scale_mul_f32 = vscale_mul,
 };

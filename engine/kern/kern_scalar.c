@@ -373,6 +373,25 @@ static void vaxpy(float *y, float a, const float *x, int64_t n)
 		y[i] += a * x[i];
 }
 
+static float vdot_f16(const float *a, const uint16_t *b, int64_t n)
+{
+	float acc[8] = { 0 };
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		for (int j = 0; j < 8; j++)
+			acc[j] += a[i + j] * md_f16_to_f32(b[i + j]);
+	float s = 0;
+	for (; i < n; i++)
+		s += a[i] * md_f16_to_f32(b[i]);
+	return s + ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+static void vaxpy_f16(float *y, float a, const uint16_t *x, int64_t n)
+{
+	for (int64_t i = 0; i < n; i++)
+		y[i] += a * md_f16_to_f32(x[i]);
+}
+
 static float vsumsq(const float *x, int64_t n)
 {
 	return vdot(x, x, n);
@@ -408,6 +427,8 @@ const struct md_kern md_kern_scalar = {
 	.quant_q8k = quant_q8k,
 	.dot_f32 = vdot,
 	.axpy_f32 = vaxpy,
+	.dot_f32_f16 = vdot_f16,
+	.axpy_f16 = vaxpy_f16,
 	.sumsq_f32 = vsumsq,
 	.scale_mul_f32 = vscale_mul,
 };

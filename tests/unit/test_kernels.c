@@ -202,6 +202,23 @@ static void test_helpers(const struct md_kern *k)
 	md_kern_scalar.scale_mul_f32(y2, a, 1.7f, w, n);
 	for (int i = 0; i < n; i++)
 		CHECK_MSG(y1[i] == y2[i], "%s scale_mul[%d] %g vs %g", k->name, i, y1[i], y2[i]);
+
+	/* Half rows (latent attention's cache): against the sums in double of the decoded halves. */
+	uint16_t h[77];
+	double ref = 0;
+	for (int i = 0; i < n; i++) {
+		h[i] = md_f32_to_f16(b[i]);
+		ref += (double)a[i] * md_f16_to_f32(h[i]);
+		y1[i] = y2[i] = w[i];
+	}
+	d1 = k->dot_f32_f16(a, h, n);
+	CHECK_MSG(fabs(d1 - ref) <= 1e-5 * (1 + fabs(ref)), "%s dot_f32_f16 %g vs %g", k->name, d1, ref);
+	k->axpy_f16(y1, -0.61f, h, n);
+	for (int i = 0; i < n; i++) {
+		double want = w[i] + -0.61 * md_f16_to_f32(h[i]);
+		CHECK_MSG(fabs(y1[i] - want) <= 1e-6 * (1 + fabs(want)), "%s axpy_f16[%d] %g vs %g",
+			  k->name, i, y1[i], want);
+	}
 }
 
 /*
