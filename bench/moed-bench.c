@@ -309,10 +309,8 @@ int main(int argc, char **argv)
 		max_len = n_prompt + vks[i] > max_len ? n_prompt + vks[i] : max_len;
 	}
 	uint32_t per_seq = (uint32_t)(max_len + MD_KV_BLOCK_TOKENS) / MD_KV_BLOCK_TOKENS;
-	uint32_t k_dim, v_dim;
-	md_model_kv_dims(&model, &k_dim, &v_dim);
-	if (md_kv_init_dims(&b.kv, model.hp.n_layer, k_dim, v_dim, per_seq * (uint32_t)n_seq,
-			    (uint32_t)n_seq)) {
+	if (md_kv_init_rows(&b.kv, model.hp.n_layer, md_model_kv_rows(&model),
+			    per_seq * (uint32_t)n_seq, (uint32_t)n_seq)) {
 		fprintf(stderr, "moed-bench: cannot allocate the KV cache\n");
 		return 1;
 	}

@@ -61,16 +61,15 @@ int md_draft_load(struct md_draft_model *dm, const char *path, const struct md_m
 	dm->n_vocab = hp->n_vocab;
 	dm->budget = budget;
 	dm->max_seqs = max_seqs;
-	uint32_t k_dim, v_dim;
-	md_model_kv_dims(&dm->model, &k_dim, &v_dim);
-	uint64_t block_bytes = MD_KV_BLOCK_TOKENS * md_kv_token_bytes(hp->n_layer, k_dim, v_dim);
+	const struct md_kv_rows rows = md_model_kv_rows(&dm->model);
+	uint64_t block_bytes = MD_KV_BLOCK_TOKENS * md_kv_token_bytes(hp->n_layer, rows);
 	uint64_t per_seq = (n_ctx + MD_KV_BLOCK_TOKENS - 1) / MD_KV_BLOCK_TOKENS + 1;
 	uint64_t blocks = ((uint64_t)kv_mb << 20) / (block_bytes ? block_bytes : 1);
 	if (blocks > per_seq * max_seqs)
 		blocks = per_seq * max_seqs;
 	if (blocks < per_seq)
 		blocks = per_seq;
-	if ((rc = md_kv_init_dims(&dm->kv, hp->n_layer, k_dim, v_dim, (uint32_t)blocks, max_seqs))) {
+	if ((rc = md_kv_init_rows(&dm->kv, hp->n_layer, rows, (uint32_t)blocks, max_seqs))) {
 		snprintf(err, errlen, "cannot allocate the draft model's KV cache");
 		return rc;
 	}

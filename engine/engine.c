@@ -470,12 +470,10 @@ static uint32_t blocks_for(uint32_t n_pos)
 }
 
 /* Bytes of one KV block of the model's rows (latent attention caches one row of its own width
- * and no V: md_model_kv_dims). */
+ * and no V: md_model_kv_rows). */
 static uint64_t kv_block_bytes(const struct md_model *m)
 {
-	uint32_t k_dim, v_dim;
-	md_model_kv_dims(m, &k_dim, &v_dim);
-	return MD_KV_BLOCK_TOKENS * md_kv_token_bytes(m->hp.n_layer, k_dim, v_dim);
+	return MD_KV_BLOCK_TOKENS * md_kv_token_bytes(m->hp.n_layer, md_model_kv_rows(m));
 }
 
 /* Choose the experts' mode and make their tiers (engine/expert_tiers.h); the plan may lower
@@ -1179,8 +1177,6 @@ static int setup_kv(struct md_engine *e)
 {
 	const struct md_engine_config *c = &e->cfg;
 	const struct md_hparams *hp = &e->model.hp;
-	uint32_t k_dim, v_dim; /* latent attention caches one row of its own width, no V */
-	md_model_kv_dims(&e->model, &k_dim, &v_dim);
 	uint64_t block_bytes = kv_block_bytes(&e->model);
 	uint64_t min_blocks = blocks_for(e->n_ctx) + 1;
 	uint64_t n_blocks = c->kv_blocks;
@@ -1198,7 +1194,8 @@ static int setup_kv(struct md_engine *e)
 		n_blocks = useful;
 	if (n_blocks < min_blocks)
 		n_blocks = min_blocks;
-	int rc = md_kv_init_dims(&e->kv, hp->n_layer, k_dim, v_dim, (uint32_t)n_blocks, c->max_seqs);
+	int rc = md_kv_init_rows(&e->kv, hp->n_layer, md_model_kv_rows(&e->model), (uint32_t)n_blocks,
+				 c->max_seqs);
 	if (rc) {
 		snprintf(e->err, sizeof(e->err), "cannot allocate the KV cache (%llu blocks)",
 			 (unsigned long long)n_blocks);
@@ -1210,10 +1207,21 @@ static int setup_kv(struct md_engine *e)
 	}
 	e->kv_ready = true;
 	if (c->progress)
-		md_log(MD_LOG_INFO, "KV cache %llu blocks of %d tokens (%.1f MiB), context %u, "
-		       "%u sequences, step budget %u tokens", (unsigned long long)n_blocks,
-		       MD_KV_BLOCK_TOKENS, n_blocks * block_bytes / 1048576.0, e->n_ctx, c->max_seqs,
+		md_log(MD_LOG_INFO, "KV cache %llu blocks of %d tokens (%.1f MiB, %llu bytes per "
+		       "token), context %u, %u sequences, step budget %u tokens",
+		       (unsigned long long)n_blocks, MD_KV_BLOCK_TOKENS,
+		       n_blocks * block_bytes / 1048576.0,
+		       (unsigned long long)(block_bytes / MD_KV_BLOCK_TOKENS), e->n_ctx, c->max_seqs,
 		       c->step_tokens);
+	if (c->progress && hp->kv_lora_rank) {
+		/* What the decompressed heads would take: K (nope + rope) and V per head. */
+		uint64_t full = (uint64_t)hp->n_layer * hp->n_head *
+				(hp->head_dim_nope + hp->n_rot + hp->head_dim_v);
+		md_log(MD_LOG_INFO, "latent attention caches %u halves per token and layer; "
+		       "decompressed K and V would take %llu bytes per token in float, %llu in half",
+		       hp->kv_lora_rank + hp->n_rot, (unsigned long long)(full * 4),
+		       (unsigned long long)(full * 2));
+	}
 	return 0;
 }
 

@@ -48,17 +48,20 @@ static inline bool seq_ok(const struct md_kv_cache *kv, int seq)
 int md_kv_init(struct md_kv_cache *kv, uint32_t n_layer, uint32_t kv_dim, uint32_t n_blocks,
 	       uint32_t max_seqs)
 {
-	return md_kv_init_dims(kv, n_layer, kv_dim, kv_dim, n_blocks, max_seqs);
+	const struct md_kv_rows rows = { kv_dim, kv_dim, false };
+	return md_kv_init_rows(kv, n_layer, rows, n_blocks, max_seqs);
 }
 
-uint64_t md_kv_token_bytes(uint32_t n_layer, uint32_t k_dim, uint32_t v_dim)
+uint64_t md_kv_token_bytes(uint32_t n_layer, struct md_kv_rows rows)
 {
-	return (uint64_t)n_layer * ((uint64_t)k_dim + v_dim) * sizeof(float);
+	return (uint64_t)n_layer * ((uint64_t)rows.k_dim * (rows.k_half ? 2 : 4) +
+				    (uint64_t)rows.v_dim * sizeof(float));
 }
 
-int md_kv_init_dims(struct md_kv_cache *kv, uint32_t n_layer, uint32_t k_dim, uint32_t v_dim,
+int md_kv_init_rows(struct md_kv_cache *kv, uint32_t n_layer, struct md_kv_rows kr,
 		    uint32_t n_blocks, uint32_t max_seqs)
 {
+	const uint32_t k_dim = kr.k_dim, v_dim = kr.v_dim;
 	memset(kv, 0, sizeof(*kv));
 	if (n_layer == 0 || k_dim == 0 || n_blocks == 0 || max_seqs == 0)
 		return -EINVAL;
@@ -69,10 +72,11 @@ int md_kv_init_dims(struct md_kv_cache *kv, uint32_t n_layer, uint32_t k_dim, ui
 	size_t rows = (size_t)n_layer * n_blocks * MD_KV_BLOCK_TOKENS;
 	kv->n_layer = n_layer;
 	kv->kv_dim = k_dim;
+	kv->k_bytes = kr.k_half ? 2 : 4;
 	kv->v_dim = v_dim;
 	kv->n_blocks = n_blocks;
 	kv->max_seqs = max_seqs;
-	kv->k = malloc(rows * k_dim * sizeof(float));
+	kv->k = malloc(rows * k_dim * kv->k_bytes);
 	kv->v = v_dim ? malloc(rows * v_dim * sizeof(float)) : NULL;
 	kv->free_list = malloc(n_blocks * sizeof(int32_t));
 	kv->refs = calloc(n_blocks, sizeof(uint32_t));
@@ -161,12 +165,12 @@ static void block_put(struct md_kv_cache *kv, int32_t b)
 /* Copy every layer's K and V rows of block src into dst. */
 static void block_copy(struct md_kv_cache *kv, int32_t dst, int32_t src)
 {
-	const size_t rows = (size_t)MD_KV_BLOCK_TOKENS * kv->kv_dim;
+	const size_t kbytes = (size_t)MD_KV_BLOCK_TOKENS * kv->kv_dim * kv->k_bytes;
 	const size_t vrows = (size_t)MD_KV_BLOCK_TOKENS * kv->v_dim;
+	char *k = kv->k;
 	for (uint32_t l = 0; l < kv->n_layer; l++) {
 		size_t base = (size_t)l * kv->n_blocks;
-		memcpy(kv->k + (base + (size_t)dst) * rows, kv->k + (base + (size_t)src) * rows,
-		       rows * sizeof(float));
+		memcpy(k + (base + (size_t)dst) * kbytes, k + (base + (size_t)src) * kbytes, kbytes);
 		if (vrows)
 			memcpy(kv->v + (base + (size_t)dst) * vrows,
 			       kv->v + (base + (size_t)src) * vrows, vrows * sizeof(float));
@@ -427,17 +431,30 @@ static inline size_t kv_row(const struct md_kv_cache *kv, uint32_t l, int seq, u
 	return ((size_t)l * kv->n_blocks + blk) * MD_KV_BLOCK_TOKENS + pos % MD_KV_BLOCK_TOKENS;
 }
 
-void md_kv_write_rows(struct md_kv_cache *kv, uint32_t l, int seq, uint32_t pos, float **k,
-		      float **v)
+/* Row index of a position about to be written (asserted writable: md_kv_write_rows). */
+static size_t write_row(const struct md_kv_cache *kv, uint32_t l, int seq, uint32_t pos)
 {
 	MD_ASSERT(seq_ok(kv, seq) && l < kv->n_layer);
 	const struct md_kv_seq *s = &kv->seqs[seq];
 	MD_ASSERT(pos >= s->n_pos && pos / MD_KV_BLOCK_TOKENS < s->n_blocks);
 	MD_ASSERT(kv->refs[s->blocks[pos / MD_KV_BLOCK_TOKENS]] == 1);
 	MD_ASSERT(!kv->px || !kv->px->reg[s->blocks[pos / MD_KV_BLOCK_TOKENS]]);
-	size_t row = kv_row(kv, l, seq, pos);
-	*k = kv->k + row * kv->kv_dim;
+	return kv_row(kv, l, seq, pos);
+}
+
+void md_kv_write_rows(struct md_kv_cache *kv, uint32_t l, int seq, uint32_t pos, float **k,
+		      float **v)
+{
+	MD_ASSERT(kv->k_bytes == sizeof(float));
+	size_t row = write_row(kv, l, seq, pos);
+	*k = (float *)kv->k + row * kv->kv_dim;
 	*v = kv->v ? kv->v + row * kv->v_dim : NULL;
+}
+
+uint16_t *md_kv_write_k16(struct md_kv_cache *kv, uint32_t l, int seq, uint32_t pos)
+{
+	MD_ASSERT(kv->k_bytes == 2);
+	return (uint16_t *)kv->k + write_row(kv, l, seq, pos) * kv->kv_dim;
 }
 
 int md_kv_commit(struct md_kv_cache *kv, int seq, uint32_t n_pos)
@@ -453,7 +470,14 @@ int md_kv_commit(struct md_kv_cache *kv, int seq, uint32_t n_pos)
 
 const float *md_kv_k(const struct md_kv_cache *kv, uint32_t l, int seq, uint32_t pos)
 {
-	return kv->k + kv_row(kv, l, seq, pos) * kv->kv_dim;
+	MD_ASSERT(kv->k_bytes == sizeof(float));
+	return (const float *)kv->k + kv_row(kv, l, seq, pos) * kv->kv_dim;
+}
+
+const uint16_t *md_kv_k16(const struct md_kv_cache *kv, uint32_t l, int seq, uint32_t pos)
+{
+	MD_ASSERT(kv->k_bytes == 2);
+	return (const uint16_t *)kv->k + kv_row(kv, l, seq, pos) * kv->kv_dim;
 }
 
 const float *md_kv_v(const struct md_kv_cache *kv, uint32_t l, int seq, uint32_t pos)

@@ -66,8 +66,9 @@ struct md_kv_prefix {
 
 struct md_kv_cache {
 	uint32_t n_layer;
-	uint32_t kv_dim;            /* floats per K row (n_head_kv * head_dim; the latent row of
+	uint32_t kv_dim;            /* elements per K row (n_head_kv * head_dim; the latent row of
 				     * multi-head latent attention: kv_lora_rank + rope dims) */
+	uint32_t k_bytes;           /* bytes per K element: 4 (float) or 2 (IEEE half) */
 	uint32_t v_dim;             /* floats per V row; 0: no V rows (the model reads its values
 				     * from the K rows, as latent attention does) */
 	uint32_t n_blocks;          /* pool size */
@@ -75,7 +76,8 @@ struct md_kv_cache {
 	int32_t *free_list;         /* owned (n_blocks): the first n_free are free block ids */
 	uint32_t *refs;             /* owned (n_blocks): block tables holding each block, 0 = free */
 	uint32_t *_writers;         /* owned (n_blocks): md_kv_batch_begin's scratch, all 0 between calls */
-	float *k;                   /* owned: (n_layer, n_blocks, MD_KV_BLOCK_TOKENS, kv_dim) */
+	void *k;                    /* owned: (n_layer, n_blocks, MD_KV_BLOCK_TOKENS, kv_dim) of
+				     * float or half (k_bytes) */
 	float *v;                   /* owned: (n_layer, n_blocks, MD_KV_BLOCK_TOKENS, v_dim); NULL
 				     * when v_dim is 0 */
 	struct md_kv_seq *seqs;     /* owned (max_seqs) */
@@ -83,18 +85,25 @@ struct md_kv_cache {
 	struct md_kv_prefix *px;    /* owned: the prefix cache, NULL while disabled */
 };
 
-/* Allocate a pool of n_blocks blocks for up to max_seqs sequences. Returns 0, -EINVAL (a zero
- * size), -EOVERFLOW or -ENOMEM (kv zeroed then). */
+/* What one token's rows hold per layer (md_model_kv_rows says it for a model): k_dim elements
+ * per K row and v_dim floats per V row, v_dim 0 for a model whose values live in its K rows.
+ * k_half: the K rows are IEEE half, not float. Multi-head latent attention caches one
+ * compressed row per token and layer, in half as llama.cpp does (its default F16 cache);
+ * every other model caches float K and V rows. */
+struct md_kv_rows {
+	uint32_t k_dim, v_dim;
+	bool k_half;
+};
+
+/* Allocate a pool of n_blocks blocks for up to max_seqs sequences, float K and V rows of
+ * kv_dim. Returns 0, -EINVAL (a zero size), -EOVERFLOW or -ENOMEM (kv zeroed then). */
 int md_kv_init(struct md_kv_cache *kv, uint32_t n_layer, uint32_t kv_dim, uint32_t n_blocks,
 	       uint32_t max_seqs);
-/* The same with the row widths of a model that says them (md_model_kv_dims): k_dim floats per
- * K row and v_dim per V row, v_dim 0 for a model whose values live in its K rows (multi-head
- * latent attention caches one compressed row per token and layer). md_kv_init is this with
- * k_dim = v_dim = kv_dim. */
-int md_kv_init_dims(struct md_kv_cache *kv, uint32_t n_layer, uint32_t k_dim, uint32_t v_dim,
+/* The same with the rows a model says (md_model_kv_rows). */
+int md_kv_init_rows(struct md_kv_cache *kv, uint32_t n_layer, struct md_kv_rows rows,
 		    uint32_t n_blocks, uint32_t max_seqs);
-/* Bytes one token's rows take over all layers for these widths (the pool's unit of memory). */
-uint64_t md_kv_token_bytes(uint32_t n_layer, uint32_t k_dim, uint32_t v_dim);
+/* Bytes one token's rows take over all layers (the pool's unit of memory). */
+uint64_t md_kv_token_bytes(uint32_t n_layer, struct md_kv_rows rows);
 void md_kv_release(struct md_kv_cache *kv);
 
 /* Claim a free sequence slot (empty: length 0, no blocks); returns its id or -ENOSPC. */
@@ -171,9 +180,11 @@ int md_kv_batch_begin(struct md_kv_cache *kv, int n, const int32_t *seq, const i
 
 /* Rows of layer l where K and V of (seq, pos) are to be written, kv_dim and v_dim floats (*v is
  * NULL when v_dim is 0). pos must be at or beyond seq's committed length and made writable by
- * md_kv_batch_begin or md_kv_reserve (asserted: the block is reserved and not shared). */
+ * md_kv_batch_begin or md_kv_reserve (asserted: the block is reserved and not shared). Float
+ * K rows only; md_kv_write_k16 is the half rows' writer. */
 void md_kv_write_rows(struct md_kv_cache *kv, uint32_t l, int seq, uint32_t pos, float **k,
 		      float **v);
+uint16_t *md_kv_write_k16(struct md_kv_cache *kv, uint32_t l, int seq, uint32_t pos);
 
 /* Positions [0, n_pos) of seq are written: its length becomes n_pos. Returns 0, or -EINVAL
  * (unknown seq, n_pos below its length - use md_kv_truncate - or beyond its reservation). */
@@ -181,8 +192,9 @@ int md_kv_commit(struct md_kv_cache *kv, int seq, uint32_t n_pos);
 
 /* Row of K (or V) for layer l, sequence seq, position pos, kv_dim (v_dim) floats; the position
  * must be reserved. Valid until the next call that changes seq's block table. md_kv_v must
- * not be called when v_dim is 0. */
+ * not be called when v_dim is 0. md_kv_k is for float K rows, md_kv_k16 for half ones. */
 const float *md_kv_k(const struct md_kv_cache *kv, uint32_t l, int seq, uint32_t pos);
+const uint16_t *md_kv_k16(const struct md_kv_cache *kv, uint32_t l, int seq, uint32_t pos);
 const float *md_kv_v(const struct md_kv_cache *kv, uint32_t l, int seq, uint32_t pos);
 
 #endif

@@ -48,15 +48,19 @@ bool md_model_is_moe(const struct md_model *m)
 	return m->hp.n_expert > 0;
 }
 
-void md_model_kv_dims(const struct md_model *m, uint32_t *k_dim, uint32_t *v_dim)
+struct md_kv_rows md_model_kv_rows(const struct md_model *m)
 {
 	const struct md_hparams *hp = &m->hp;
+	struct md_kv_rows r;
 	if (hp->kv_lora_rank) {
-		*k_dim = hp->kv_lora_rank + hp->n_rot;
-		*v_dim = 0;
+		r.k_dim = hp->kv_lora_rank + hp->n_rot;
+		r.v_dim = 0;
+		r.k_half = true;
 	} else {
-		*k_dim = *v_dim = hp->n_head_kv * hp->head_dim;
+		r.k_dim = r.v_dim = hp->n_head_kv * hp->head_dim;
+		r.k_half = false;
 	}
+	return r;
 }
 
 __attribute__((format(printf, 3, 4)))

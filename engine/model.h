@@ -8,6 +8,7 @@
 
 #include "engine/gguf.h"
 #include "engine/kern/matmul.h"
+#include "engine/kv_cache.h"
 #include "engine/quant.h"
 
 enum md_arch {
@@ -180,9 +181,9 @@ const char *md_arch_name(enum md_arch a);
 bool md_layer_is_swa(const struct md_hparams *hp, uint32_t il);
 bool md_model_is_moe(const struct md_model *m);
 
-/* Floats per token and layer the model's KV cache rows hold: K (n_head_kv * head_dim) and V
- * (the same), or for latent attention one compressed row (kv_lora_rank + n_rot) and no V
- * (*v_dim 0). For md_kv_init_dims. */
-void md_model_kv_dims(const struct md_model *m, uint32_t *k_dim, uint32_t *v_dim);
+/* The model's KV cache rows per token and layer: float K (n_head_kv * head_dim) and V (the
+ * same), or for latent attention one compressed half row (kv_lora_rank + n_rot) and no V.
+ * For md_kv_init_rows. */
+struct md_kv_rows md_model_kv_rows(const struct md_model *m);
 
 #endif

@@ -154,10 +154,8 @@ int main(int argc, char **argv)
 
 	struct md_kv_cache kv;
 	uint32_t blocks_per_seq = (uint32_t)(max_len + MD_KV_BLOCK_TOKENS - 1) / MD_KV_BLOCK_TOKENS;
-	uint32_t k_dim, v_dim;
-	md_model_kv_dims(&model, &k_dim, &v_dim);
-	if (md_kv_init_dims(&kv, model.hp.n_layer, k_dim, v_dim, blocks_per_seq * (uint32_t)n_seqs,
-			    (uint32_t)n_seqs)) {
+	if (md_kv_init_rows(&kv, model.hp.n_layer, md_model_kv_rows(&model),
+			    blocks_per_seq * (uint32_t)n_seqs, (uint32_t)n_seqs)) {
 		fprintf(stderr, "moed-run: cannot allocate the KV cache\n");
 		return 1;
 	}

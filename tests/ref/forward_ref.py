@@ -482,7 +482,8 @@ class Model:
     def attn_mla(self, L, h, c, pos):
         """deepseek2 attention of h (T, N), decompressed: per head q = [q_nope, rope(q_pe)],
         k = [W_k_b,h latent, rope(k_pe)], v = W_v_b,h latent, latent = RMSNorm of the first
-        kv_lora_rank outputs of W_kv_a. Appends k, v to the cache c."""
+        kv_lora_rank outputs of W_kv_a, rounded to half as a cache holds it. Appends k, v to the
+        cache c."""
         T = h.shape[0]
         H, C, R, Dn = self.n_head, self.kv_lora, self.n_rot, self.nope
         if L.wq is None:
@@ -493,6 +494,10 @@ class Model:
         kva = self.mm(h, L.wkv_a)                                   # (T, C+R)
         lat = rmsnorm(kva[:, :C], L.kv_a_norm, self.eps)            # (T, C)
         k_pe = self.rope_apply(kva[:, None, C:].copy(), pos)          # (T, 1, R)
+        # The cache holds the latent and the rope key in half (llama.cpp's F16 cache, moed's
+        # latent rows): every later use reads them rounded.
+        lat = lat.astype(np.float16).astype(np.float64)
+        k_pe = k_pe.astype(np.float16).astype(np.float64)
         q_pe = self.rope_apply(q[:, :, Dn:].copy(), pos)              # (T, H, R)
         k_nope = np.einsum("hdc,tc->thd", L.k_b, lat)               # (T, H, Dn)
         v = np.einsum("hdc,tc->thd", L.v_b, lat)                    # (T, H, Dv)

@@ -477,9 +477,7 @@ static void test_forward_fork_arch(const char *moed_gguf, const char *const *arg
 	}
 	const struct md_hparams *hp = &w.m.hp;
 	w.V = hp->n_vocab;
-	uint32_t k_dim, v_dim;
-	md_model_kv_dims(&w.m, &k_dim, &v_dim);
-	CHECK_EQ_I(md_kv_init_dims(&w.kv, hp->n_layer, k_dim, v_dim, 32, 8), 0);
+	CHECK_EQ_I(md_kv_init_rows(&w.kv, hp->n_layer, md_model_kv_rows(&w.m), 32, 8), 0);
 	w.f = md_forward_new(&w.m, 2, 64);
 	CHECK(w.f != NULL);
 	const size_t V = w.V;
@@ -649,16 +647,24 @@ static void test_prefix_cache(void)
 	md_kv_release(&kv);
 }
 
-/* Rows without V (latent attention): K rows of their own width, no V storage, the same
- * sharing and copy-on-write. */
+/* A half value of (l, tag, p, i), distinct for the sizes here. */
+static uint16_t hval(uint32_t l, int tag, uint32_t p, int i)
+{
+	return md_f32_to_f16(val(l, tag, p, i) / 4096.0f);
+}
+
+/* Rows without V, in half (latent attention): K rows of their own width and element size, no
+ * V storage, the same sharing and copy-on-write. */
 static void test_k_only(void)
 {
 	enum { W = 12 };
+	const struct md_kv_rows rows = { W, 0, true };
 	struct md_kv_cache kv;
-	CHECK_EQ_I(md_kv_init_dims(&kv, 2, W, 0, 6, 2), 0);
+	CHECK_EQ_I(md_kv_init_rows(&kv, 2, rows, 6, 2), 0);
 	CHECK(kv.v == NULL);
-	CHECK_EQ_U(md_kv_token_bytes(2, W, 0), 2 * W * sizeof(float));
-	CHECK_EQ_U(md_kv_token_bytes(2, W, W), 4 * W * sizeof(float));
+	CHECK_EQ_U(md_kv_token_bytes(2, rows), 2 * W * sizeof(uint16_t));
+	const struct md_kv_rows full = { W, W, false };
+	CHECK_EQ_U(md_kv_token_bytes(2, full), 4 * W * sizeof(float));
 	int a = md_kv_seq_new(&kv);
 	CHECK_EQ_I(md_kv_reserve(&kv, a, 20), 0);
 	int32_t sq[20], ps[20];
@@ -667,28 +673,28 @@ static void test_k_only(void)
 	CHECK_EQ_I(md_kv_batch_begin(&kv, 20, sq, ps), 0);
 	for (uint32_t l = 0; l < 2; l++)
 		for (uint32_t p = 0; p < 20; p++) {
-			float *k, *v;
-			md_kv_write_rows(&kv, l, a, p, &k, &v);
-			CHECK(v == NULL);
+			uint16_t *k = md_kv_write_k16(&kv, l, a, p);
 			for (int i = 0; i < W; i++)
-				k[i] = val(l, 1, p, i);
+				k[i] = hval(l, 1, p, i);
 		}
 	CHECK_EQ_I(md_kv_commit(&kv, a, 20), 0);
-	/* A fork at 18 writes into the shared tail block: a copy, a's rows stay. */
+	/* A fork at 18 writes into the shared tail block: a copy of every layer's rows, a's stay. */
 	int b = md_kv_seq_fork(&kv, a, 18);
 	CHECK_EQ_I(md_kv_reserve(&kv, b, 19), 0);
 	CHECK(md_kv_seq_block(&kv, a, 17) != md_kv_seq_block(&kv, b, 17));
-	float *k, *v;
-	md_kv_write_rows(&kv, 1, b, 18, &k, &v);
-	k[0] = -1.0f;
+	uint16_t *k = md_kv_write_k16(&kv, 1, b, 18);
+	for (int i = 0; i < W; i++)
+		k[i] = hval(1, 2, 18, i);
 	int ok = 1;
 	for (uint32_t l = 0; l < 2; l++)
 		for (uint32_t p = 0; p < 20; p++)
 			for (int i = 0; i < W; i++) {
-				ok &= md_kv_k(&kv, l, a, p)[i] == val(l, 1, p, i);
+				ok &= md_kv_k16(&kv, l, a, p)[i] == hval(l, 1, p, i);
 				if (p < 18)
-					ok &= md_kv_k(&kv, l, b, p)[i] == val(l, 1, p, i);
+					ok &= md_kv_k16(&kv, l, b, p)[i] == hval(l, 1, p, i);
 			}
+	for (int i = 0; i < W; i++)
+		ok &= md_kv_k16(&kv, 1, b, 18)[i] == hval(1, 2, 18, i);
 	CHECK(ok);
 	check_accounting(&kv);
 	md_kv_release(&kv);
@@ -758,13 +764,14 @@ static void test_prefix_tail(void)
 	md_kv_release(&kv);
 }
 
-/* The prefix cache on rows without V: a finished sequence's partial last block is copied, K
- * rows only, into the next sequence with those tokens. */
+/* The prefix cache on half rows without V: a finished sequence's partial last block is copied,
+ * K rows only, into the next sequence with those tokens. */
 static void test_k_only_prefix_tail(void)
 {
 	enum { W = 12, NT = 21 };
+	const struct md_kv_rows rows = { W, 0, true };
 	struct md_kv_cache kv;
-	REQUIRE(CHECK_EQ_I(md_kv_init_dims(&kv, 2, W, 0, 6, 2), 0));
+	REQUIRE(CHECK_EQ_I(md_kv_init_rows(&kv, 2, rows, 6, 2), 0));
 	REQUIRE(CHECK_EQ_I(md_kv_prefix_enable(&kv), 0));
 	int32_t toks[32], sq[NT], ps[NT];
 	for (int i = 0; i < 32; i++)
@@ -776,10 +783,9 @@ static void test_k_only_prefix_tail(void)
 	CHECK_EQ_I(md_kv_batch_begin(&kv, NT, sq, ps), 0);
 	for (uint32_t l = 0; l < 2; l++)
 		for (uint32_t p = 0; p < NT; p++) {
-			float *k, *v;
-			md_kv_write_rows(&kv, l, a, p, &k, &v);
+			uint16_t *k = md_kv_write_k16(&kv, l, a, p);
 			for (int i = 0; i < W; i++)
-				k[i] = val(l, 1, p, i);
+				k[i] = hval(l, 1, p, i);
 		}
 	CHECK_EQ_I(md_kv_commit(&kv, a, NT), 0);
 	md_kv_prefix_register_tail(&kv, a, toks, NT);
@@ -790,7 +796,7 @@ static void test_k_only_prefix_tail(void)
 	for (uint32_t l = 0; l < 2; l++)
 		for (uint32_t p = 0; p < NT; p++)
 			for (int i = 0; i < W; i++)
-				ok &= md_kv_k(&kv, l, b, p)[i] == val(l, 1, p, i);
+				ok &= md_kv_k16(&kv, l, b, p)[i] == hval(l, 1, p, i);
 	CHECK(ok);
 	check_accounting(&kv);
 	md_kv_seq_free(&kv, b);
