@@ -131,7 +131,7 @@ static const struct opt options[] = {
 	  "reuse the KV of a prompt's cached leading blocks (true or false)" },
 	{ "engine", "expert-cache-mb", 0, OPT_DOUBLE, OFF(expert_cache_mb), "0", -1, 1 << 30, NULL,
 	  false, "host RAM for routed experts read from the file (0 = auto: only when the file "
-	  "exceeds 80% of the memory limit; -1 = never, keep the mapping)" },
+	  "exceeds 110% of the memory limit; -1 = never, keep the mapping)" },
 	{ "engine", "device-expert-mb", 0, OPT_INT, OFF(device_expert_mb), "0", 0, 1 << 30, NULL,
 	  false, "device memory for the hottest experts (a tier above host RAM; 0 = none)" },
 	{ "engine", "expert-device", 0, OPT_STRING, OFF(expert_device), "auto", 0, 0, v_xdev,

@@ -25,12 +25,21 @@ static void test_plan(void)
 	CHECK_EQ_U(p.kv_bytes, 512 * MB);
 	CHECK(strstr(p.why, "fits in 80%") != NULL);
 
+	in.limit = 2100 * MB; /* 2300 <= 1.1 * 2100: the page cache keeps nearly all of it */
+	md_mem_plan_make(&in, &p);
+	CHECK(!p.store && !p.refuse);
+	CHECK(strstr(p.why, "within 110%") != NULL);
+	in.limit = 2000 * MB; /* 2300 > 2200: the store */
+	md_mem_plan_make(&in, &p);
+	CHECK(p.store);
+	CHECK(strstr(p.why, "exceeds 110%") != NULL);
+
 	in.limit = 1300 * MB; /* usable 1040: dense 300, KV capped at 130, experts 610 */
 	md_mem_plan_make(&in, &p);
 	CHECK(p.store);
 	CHECK_EQ_U(p.kv_bytes, in.limit / 10 * 8 / 8);
 	CHECK_EQ_U(p.cache_bytes, in.limit / 10 * 8 - 300 * MB - p.kv_bytes);
-	CHECK(strstr(p.why, "exceeds 80%") != NULL);
+	CHECK(strstr(p.why, "exceeds 110%") != NULL);
 
 	in.limit = 600 * MB; /* nothing left: the smallest budget that serves a step, */
 	md_mem_plan_make(&in, &p); /* 300 + 60 + 160 = 520 <= 600 - 60 */
@@ -91,19 +100,11 @@ static void test_plan(void)
 	md_mem_plan_make(&mm, &p);
 	CHECK(!p.refuse && p.kv_bytes == 512 * MB && strstr(p.why, "capped") == NULL);
 
-	in.limit = 128 * MB; /* 3 + 32 + 13 fit; the cache gets the rest below 128 - 32 */
+	in.limit = 96 * MB; /* 3 + 32 + 13 fit; the cache gets the rest below 96 - 32 */
 	md_mem_plan_make(&in, &p);
 	CHECK(p.store && !p.refuse);
 	CHECK_EQ_U(p.kv_bytes, 32 * MB);
-	CHECK_EQ_U(p.cache_bytes, 96 * MB - 3 * MB - 32 * MB);
-
-	in.limit = 100000 * MB; /* cache never above the experts' bytes */
-	in.cache_mb = 0;
-	in.file_bytes = 85000 * MB;
-	in.expert_bytes = 10 * MB;
-	md_mem_plan_make(&in, &p);
-	CHECK(p.store);
-	CHECK_EQ_U(p.cache_bytes, 10 * MB);
+	CHECK_EQ_U(p.cache_bytes, 64 * MB - 3 * MB - 32 * MB);
 
 	/* Forced either way, and the cases that keep the mapping. */
 	in = (struct md_mem_plan_in){ .limit = 1300 * MB, .file_bytes = 2300 * MB,
