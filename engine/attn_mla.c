@@ -5,8 +5,8 @@
  *   1. q (n, H * (Dn + R)) = W_q_b RMSNorm(W_q_a xn), or W_q xn without q_lora_rank;
  *      kva (n, C + R) = W_kv_a_mqa xn (one pass over the pool for the products of xn).
  *   2. Per token: c = RMSNorm(kva[0, C)), k_pe = rope(kva[C, C + R)); the cache row [c, k_pe]
- *      is written in half (IEEE binary16, as llama.cpp's F16 cache holds it); every head's q_pe = rope(q_h[Dn, Dn + R)); q_h[0, Dn) is gathered
- *      head-major into qn (H, n, Dn).
+ *      is written in half (IEEE binary16, as llama.cpp's F16 cache holds it); every head's
+ *      q_pe = rope(q_h[Dn, Dn + R)); q_h[0, Dn) is gathered head-major into qn (H, n, Dn).
  *   3. qabs (H, n, C) = W_k_b,h qn_h for every head (the heads are groups of one grouped
  *      product, as the experts of a MoE layer are).
  *   4. qcat (n, H, C + R) = [qabs, q_pe]; per (token, head) the scores scale * qcat . row(p)

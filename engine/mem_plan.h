@@ -12,8 +12,8 @@
  * and 1550 runs shared the machine with a compile, so only their ratios count. Beyond
  * 110%, the dense weights (embeddings, attention, norms, routers, shared experts) stay mapped
  * and the routed experts go through the store, whose host budget is what is left of 80% of
- * the limit after the dense weights and the KV pool; the KV pool gets at most an eighth of it then, and
- * never less than the engine's floor (one full context).
+ * the limit after the dense weights and the KV pool; the KV pool gets at most an eighth of
+ * it then, and never less than the engine's floor (one full context).
  * Whatever the 80%, dense weights, KV and cache together stay a reserve below the limit (a
  * tenth of it, at least 32 MiB: the process's own code, heap and buffers). When the store's
  * smallest budget (one step's experts) is more than what is left, the budget is raised to it

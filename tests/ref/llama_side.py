@@ -4,7 +4,8 @@ every generated position, the log-probabilities of llama.cpp's top 5 within a to
 moed's for the same token ids.
 
 The model comes from `moed-gguf gen` (the tensor names, shapes and metadata keys llama.cpp's
-converter writes). llama.cpp runs it with its own llama-server (f32 KV cache, no flash
+converter writes). llama.cpp runs it with its own llama-server (f32 KV cache, f16 for
+deepseek2 whose latent rows moed caches in half, as llama.cpp does by default; no flash
 attention, temperature 0, /completion with n_probs 5 before sampling, the prompt as token ids,
 no BOS: the synthetic vocabulary adds none) and generates greedily. The server parses every
 output as text and fails on bytes that are not UTF-8, which a random-weight model writes, so
@@ -129,11 +130,11 @@ def moed_side(run, model, prompt, gen, n_vocab, tmp):
     return lp[len(prompt) - 1:len(prompt) - 1 + len(gen)]
 
 
-def llama_side(server, model, prompt, banned, tmp):
+def llama_side(server, model, prompt, banned, tmp, cache_type="f32"):
     port = free_port()
     log = open(os.path.join(tmp, "llama-server.log"), "w")
     proc = subprocess.Popen([server, "-m", model, "--host", "127.0.0.1", "--port", str(port),
-                             "-c", "256", "-np", "1", "-t", "2", "-ctk", "f32", "-ctv", "f32",
+                             "-c", "256", "-np", "1", "-t", "2", "-ctk", cache_type, "-ctv", cache_type,
                              "-fa", "off", "--no-warmup"], stdout=log, stderr=subprocess.STDOUT)
     base = "http://127.0.0.1:%d" % port
     try:
@@ -235,7 +236,8 @@ def main(argv=None):
         rng = np.random.default_rng(a.seed)
         prompt = [int(x) for x in rng.integers(0, 480, PROMPT_LEN)]
         banned = banned_tokens(model)
-        l_ids, l_top = llama_side(server, model, prompt, banned, tmp)
+        l_ids, l_top = llama_side(server, model, prompt, banned, tmp,
+                                  "f16" if a.arch == "deepseek2" else "f32")
         m_lp = moed_side(a.moed_run, model, prompt, l_ids, 512, tmp)
         allowed = np.ones(512, dtype=bool)
         allowed[banned] = False
