@@ -5,7 +5,8 @@
  *   1. q (n, H * (Dn + R)) = W_q_b RMSNorm(W_q_a xn), or W_q xn without q_lora_rank;
  *      kva (n, C + R) = W_kv_a_mqa xn (one pass over the pool for the products of xn).
  *   2. Per token: c = RMSNorm(kva[0, C)), k_pe = rope(kva[C, C + R)); the cache row [c, k_pe]
- *      is written in half (IEEE binary16, as llama.cpp's F16 cache holds it); every head's
+ *      is written in half (IEEE binary16, as llama.cpp's F16 cache holds it; float with
+ *      the engine's kv_f32); every head's
  *      q_pe = rope(q_h[Dn, Dn + R)); q_h[0, Dn) is gathered head-major into qn (H, n, Dn).
  *   3. qabs (H, n, C) = W_k_b,h qn_h for every head (the heads are groups of one grouped
  *      product, as the experts of a MoE layer are).
@@ -155,6 +156,7 @@ static void score_worker(void *ctx, int ith, int nth)
 	const int n = j->b->n_tokens;
 	const float scale = hp->attn_scale;
 	const struct md_kern *kn = md_kern_active(); /* NULL: portable loops */
+	const bool half = j->kv->k_bytes == 2;
 	float *sc = j->scores + j->cap * (size_t)ith;
 	int total = n * H;
 	int per = (total + nth - 1) / nth;
@@ -165,14 +167,25 @@ static void score_worker(void *ctx, int ith, int nth)
 		const float *q = a->qcat + ((size_t)t * H + h) * W;
 		float mx = -INFINITY;
 		for (int p = 0; p <= pos; p++) {
-			const uint16_t *kr = md_kv_k16(j->kv, j->layer, seq, (uint32_t)p);
 			float s;
-			if (kn) {
-				s = kn->dot_f32_f16(q, kr, W);
+			if (!half) {
+				const float *kr = md_kv_k(j->kv, j->layer, seq, (uint32_t)p);
+				if (kn) {
+					s = kn->dot_f32(q, kr, W);
+				} else {
+					s = 0;
+					for (int d = 0; d < W; d++)
+						s += q[d] * kr[d];
+				}
 			} else {
-				s = 0;
-				for (int d = 0; d < W; d++)
-					s += q[d] * md_f16_to_f32(kr[d]);
+				const uint16_t *kr = md_kv_k16(j->kv, j->layer, seq, (uint32_t)p);
+				if (kn) {
+					s = kn->dot_f32_f16(q, kr, W);
+				} else {
+					s = 0;
+					for (int d = 0; d < W; d++)
+						s += q[d] * md_f16_to_f32(kr[d]);
+				}
 			}
 			s *= scale;
 			sc[p] = s;
@@ -188,8 +201,18 @@ static void score_worker(void *ctx, int ith, int nth)
 		float *o = a->olat + ((size_t)h * n + t) * C;
 		memset(o, 0, (size_t)C * sizeof(float));
 		for (int p = 0; p <= pos; p++) {
-			const uint16_t *cr = md_kv_k16(j->kv, j->layer, seq, (uint32_t)p);
 			float w = sc[p] * inv;
+			if (!half) {
+				const float *cr = md_kv_k(j->kv, j->layer, seq, (uint32_t)p);
+				if (kn) {
+					kn->axpy_f32(o, w, cr, C);
+					continue;
+				}
+				for (int d = 0; d < C; d++)
+					o[d] += w * cr[d];
+				continue;
+			}
+			const uint16_t *cr = md_kv_k16(j->kv, j->layer, seq, (uint32_t)p);
 			if (kn) {
 				kn->axpy_f16(o, w, cr, C);
 				continue;
@@ -210,8 +233,7 @@ void md_mla_attention(struct md_mla *a, struct md_pool *pool, struct md_kv_cache
 	const int64_t C = hp->kv_lora_rank, R = hp->n_rot, Dn = hp->head_dim_nope, Dv = hp->head_dim_v;
 	const int64_t QW = Dn + R; /* a head's query width */
 	const float eps = hp->rms_eps;
-	MD_ASSERT(n <= a->max_tokens && kv->kv_dim == (uint32_t)(C + R) && kv->v_dim == 0 &&
-		  kv->k_bytes == 2);
+	MD_ASSERT(n <= a->max_tokens && kv->kv_dim == (uint32_t)(C + R) && kv->v_dim == 0);
 
 	/* 1. The products of xn. */
 	struct md_mat wkv = md_mat_of(L->wkv_a_mqa, 0);
@@ -238,9 +260,15 @@ void md_mla_attention(struct md_mla *a, struct md_pool *pool, struct md_kv_cache
 			md_rope_table(&a->rope, b->pos[t], a->cs);
 		md_rmsnorm(kva, kva, L->kv_a_norm->data, C, eps);
 		md_rope_apply(&a->rope, a->cs, kva + C);
-		uint16_t *kr = md_kv_write_k16(kv, il, b->seq[t], (uint32_t)b->pos[t]);
-		for (int64_t d = 0; d < C + R; d++)
-			kr[d] = md_f32_to_f16(kva[d]);
+		if (kv->k_bytes == 2) {
+			uint16_t *kr = md_kv_write_k16(kv, il, b->seq[t], (uint32_t)b->pos[t]);
+			for (int64_t d = 0; d < C + R; d++)
+				kr[d] = md_f32_to_f16(kva[d]);
+		} else {
+			float *kr, *vr;
+			md_kv_write_rows(kv, il, b->seq[t], (uint32_t)b->pos[t], &kr, &vr);
+			memcpy(kr, kva, (size_t)(C + R) * sizeof(float));
+		}
 		for (int h = 0; h < H; h++) {
 			float *qh = q + (size_t)h * QW;
 			md_rope_apply(&a->rope, a->cs, qh + Dn);

@@ -469,11 +469,19 @@ static uint32_t blocks_for(uint32_t n_pos)
 	return (n_pos + MD_KV_BLOCK_TOKENS - 1) / MD_KV_BLOCK_TOKENS;
 }
 
-/* Bytes of one KV block of the model's rows (latent attention caches one row of its own width
- * and no V: md_model_kv_rows). */
-static uint64_t kv_block_bytes(const struct md_model *m)
+/* The rows the KV cache holds: the model's (latent attention caches one half row of its own
+ * width and no V: md_model_kv_rows), in float with kv_f32. */
+static struct md_kv_rows kv_rows(const struct md_engine *e)
 {
-	return MD_KV_BLOCK_TOKENS * md_kv_token_bytes(m->hp.n_layer, md_model_kv_rows(m));
+	struct md_kv_rows r = md_model_kv_rows(&e->model);
+	r.k_half = r.k_half && !e->cfg.kv_f32;
+	return r;
+}
+
+/* Bytes of one KV block. */
+static uint64_t kv_block_bytes(const struct md_engine *e)
+{
+	return MD_KV_BLOCK_TOKENS * md_kv_token_bytes(e->model.hp.n_layer, kv_rows(e));
 }
 
 /* Choose the experts' mode and make their tiers (engine/expert_tiers.h); the plan may lower
@@ -482,7 +490,7 @@ static int setup_experts(struct md_engine *e)
 {
 	const struct md_engine_config *c = &e->cfg;
 	/* setup_kv's pool: kv-blocks when set, else the budget, never less than one context */
-	uint64_t bb = kv_block_bytes(&e->model);
+	uint64_t bb = kv_block_bytes(e);
 	uint64_t kv_min = (blocks_for(e->n_ctx) + 1) * bb;
 	uint64_t kv = c->kv_blocks ? c->kv_blocks * bb : e->kv_mem_bytes;
 	struct md_expert_tiers_config tc = {
@@ -1177,7 +1185,7 @@ static int setup_kv(struct md_engine *e)
 {
 	const struct md_engine_config *c = &e->cfg;
 	const struct md_hparams *hp = &e->model.hp;
-	uint64_t block_bytes = kv_block_bytes(&e->model);
+	uint64_t block_bytes = kv_block_bytes(e);
 	uint64_t min_blocks = blocks_for(e->n_ctx) + 1;
 	uint64_t n_blocks = c->kv_blocks;
 	if (n_blocks && n_blocks < min_blocks) {
@@ -1194,8 +1202,7 @@ static int setup_kv(struct md_engine *e)
 		n_blocks = useful;
 	if (n_blocks < min_blocks)
 		n_blocks = min_blocks;
-	int rc = md_kv_init_rows(&e->kv, hp->n_layer, md_model_kv_rows(&e->model), (uint32_t)n_blocks,
-				 c->max_seqs);
+	int rc = md_kv_init_rows(&e->kv, hp->n_layer, kv_rows(e), (uint32_t)n_blocks, c->max_seqs);
 	if (rc) {
 		snprintf(e->err, sizeof(e->err), "cannot allocate the KV cache (%llu blocks)",
 			 (unsigned long long)n_blocks);
@@ -1217,10 +1224,10 @@ static int setup_kv(struct md_engine *e)
 		/* What the decompressed heads would take: K (nope + rope) and V per head. */
 		uint64_t full = (uint64_t)hp->n_layer * hp->n_head *
 				(hp->head_dim_nope + hp->n_rot + hp->head_dim_v);
-		md_log(MD_LOG_INFO, "latent attention caches %u halves per token and layer; "
+		md_log(MD_LOG_INFO, "latent attention caches %u %s per token and layer; "
 		       "decompressed K and V would take %llu bytes per token in float, %llu in half",
-		       hp->kv_lora_rank + hp->n_rot, (unsigned long long)(full * 4),
-		       (unsigned long long)(full * 2));
+		       hp->kv_lora_rank + hp->n_rot, c->kv_f32 ? "floats" : "halves",
+		       (unsigned long long)(full * 4), (unsigned long long)(full * 2));
 	}
 	return 0;
 }

@@ -55,6 +55,7 @@ struct md_engine_config {
 	uint32_t max_queue;         /* waiting requests before submit answers -EAGAIN */
 	bool progress;              /* print load progress on stderr */
 	bool no_prefix_cache;       /* compute every prompt in full (default: reuse cached blocks) */
+	bool kv_f32;                /* latent attention's cache rows in float, not half */
 	/* Load progress as one line ("loading weights 40%"), called on the engine thread while
 	 * loading (for the service manager's STATUS=); NULL for none. Must be thread-safe. */
 	void (*status_cb)(void *arg, const char *status);

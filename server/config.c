@@ -53,6 +53,14 @@ static int v_log_format(const char *v, char *err, size_t errlen)
 	return -EINVAL;
 }
 
+static int v_kv_type(const char *v, char *err, size_t errlen)
+{
+	if (strcmp(v, "auto") == 0 || strcmp(v, "f32") == 0)
+		return 0;
+	snprintf(err, errlen, "must be auto or f32");
+	return -EINVAL;
+}
+
 static int v_spec(const char *v, char *err, size_t errlen)
 {
 	if (strcmp(v, "off") == 0 || strcmp(v, "ngram") == 0 || strcmp(v, "draft") == 0 ||
@@ -129,6 +137,9 @@ static const struct opt options[] = {
 	  "requests waiting for admission before new ones get 429" },
 	{ "engine", "prefix-cache", 0, OPT_BOOL, OFF(prefix_cache), "true", 0, 1, NULL, false,
 	  "reuse the KV of a prompt's cached leading blocks (true or false)" },
+	{ "engine", "kv-cache-type", 0, OPT_STRING, OFF(kv_cache_type), "auto", 0, 0, v_kv_type,
+	  false, "KV cache element type: auto (float K/V rows; latent attention's compressed rows "
+	  "in half, as llama.cpp's f16 cache) or f32 (float everywhere)" },
 	{ "engine", "expert-cache-mb", 0, OPT_DOUBLE, OFF(expert_cache_mb), "0", -1, 1 << 30, NULL,
 	  false, "host RAM for routed experts read from the file (0 = auto: only when the file "
 	  "exceeds 110% of the memory limit; -1 = never, keep the mapping)" },

@@ -35,6 +35,7 @@ struct md_config {
 	int64_t max_queue;
 	int64_t max_tokens_cap;
 	int64_t prefix_cache;       /* 0 or 1 */
+	char *kv_cache_type;        /* owned: "auto" or "f32" */
 	char *trace_routing;        /* owned; "" = no routing trace */
 	int64_t expert_batching;    /* 1 on, 0 off */
 	double expert_cache_mb;     /* 0 auto, -1 never, > 0 MiB */

@@ -284,6 +284,7 @@ int main(int argc, char **argv)
 		.max_queue = (uint32_t)a->cfg.max_queue,
 		.progress = true,
 		.no_prefix_cache = !a->cfg.prefix_cache,
+		.kv_f32 = strcmp(a->cfg.kv_cache_type, "f32") == 0,
 		.status_cb = on_load_status,
 		.trace_routing = a->cfg.trace_routing,
 		.expert_batching = a->cfg.expert_batching,

@@ -31,13 +31,14 @@ static void usage(FILE *o)
 {
 	fprintf(o,
 		"usage: moed-run -m MODEL.gguf -p IDS[;IDS...] [-n N] [--chunk C] [-t THREADS]\n"
-		"                [--dump-logits PATH]\n"
+		"                [--dump-logits PATH] [--kv-f32]\n"
 		"  -p IDS          prompt(s): comma-separated token ids, ';' between sequences\n"
 		"  -n N            greedy tokens to generate per sequence (default 16)\n"
 		"  --chunk C       prefill micro-batches of at most C tokens, round-robin over sequences\n"
 		"  -t THREADS      compute threads (default 1)\n"
 		"  --dump-logits P write float32 logits of every prompt position and generation step\n"
-		"  -v              print each decode step's tokens and time\n");
+		"  -v              print each decode step's tokens and time\n"
+		"  --kv-f32        cache latent attention's rows in float, not half\n");
 }
 
 static int parse_prompts(const char *arg, struct seq *seqs, int *n_seqs)
@@ -86,7 +87,7 @@ int main(int argc, char **argv)
 {
 	const char *model_path = NULL, *prompts = NULL, *dump = NULL;
 	int n_gen = 16, chunk = 0, n_threads = 1;
-	bool verbose = false;
+	bool verbose = false, kv_f32 = false;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -105,6 +106,8 @@ int main(int argc, char **argv)
 			n_threads = atoi(v), i++;
 		} else if (!strcmp(a, "-v")) {
 			verbose = true;
+		} else if (!strcmp(a, "--kv-f32")) {
+			kv_f32 = true;
 		} else if (!strcmp(a, "--dump-logits") && v) {
 			dump = v, i++;
 		} else {
@@ -154,7 +157,9 @@ int main(int argc, char **argv)
 
 	struct md_kv_cache kv;
 	uint32_t blocks_per_seq = (uint32_t)(max_len + MD_KV_BLOCK_TOKENS - 1) / MD_KV_BLOCK_TOKENS;
-	if (md_kv_init_rows(&kv, model.hp.n_layer, md_model_kv_rows(&model),
+	struct md_kv_rows kv_rows = md_model_kv_rows(&model);
+	kv_rows.k_half = kv_rows.k_half && !kv_f32;
+	if (md_kv_init_rows(&kv, model.hp.n_layer, kv_rows,
 			    blocks_per_seq * (uint32_t)n_seqs, (uint32_t)n_seqs)) {
 		fprintf(stderr, "moed-run: cannot allocate the KV cache\n");
 		return 1;

@@ -156,10 +156,13 @@ def act_q8(x, block):
 
 
 class Model:
-    def __init__(self, path, act_quant=False):
+    def __init__(self, path, act_quant=False, latent_half=True):
         """act_quant: emulate kernels that round activations to 8 bits before every matmul
-        with a quantized weight (a diagnostic: the default is the exact computation)."""
+        with a quantized weight (a diagnostic: the default is the exact computation).
+        latent_half: deepseek2's cached latent rows are rounded to half (the engine's default;
+        False for its kv-cache-type f32)."""
         self.act_quant = act_quant
+        self.latent_half = latent_half
         self.route_flips = set()    # (layer, position): take the (k+1)-th expert for the k-th;
                                     # (layer, position, "group"): the same for expert groups
         self.route_margins = None   # or a list of per-layer dicts position -> margin
@@ -495,9 +498,10 @@ class Model:
         lat = rmsnorm(kva[:, :C], L.kv_a_norm, self.eps)            # (T, C)
         k_pe = self.rope_apply(kva[:, None, C:].copy(), pos)          # (T, 1, R)
         # The cache holds the latent and the rope key in half (llama.cpp's F16 cache, moed's
-        # latent rows): every later use reads them rounded.
-        lat = lat.astype(np.float16).astype(np.float64)
-        k_pe = k_pe.astype(np.float16).astype(np.float64)
+        # latent rows by default): every later use reads them rounded.
+        if self.latent_half:
+            lat = lat.astype(np.float16).astype(np.float64)
+            k_pe = k_pe.astype(np.float16).astype(np.float64)
         q_pe = self.rope_apply(q[:, :, Dn:].copy(), pos)              # (T, H, R)
         k_nope = np.einsum("hdc,tc->thd", L.k_b, lat)               # (T, H, Dn)
         v = np.einsum("hdc,tc->thd", L.v_b, lat)                    # (T, H, Dv)

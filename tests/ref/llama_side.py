@@ -4,8 +4,7 @@ every generated position, the log-probabilities of llama.cpp's top 5 within a to
 moed's for the same token ids.
 
 The model comes from `moed-gguf gen` (the tensor names, shapes and metadata keys llama.cpp's
-converter writes). llama.cpp runs it with its own llama-server (f32 KV cache, f16 for
-deepseek2 whose latent rows moed caches in half, as llama.cpp does by default; no flash
+converter writes). llama.cpp runs it with its own llama-server (f32 KV cache, no flash
 attention, temperature 0, /completion with n_probs 5 before sampling, the prompt as token ids,
 no BOS: the synthetic vocabulary adds none) and generates greedily. The server parses every
 output as text and fails on bytes that are not UTF-8, which a random-weight model writes, so
@@ -118,11 +117,11 @@ def banned_tokens(model):
     return out
 
 
-def moed_side(run, model, prompt, gen, n_vocab, tmp):
+def moed_side(run, model, prompt, gen, n_vocab, tmp, kv="f32"):
     """moed's log-probabilities at each generated position, teacher-forced on gen."""
     dump = os.path.join(tmp, "moed.logits")
     sh(run, "-m", model, "-p", ",".join(map(str, prompt + gen)), "-n", "1", "-t", "2",
-       "--dump-logits", dump)
+       "--dump-logits", dump, *(["--kv-f32"] if kv == "f32" else []))
     z = np.fromfile(dump, dtype=np.float32).astype(np.float64).reshape(-1, n_vocab)
     m = z.max(1, keepdims=True)
     lp = z - m - np.log(np.exp(z - m).sum(1, keepdims=True))
@@ -130,11 +129,11 @@ def moed_side(run, model, prompt, gen, n_vocab, tmp):
     return lp[len(prompt) - 1:len(prompt) - 1 + len(gen)]
 
 
-def llama_side(server, model, prompt, banned, tmp, cache_type="f32"):
+def llama_side(server, model, prompt, banned, tmp, kv="f32"):
     port = free_port()
     log = open(os.path.join(tmp, "llama-server.log"), "w")
     proc = subprocess.Popen([server, "-m", model, "--host", "127.0.0.1", "--port", str(port),
-                             "-c", "256", "-np", "1", "-t", "2", "-ctk", cache_type, "-ctv", cache_type,
+                             "-c", "256", "-np", "1", "-t", "2", "-ctk", kv, "-ctv", kv,
                              "-fa", "off", "--no-warmup"], stdout=log, stderr=subprocess.STDOUT)
     base = "http://127.0.0.1:%d" % port
     try:
@@ -179,12 +178,12 @@ def top_diff(lp_row, top):
     return max(abs(lp_row[t] - lp) for t, lp in top)
 
 
-def explain_routing(model, prompt, gen, i, l_top, m_lp, tol):
+def explain_routing(model, prompt, gen, i, l_top, m_lp, tol, kv="f32"):
     """Whether llama.cpp's row i is the numpy reference's with near-tied routing choices
     flipped (at position i or before it; route_ties.py, the search parity.py uses), moed's the
     unflipped reference's. Returns the flips taken, or None."""
     import forward_ref
-    ref = forward_ref.Model(model, act_quant=True)
+    ref = forward_ref.Model(model, act_quant=True, latent_half=kv == "f16")
     toks = prompt + gen
     base = ref.forward(ref.new_cache(), toks)
 
@@ -208,6 +207,9 @@ def main(argv=None):
     ap.add_argument("--type", required=True)
     ap.add_argument("--exp-type")
     ap.add_argument("--tol", type=float)
+    ap.add_argument("--kv", choices=("f32", "f16"), default="f32",
+                    help="cache type of both: f32 (moed-run --kv-f32, llama.cpp -ctk/-ctv f32) "
+                         "or f16 (moed's default half latent rows, llama.cpp's default f16)")
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--keep", help="keep the model and logs in this directory")
     a = ap.parse_args(argv)
@@ -236,9 +238,8 @@ def main(argv=None):
         rng = np.random.default_rng(a.seed)
         prompt = [int(x) for x in rng.integers(0, 480, PROMPT_LEN)]
         banned = banned_tokens(model)
-        l_ids, l_top = llama_side(server, model, prompt, banned, tmp,
-                                  "f16" if a.arch == "deepseek2" else "f32")
-        m_lp = moed_side(a.moed_run, model, prompt, l_ids, 512, tmp)
+        l_ids, l_top = llama_side(server, model, prompt, banned, tmp, a.kv)
+        m_lp = moed_side(a.moed_run, model, prompt, l_ids, 512, tmp, a.kv)
         allowed = np.ones(512, dtype=bool)
         allowed[banned] = False
         m_ids = [int(np.argmax(np.where(allowed, row, -np.inf))) for row in m_lp]
@@ -250,7 +251,8 @@ def main(argv=None):
         bad, ties, rties = [], [], []
         for i, d in enumerate(diffs):
             if d > tol:
-                why = explain_routing(model, prompt, l_ids, i, l_top, m_lp, tol) if quant else None
+                why = (explain_routing(model, prompt, l_ids, i, l_top, m_lp, tol, a.kv)
+                       if quant else None)
                 (rties if why else bad).append((i, d, why))
         for i, (x, y) in enumerate(zip(m_ids, l_ids)):
             if x != y:

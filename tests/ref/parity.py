@@ -282,6 +282,9 @@ def main(argv=None):
                     help="weights' std [0.08; %g for deepseek2 and glm4moe]" % OWN_STD)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--keep", help="keep the model and dumps in this directory")
+    ap.add_argument("--kv-f32", action="store_true",
+                    help="deepseek2: the engine caches its latent rows in float (moed-run "
+                         "--kv-f32) and the reference does not round them to half")
     ap.add_argument("--exact", action="store_true",
                     help="judge against the exact reference only, with the float tolerance "
                          "(for the dequantize-and-dot kernels, MOED_KERNELS=ref)")
@@ -311,9 +314,11 @@ def main(argv=None):
                 "moed-gguf gen")
         else:
             raise ValueError("give --moed-gguf or --py-gen")
-        variants = [("exact", forward_ref.Model(model_path))]
+        half = not a.kv_f32
+        variants = [("exact", forward_ref.Model(model_path, latent_half=half))]
         if jtype in QUANT_TYPES and not a.exact:
-            variants.append(("act-q8", forward_ref.Model(model_path, act_quant=True)))
+            variants.append(("act-q8", forward_ref.Model(model_path, act_quant=True,
+                                                         latent_half=half)))
         rng = np.random.default_rng(a.seed + 1000)
         V = variants[0][1].n_vocab
         cases = [("single", [rng.integers(0, V, 12).tolist()], None),
@@ -325,6 +330,8 @@ def main(argv=None):
                    "-p", ";".join(",".join(map(str, p)) for p in prompts), "--dump-logits", dump]
             if chunk:
                 cmd += ["--chunk", str(chunk)]
+            if a.kv_f32:
+                cmd += ["--kv-f32"]
             out = run(cmd, "moed-run")
             c_gen = parse_seqs(out, len(prompts))
             for g in c_gen:
