@@ -349,8 +349,15 @@ int main(int argc, char **argv)
 	double gib = stat(path, &st) == 0 ? (double)st.st_size / (1024.0 * 1024 * 1024) : 0;
 	const char *name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
 	const struct md_kern *k = md_kern_active();
-	const char *wt = model.layers[0].gate_exps ? md_dtype_info(model.layers[0].gate_exps->type)->name :
-			 md_dtype_info(model.layers[0].wq->type)->name;
+	/* The weight type named: the first MoE layer's experts (leading dense layers have none),
+	 * else the attention output's (every architecture has one; latent attention no wq). */
+	const struct md_tensor *wt_of = model.layers[0].wo;
+	for (uint32_t l = 0; l < model.hp.n_layer; l++)
+		if (model.layers[l].gate_exps) {
+			wt_of = model.layers[l].gate_exps;
+			break;
+		}
+	const char *wt = md_dtype_info(wt_of->type)->name;
 	if (nvk) {
 		printf("%s: %s experts, %.2f GiB, %d threads, %s kernels; verification steps, context %d, "
 		       "%d steps per size and round, %d rounds\n\n", name, wt, gib, n_threads,
