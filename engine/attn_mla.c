@@ -146,6 +146,51 @@ struct score_job {
 	size_t cap;
 };
 
+/* q . the first n elements of the cached row (l, seq, p), float or half rows; kn NULL: the
+ * portable loop. */
+static float row_dot(const struct md_kern *kn, const struct md_kv_cache *kv, uint32_t l, int seq,
+		     uint32_t p, const float *q, int n)
+{
+	float s = 0;
+	if (kv->k_bytes == 2) {
+		const uint16_t *r = md_kv_k16(kv, l, seq, p);
+		if (kn)
+			return kn->dot_f32_f16(q, r, n);
+		for (int d = 0; d < n; d++)
+			s += q[d] * md_f16_to_f32(r[d]);
+		return s;
+	}
+	const float *r = md_kv_k(kv, l, seq, p);
+	if (kn)
+		return kn->dot_f32(q, r, n);
+	for (int d = 0; d < n; d++)
+		s += q[d] * r[d];
+	return s;
+}
+
+/* o += w * the first n elements of the cached row (l, seq, p). */
+static void row_axpy(const struct md_kern *kn, const struct md_kv_cache *kv, uint32_t l, int seq,
+		     uint32_t p, float w, float *o, int n)
+{
+	if (kv->k_bytes == 2) {
+		const uint16_t *r = md_kv_k16(kv, l, seq, p);
+		if (kn) {
+			kn->axpy_f16(o, w, r, n);
+			return;
+		}
+		for (int d = 0; d < n; d++)
+			o[d] += w * md_f16_to_f32(r[d]);
+		return;
+	}
+	const float *r = md_kv_k(kv, l, seq, p);
+	if (kn) {
+		kn->axpy_f32(o, w, r, n);
+		return;
+	}
+	for (int d = 0; d < n; d++)
+		o[d] += w * r[d];
+}
+
 /* Step 4 for the (token, head) items of thread ith. */
 static void score_worker(void *ctx, int ith, int nth)
 {
@@ -156,7 +201,6 @@ static void score_worker(void *ctx, int ith, int nth)
 	const int n = j->b->n_tokens;
 	const float scale = hp->attn_scale;
 	const struct md_kern *kn = md_kern_active(); /* NULL: portable loops */
-	const bool half = j->kv->k_bytes == 2;
 	float *sc = j->scores + j->cap * (size_t)ith;
 	int total = n * H;
 	int per = (total + nth - 1) / nth;
@@ -167,27 +211,7 @@ static void score_worker(void *ctx, int ith, int nth)
 		const float *q = a->qcat + ((size_t)t * H + h) * W;
 		float mx = -INFINITY;
 		for (int p = 0; p <= pos; p++) {
-			float s;
-			if (!half) {
-				const float *kr = md_kv_k(j->kv, j->layer, seq, (uint32_t)p);
-				if (kn) {
-					s = kn->dot_f32(q, kr, W);
-				} else {
-					s = 0;
-					for (int d = 0; d < W; d++)
-						s += q[d] * kr[d];
-				}
-			} else {
-				const uint16_t *kr = md_kv_k16(j->kv, j->layer, seq, (uint32_t)p);
-				if (kn) {
-					s = kn->dot_f32_f16(q, kr, W);
-				} else {
-					s = 0;
-					for (int d = 0; d < W; d++)
-						s += q[d] * md_f16_to_f32(kr[d]);
-				}
-			}
-			s *= scale;
+			float s = row_dot(kn, j->kv, j->layer, seq, (uint32_t)p, q, W) * scale;
 			sc[p] = s;
 			if (s > mx)
 				mx = s;
@@ -201,24 +225,7 @@ static void score_worker(void *ctx, int ith, int nth)
 		float *o = a->olat + ((size_t)h * n + t) * C;
 		memset(o, 0, (size_t)C * sizeof(float));
 		for (int p = 0; p <= pos; p++) {
-			float w = sc[p] * inv;
-			if (!half) {
-				const float *cr = md_kv_k(j->kv, j->layer, seq, (uint32_t)p);
-				if (kn) {
-					kn->axpy_f32(o, w, cr, C);
-					continue;
-				}
-				for (int d = 0; d < C; d++)
-					o[d] += w * cr[d];
-				continue;
-			}
-			const uint16_t *cr = md_kv_k16(j->kv, j->layer, seq, (uint32_t)p);
-			if (kn) {
-				kn->axpy_f16(o, w, cr, C);
-				continue;
-			}
-			for (int d = 0; d < C; d++)
-				o[d] += w * md_f16_to_f32(cr[d]);
+			row_axpy(kn, j->kv, j->layer, seq, (uint32_t)p, sc[p] * inv, o, C);
 		}
 	}
 }
