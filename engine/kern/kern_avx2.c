@@ -767,6 +767,57 @@ INLINE void tile_qk45(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 		y[(size_t)t * ys] = hsum8(acc[t]);
 }
 
+#ifndef KERN_AVX512
+/* q4_K against 2..4 tokens on AVX2 (prefill): tile_qk45's sums, lane for lane, with the loops
+ * the other way round. tile_qk45 decodes all eight sub-blocks and then walks the tokens, which
+ * keeps 8 weight and 8 scale vectors live and spills on AVX2's 16 registers; here each pair of
+ * sub-blocks is decoded and dotted with every token before the next, so an integer sum per
+ * token stays in a register. The integer sums are exact and the float steps per block are
+ * tile_qk45's, so the result has the same bits as a single-token call. */
+INLINE void tile_q4_K_tok(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y,
+			  size_t ys, const int nt)
+{
+	__m256 acc[4];
+	for (int t = 0; t < nt; t++)
+		acc[t] = _mm256_setzero_ps();
+	const __m256i m4 = _mm256_set1_epi8(15);
+	const int64_t nb = n / 256;
+	for (int64_t b = 0; b < nb; b++, w += 144) {
+		uint8_t sc[8], m[8];
+		k_scales(w + 4, sc, m);
+		const float dw = ld_f16(w), dmin = ld_f16(w + 2);
+		const uint8_t *qs = w + 16;
+		const struct md_q8k *ab[4];
+		__m256i is[4];
+		for (int t = 0; t < nt; t++) {
+			ab[t] = (const struct md_q8k *)(a + (size_t)t * as) + b;
+			is[t] = _mm256_setzero_si256();
+		}
+		for (int p = 0; p < 4; p++) {
+			const __m256i x = ld256(qs + 32 * p);
+			const __m256i lo = _mm256_and_si256(x, m4);
+			const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+			const __m256i sl = _mm256_set1_epi16(sc[2 * p]);
+			const __m256i sh = _mm256_set1_epi16(sc[2 * p + 1]);
+			for (int t = 0; t < nt; t++)
+				is[t] = _mm256_add_epi32(is[t], _mm256_add_epi32(
+					dot_us8_scaled(lo, ld256(ab[t]->qs + 64 * p), sl),
+					dot_us8_scaled(hi, ld256(ab[t]->qs + 64 * p + 32), sh)));
+		}
+		const __m256i mp = mins_pairs(m);
+		for (int t = 0; t < nt; t++) {
+			const __m256i mv = _mm256_madd_epi16(ld256(ab[t]->bsums), mp);
+			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab[t]->d), _mm256_cvtepi32_ps(is[t]),
+						 acc[t]);
+			acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * ab[t]->d), _mm256_cvtepi32_ps(mv),
+						  acc[t]);
+		}
+	}
+	for (int t = 0; t < nt; t++)
+		y[(size_t)t * ys] = hsum8(acc[t]);
+}
+#endif
+
 #ifdef KERN_AVX512
 /* q4_K on AVX-512, the integer sums of tile_qk45 built with fewer instructions per block
  * (nothing else changes, lane for lane): the 6-bit scales and mins unpacked four at a time in
@@ -1099,6 +1150,67 @@ INLINE void tile_q6_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 		y[(size_t)t * ys] = hsum8(acc[t]);
 }
 
+#ifndef KERN_AVX512
+/* q6_K against 2..4 tokens on AVX2 (prefill), as tile_q4_K_tok: each 32-weight group is
+ * decoded (as the one-token path does) and dotted with every token before the next, instead
+ * of 8 decoded groups and 8 scale vectors waiting in registers. Same integer sums and float
+ * step per block as tile_q6_K, so the same bits. */
+INLINE void tile_q6_K_tok(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y,
+			  size_t ys, const int nt)
+{
+	__m256 acc[4];
+	for (int t = 0; t < nt; t++)
+		acc[t] = _mm256_setzero_ps();
+	const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
+	const int64_t nb = n / 256;
+	for (int64_t b = 0; b < nb; b++, w += 210) {
+		const uint8_t *ql = w, *qh = w + 128;
+		const struct md_q8k *ab[4];
+		__m256i is[4];
+		for (int t = 0; t < nt; t++) {
+			ab[t] = (const struct md_q8k *)(a + (size_t)t * as) + b;
+			is[t] = _mm256_setzero_si256();
+		}
+		const __m128i sc_lo = _mm_loadu_si128((const __m128i *)(w + 192));
+		for (int h = 0; h < 2; h++) {
+			const __m256i w16 = _mm256_broadcastsi128_si256(
+				_mm_cvtepi8_epi16(h ? _mm_srli_si128(sc_lo, 8) : sc_lo));
+			const __m256i l0 = ld256(ql + 64 * h), l1 = ld256(ql + 64 * h + 32);
+			const __m256i hh = ld256(qh + 32 * h);
+			for (int j = 0; j < 4; j++) {
+				const __m256i l = j & 1 ? l1 : l0;
+				const __m256i lo4 = j < 2 ? l : _mm256_srli_epi16(l, 4);
+				const __m256i hi2 = j == 0 ? _mm256_slli_epi16(hh, 4)
+						  : j == 1 ? _mm256_slli_epi16(hh, 2)
+						  : j == 2 ? hh : _mm256_srli_epi16(hh, 2);
+				const __m256i q = _mm256_or_si256(_mm256_and_si256(lo4, m4),
+								  _mm256_and_si256(hi2, m30));
+				const char lo = (char)(4 * j), hi = (char)(4 * j + 2);
+				const __m256i sh = _mm256_setr_epi8(lo, lo + 1, lo, lo + 1, lo, lo + 1, lo,
+					lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, hi, hi + 1, hi,
+					hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi,
+					hi + 1);
+				const __m256i sv = _mm256_shuffle_epi8(w16, sh);
+				for (int t = 0; t < nt; t++)
+					is[t] = _mm256_add_epi32(is[t], dot_us8_scaled(q,
+						ld256(ab[t]->qs + 128 * h + 32 * j), sv));
+			}
+		}
+		const __m256i sc_all = _mm256_cvtepi8_epi16(sc_lo);
+		const float dw = ld_f16(w + 208);
+		for (int t = 0; t < nt; t++) {
+			/* q was stored without its -32 offset: subtract 32 * sum(scale * bsum). */
+			const __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(ld256(ab[t]->bsums),
+										 sc_all), 5);
+			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab[t]->d),
+						 _mm256_cvtepi32_ps(_mm256_sub_epi32(is[t], corr)), acc[t]);
+		}
+	}
+	for (int t = 0; t < nt; t++)
+		y[(size_t)t * ys] = hsum8(acc[t]);
+}
+#endif
+
 /* ---- float weights (f32, f16, bf16) against float activations ---- */
 
 #ifdef KERN_AVX512
@@ -1401,11 +1513,15 @@ GEMM_ENTRY(gemm_bf16, dot_bf16, MD_DT_BF16)
 #define C_IQ4_XS(k) tile_iq4_xs(n, w, a, as, y, ys, k)
 #ifdef KERN_AVX512
 #define C_Q4_K(k) tile_q4_K512(n, w, a, as, y, ys, k)
-#else
-#define C_Q4_K(k) tile_qk45(n, w, a, as, y, ys, k, 0)
+#else /* the two-token-and-more tile keeps its sums in registers: see tile_q4_K_tok */
+#define C_Q4_K(k) ((k) == 1 ? tile_qk45(n, w, a, as, y, ys, 1, 0) : tile_q4_K_tok(n, w, a, as, y, ys, k))
 #endif
 #define C_Q5_K(k) tile_qk45(n, w, a, as, y, ys, k, 1)
+#ifdef KERN_AVX512
 #define C_Q6_K(k) tile_q6_K(n, w, a, as, y, ys, k)
+#else
+#define C_Q6_K(k) ((k) == 1 ? tile_q6_K(n, w, a, as, y, ys, 1) : tile_q6_K_tok(n, w, a, as, y, ys, k))
+#endif
 
 ENTRY(dot_q8_0, C_Q8_0)
 ENTRY_B32(dot_q4_0, C_Q4_0)
