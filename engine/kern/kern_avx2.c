@@ -768,25 +768,27 @@ INLINE void tile_qk45(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 }
 
 #ifndef KERN_AVX512
-/* q4_K against 2..4 tokens on AVX2 (prefill): tile_qk45's sums, lane for lane, with the loops
+/* q4_K (five == 0) and q5_K against 2..4 tokens on AVX2 (prefill): tile_qk45's sums, lane for lane, with the loops
  * the other way round. tile_qk45 decodes all eight sub-blocks and then walks the tokens, which
  * keeps 8 weight and 8 scale vectors live and spills on AVX2's 16 registers; here each pair of
  * sub-blocks is decoded and dotted with every token before the next, so an integer sum per
  * token stays in a register. The integer sums are exact and the float steps per block are
  * tile_qk45's, so the result has the same bits as a single-token call. */
-INLINE void tile_q4_K_tok(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y,
-			  size_t ys, const int nt)
+INLINE void tile_qk45_tok(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y,
+			  size_t ys, const int nt, const int five)
 {
 	__m256 acc[4];
 	for (int t = 0; t < nt; t++)
 		acc[t] = _mm256_setzero_ps();
-	const __m256i m4 = _mm256_set1_epi8(15);
+	const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+	const size_t bs = five ? 176 : 144;
 	const int64_t nb = n / 256;
-	for (int64_t b = 0; b < nb; b++, w += 144) {
+	for (int64_t b = 0; b < nb; b++, w += bs) {
 		uint8_t sc[8], m[8];
 		k_scales(w + 4, sc, m);
 		const float dw = ld_f16(w), dmin = ld_f16(w + 2);
-		const uint8_t *qs = w + 16;
+		const uint8_t *qs = w + (five ? 48 : 16);
+		__m256i hb = five ? ld256(w + 16) : _mm256_setzero_si256();
 		const struct md_q8k *ab[4];
 		__m256i is[4];
 		for (int t = 0; t < nt; t++) {
@@ -795,8 +797,14 @@ INLINE void tile_q4_K_tok(int64_t n, const uint8_t *w, const uint8_t *a, size_t 
 		}
 		for (int p = 0; p < 4; p++) {
 			const __m256i x = ld256(qs + 32 * p);
-			const __m256i lo = _mm256_and_si256(x, m4);
-			const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+			__m256i lo = _mm256_and_si256(x, m4);
+			__m256i hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), m4);
+			if (five) {
+				lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(hb, one), 4));
+				hb = _mm256_srli_epi16(hb, 1);
+				hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(hb, one), 4));
+				hb = _mm256_srli_epi16(hb, 1);
+			}
 			const __m256i sl = _mm256_set1_epi16(sc[2 * p]);
 			const __m256i sh = _mm256_set1_epi16(sc[2 * p + 1]);
 			for (int t = 0; t < nt; t++)
@@ -886,29 +894,33 @@ INLINE void tile_q2_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 	for (int64_t b = 0; b < nb; b++, w += 84) {
 		const uint8_t *sc = w;
 		const float dw = ld_f16(w + 80), dmin = ld_f16(w + 82);
-		__m256i q[8], s16[8];
+		/* Each 32-element group is decoded and dotted with every token before the next:
+		 * 8 groups and their scales waiting for the token loop spilled on AVX2. */
+		const struct md_q8k *ab[MD_KERN_NT];
+		__m256i is[MD_KERN_NT];
+		for (int t = 0; t < nt; t++) {
+			ab[t] = (const struct md_q8k *)(a + (size_t)t * as) + b;
+			is[t] = _mm256_setzero_si256();
+		}
 		for (int h = 0; h < 2; h++) {
 			const __m256i x = ld256(w + 16 + 32 * h);
 			for (int j = 0; j < 4; j++) {
-				q[4 * h + j] = _mm256_and_si256(_mm256_srli_epi16(x, 2 * j), m3);
-				s16[4 * h + j] = scale_pair(sc[8 * h + 2 * j] & 15, sc[8 * h + 2 * j + 1] & 15);
+				const __m256i q = _mm256_and_si256(_mm256_srli_epi16(x, 2 * j), m3);
+				const __m256i s16 = scale_pair(sc[8 * h + 2 * j] & 15, sc[8 * h + 2 * j + 1] & 15);
+				for (int t = 0; t < nt; t++)
+					is[t] = _mm256_add_epi32(is[t], dot_us8_scaled(q,
+						ld256(ab[t]->qs + 128 * h + 32 * j), s16));
 			}
 		}
 		const __m128i scv = _mm_loadu_si128((const __m128i *)sc);
 		const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scv, 4),
 									_mm_set1_epi8(15)));
 		for (int t = 0; t < nt; t++) {
-			const struct md_q8k *ab = (const struct md_q8k *)(a + (size_t)t * as) + b;
-			__m256i is0 = _mm256_setzero_si256(), is1 = _mm256_setzero_si256();
-			for (int k = 0; k < 8; k += 2) {
-				is0 = _mm256_add_epi32(is0, dot_us8_scaled(q[k], ld256(ab->qs + 32 * k), s16[k]));
-				is1 = _mm256_add_epi32(is1, dot_us8_scaled(q[k + 1], ld256(ab->qs + 32 * k + 32),
-									   s16[k + 1]));
-			}
-			const __m256i mv = _mm256_madd_epi16(ld256(ab->bsums), mins);
-			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab->d),
-						 _mm256_cvtepi32_ps(_mm256_add_epi32(is0, is1)), acc[t]);
-			acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * ab->d), _mm256_cvtepi32_ps(mv), acc[t]);
+			const __m256i mv = _mm256_madd_epi16(ld256(ab[t]->bsums), mins);
+			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab[t]->d), _mm256_cvtepi32_ps(is[t]),
+						 acc[t]);
+			acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * ab[t]->d), _mm256_cvtepi32_ps(mv),
+						  acc[t]);
 		}
 	}
 	for (int t = 0; t < nt; t++)
@@ -951,27 +963,29 @@ INLINE void tile_q3_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 		_mm256_store_si256((__m256i *)sc, sc_all);
 		const float dw = ld_f16(w + 108);
 		const __m256i hm = ld256(w);
-		__m256i q[8], s16[8];
+		/* Group by group against every token, as tile_q2_K. */
+		const struct md_q8k *ab[MD_KERN_NT];
+		__m256i is[MD_KERN_NT];
+		for (int t = 0; t < nt; t++) {
+			ab[t] = (const struct md_q8k *)(a + (size_t)t * as) + b;
+			is[t] = _mm256_setzero_si256();
+		}
 		for (int h = 0; h < 2; h++) {
 			const __m256i x = ld256(w + 32 + 32 * h);
 			for (int j = 0; j < 4; j++) {
 				const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + j), one);
-				q[4 * h + j] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 2 * j), m3),
-							       _mm256_slli_epi16(hb, 2));
-				s16[4 * h + j] = scale_pair(sc[8 * h + 2 * j], sc[8 * h + 2 * j + 1]);
+				const __m256i q = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 2 * j), m3),
+								  _mm256_slli_epi16(hb, 2));
+				const __m256i s16 = scale_pair(sc[8 * h + 2 * j], sc[8 * h + 2 * j + 1]);
+				for (int t = 0; t < nt; t++)
+					is[t] = _mm256_add_epi32(is[t], dot_us8_scaled(q,
+						ld256(ab[t]->qs + 128 * h + 32 * j), s16));
 			}
 		}
 		for (int t = 0; t < nt; t++) {
-			const struct md_q8k *ab = (const struct md_q8k *)(a + (size_t)t * as) + b;
-			__m256i is0 = _mm256_setzero_si256(), is1 = _mm256_setzero_si256();
-			for (int k = 0; k < 8; k += 2) {
-				is0 = _mm256_add_epi32(is0, dot_us8_scaled(q[k], ld256(ab->qs + 32 * k), s16[k]));
-				is1 = _mm256_add_epi32(is1, dot_us8_scaled(q[k + 1], ld256(ab->qs + 32 * k + 32),
-									   s16[k + 1]));
-			}
-			const __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(ld256(ab->bsums), sc_all), 2);
-			const __m256i is = _mm256_sub_epi32(_mm256_add_epi32(is0, is1), corr);
-			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab->d), _mm256_cvtepi32_ps(is), acc[t]);
+			const __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(ld256(ab[t]->bsums), sc_all), 2);
+			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab[t]->d),
+						 _mm256_cvtepi32_ps(_mm256_sub_epi32(is[t], corr)), acc[t]);
 		}
 	}
 	for (int t = 0; t < nt; t++)
@@ -991,25 +1005,26 @@ INLINE void tile_iq4_xs(int64_t n, const uint8_t *w, const uint8_t *a, size_t as
 	for (int64_t b = 0; b < nb; b++, w += 136) {
 		const unsigned sh = (unsigned)(w[2] | w[3] << 8);
 		const float dw = ld_f16(w);
-		__m256i q[8], u[8], s16[8];
+		/* Sub-block by sub-block against every token, as tile_q2_K (24 decoded vectors
+		 * waiting for the token loop spilled). */
+		const struct md_q8k *ab[MD_KERN_NT];
+		__m256i is[MD_KERN_NT];
+		for (int t = 0; t < nt; t++) {
+			ab[t] = (const struct md_q8k *)(a + (size_t)t * as) + b;
+			is[t] = _mm256_setzero_si256();
+		}
 		for (int ib = 0; ib < 8; ib++) {
 			const int ls = ((w[4 + ib / 2] >> (4 * (ib % 2))) & 15) | (int)((sh >> (2 * ib)) & 3) << 4;
-			q[ib] = levels32(w + 8 + 16 * ib, lut);
-			u[ib] = _mm256_sign_epi8(q[ib], q[ib]);
-			s16[ib] = _mm256_set1_epi16((short)(ls - 32));
+			const __m256i q = levels32(w + 8 + 16 * ib, lut);
+			const __m256i u = _mm256_sign_epi8(q, q);
+			const __m256i s16 = _mm256_set1_epi16((short)(ls - 32));
+			for (int t = 0; t < nt; t++)
+				is[t] = _mm256_add_epi32(is[t], dot_us8_scaled(u,
+					_mm256_sign_epi8(ld256(ab[t]->qs + 32 * ib), q), s16));
 		}
-		for (int t = 0; t < nt; t++) {
-			const struct md_q8k *ab = (const struct md_q8k *)(a + (size_t)t * as) + b;
-			__m256i is0 = _mm256_setzero_si256(), is1 = _mm256_setzero_si256();
-			for (int k = 0; k < 8; k += 2) {
-				is0 = _mm256_add_epi32(is0, dot_us8_scaled(u[k],
-					_mm256_sign_epi8(ld256(ab->qs + 32 * k), q[k]), s16[k]));
-				is1 = _mm256_add_epi32(is1, dot_us8_scaled(u[k + 1],
-					_mm256_sign_epi8(ld256(ab->qs + 32 * k + 32), q[k + 1]), s16[k + 1]));
-			}
-			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab->d),
-						 _mm256_cvtepi32_ps(_mm256_add_epi32(is0, is1)), acc[t]);
-		}
+		for (int t = 0; t < nt; t++)
+			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab[t]->d), _mm256_cvtepi32_ps(is[t]),
+						 acc[t]);
 	}
 	for (int t = 0; t < nt; t++)
 		y[(size_t)t * ys] = hsum8(acc[t]);
@@ -1151,7 +1166,7 @@ INLINE void tile_q6_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 }
 
 #ifndef KERN_AVX512
-/* q6_K against 2..4 tokens on AVX2 (prefill), as tile_q4_K_tok: each 32-weight group is
+/* q6_K against 2..4 tokens on AVX2 (prefill), as tile_qk45_tok: each 32-weight group is
  * decoded (as the one-token path does) and dotted with every token before the next, instead
  * of 8 decoded groups and 8 scale vectors waiting in registers. Same integer sums and float
  * step per block as tile_q6_K, so the same bits. */
@@ -1513,10 +1528,14 @@ GEMM_ENTRY(gemm_bf16, dot_bf16, MD_DT_BF16)
 #define C_IQ4_XS(k) tile_iq4_xs(n, w, a, as, y, ys, k)
 #ifdef KERN_AVX512
 #define C_Q4_K(k) tile_q4_K512(n, w, a, as, y, ys, k)
-#else /* the two-token-and-more tile keeps its sums in registers: see tile_q4_K_tok */
-#define C_Q4_K(k) ((k) == 1 ? tile_qk45(n, w, a, as, y, ys, 1, 0) : tile_q4_K_tok(n, w, a, as, y, ys, k))
+#else /* the two-token-and-more tile keeps its sums in registers: see tile_qk45_tok */
+#define C_Q4_K(k) ((k) == 1 ? tile_qk45(n, w, a, as, y, ys, 1, 0) : tile_qk45_tok(n, w, a, as, y, ys, k, 0))
 #endif
+#ifdef KERN_AVX512
 #define C_Q5_K(k) tile_qk45(n, w, a, as, y, ys, k, 1)
+#else
+#define C_Q5_K(k) ((k) == 1 ? tile_qk45(n, w, a, as, y, ys, 1, 1) : tile_qk45_tok(n, w, a, as, y, ys, k, 1))
+#endif
 #ifdef KERN_AVX512
 #define C_Q6_K(k) tile_q6_K(n, w, a, as, y, ys, k)
 #else
