@@ -874,11 +874,24 @@ INLINE void tile_q4_K512(int64_t n, const uint8_t *w, const uint8_t *a, size_t a
 }
 #endif
 
-/* Scale vector of two 16-element sub-blocks: int16 lanes 0-7 hold s0, lanes 8-15 hold s1
- * (the halves of one maddubs result). */
-INLINE __m256i scale_pair(int s0, int s1)
+/* The scales of 32-element group g of a K-quant block (two 16-element sub-blocks, bytes 2g
+ * and 2g + 1 of a broadcast 16-byte vector) come to int16 lanes 0-7 and 8-15 (the halves of one
+ * maddubs result) by one vpshufb with this control: unsigned zeroes the high byte of each lane,
+ * signed puts the byte in both halves for an arithmetic shift by 8. Building the pair from
+ * scalars (two loads, two broadcasts, an insert) took as many instructions at one token as the
+ * dot itself. A table holds the controls: where the group loop does not unroll (8 tokens on
+ * AVX-512) a control built from immediates took a dozen inserts per group. */
+#define SPREAD8(x, y) x, y, x, y, x, y, x, y, x, y, x, y, x, y, x, y
+#define SPREAD_U(g) { SPREAD8(2 * (g), 0x80), SPREAD8(2 * (g) + 1, 0x80) }
+#define SPREAD_S(g) { SPREAD8(2 * (g), 2 * (g)), SPREAD8(2 * (g) + 1, 2 * (g) + 1) }
+static const uint8_t spread_tab[2][8][32] __attribute__((aligned(32))) = {
+	{ SPREAD_U(0), SPREAD_U(1), SPREAD_U(2), SPREAD_U(3), SPREAD_U(4), SPREAD_U(5), SPREAD_U(6), SPREAD_U(7) },
+	{ SPREAD_S(0), SPREAD_S(1), SPREAD_S(2), SPREAD_S(3), SPREAD_S(4), SPREAD_S(5), SPREAD_S(6), SPREAD_S(7) },
+};
+
+INLINE __m256i spread_ctl(int g, int sign)
 {
-	return _mm256_set_m128i(_mm_set1_epi16((short)s1), _mm_set1_epi16((short)s0));
+	return _mm256_load_si256((const __m256i *)spread_tab[sign][g]);
 }
 
 /* q2_K: the 2-bit planes of each 32-byte half give 32 consecutive elements (two sub-blocks)
@@ -892,7 +905,8 @@ INLINE void tile_q2_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 	const __m256i m3 = _mm256_set1_epi8(3);
 	const int64_t nb = n / 256;
 	for (int64_t b = 0; b < nb; b++, w += 84) {
-		const uint8_t *sc = w;
+		const __m128i scv = _mm_loadu_si128((const __m128i *)w);
+		const __m256i ls = _mm256_broadcastsi128_si256(_mm_and_si128(scv, _mm_set1_epi8(15)));
 		const float dw = ld_f16(w + 80), dmin = ld_f16(w + 82);
 		/* Each 32-element group is decoded and dotted with every token before the next:
 		 * 8 groups and their scales waiting for the token loop spilled on AVX2. */
@@ -906,13 +920,12 @@ INLINE void tile_q2_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 			const __m256i x = ld256(w + 16 + 32 * h);
 			for (int j = 0; j < 4; j++) {
 				const __m256i q = _mm256_and_si256(_mm256_srli_epi16(x, 2 * j), m3);
-				const __m256i s16 = scale_pair(sc[8 * h + 2 * j] & 15, sc[8 * h + 2 * j + 1] & 15);
+				const __m256i s16 = _mm256_shuffle_epi8(ls, spread_ctl(4 * h + j, 0));
 				for (int t = 0; t < nt; t++)
 					is[t] = _mm256_add_epi32(is[t], dot_us8_scaled(q,
 						ld256(ab[t]->qs + 128 * h + 32 * j), s16));
 			}
 		}
-		const __m128i scv = _mm_loadu_si128((const __m128i *)sc);
 		const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(scv, 4),
 									_mm_set1_epi8(15)));
 		for (int t = 0; t < nt; t++) {
@@ -946,6 +959,13 @@ INLINE __m256i q3k_scales(const uint8_t *s)
 	return _mm256_sub_epi16(_mm256_cvtepu8_epi16(sc), _mm256_set1_epi16(32));
 }
 
+/* Bit s (0-7) of every byte of v moved to bit 2, in one 16-bit shift: no other bit reaches
+ * bit 2 of either byte of a lane (the caller masks). */
+INLINE __m256i hbit_to2(__m256i v, int s)
+{
+	return s < 2 ? _mm256_slli_epi16(v, 2 - s) : _mm256_srli_epi16(v, s - 2);
+}
+
 /* q3_K: the low 2 bits as q2_K, the third from hmask (bit 4h + j of each byte for the 32
  * elements at 128h + 32j); q = u - 4 with u unsigned, so the integer sum is
  * sum_g sc_g * (sum(u * a) - 4 * bsums[g]) with signed 6-bit scales in madd. */
@@ -955,12 +975,12 @@ INLINE void tile_q3_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 	__m256 acc[MD_KERN_NT];
 	for (int t = 0; t < nt; t++)
 		acc[t] = _mm256_setzero_ps();
-	const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+	const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
 	const int64_t nb = n / 256;
 	for (int64_t b = 0; b < nb; b++, w += 110) {
-		int16_t sc[16] __attribute__((aligned(32)));
 		const __m256i sc_all = q3k_scales(w + 96);
-		_mm256_store_si256((__m256i *)sc, sc_all);
+		const __m256i sb = _mm256_broadcastsi128_si256(_mm_packs_epi16(_mm256_castsi256_si128(sc_all),
+									      _mm256_extracti128_si256(sc_all, 1)));
 		const float dw = ld_f16(w + 108);
 		const __m256i hm = ld256(w);
 		/* Group by group against every token, as tile_q2_K. */
@@ -973,10 +993,9 @@ INLINE void tile_q3_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 		for (int h = 0; h < 2; h++) {
 			const __m256i x = ld256(w + 32 + 32 * h);
 			for (int j = 0; j < 4; j++) {
-				const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + j), one);
-				const __m256i q = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 2 * j), m3),
-								  _mm256_slli_epi16(hb, 2));
-				const __m256i s16 = scale_pair(sc[8 * h + 2 * j], sc[8 * h + 2 * j + 1]);
+				const __m256i hb = _mm256_and_si256(hbit_to2(hm, 4 * h + j), four);
+				const __m256i q = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(x, 2 * j), m3), hb);
+				const __m256i s16 = _mm256_srai_epi16(_mm256_shuffle_epi8(sb, spread_ctl(4 * h + j, 1)), 8);
 				for (int t = 0; t < nt; t++)
 					is[t] = _mm256_add_epi32(is[t], dot_us8_scaled(q,
 						ld256(ab[t]->qs + 128 * h + 32 * j), s16));
