@@ -662,15 +662,60 @@ INLINE void tile_b32(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, f
 
 /* ---- K-quants against md_q8k ---- */
 
-/* The 6-bit scales and mins of a q4_K / q5_K block (same as md_kern__k_scales, inlined). */
+/* The scales of 32-element group g of a K-quant block (two 16-element sub-blocks, bytes 2g
+ * and 2g + 1 of a broadcast 16-byte vector) come to int16 lanes 0-7 and 8-15 (the halves of one
+ * maddubs result) by one vpshufb with this control: unsigned zeroes the high byte of each lane,
+ * signed puts the byte in both halves for an arithmetic shift by 8. Building the pair from
+ * scalars (two loads, two broadcasts, an insert) took as many instructions at one token as the
+ * dot itself. A table holds the controls: where the group loop does not unroll (8 tokens on
+ * AVX-512) a control built from immediates took a dozen inserts per group. */
+#define SPREAD8(x, y) x, y, x, y, x, y, x, y, x, y, x, y, x, y, x, y
+#define SPREAD_U(g) { SPREAD8(2 * (g), 0x80), SPREAD8(2 * (g) + 1, 0x80) }
+#define SPREAD_S(g) { SPREAD8(2 * (g), 2 * (g)), SPREAD8(2 * (g) + 1, 2 * (g) + 1) }
+static const uint8_t spread_tab[2][8][32] __attribute__((aligned(32))) = {
+	{ SPREAD_U(0), SPREAD_U(1), SPREAD_U(2), SPREAD_U(3), SPREAD_U(4), SPREAD_U(5), SPREAD_U(6), SPREAD_U(7) },
+	{ SPREAD_S(0), SPREAD_S(1), SPREAD_S(2), SPREAD_S(3), SPREAD_S(4), SPREAD_S(5), SPREAD_S(6), SPREAD_S(7) },
+};
+
+INLINE __m256i spread_ctl(int g, int sign)
+{
+	return _mm256_load_si256((const __m256i *)spread_tab[sign][g]);
+}
+
+/* The same for one scale in all 16 lanes (byte s, zero-extended: a 32-element sub-block of
+ * q4_K / q5_K), and for the mins of k_scales_v's bytes 8-15 in lanes 2s, 2s + 1 (both
+ * 128-bit halves hold the 16 bytes). */
+#define SPREAD_ONE(s) { SPREAD8(s, 0x80), SPREAD8(s, 0x80) }
+static const uint8_t spread_one[8][32] __attribute__((aligned(32))) = {
+	SPREAD_ONE(0), SPREAD_ONE(1), SPREAD_ONE(2), SPREAD_ONE(3), SPREAD_ONE(4), SPREAD_ONE(5),
+	SPREAD_ONE(6), SPREAD_ONE(7),
+};
+static const uint8_t spread_mins[32] __attribute__((aligned(32))) = {
+	8, 0x80, 8, 0x80, 9, 0x80, 9, 0x80, 10, 0x80, 10, 0x80, 11, 0x80, 11, 0x80,
+	12, 0x80, 12, 0x80, 13, 0x80, 13, 0x80, 14, 0x80, 14, 0x80, 15, 0x80, 15, 0x80,
+};
+
+/* The 6-bit scales and mins of a q4_K / q5_K block as bytes [sc0..sc7 | m0..m7], from the
+ * 12 packed bytes in 32-bit words: scales and mins 0-3 are the low 6 bits of words 0 and 1,
+ * 4-7 the nibbles of word 2 with the top 2 bits of words 0 and 1 above them (the scalar
+ * md_kern__k_scales byte by byte). */
+INLINE __m128i k_scales_v(const uint8_t *s)
+{
+	uint32_t u0, u1, u2;
+	memcpy(&u0, s, 4);
+	memcpy(&u1, s + 4, 4);
+	memcpy(&u2, s + 8, 4);
+	const uint32_t sc_hi = (u2 & 0x0f0f0f0fu) | ((u0 >> 2) & 0x30303030u);
+	const uint32_t m_hi = ((u2 >> 4) & 0x0f0f0f0fu) | ((u1 >> 2) & 0x30303030u);
+	return _mm_setr_epi32((int)(u0 & 0x3f3f3f3fu), (int)sc_hi, (int)(u1 & 0x3f3f3f3fu), (int)m_hi);
+}
+
 INLINE void k_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8])
 {
-	for (int j = 0; j < 4; j++) {
-		sc[j] = s[j] & 63;
-		m[j] = s[j + 4] & 63;
-		sc[j + 4] = (uint8_t)((s[j + 8] & 15) | ((s[j] >> 6) << 4));
-		m[j + 4] = (uint8_t)((s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4));
-	}
+	uint8_t b[16];
+	_mm_storeu_si128((__m128i *)b, k_scales_v(s));
+	memcpy(sc, b, 8);
+	memcpy(m, b + 8, 8);
 }
 
 /* int16 vector: lanes 2s, 2s+1 hold m[s] (pairs with the 16 bsums). */
@@ -717,8 +762,7 @@ INLINE void tile_qk45(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 	const size_t bs = five ? 176 : 144;
 	const int64_t nb = n / 256;
 	for (int64_t b = 0; b < nb; b++, w += bs) {
-		uint8_t sc[8], m[8];
-		k_scales(w + 4, sc, m);
+		const __m256i scb = _mm256_broadcastsi128_si256(k_scales_v(w + 4));
 		const float dw = ld_f16(w), dmin = ld_f16(w + 2);
 		const uint8_t *qs = w + (five ? 48 : 16);
 		__m256i q[8];
@@ -736,14 +780,15 @@ INLINE void tile_qk45(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 				hb = _mm256_srli_epi16(hb, 1);
 			}
 		}
-		const __m256i mp = mins_pairs(m);
+		const __m256i mp = _mm256_shuffle_epi8(scb, ld256(spread_mins));
 #ifdef KERN_AVX512
 		/* Two sub-blocks per 512-bit op: weights [s | s+1], scales [sc[s] x16 | sc[s+1] x16]. */
 		__m512i qz[4], sz[4];
 		for (int p = 0; p < 4; p++) {
 			qz[p] = _mm512_inserti64x4(_mm512_castsi256_si512(q[2 * p]), q[2 * p + 1], 1);
-			sz[p] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16(sc[2 * p])),
-						   _mm256_set1_epi16(sc[2 * p + 1]), 1);
+			sz[p] = _mm512_inserti64x4(_mm512_castsi256_si512(
+				_mm256_shuffle_epi8(scb, ld256(spread_one[2 * p]))),
+				_mm256_shuffle_epi8(scb, ld256(spread_one[2 * p + 1])), 1);
 		}
 		qk_tokens512(qz, sz, mp, dw, dmin, a, as, b, nt, acc);
 #else
@@ -752,9 +797,9 @@ INLINE void tile_qk45(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 			__m256i is0 = _mm256_setzero_si256(), is1 = _mm256_setzero_si256();
 			for (int s = 0; s < 8; s += 2) {
 				is0 = _mm256_add_epi32(is0, dot_us8_scaled(q[s], ld256(ab->qs + 32 * s),
-									   _mm256_set1_epi16(sc[s])));
+					_mm256_shuffle_epi8(scb, ld256(spread_one[s]))));
 				is1 = _mm256_add_epi32(is1, dot_us8_scaled(q[s + 1], ld256(ab->qs + 32 * s + 32),
-									   _mm256_set1_epi16(sc[s + 1])));
+					_mm256_shuffle_epi8(scb, ld256(spread_one[s + 1]))));
 			}
 			const __m256i mv = _mm256_madd_epi16(ld256(ab->bsums), mp);
 			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab->d),
@@ -873,26 +918,6 @@ INLINE void tile_q4_K512(int64_t n, const uint8_t *w, const uint8_t *a, size_t a
 		y[(size_t)t * ys] = hsum8(acc[t]);
 }
 #endif
-
-/* The scales of 32-element group g of a K-quant block (two 16-element sub-blocks, bytes 2g
- * and 2g + 1 of a broadcast 16-byte vector) come to int16 lanes 0-7 and 8-15 (the halves of one
- * maddubs result) by one vpshufb with this control: unsigned zeroes the high byte of each lane,
- * signed puts the byte in both halves for an arithmetic shift by 8. Building the pair from
- * scalars (two loads, two broadcasts, an insert) took as many instructions at one token as the
- * dot itself. A table holds the controls: where the group loop does not unroll (8 tokens on
- * AVX-512) a control built from immediates took a dozen inserts per group. */
-#define SPREAD8(x, y) x, y, x, y, x, y, x, y, x, y, x, y, x, y, x, y
-#define SPREAD_U(g) { SPREAD8(2 * (g), 0x80), SPREAD8(2 * (g) + 1, 0x80) }
-#define SPREAD_S(g) { SPREAD8(2 * (g), 2 * (g)), SPREAD8(2 * (g) + 1, 2 * (g) + 1) }
-static const uint8_t spread_tab[2][8][32] __attribute__((aligned(32))) = {
-	{ SPREAD_U(0), SPREAD_U(1), SPREAD_U(2), SPREAD_U(3), SPREAD_U(4), SPREAD_U(5), SPREAD_U(6), SPREAD_U(7) },
-	{ SPREAD_S(0), SPREAD_S(1), SPREAD_S(2), SPREAD_S(3), SPREAD_S(4), SPREAD_S(5), SPREAD_S(6), SPREAD_S(7) },
-};
-
-INLINE __m256i spread_ctl(int g, int sign)
-{
-	return _mm256_load_si256((const __m256i *)spread_tab[sign][g]);
-}
 
 /* q2_K: the 2-bit planes of each 32-byte half give 32 consecutive elements (two sub-blocks)
  * per shift; the 4-bit scales fold into madd, the mins pair with the activation's bsums. */
