@@ -113,9 +113,10 @@ double md_spec_ctl_cost(const struct md_spec_ctl *c, uint32_t n);
 double md_spec_ctl_cost_hi(const struct md_spec_ctl *c, uint32_t n);
 /* A decode-only step of n tokens took dt seconds (md_spec_ctl_clock) in the forward pass. */
 void md_spec_ctl_observe(struct md_spec_ctl *c, uint32_t n, double dt);
-/* A step of n tokens measured before serving (the engine's calibration): observed as above,
- * and kept as the shape of the cost curve, t(n) = cal(n) * t(m) / cal(m) from the nearest
- * size m measured lately, for a size not measured lately itself. */
+/* A step of n tokens measured before serving (the engine's calibration): kept as the shape
+ * of the cost curve, t(n) = cal(n) * t(m) / cal(m) from the nearest size m measured lately,
+ * for a size not measured lately itself; only n = 1 is also observed as above (calibration
+ * times and serving times are compared only through their ratios). */
 void md_spec_ctl_calibrate(struct md_spec_ctl *c, uint32_t n, double dt);
 /* The clock step costs are measured on: the process's CPU seconds (see DESIGN). */
 double md_spec_ctl_clock(void);

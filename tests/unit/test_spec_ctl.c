@@ -192,6 +192,19 @@ int main(void)
 	}
 	CHECK_CONTEXT("stale calibrated size: %.3f ms", md_spec_ctl_cost(&c, 3) * 1e3);
 	CHECK(fabs(md_spec_ctl_cost(&c, 3) - 3.6e-3) < 0.05 * 3.6e-3);
+	/* Calibration in other units than serving (back-to-back steps cost more CPU time): the
+	 * calibrated sizes follow plain decode's live time at once, not only once stale. */
+	struct md_spec_ctl c2;
+	memset(&c2, 0, sizeof(c2));
+	md_spec_ctl_set_bytes(&c2, 28e6, 14.2e6, 4, 16, 2);
+	for (uint32_t n = 1; n <= 4; n++)
+		md_spec_ctl_calibrate(&c2, n, cal[n]);
+	for (int i = 0; i < 40; i++) {
+		c2.chosen_steps++;
+		md_spec_ctl_observe(&c2, 1, 0.7e-3);
+	}
+	CHECK_CONTEXT("calibrated size beside live plain steps: %.3f ms", md_spec_ctl_cost(&c2, 3) * 1e3);
+	CHECK(fabs(md_spec_ctl_cost(&c2, 3) - 0.7 * 1.8e-3) < 0.02 * 1.8e-3);
 	/* a size never calibrated nor measured: the byte model's floor, not the shape */
 	CHECK(md_spec_ctl_cost(&c, 6) > md_spec_ctl_cost(&c, 1));
 	return failures ? 1 : 0;
