@@ -237,14 +237,35 @@ static void lanes_q8_0(int64_t n, const void *wv, size_t wst, int nr, const void
  * (default-1g, tg64); the arithmetic is unchanged, lane for lane.
  */
 
-/* Blocks b, b+1 of a q8_0 row at wb against activation blocks ab[0], ab[1]: int32 lanes. */
-INLINE __m512i q8_0_part2(const uint8_t *wb, const struct md_q8b *ab)
+/* Blocks b, b+1 of a q8_0 row at wb against activation blocks ab[0], ab[1]: int32 lanes.
+ * The activation bytes come unsigned (x ^ 0x80 = x + 128) into vpdpbusd against the signed
+ * weights, which adds 128 * sum(w) per lane; the sum starts at minus that (wneg, once per
+ * block pair for every token: neg_w128), so the integer dot is exactly sum(x * w) without
+ * the sign trick's two operations per token. */
+INLINE __m512i q8_0_wpair(const uint8_t *wb)
 {
-	const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(ld256(wb + 2)), ld256(wb + 36), 1);
+	return _mm512_inserti64x4(_mm512_castsi256_si512(ld256(wb + 2)), ld256(wb + 36), 1);
+}
+
+INLINE __m512i neg_w128(__m512i q)
+{
+	return _mm512_sub_epi32(_mm512_setzero_si512(),
+				_mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), q));
+}
+
+INLINE __m512i q8_0_part2(__m512i q, __m512i wneg, const struct md_q8b *ab)
+{
 	const __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(ld256(ab[0].qs)), ld256(ab[1].qs), 1);
-	/* sign(x, q) as vpsignb computes it (x negated where q < 0; where q is 0 so is |q|) */
-	const __m512i s = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(q), _mm512_setzero_si512(), x);
-	return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(q), s);
+	return _mm512_dpbusd_epi32(wneg, _mm512_xor_si512(x, _mm512_set1_epi8((char)0x80)), q);
+}
+
+/* [dw0 * da0 x 8 | dw1 * da1 x 8] from the pair's weight scales (dw01: dw0, dw1 in lanes 0, 1)
+ * and the activation row's block scales (md_q8b_scales, da[0], da[1] contiguous). */
+INLINE __m512 pair_scales(__m128 dw01, const float *da)
+{
+	const __m128 s = _mm_mul_ps(dw01, _mm_castpd_ps(_mm_load_sd((const double *)da)));
+	return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+				     _mm512_castps128_ps512(s));
 }
 
 INLINE __m512 set2_ps(float lo, float hi)
@@ -257,17 +278,20 @@ INLINE void tile_q8_0(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 		      const int nt)
 {
 	__m512 acc[MD_KERN_NT];
-	for (int t = 0; t < nt; t++)
+	const float *da[MD_KERN_NT];
+	for (int t = 0; t < nt; t++) {
 		acc[t] = _mm512_setzero_ps();
+		da[t] = md_q8b_scales(a + (size_t)t * as, n);
+	}
 	const int64_t nb = n / 32;
 	int64_t b = 0;
 	for (; b + 2 <= nb; b += 2, w += 68) {
-		const float dw0 = ld_f16(w), dw1 = ld_f16(w + 34);
+		const __m128 dw01 = _mm_setr_ps(ld_f16(w), ld_f16(w + 34), 0, 0);
+		const __m512i q = q8_0_wpair(w), wneg = neg_w128(q);
 		for (int t = 0; t < nt; t++) {
 			const struct md_q8b *ab = (const struct md_q8b *)(a + (size_t)t * as) + b;
-			const __m512i p = q8_0_part2(w, ab);
-			acc[t] = _mm512_fmadd_ps(set2_ps(dw0 * ab[0].d, dw1 * ab[1].d), _mm512_cvtepi32_ps(p),
-						 acc[t]);
+			const __m512i p = q8_0_part2(q, wneg, ab);
+			acc[t] = _mm512_fmadd_ps(pair_scales(dw01, da[t] + b), _mm512_cvtepi32_ps(p), acc[t]);
 		}
 	}
 	for (int t = 0; t < nt; t++) {
