@@ -52,6 +52,8 @@ static void usage(void)
 		"  -v  K1,K2,..: verification steps instead of pp/tg: one sequence with -p tokens of\n"
 		"      context, steps of K tokens (logits for all, rolled back after each), the sizes\n"
 		"      alternating; -n steps per size and round, -r rounds\n"
+		"  -i  N: with -v, N untimed one-token steps before each timed step (a verification\n"
+		"      step in serving follows plain decode steps; default 0: back to back)\n"
 		"  env MOED_KERNELS=ref|scalar|avx2|avx512 selects the kernels\n");
 }
 
@@ -130,9 +132,11 @@ static double run_pp(struct bench *b, int n)
  * context. The sizes alternate within a round so that a drifting machine load falls on all
  * of them alike. Printed per size: the median ms per step over the rounds, its ratio to k = 1,
  * the distinct experts per MoE layer, and the bytes the step must read (dense weights once,
- * each distinct expert once) against k = 1's.
+ * each distinct expert once) against k = 1's. With n_iso > 0 each timed step follows n_iso
+ * untimed one-token steps at the same position, as a verification step in serving follows
+ * plain decode: only the timed steps count.
  */
-static int run_verify(struct bench *b, const int *ks, int nk, int n_ctx, int n, int reps)
+static int run_verify(struct bench *b, const int *ks, int nk, int n_ctx, int n, int reps, int n_iso)
 {
 	struct md_spec_ctl ctl;
 	md_spec_ctl_init(&ctl, b->m, false);
@@ -164,20 +168,30 @@ static int run_verify(struct bench *b, const int *ks, int nk, int n_ctx, int n, 
 		for (int i = 0; i < nk; i++) {
 			const int k = ks[i];
 			uint64_t d0 = b->distinct;
-			double t0 = now_s(), c0 = cpu_s();
+			double t = 0, c = 0;
 			for (int st = 0; st < n; st++) {
-				for (int j = 0; j < k; j++) {
-					b->tok[j] = rand_tok(b);
-					b->seq[j] = s;
-					b->pos[j] = n_ctx + j;
+				for (int it = 0; it <= n_iso; it++) {
+					const int kk = it < n_iso ? 1 : k;
+					for (int j = 0; j < kk; j++) {
+						b->tok[j] = rand_tok(b);
+						b->seq[j] = s;
+						b->pos[j] = n_ctx + j;
+					}
+					struct md_batch batch = { kk, b->tok, b->seq, b->pos, want, NULL };
+					uint64_t dd = b->distinct;
+					double t0 = now_s(), c0 = cpu_s();
+					if (md_kv_reserve(&b->kv, s, (uint32_t)(n_ctx + kk)) ||
+					    md_forward(b->fw, &b->kv, &batch, b->logits) != kk)
+						return -1;
+					if (it < n_iso) {
+						b->distinct = dd; /* untimed: not counted */
+					} else {
+						t += now_s() - t0;
+						c += cpu_s() - c0;
+					}
+					md_kv_truncate(&b->kv, s, (uint32_t)n_ctx);
 				}
-				struct md_batch batch = { k, b->tok, b->seq, b->pos, want, NULL };
-				if (md_kv_reserve(&b->kv, s, (uint32_t)(n_ctx + k)) ||
-				    md_forward(b->fw, &b->kv, &batch, b->logits) != k)
-					return -1;
-				md_kv_truncate(&b->kv, s, (uint32_t)n_ctx);
 			}
-			double t = now_s() - t0, c = cpu_s() - c0;
 			if (r >= 0) {
 				ms[i * reps + r] = t * 1e3 / n;
 				cms[i * reps + r] = c * 1e3 / n;
@@ -246,7 +260,7 @@ int main(int argc, char **argv)
 	const char *path = NULL, *trace_path = NULL;
 	int n_threads = 2, n_prompt = 128, n_gen = 64, reps = 5, n_seq = 1;
 	double cache_mb = 0;
-	int vks[64], nvk = 0;
+	int vks[64], nvk = 0, n_iso = 0;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		if (i + 1 >= argc) {
@@ -270,6 +284,8 @@ int main(int argc, char **argv)
 			trace_path = v;
 		else if (strcmp(a, "-c") == 0)
 			cache_mb = atof(v);
+		else if (strcmp(a, "-i") == 0)
+			n_iso = atoi(v);
 		else if (strcmp(a, "-v") == 0) {
 			for (char *p = (char *)v; *p && nvk < 64;) {
 				vks[nvk++] = (int)strtol(p, &p, 10);
@@ -360,9 +376,9 @@ int main(int argc, char **argv)
 	const char *wt = md_dtype_info(wt_of->type)->name;
 	if (nvk) {
 		printf("%s: %s experts, %.2f GiB, %d threads, %s kernels; verification steps, context %d, "
-		       "%d steps per size and round, %d rounds\n\n", name, wt, gib, n_threads,
-		       k ? k->name : "ref", n_prompt, n_gen, reps);
-		if (run_verify(&b, vks, nvk, n_prompt, n_gen > 0 ? n_gen : 1, reps)) {
+		       "%d steps per size and round, %d rounds, %d one-token steps before each\n\n", name,
+		       wt, gib, n_threads, k ? k->name : "ref", n_prompt, n_gen, reps, n_iso);
+		if (run_verify(&b, vks, nvk, n_prompt, n_gen > 0 ? n_gen : 1, reps, n_iso < 0 ? 0 : n_iso)) {
 			fprintf(stderr, "moed-bench: verification steps failed\n");
 			return 1;
 		}
