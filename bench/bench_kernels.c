@@ -14,7 +14,11 @@
  * clock: on a shared machine whose CPUs are oversubscribed, a pass that the OS preempts then
  * counts only the time it ran (caches still see the other tenants).
  *
- * usage: bench_kernels [-c] [-k scalar|avx2|avx512] [-n N_IN] [-m MIB] [-r REPS] [TYPE...]
+ * -t TOKENS sets the batch's token count (2..8, default 8): a verification step of speculative
+ * decoding is 2-9 tokens.
+ *
+ * usage: bench_kernels [-c] [-k scalar|avx2|avx512] [-n N_IN] [-m MIB] [-r REPS] [-t TOKENS]
+ *                      [TYPE...]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,7 +41,7 @@ struct bt {
 	int64_t rows;
 	uint8_t *act;        /* owned: 8 activation rows */
 	size_t act_stride;
-	double gbs[2][MAX_REPS]; /* [1 token, 8 tokens][rep] */
+	double gbs[2][MAX_REPS]; /* [1 token, -t tokens][rep] */
 };
 
 static int cpu_clock; /* -c: thread CPU time instead of the wall clock */
@@ -147,7 +151,7 @@ int main(int argc, char **argv)
 	const char *kname = NULL;
 	int64_t n = 4096;
 	double mib = 64;
-	int reps = 7;
+	int reps = 7, many = 8;
 	struct bt bts[MAX_TYPES];
 	int nb = 0;
 	static const enum md_dtype defaults[] = { MD_DT_Q8_0, MD_DT_Q4_K, MD_DT_Q4_0, MD_DT_Q4_1,
@@ -166,9 +170,11 @@ int main(int argc, char **argv)
 			mib = atof(argv[++i]);
 		} else if (strcmp(argv[i], "-r") == 0 && i + 1 < argc) {
 			reps = atoi(argv[++i]);
+		} else if (strcmp(argv[i], "-t") == 0 && i + 1 < argc) {
+			many = atoi(argv[++i]);
 		} else if (argv[i][0] == '-') {
 			fprintf(stderr, "usage: bench_kernels [-c] [-k scalar|avx2|avx512] [-n N_IN] [-m MIB] "
-				"[-r REPS] [TYPE...]\n");
+				"[-r REPS] [-t TOKENS] [TYPE...]\n");
 			return 2;
 		} else {
 			enum md_dtype t = type_by_name(argv[i]);
@@ -179,9 +185,9 @@ int main(int argc, char **argv)
 			bts[nb++].t = t;
 		}
 	}
-	if (n <= 0 || n % 256 || mib <= 0 || reps < 1 || reps > MAX_REPS) {
-		fprintf(stderr, "bench_kernels: -n must be a positive multiple of 256, -r 1..%d\n",
-			MAX_REPS);
+	if (n <= 0 || n % 256 || mib <= 0 || reps < 1 || reps > MAX_REPS || many < 2 || many > 8) {
+		fprintf(stderr, "bench_kernels: -n must be a positive multiple of 256, -r 1..%d, "
+			"-t 2..8\n", MAX_REPS);
 		return 2;
 	}
 	if (nb == 0) {
@@ -221,7 +227,7 @@ int main(int argc, char **argv)
 	for (int r = 0; r < reps; r++)
 		for (int i = 0; i < nb; i++)
 			for (int nt = 0; nt < 2; nt++)
-				bts[i].gbs[nt][r] = pass(k, &bts[i], n, nt ? 8 : 1);
+				bts[i].gbs[nt][r] = pass(k, &bts[i], n, nt ? many : 1);
 
 	/* Baselines: [q8_0, q4_K][tokens][median, best]. */
 	double base[2][2][2] = { { { 0 } } };
@@ -247,7 +253,7 @@ int main(int argc, char **argv)
 			double m = median(b->gbs[nt], reps, &lo, &hi);
 			double bpw = 8.0 * (double)b->row_bytes / (double)n;
 			printf("| %s | %.2f | %d | %.2f | %.2f | %.2f..%.2f | %.2f | %.2fx (%.2fx) | "
-			       "%.2fx (%.2fx) |\n", b->name, bpw, nt ? 8 : 1, m, hi, lo, hi,
+			       "%.2fx (%.2fx) |\n", b->name, bpw, nt ? many : 1, m, hi, lo, hi,
 			       m * 8.0 / bpw, m / base[0][nt][0], hi / base[0][nt][1],
 			       m / base[1][nt][0], hi / base[1][nt][1]);
 		}
