@@ -24,6 +24,9 @@
 #endif
 
 #define INLINE static inline __attribute__((always_inline))
+/* Token loops over accumulator arrays unrolled in full, so the accumulators stay in registers
+ * (left as a loop, GCC kept 8 zmm accumulators on the stack and zeroed them with stores). */
+#define KT_UNROLL _Pragma("GCC unroll 8")
 
 INLINE float ld_f16(const uint8_t *p)
 {
@@ -279,6 +282,7 @@ INLINE void tile_q8_0(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 {
 	__m512 acc[MD_KERN_NT];
 	const float *da[MD_KERN_NT];
+	KT_UNROLL
 	for (int t = 0; t < nt; t++) {
 		acc[t] = _mm512_setzero_ps();
 		da[t] = md_q8b_scales(a + (size_t)t * as, n);
@@ -288,12 +292,14 @@ INLINE void tile_q8_0(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 	for (; b + 2 <= nb; b += 2, w += 68) {
 		const __m128 dw01 = _mm_setr_ps(ld_f16(w), ld_f16(w + 34), 0, 0);
 		const __m512i q = q8_0_wpair(w), wneg = neg_w128(q);
-		for (int t = 0; t < nt; t++) {
+		KT_UNROLL
+	for (int t = 0; t < nt; t++) {
 			const struct md_q8b *ab = (const struct md_q8b *)(a + (size_t)t * as) + b;
 			const __m512i p = q8_0_part2(q, wneg, ab);
 			acc[t] = _mm512_fmadd_ps(pair_scales(dw01, da[t] + b), _mm512_cvtepi32_ps(p), acc[t]);
 		}
 	}
+	KT_UNROLL
 	for (int t = 0; t < nt; t++) {
 		__m256 lo = _mm512_castps512_ps256(acc[t]);
 		const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1));
@@ -438,6 +444,7 @@ INLINE void tile_q450_512(int64_t n, const uint8_t *w, const uint8_t *a, size_t 
 	const int bs = five ? 22 : 18;
 	__m512 acc[MD_KERN_NT];
 	const float *da[MD_KERN_NT];
+	KT_UNROLL
 	for (int t = 0; t < nt; t++) {
 		acc[t] = _mm512_setzero_ps();
 		da[t] = md_q8b_scales(a + (size_t)t * as, n);
@@ -449,12 +456,14 @@ INLINE void tile_q450_512(int64_t n, const uint8_t *w, const uint8_t *a, size_t 
 		const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(q450_signed(w, five)),
 						     q450_signed(w + bs, five), 1);
 		const __m512i wneg = neg_w128(q);
-		for (int t = 0; t < nt; t++) {
+		KT_UNROLL
+	for (int t = 0; t < nt; t++) {
 			const struct md_q8b *ab = (const struct md_q8b *)(a + (size_t)t * as) + b;
 			const __m512i p = q8_0_part2(q, wneg, ab);
 			acc[t] = _mm512_fmadd_ps(pair_scales(dw01, da[t] + b), _mm512_cvtepi32_ps(p), acc[t]);
 		}
 	}
+	KT_UNROLL
 	for (int t = 0; t < nt; t++) {
 		__m256 lo = _mm512_castps512_ps256(acc[t]);
 		const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1));
