@@ -266,7 +266,7 @@ INLINE __m512i q8_0_part2(__m512i q, __m512i wneg, const struct md_q8b *ab)
  * and the activation row's block scales (md_q8b_scales, da[0], da[1] contiguous). */
 INLINE __m512 pair_scales(__m128 dw01, const float *da)
 {
-	const __m128 s = _mm_mul_ps(dw01, _mm_castpd_ps(_mm_load_sd((const double *)da)));
+	const __m128 s = _mm_mul_ps(dw01, _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)da)));
 	return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
 				     _mm512_castps128_ps512(s));
 }
