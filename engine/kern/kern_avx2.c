@@ -906,7 +906,7 @@ INLINE void tile_qk45(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 }
 
 #ifndef KERN_AVX512
-/* q4_K (five == 0) and q5_K against 2..4 tokens on AVX2 (prefill): tile_qk45's sums, lane for lane, with the loops
+/* q4_K (five == 0) and q5_K against 2..8 tokens on AVX2 (prefill): tile_qk45's sums, lane for lane, with the loops
  * the other way round. tile_qk45 decodes all eight sub-blocks and then walks the tokens, which
  * keeps 8 weight and 8 scale vectors live and spills on AVX2's 16 registers; here each pair of
  * sub-blocks is decoded and dotted with every token before the next, so an integer sum per
@@ -915,7 +915,7 @@ INLINE void tile_qk45(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 INLINE void tile_qk45_tok(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y,
 			  size_t ys, const int nt, const int five)
 {
-	__m256 acc[4];
+	__m256 acc[MD_KERN_NT];
 	for (int t = 0; t < nt; t++)
 		acc[t] = _mm256_setzero_ps();
 	const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
@@ -927,8 +927,8 @@ INLINE void tile_qk45_tok(int64_t n, const uint8_t *w, const uint8_t *a, size_t 
 		const float dw = ld_f16(w), dmin = ld_f16(w + 2);
 		const uint8_t *qs = w + (five ? 48 : 16);
 		__m256i hb = five ? ld256(w + 16) : _mm256_setzero_si256();
-		const struct md_q8k *ab[4];
-		__m256i is[4];
+		const struct md_q8k *ab[MD_KERN_NT];
+		__m256i is[MD_KERN_NT];
 		for (int t = 0; t < nt; t++) {
 			ab[t] = (const struct md_q8k *)(a + (size_t)t * as) + b;
 			is[t] = _mm256_setzero_si256();
@@ -1303,22 +1303,22 @@ INLINE void tile_q6_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 }
 
 #ifndef KERN_AVX512
-/* q6_K against 2..4 tokens on AVX2 (prefill), as tile_qk45_tok: each 32-weight group is
+/* q6_K against 2..8 tokens on AVX2 (prefill), as tile_qk45_tok: each 32-weight group is
  * decoded (as the one-token path does) and dotted with every token before the next, instead
  * of 8 decoded groups and 8 scale vectors waiting in registers. Same integer sums and float
  * step per block as tile_q6_K, so the same bits. */
 INLINE void tile_q6_K_tok(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y,
 			  size_t ys, const int nt)
 {
-	__m256 acc[4];
+	__m256 acc[MD_KERN_NT];
 	for (int t = 0; t < nt; t++)
 		acc[t] = _mm256_setzero_ps();
 	const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
 	const int64_t nb = n / 256;
 	for (int64_t b = 0; b < nb; b++, w += 210) {
 		const uint8_t *ql = w, *qh = w + 128;
-		const struct md_q8k *ab[4];
-		__m256i is[4];
+		const struct md_q8k *ab[MD_KERN_NT];
+		__m256i is[MD_KERN_NT];
 		for (int t = 0; t < nt; t++) {
 			ab[t] = (const struct md_q8k *)(a + (size_t)t * as) + b;
 			is[t] = _mm256_setzero_si256();
@@ -1602,7 +1602,11 @@ GEMM_ENTRY(gemm_bf16, dot_bf16, MD_DT_BF16)
 /* Entry points: dispatch on nt so each tile width compiles with constant bounds. AVX2 has 16
  * vector registers: its widest tile is 4 tokens for most types, wider requests run as two
  * tiles (ENTRY); tiles that keep only an accumulator per token take all MD_KERN_NT in one
- * (ENTRY8). */
+ * (ENTRY8). So do the K-quant tiles that decode a group and dot it with every token before
+ * the next (q3_K, iq4_xs, q4_K, q5_K, q6_K): a float accumulator per token then lives on the
+ * stack, touched once per 256-weight block, which costs less than decoding every block twice
+ * (bench_kernels -t 8 on AVX2: q4_K +16%, q5_K +17-21%, q6_K +4-6%, q3_K +6-9%, iq4_xs
+ * +8-9%; q2_K lost 3-4% and stays split). */
 #define ENTRY8(name, call)                                                                        \
 	static void name(int64_t n, const void *wv, const void *av, size_t as, int nt, float *y,   \
 			 size_t ys)                                                                 \
@@ -1685,13 +1689,13 @@ ENTRY_B32(dot_q4_1, C_Q4_1)
 ENTRY_B32(dot_q5_0, C_Q5_0)
 ENTRY_B32(dot_q5_1, C_Q5_1)
 ENTRY(dot_q2_K, C_Q2_K)
-ENTRY(dot_q3_K, C_Q3_K)
+ENTRY8(dot_q3_K, C_Q3_K)
 ENTRY_B32(dot_iq4_nl, C_IQ4_NL)
-ENTRY(dot_iq4_xs, C_IQ4_XS)
+ENTRY8(dot_iq4_xs, C_IQ4_XS)
 ENTRY_B32(dot_mxfp4, C_MXFP4)
-ENTRY(dot_q4_K, C_Q4_K)
-ENTRY(dot_q5_K, C_Q5_K)
-ENTRY(dot_q6_K, C_Q6_K)
+ENTRY8(dot_q4_K, C_Q4_K)
+ENTRY8(dot_q5_K, C_Q5_K)
+ENTRY8(dot_q6_K, C_Q6_K)
 
 /* ---- activation quantizers (same rounding as the scalar ones: bit-identical output) ---- */
 
