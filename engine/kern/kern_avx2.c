@@ -240,16 +240,11 @@ static void lanes_q8_0(int64_t n, const void *wv, size_t wst, int nr, const void
  * (default-1g, tg64); the arithmetic is unchanged, lane for lane.
  */
 
-/* Blocks b, b+1 of a q8_0 row at wb against activation blocks ab[0], ab[1]: int32 lanes.
- * The activation bytes come unsigned (x ^ 0x80 = x + 128) into vpdpbusd against the signed
+/* Blocks b, b+1 of signed weights (q, two blocks per register) against activation blocks
+ * ab[0], ab[1]: int32 lanes. The activation bytes come unsigned (x ^ 0x80 = x + 128) into vpdpbusd against the signed
  * weights, which adds 128 * sum(w) per lane; the sum starts at minus that (wneg, once per
  * block pair for every token: neg_w128), so the integer dot is exactly sum(x * w) without
  * the sign trick's two operations per token. */
-INLINE __m512i q8_0_wpair(const uint8_t *wb)
-{
-	return _mm512_inserti64x4(_mm512_castsi256_si512(ld256(wb + 2)), ld256(wb + 36), 1);
-}
-
 INLINE __m512i neg_w128(__m512i q)
 {
 	return _mm512_sub_epi32(_mm512_setzero_si512(),
@@ -277,41 +272,6 @@ INLINE __m512 set2_ps(float lo, float hi)
 						   _mm256_castps_pd(_mm256_set1_ps(hi)), 1));
 }
 
-INLINE void tile_q8_0(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y, size_t ys,
-		      const int nt)
-{
-	__m512 acc[MD_KERN_NT];
-	const float *da[MD_KERN_NT];
-	KT_UNROLL
-	for (int t = 0; t < nt; t++) {
-		acc[t] = _mm512_setzero_ps();
-		da[t] = md_q8b_scales(a + (size_t)t * as, n);
-	}
-	const int64_t nb = n / 32;
-	int64_t b = 0;
-	for (; b + 2 <= nb; b += 2, w += 68) {
-		const __m128 dw01 = _mm_setr_ps(ld_f16(w), ld_f16(w + 34), 0, 0);
-		const __m512i q = q8_0_wpair(w), wneg = neg_w128(q);
-		KT_UNROLL
-	for (int t = 0; t < nt; t++) {
-			const struct md_q8b *ab = (const struct md_q8b *)(a + (size_t)t * as) + b;
-			const __m512i p = q8_0_part2(q, wneg, ab);
-			acc[t] = _mm512_fmadd_ps(pair_scales(dw01, da[t] + b), _mm512_cvtepi32_ps(p), acc[t]);
-		}
-	}
-	KT_UNROLL
-	for (int t = 0; t < nt; t++) {
-		__m256 lo = _mm512_castps512_ps256(acc[t]);
-		const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1));
-		if (b < nb) {
-			const struct md_q8b *ab = (const struct md_q8b *)(a + (size_t)t * as) + b;
-			const __m256i q = ld256(w + 2);
-			const __m256i p = dot_us8(_mm256_sign_epi8(q, q), _mm256_sign_epi8(ld256(ab->qs), q));
-			lo = _mm256_fmadd_ps(_mm256_set1_ps(ld_f16(w) * ab->d), _mm256_cvtepi32_ps(p), lo);
-		}
-		y[(size_t)t * ys] = hsum8(_mm256_add_ps(lo, hi));
-	}
-}
 #endif
 
 /* The AVX-512 tiles of the 32-element types below accumulate even blocks in acc0 and odd ones
@@ -328,35 +288,6 @@ INLINE void tile_q8_0(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 		if (b_ < (nb))                                                             \
 			blk(b_, acc0);                                                     \
 	} while (0)
-
-INLINE void blk_q4_0(const uint8_t *w, const uint8_t *a, size_t as, int64_t b, const int nt,
-		     __m256 *acc)
-{
-	const __m256i m4 = _mm256_set1_epi8(15);
-	const uint8_t *wb = w + 18 * b;
-	const __m128i x = _mm_loadu_si128((const __m128i *)(wb + 2));
-	const __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), m4);
-	const float dw = ld_f16(wb);
-	for (int t = 0; t < nt; t++) {
-		const struct md_q8b *ab = (const struct md_q8b *)(a + (size_t)t * as) + b;
-		__m256i p = dot_us8(q, ld256(ab->qs));
-		p = _mm256_sub_epi32(p, _mm256_zextsi128_si256(_mm_cvtsi32_si128(8 * ab->s)));
-		acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab->d), _mm256_cvtepi32_ps(p), acc[t]);
-	}
-}
-
-INLINE void tile_q4_0(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y, size_t ys,
-		      const int nt)
-{
-	__m256 acc0[MD_KERN_NT], acc1[MD_KERN_NT];
-	for (int t = 0; t < nt; t++)
-		acc0[t] = acc1[t] = _mm256_setzero_ps();
-#define BLK(b, acc) blk_q4_0(w, a, as, b, nt, acc)
-	PAIR_LOOP(n / 32, BLK);
-#undef BLK
-	for (int t = 0; t < nt; t++)
-		y[(size_t)t * ys] = hsum8(_mm256_add_ps(acc0[t], acc1[t]));
-}
 
 /* Byte i is 16 where bit i of h is set: the fifth bits of a q5_0 / q5_1 block. */
 INLINE __m256i bit5_bytes(uint32_t h)
@@ -418,16 +349,18 @@ INLINE void tile_q451(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 }
 
 #ifdef KERN_AVX512
-/* q4_0 (offset 8) and q5_0 (offset 16) on AVX-512 as tile_q8_0: the block's weights decoded to
- * signed bytes u - offset, two blocks per 512-bit register, against unsigned activations
- * starting from -128 sum(w). Each block's integer dot is blk_q4_0's / blk_q451's
- * sum(u * x) - offset * sum(x), but with the offset in every lane (they take it from lane 0
- * alone), so the float rounding of a row differs from theirs at the level of float noise; the
- * even / odd halves and the float steps are theirs. Per token it saves the offset's scalar
- * path and takes two blocks per vpdpbusd (deepseek2's attn_k_b and attn_q_b, which
- * llama-quantize writes as q5_0, were 21% of its prefill). */
-INLINE __m256i q450_signed(const uint8_t *wb, const int five)
+/* q8_0, q4_0 and q5_0 on AVX-512 (the design above tile_q8_0's helpers): each block's weights
+ * as 32 signed bytes (q8_0 as stored; q4_0 / q5_0 decoded to u - 8 / u - 16), two blocks per
+ * register, against unsigned activations starting from -128 sum(w). For q4_0 / q5_0 the
+ * offset is thus in every lane (the 256-bit tiles took it off lane 0 alone), so their rows
+ * round differently from before at the level of float noise; per token this saves the
+ * offset's scalar path and takes two blocks per vpdpbusd (deepseek2's attn_k_b and attn_q_b,
+ * which llama-quantize writes as q5_0, were 21% of its prefill). */
+INLINE __m256i s8_weights(const uint8_t *wb, const int type)
 {
+	if (type == MD_DT_Q8_0)
+		return ld256(wb + 2);
+	const int five = type == MD_DT_Q5_0;
 	const __m128i x = _mm_loadu_si128((const __m128i *)(wb + (five ? 6 : 2)));
 	__m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), _mm256_set1_epi8(15));
 	if (five) {
@@ -438,10 +371,10 @@ INLINE __m256i q450_signed(const uint8_t *wb, const int five)
 	return _mm256_sub_epi8(q, _mm256_set1_epi8(five ? 16 : 8));
 }
 
-INLINE void tile_q450_512(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y,
-			  size_t ys, const int nt, const int five)
+INLINE void tile_s8(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y, size_t ys,
+		    const int nt, const int type)
 {
-	const int bs = five ? 22 : 18;
+	const int bs = type == MD_DT_Q8_0 ? 34 : type == MD_DT_Q5_0 ? 22 : 18;
 	__m512 acc[MD_KERN_NT];
 	const float *da[MD_KERN_NT];
 	KT_UNROLL
@@ -453,15 +386,22 @@ INLINE void tile_q450_512(int64_t n, const uint8_t *w, const uint8_t *a, size_t 
 	int64_t b = 0;
 	for (; b + 2 <= nb; b += 2, w += 2 * bs) {
 		const __m128 dw01 = _mm_setr_ps(ld_f16(w), ld_f16(w + bs), 0, 0);
-		const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(q450_signed(w, five)),
-						     q450_signed(w + bs, five), 1);
+		const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(s8_weights(w, type)),
+						     s8_weights(w + bs, type), 1);
 		const __m512i wneg = neg_w128(q);
 		KT_UNROLL
-	for (int t = 0; t < nt; t++) {
+		for (int t = 0; t < nt; t++) {
 			const struct md_q8b *ab = (const struct md_q8b *)(a + (size_t)t * as) + b;
 			const __m512i p = q8_0_part2(q, wneg, ab);
 			acc[t] = _mm512_fmadd_ps(pair_scales(dw01, da[t] + b), _mm512_cvtepi32_ps(p), acc[t]);
 		}
+	}
+	/* An odd last block: the same integer dot in 256 bits, into the even half. */
+	__m256i q = _mm256_setzero_si256(), wneg = q;
+	if (b < nb) {
+		q = s8_weights(w, type);
+		wneg = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(
+			_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), q));
 	}
 	KT_UNROLL
 	for (int t = 0; t < nt; t++) {
@@ -469,10 +409,8 @@ INLINE void tile_q450_512(int64_t n, const uint8_t *w, const uint8_t *a, size_t 
 		const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1));
 		if (b < nb) {
 			const struct md_q8b *ab = (const struct md_q8b *)(a + (size_t)t * as) + b;
-			const __m256i q = q450_signed(w, five);
-			const __m256i p = _mm256_dpbusd_epi32(_mm256_sub_epi32(_mm256_setzero_si256(),
-				_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), q)),
-				_mm256_xor_si256(ld256(ab->qs), _mm256_set1_epi8((char)0x80)), q);
+			const __m256i p = _mm256_dpbusd_epi32(wneg, _mm256_xor_si256(ld256(ab->qs),
+								    _mm256_set1_epi8((char)0x80)), q);
 			lo = _mm256_fmadd_ps(_mm256_set1_ps(ld_f16(w) * ab->d), _mm256_cvtepi32_ps(p), lo);
 		}
 		y[(size_t)t * ys] = hsum8(_mm256_add_ps(lo, hi));
@@ -1646,16 +1584,17 @@ GEMM_ENTRY(gemm_bf16, dot_bf16, MD_DT_BF16)
 	}
 #endif
 
-#define C_Q8_0(k) tile_q8_0(n, w, a, as, y, ys, k)
 #ifdef KERN_AVX512
-#define C_Q4_0(k) tile_q450_512(n, w, a, as, y, ys, k, 0)
+#define C_Q8_0(k) tile_s8(n, w, a, as, y, ys, k, MD_DT_Q8_0)
+#define C_Q4_0(k) tile_s8(n, w, a, as, y, ys, k, MD_DT_Q4_0)
 #define C_Q4_1(k) tile_q451(n, w, a, as, y, ys, k, MD_DT_Q4_1)
-#define C_Q5_0(k) tile_q450_512(n, w, a, as, y, ys, k, 1)
+#define C_Q5_0(k) tile_s8(n, w, a, as, y, ys, k, MD_DT_Q5_0)
 #define C_Q5_1(k) tile_q451(n, w, a, as, y, ys, k, MD_DT_Q5_1)
 #define C_IQ4_NL(k) tile_nl(n, w, a, as, y, ys, k, 0)
 #define C_MXFP4(k) tile_nl(n, w, a, as, y, ys, k, 1)
 #define ENTRY_B32 ENTRY
 #else
+#define C_Q8_0(k) tile_q8_0(n, w, a, as, y, ys, k)
 #define C_Q4_0(k) tile_b32(n, w, a, as, y, ys, k, MD_DT_Q4_0)
 #define C_Q4_1(k) tile_b32(n, w, a, as, y, ys, k, MD_DT_Q4_1)
 #define C_Q5_0(k) tile_b32(n, w, a, as, y, ys, k, MD_DT_Q5_0)
