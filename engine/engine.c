@@ -931,11 +931,16 @@ static void spec_release(struct md_engine *e)
  * a probe's cold first step of a size cost 2x its later ones). A warm-up step first, then
  * every size 1..k+1 up to CAL_PASSES times (each size's median), on a scratch sequence of a
  * sentence's tokens (the forward's routing observer is detached: the scheduler and metrics
- * never see these steps). Not with
- * an expert store (the steps would fetch experts no request asked for) nor while tracing
- * routes. */
+ * never see these steps). Not with an expert store (the steps would fetch experts no request
+ * asked for) nor while tracing routes. */
 #define CAL_PASSES 5     /* timed passes over the sizes, after a warm-up step */
 #define CAL_BUDGET_S 2.0 /* CPU seconds: fewer passes where steps are slow */
+
+static int cmp_double(const void *a, const void *b)
+{
+	const double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
 
 static void spec_calibrate(struct md_engine *e)
 {
@@ -987,14 +992,9 @@ static void spec_calibrate(struct md_engine *e)
 	 * (default-1g, 2 tokens: 9.8-9.9 or 13.7-13.9 ms over six passes). */
 	for (uint32_t n = 1; n <= n_max && passes; n++) {
 		double v[CAL_PASSES];
-		for (uint32_t p = 0; p < passes; p++) {
-			uint32_t j = p;
-			while (j > 0 && v[j - 1] > dt[p][n]) {
-				v[j] = v[j - 1];
-				j--;
-			}
-			v[j] = dt[p][n];
-		}
+		for (uint32_t p = 0; p < passes; p++)
+			v[p] = dt[p][n];
+		qsort(v, passes, sizeof(v[0]), cmp_double);
 		md_spec_ctl_calibrate(&e->ctl, n, passes % 2 ? v[passes / 2]
 						 : 0.5 * (v[passes / 2 - 1] + v[passes / 2]));
 	}
