@@ -116,10 +116,13 @@ try:
     check(med(ttfb_p) - med(ttfb_d) < 0.010, "first event through nginx within 10 ms of direct",
           med(ttfb_p), med(ttfb_d))
     # Buffered, nginx would hand over the stream in 4-8 KiB pieces (dozens of events per
-    # read); unbuffered, it passes on what each read from moed brought (on a loaded machine
-    # both sides coalesce some, so the bound leaves room).
-    check(med(spread_p) > 0.25 * med(spread_d), "nginx passes events on unbuffered",
-          med(spread_p), med(spread_d))
+    # read) in every stream; unbuffered, it passes on what each read from moed brought (on a
+    # loaded machine both sides coalesce some, so the bound leaves room). Judged on the best
+    # of the 5 streams through nginx: where the engine emits an event every ~0.1 ms (a Zen 5)
+    # nginx's own reads coalesce 4-15 events in some streams (median 0.066 against direct's
+    # 0.63 once), which buffering cannot explain in all five.
+    check(max(spread_p) > 0.25 * med(spread_d), "nginx passes events on unbuffered",
+          max(spread_p), med(spread_d), spread_p)
 
     # headers that keep any proxy from buffering, and what nginx makes of them
     tfb, reads, out, st = stream(reps[0].port, dict(req, max_tokens=2))
