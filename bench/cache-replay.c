@@ -6,8 +6,12 @@
  *
  * Columns: each policy's demand hit rate (accesses that found their unit resident; pred gets
  * cooc's hints), pred with cooc's predictions also read ahead (hit rate, and the share of
- * read-ahead units that their layer did not use), the best fixed set in hindsight, Belady's
- * MIN, and the best policy's distance to Belady (demand fetching, prefetch excluded).
+ * read-ahead units that their layer did not use); where the trace recorded pre-gating ("p"
+ * lines), pred with pre-gating's predictions read ahead instead, as the store does with
+ * prefetch on (as demand hints alone they change nothing: they speak of the layer about to
+ * run, whose units are in use when it misses); the best fixed set in
+ * hindsight, Belady's MIN, and the distance to Belady of the best demand policy and of the
+ * best of all (prefetch included: it may pass Belady, which bounds demand fetching only).
  *
  * Traces come from `moed --trace-routing FILE` or `moed-bench -T FILE` (engine/route_trace.h);
  * the simulation is bench/cache_sim.h. A budget is a share of all expert units (layer x
@@ -181,24 +185,35 @@ int main(int argc, char **argv)
 	       sim.n_used, sim.n_units,
 	       sim.n_groups ? (double)sim.start[sim.n_groups] / (double)sim.n_groups : 0.0);
 
-	struct curve cv[MD_EPOL_KIND_COUNT + 3];
+	struct curve cv[MD_EPOL_KIND_COUNT + 4];
 	static const char *colors[] = { "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b" };
 	int n_cv = 0;
 	for (int k = 0; k < MD_EPOL_KIND_COUNT; k++, n_cv++) {
 		cv[n_cv] = (struct curve){ md_epol_name((enum md_epol_kind)k), colors[k % 5], NULL,
 					   { 0 } };
 	}
-	int i_pf = n_cv, i_static = n_cv + 1, i_bel = n_cv + 2;
-	cv[n_cv++] = (struct curve){ "pred + cooc prefetch", "#d62728", "2,3", {0} };
-	cv[n_cv++] = (struct curve){ "best fixed set in hindsight", "#7f7f7f", "1,4", {0} };
-	cv[n_cv++] = (struct curve){ "Belady (offline optimum, demand)", "black", "6,4", {0} };
+	const bool pg = sim.has_pregate;
+	int i_pf = n_cv++, i_pgf = -1;
+	cv[i_pf] = (struct curve){ "pred + cooc prefetch", "#d62728", "2,3", {0} };
+	if (pg) {
+		i_pgf = n_cv++;
+		cv[i_pgf] = (struct curve){ "pred + pre-gating prefetch", "#e377c2", "2,3", {0} };
+	}
+	int i_static = n_cv++, i_bel = n_cv++;
+	cv[i_static] = (struct curve){ "best fixed set in hindsight", "#7f7f7f", "1,4", {0} };
+	cv[i_bel] = (struct curve){ "Belady (offline optimum, demand)", "black", "6,4", {0} };
 
 	printf("\n| budget | units |");
 	for (int k = 0; k < MD_EPOL_KIND_COUNT; k++)
 		printf(" %s |", md_epol_name((enum md_epol_kind)k));
-	printf(" pred + prefetch | prefetch wasted | best fixed set | Belady | "
-	       "best policy - Belady |\n| ---: | ---: |");
-	for (int k = 0; k < MD_EPOL_KIND_COUNT + 5; k++)
+	printf(" pred + prefetch | prefetch wasted |");
+	if (pg)
+		printf(" pred + pre-gating prefetch | its waste |");
+	printf(" best fixed set | Belady | best demand policy - Belady |");
+	if (pg)
+		printf(" best with prefetch - Belady |");
+	printf("\n| ---: | ---: |");
+	for (int k = 0; k < MD_EPOL_KIND_COUNT + 5 + (pg ? 3 : 0); k++)
 		printf(" ---: |");
 	printf("\n");
 	for (int b = 0; b < N_BUDGETS; b++) {
@@ -227,9 +242,28 @@ int main(int argc, char **argv)
 		cv[i_pf].y[b] = pct(r.hits, r.accesses);
 		cv[i_static].y[b] = pct(rs.hits, rs.accesses);
 		cv[i_bel].y[b] = pct(rb.hits, rb.accesses);
-		printf(" %.1f%% | %.0f%% | %.1f%% | %.1f%% | %+.1f |\n", cv[i_pf].y[b],
-		       pct(r.prefetched - r.prefetch_used, r.prefetched), cv[i_static].y[b],
-		       cv[i_bel].y[b], best - cv[i_bel].y[b]);
+		double best_all = best > cv[i_pf].y[b] ? best : cv[i_pf].y[b];
+		printf(" %.1f%% | %.0f%% |", cv[i_pf].y[b],
+		       pct(r.prefetched - r.prefetch_used, r.prefetched));
+		if (pg) {
+			struct md_csim_result rf;
+			if (md_csim_replay(&sim, MD_EPOL_PRED, cap,
+					   MD_CSIM_HINTS | MD_CSIM_PREFETCH | MD_CSIM_PREGATE,
+					   half_life, &rf)) {
+				fprintf(stderr, "cache-replay: out of memory\n");
+				return 1;
+			}
+			cv[i_pgf].y[b] = pct(rf.hits, rf.accesses);
+			if (cv[i_pgf].y[b] > best_all)
+				best_all = cv[i_pgf].y[b];
+			printf(" %.1f%% | %.0f%% |", cv[i_pgf].y[b],
+			       pct(rf.prefetched - rf.prefetch_used, rf.prefetched));
+		}
+		printf(" %.1f%% | %.1f%% | %+.1f |", cv[i_static].y[b], cv[i_bel].y[b],
+		       best - cv[i_bel].y[b]);
+		if (pg)
+			printf(" %+.1f |", best_all - cv[i_bel].y[b]);
+		printf("\n");
 		fflush(stdout);
 	}
 
@@ -238,6 +272,9 @@ int main(int argc, char **argv)
 	       "wasted |\n| --- | --- | ---: | ---: | ---: |\n");
 	print_pred("prev", "the sequence's previous token's experts, same layer", &st.prev);
 	print_pred("cooc", "co-occurrence with the token's experts one layer before", &st.cooc);
+	if (pg)
+		print_pred("pregate", "the layer's router on the residual leaving the layer before "
+			   "(recorded)", &st.pregate);
 
 	int rc = 0;
 	if (svg) {

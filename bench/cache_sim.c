@@ -133,11 +133,12 @@ struct builder {
 	struct md_csim *s;
 	struct md_csim_stats *st;
 	uint32_t *cooc;              /* (n_layer - 1, E, E) counts */
-	uint8_t *used_mark, *prev_mark, *cooc_mark; /* (E) */
+	uint8_t *used_mark, *prev_mark, *cooc_mark, *pg_mark; /* (E) */
 	float *score;                /* (E) */
 	int32_t *top;                /* (k) */
 	struct seq_map seqs;
 	struct vec units, hint_u, hint_p, start, hstart, layers;
+	struct vec pg_u, pg_p, pg_start; /* pre-gating's hints, as hint_* */
 };
 
 /* cooc's top k for the token whose experts at the layer before are prev (k of them). Returns
@@ -184,13 +185,29 @@ static int add_group(struct builder *b, uint64_t a, uint64_t e, uint64_t pa, uin
 	memset(b->used_mark, 0, E);
 	memset(b->prev_mark, 0, E);
 	memset(b->cooc_mark, 0, E);
+	memset(b->pg_mark, 0, E);
 	bool pairs = pb - pa == e - a && layer > 0 && log->rec[pa].layer == layer - 1;
-	uint64_t c_pred = 0, c_hit = 0;
+	uint64_t c_pred = 0, c_hit = 0, g_pred = 0, g_hit = 0;
+	bool any_pg = false;
 	for (uint64_t r = a; r < e; r++) {
 		const struct md_route_rec *rec = &log->rec[r];
 		const int32_t *cur = log->experts + rec->first;
 		for (uint32_t j = 0; j < k; j++)
 			b->used_mark[cur[j]] = 1;
+		/* pregate: the prediction the trace recorded for this token and layer. */
+		if (rec->has_pregate) {
+			const int32_t *pg = log->pregate + rec->first;
+			any_pg = true;
+			b->st->pregate.tok_used += k;
+			b->st->pregate.tok_predicted += k;
+			for (uint32_t j = 0; j < k; j++) {
+				uint32_t hit = count_in(cur, k, pg[j]);
+				b->st->pregate.tok_hit += hit;
+				g_hit += hit;
+				b->pg_mark[pg[j]] = 1;
+			}
+			g_pred += k;
+		}
 		/* prev: the sequence's previous token at this layer. */
 		struct seq_slot *sl = seq_map_get(&b->seqs, rec->seq);
 		if (!sl)
@@ -228,6 +245,8 @@ static int add_group(struct builder *b, uint64_t a, uint64_t e, uint64_t pa, uin
 	grp_score(&b->st->prev, b->prev_mark, E, b->used_mark);
 	if (pairs)
 		grp_score(&b->st->cooc, b->cooc_mark, E, b->used_mark);
+	if (any_pg)
+		grp_score(&b->st->pregate, b->pg_mark, E, b->used_mark);
 
 	/* Hints before this group: cooc's predictions with its precision before this group. */
 	const struct md_csim_pred *cp = &b->st->cooc;
@@ -242,6 +261,17 @@ static int add_group(struct builder *b, uint64_t a, uint64_t e, uint64_t pa, uin
 		if (!rc)
 			rc = vec_push(&b->hint_p, &prob);
 	}
+	const struct md_csim_pred *gp = &b->st->pregate;
+	uint64_t pg_prior = gp->tok_predicted - g_pred, pg_prior_hit = gp->tok_hit - g_hit;
+	float pg_prob = pg_prior ? (float)pg_prior_hit / (float)pg_prior : 0.5f;
+	for (uint32_t x = 0; x < E && !rc; x++) {
+		if (!b->pg_mark[x])
+			continue;
+		uint32_t u = layer * E + x;
+		rc = vec_push(&b->pg_u, &u);
+		if (!rc)
+			rc = vec_push(&b->pg_p, &pg_prob);
+	}
 	for (uint32_t x = 0; x < E && !rc; x++) {
 		if (!b->used_mark[x])
 			continue;
@@ -254,6 +284,8 @@ static int add_group(struct builder *b, uint64_t a, uint64_t e, uint64_t pa, uin
 		rc = vec_push(&b->start, &b->units.n);
 	if (!rc)
 		rc = vec_push(&b->hstart, &b->hint_u.n);
+	if (!rc)
+		rc = vec_push(&b->pg_start, &b->pg_u.n);
 	return rc;
 }
 
@@ -272,18 +304,22 @@ int md_csim_build(struct md_csim *s, const struct md_route_log *log, struct md_c
 		.units = { .elt = sizeof(uint32_t) }, .hint_u = { .elt = sizeof(uint32_t) },
 		.hint_p = { .elt = sizeof(float) }, .start = { .elt = sizeof(uint64_t) },
 		.hstart = { .elt = sizeof(uint64_t) }, .layers = { .elt = sizeof(uint32_t) },
+		.pg_u = { .elt = sizeof(uint32_t) }, .pg_p = { .elt = sizeof(float) },
+		.pg_start = { .elt = sizeof(uint64_t) },
 	};
 	size_t n_cooc = log->n_layer > 1 ? (size_t)(log->n_layer - 1) * E * E : 1;
 	b.cooc = calloc(n_cooc, sizeof(*b.cooc));
 	b.used_mark = calloc(E, 1);
 	b.prev_mark = calloc(E, 1);
 	b.cooc_mark = calloc(E, 1);
+	b.pg_mark = calloc(E, 1);
 	b.score = calloc(E, sizeof(*b.score));
 	b.top = calloc(log->n_used, sizeof(*b.top));
 	uint64_t zero = 0;
 	int rc = -ENOMEM;
-	if (!b.cooc || !b.used_mark || !b.prev_mark || !b.cooc_mark || !b.score || !b.top ||
-	    vec_push(&b.start, &zero) || vec_push(&b.hstart, &zero))
+	if (!b.cooc || !b.used_mark || !b.prev_mark || !b.cooc_mark || !b.pg_mark || !b.score ||
+	    !b.top || vec_push(&b.start, &zero) || vec_push(&b.hstart, &zero) ||
+	    vec_push(&b.pg_start, &zero))
 		goto out;
 	rc = 0;
 	uint64_t pa = 0, pb = 0;
@@ -303,6 +339,7 @@ out:
 	free(b.used_mark);
 	free(b.prev_mark);
 	free(b.cooc_mark);
+	free(b.pg_mark);
 	free(b.score);
 	free(b.top);
 	seq_map_free(&b.seqs);
@@ -313,6 +350,9 @@ out:
 		free(b.start.a);
 		free(b.hstart.a);
 		free(b.layers.a);
+		free(b.pg_u.a);
+		free(b.pg_p.a);
+		free(b.pg_start.a);
 		memset(s, 0, sizeof(*s));
 		return rc;
 	}
@@ -323,6 +363,10 @@ out:
 	s->hint_start = b.hstart.a;
 	s->hint_unit = b.hint_u.a;
 	s->hint_p = b.hint_p.a;
+	s->pg_start = b.pg_start.a;
+	s->pg_unit = b.pg_u.a;
+	s->pg_p = b.pg_p.a;
+	s->has_pregate = log->n_pregate > 0;
 	return 0;
 }
 
@@ -334,6 +378,9 @@ void md_csim_release(struct md_csim *s)
 	free(s->hint_start);
 	free(s->hint_unit);
 	free(s->hint_p);
+	free(s->pg_start);
+	free(s->pg_unit);
+	free(s->pg_p);
 	memset(s, 0, sizeof(*s));
 }
 
@@ -363,6 +410,14 @@ int md_csim_replay(const struct md_csim *s, enum md_epol_kind kind, uint32_t cap
 	if (half_life)
 		md_epol_set_half_life(p, half_life);
 	struct in_use iu = { mark };
+	const uint64_t *hs = s->hint_start;
+	const uint32_t *hu = s->hint_unit;
+	const float *hp = s->hint_p;
+	if (flags & MD_CSIM_PREGATE) {
+		hs = s->pg_start;
+		hu = s->pg_unit;
+		hp = s->pg_p;
+	}
 	for (uint64_t g = 0; g < s->n_groups; g++) {
 		uint64_t now = g + 1;
 		/* Hints and prefetches for group g come while group g - 1 computes (tick now - 1):
@@ -370,9 +425,9 @@ int md_csim_replay(const struct md_csim *s, enum md_epol_kind kind, uint32_t cap
 		if (g > 0 && (flags & MD_CSIM_PREFETCH))
 			for (uint64_t i = s->start[g - 1]; i < s->start[g]; i++)
 				mark[s->units[i]] = 1;
-		for (uint64_t h = s->hint_start[g]; h < s->hint_start[g + 1] && flags; h++) {
-			uint32_t u = s->hint_unit[h];
-			md_epol_hint(p, u, s->hint_p[h], now - 1 ? now - 1 : 1);
+		for (uint64_t h = hs[g]; h < hs[g + 1] && flags; h++) {
+			uint32_t u = hu[h];
+			md_epol_hint(p, u, hp[h], now - 1 ? now - 1 : 1);
 			if (!(flags & MD_CSIM_PREFETCH) || md_epol_resident(p, u) || capacity == 0)
 				continue;
 			if (md_epol_n_resident(p) >= capacity) {
@@ -390,8 +445,8 @@ int md_csim_replay(const struct md_csim *s, enum md_epol_kind kind, uint32_t cap
 		if (g > 0 && (flags & MD_CSIM_PREFETCH)) {
 			for (uint64_t i = s->start[g - 1]; i < s->start[g]; i++)
 				mark[s->units[i]] = 0;
-			for (uint64_t h = s->hint_start[g]; h < s->hint_start[g + 1]; h++)
-				mark[s->hint_unit[h]] = 0;
+			for (uint64_t h = hs[g]; h < hs[g + 1]; h++)
+				mark[hu[h]] = 0;
 		}
 		for (uint64_t i = s->start[g]; i < s->start[g + 1]; i++) {
 			uint32_t u = s->units[i];

@@ -23,14 +23,20 @@
  *          learned online from the trace so far (for each expert e at layer l, how often each
  *          expert of layer l+1 followed it): the k best-scoring experts of layer l+1. Known
  *          one layer ahead, like pre-gating, and usable by the store in the same place.
+ *   pregate the prediction the trace recorded ("p" lines, engine/route_trace.h): layer l's
+ *          router on the residual leaving layer l - 1, what the store's prefetcher reads.
+ *          Known later than cooc (after layer l - 1's experts ran, not after its router),
+ *          and only where the trace has it.
  * cooc's predictions feed the pred policy as hints (md_epol_hint), with the predictor's
  * precision so far as their probability; with MD_CSIM_PREFETCH they are also read in ahead of
- * their group, as the store's prefetcher would while the layer before computes. Belady's MIN
+ * their group, as the store's prefetcher would while the layer before computes; with
+ * MD_CSIM_PREGATE pre-gating's take cooc's place, precision and all. Belady's MIN
  * bounds demand fetching only: prefetching can beat it, at the price of the bytes it wastes.
  */
 #ifndef MD_CACHE_SIM_H
 #define MD_CACHE_SIM_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "engine/expert_policy.h"
@@ -45,6 +51,10 @@ struct md_csim {
 	uint64_t *hint_start; /* owned (n_groups + 1): hints given just before group g */
 	uint32_t *hint_unit;  /* owned */
 	float *hint_p;        /* owned */
+	uint64_t *pg_start;   /* owned (n_groups + 1): pre-gating's hints, as hint_start */
+	uint32_t *pg_unit;    /* owned */
+	float *pg_p;          /* owned */
+	bool has_pregate;     /* the trace recorded pre-gating ("p" lines) */
 };
 
 /* Prefetch accuracy of one predictor. */
@@ -56,7 +66,7 @@ struct md_csim_pred {
 };
 
 struct md_csim_stats {
-	struct md_csim_pred prev, cooc;
+	struct md_csim_pred prev, cooc, pregate;
 };
 
 /* Build the groups, the predictors' accuracy (into st) and the hints from a trace. Returns 0
@@ -74,6 +84,7 @@ enum {
 	MD_CSIM_HINTS = 1,    /* feed cooc's predictions to the policy (md_epol_hint) */
 	MD_CSIM_PREFETCH = 2, /* and read them in before their group, evicting by the policy
 			       * among units the group before does not use (it is running) */
+	MD_CSIM_PREGATE = 4,  /* hints (and prefetches) from pre-gating instead of cooc */
 };
 
 /* Replay the groups under policy kind with a cache of capacity units; flags as above.

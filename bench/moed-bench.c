@@ -84,6 +84,12 @@ static void on_route(void *ud, uint32_t layer, const struct md_routing *r)
 		md_route_trace_layer(b->trace, layer, r);
 }
 
+static void on_pregate(void *ud, uint32_t layer, const struct md_routing *r)
+{
+	struct bench *b = ud;
+	md_route_trace_pregate(b->trace, layer, r);
+}
+
 /* md_forward, traced when -T asked for it; sequence numbers are the KV slots. */
 static int forward(struct bench *b, int n)
 {
@@ -348,6 +354,7 @@ int main(int argc, char **argv)
 			return 1;
 		}
 		md_forward_set_route_cb(b.fw, on_route, &b);
+		md_forward_set_pregate_cb(b.fw, on_pregate, &b);
 	}
 
 	struct md_expert_store *store = NULL;

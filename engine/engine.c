@@ -711,6 +711,13 @@ static void on_route(void *ud, uint32_t layer, const struct md_routing *r)
 	}
 }
 
+/* Pre-gating's prediction of a layer's routing, into the trace (set only when tracing). */
+static void on_pregate(void *ud, uint32_t layer, const struct md_routing *r)
+{
+	struct md_engine *e = ud;
+	md_route_trace_pregate(e->trace, layer, r);
+}
+
 /* Name each row of the planned batch for the trace: its request id and position. */
 static void trace_step_begin(struct md_engine *e, const struct md_plan *p)
 {
@@ -967,6 +974,7 @@ static void spec_calibrate(struct md_engine *e)
 		want[i] = true;
 	}
 	md_forward_set_route_cb(e->fw, NULL, NULL);
+	md_forward_set_pregate_cb(e->fw, NULL, NULL);
 	double t_all = md_spec_ctl_clock();
 	double dt[CAL_PASSES][MD_SPEC_MAX_K + 2];
 	uint32_t passes = 0;
@@ -1001,6 +1009,8 @@ static void spec_calibrate(struct md_engine *e)
 	free(ids);
 	md_kv_seq_free(&e->kv, seq);
 	md_forward_set_route_cb(e->fw, on_route, e);
+	if (e->trace)
+		md_forward_set_pregate_cb(e->fw, on_pregate, e);
 	if (e->cfg.progress && ok)
 		md_log(MD_LOG_INFO, "speculation: step costs of 1..%u tokens measured in %.0f ms "
 		       "(1: %.2f ms, %u: %.2f ms)", n_max, (md_spec_ctl_clock() - t_all) * 1e3,
@@ -1347,6 +1357,8 @@ static int load(struct md_engine *e)
 	rc = setup_trace(e);
 	if (rc)
 		return rc;
+	if (e->trace)
+		md_forward_set_pregate_cb(e->fw, on_pregate, e);
 	if (e->store)
 		md_forward_set_expert_src(e->fw, md_expert_store_src(e->store));
 	rc = spec_load_draft(e, threads);

@@ -96,6 +96,8 @@ struct md_forward_ctx {
 	uint8_t *allow;      /* (E) experts a draft pass may route to */
 	md_forward_route_cb route_cb;     /* NULL: no observer */
 	void *route_ud;                   /* borrowed: passed to route_cb */
+	md_forward_route_cb pregate_cb;   /* NULL: no observer of pre-gating */
+	void *pregate_ud;                 /* borrowed: passed to pregate_cb */
 	float *att_scratch; /* per-thread attention scores (att_cap each) */
 	size_t att_cap;
 	float *rope_cs; /* (n_rot) cos, sin pairs of the current token's position (md_rope_table) */
@@ -248,6 +250,12 @@ void md_forward_set_route_cb(struct md_forward_ctx *f, md_forward_route_cb cb, v
 {
 	f->route_cb = cb;
 	f->route_ud = ud;
+}
+
+void md_forward_set_pregate_cb(struct md_forward_ctx *f, md_forward_route_cb cb, void *ud)
+{
+	f->pregate_cb = cb;
+	f->pregate_ud = ud;
 }
 
 enum { EX_RUN, EX_FAILED, EX_DONE };
@@ -688,7 +696,8 @@ static void experts_layout(struct md_forward_ctx *f, const struct md_routing *r)
 static void prefetch_next(struct md_forward_ctx *f, uint32_t il, int n)
 {
 	const struct md_hparams *hp = &f->m->hp;
-	if (!f->src->ops->prefetch || il + 1 >= hp->n_layer)
+	bool observe = f->pregate_cb && !f->draft;
+	if ((!f->src->ops->prefetch && !observe) || il + 1 >= hp->n_layer)
 		return;
 	const struct md_layer *L = &f->m->layers[il + 1];
 	const int64_t N = hp->n_embd;
@@ -702,7 +711,10 @@ static void prefetch_next(struct md_forward_ctx *f, uint32_t il, int n)
 	add_bias(f->pre_router.logits, L->gate_inp_b, n, hp->n_expert);
 	const struct md_routing *p = md_router_route_bias(&f->pre_router, n,
 							  L->exp_probs_b ? L->exp_probs_b->data : NULL);
-	md_expert_src_prefetch(f->src, il + 1, p->active, p->n_active);
+	if (observe)
+		f->pregate_cb(f->pregate_ud, il + 1, p);
+	if (f->src->ops->prefetch)
+		md_expert_src_prefetch(f->src, il + 1, p->active, p->n_active);
 }
 
 /* Step 3: plan, then per wave get its experts and run them; in the second wave a device

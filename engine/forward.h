@@ -50,6 +50,12 @@ void md_forward_set_expert_src(struct md_forward_ctx *f, struct md_expert_src *s
  * call; read-only). Token indices are batch rows. NULL clears it. */
 typedef void (*md_forward_route_cb)(void *ud, uint32_t layer, const struct md_routing *r);
 void md_forward_set_route_cb(struct md_forward_ctx *f, md_forward_route_cb cb, void *ud);
+/* Observer of pre-gating: after each MoE layer of an exact pass, the routing that layer
+ * layer + 1's router picks on the residual stream leaving it (what a prefetching expert source
+ * is told to read ahead, engine/forward.c prefetch_next), with layer = the layer predicted.
+ * Set, it makes the forward pass compute that prediction even for a source that does not
+ * prefetch (one router matmul per layer). Same thread and lifetime rules as route_cb. */
+void md_forward_set_pregate_cb(struct md_forward_ctx *f, md_forward_route_cb cb, void *ud);
 
 /*
  * A draft pass (self-speculation, engine/self_draft.h): the same model made cheaper. While

@@ -40,7 +40,7 @@ struct md_route_trace *md_route_trace_open(const char *path, uint32_t n_layer, u
 	t->n_layer = n_layer;
 	t->n_expert = n_expert;
 	t->n_used = n_used;
-	if (fprintf(t->f, "# moed routing trace 1\n# n_layer %u n_expert %u n_used %u\n", n_layer,
+	if (fprintf(t->f, "# moed routing trace 2\n# n_layer %u n_expert %u n_used %u\n", n_layer,
 		    n_expert, n_used) < 0 || fflush(t->f) != 0) {
 		snprintf(err, errlen, "cannot write routing trace '%s': %s", path, strerror(errno));
 		fclose(t->f);
@@ -85,6 +85,25 @@ void md_route_trace_layer(struct md_route_trace *t, uint32_t layer, const struct
 		for (int j = 0; j < k && j < MD_ROUTE_TRACE_MAX_USED; j++)
 			n += snprintf(line + n, sizeof(line) - (size_t)n, " %.4f",
 				      (double)r->w[i * k + j]);
+		line[n++] = '\n';
+		if (fwrite(line, 1, (size_t)n, t->f) != (size_t)n) {
+			t->err = -(errno ? errno : EIO);
+			return;
+		}
+	}
+}
+
+void md_route_trace_pregate(struct md_route_trace *t, uint32_t layer, const struct md_routing *r)
+{
+	if (t->err)
+		return;
+	int k = r->n_used;
+	for (int i = 0; i < r->n_tokens && (uint32_t)i < t->n_rows; i++) {
+		char line[64 + MD_ROUTE_TRACE_MAX_USED * 12];
+		int n = snprintf(line, sizeof(line), "p %" PRIu64 " %u %" PRIu64 " %d", t->step,
+				 layer, t->seq[i], t->pos[i]);
+		for (int j = 0; j < k && j < MD_ROUTE_TRACE_MAX_USED; j++)
+			n += snprintf(line + n, sizeof(line) - (size_t)n, " %d", r->ids[i * k + j]);
 		line[n++] = '\n';
 		if (fwrite(line, 1, (size_t)n, t->f) != (size_t)n) {
 			t->err = -(errno ? errno : EIO);
@@ -162,8 +181,84 @@ static int grow(struct md_route_log *log, uint64_t *cap)
 	if (!w)
 		return -ENOMEM;
 	log->weights = w;
+	int32_t *pg = realloc(log->pregate, sizeof(*pg) * nc * log->n_used);
+	if (!pg)
+		return -ENOMEM;
+	log->pregate = pg;
 	*cap = nc;
 	return 0;
+}
+
+/* "p" lines of the current step waiting for their records, in file order. */
+struct pending {
+	struct pend {
+		uint64_t seq;
+		uint32_t layer, pos;
+		bool taken;
+		int32_t e[MD_ROUTE_TRACE_MAX_USED];
+	} *a;
+	size_t n, cap, cursor;
+	uint64_t step;
+};
+
+static int pending_add(struct pending *pd, const struct pend *x)
+{
+	if (pd->n == pd->cap) {
+		size_t nc = pd->cap ? pd->cap * 2 : 256;
+		struct pend *a = realloc(pd->a, sizeof(*a) * nc);
+		if (!a)
+			return -ENOMEM;
+		pd->a = a;
+		pd->cap = nc;
+	}
+	pd->a[pd->n++] = *x;
+	return 0;
+}
+
+/* The prediction for (layer, seq, pos) of the current step, or NULL. Records come in the
+ * order their predictions did, so the search starts where the last one matched. */
+static const struct pend *pending_take(struct pending *pd, uint32_t layer, uint64_t seq,
+				       uint32_t pos)
+{
+	for (size_t k = 0; k < pd->n; k++) {
+		size_t i = (pd->cursor + k) % pd->n;
+		struct pend *x = &pd->a[i];
+		if (!x->taken && x->layer == layer && x->seq == seq && x->pos == pos) {
+			x->taken = true;
+			pd->cursor = i + 1;
+			return x;
+		}
+	}
+	return NULL;
+}
+
+/* A "p" line (after its "p"): into pd, which is emptied when the step changes. */
+static bool parse_pregate(struct md_route_log *log, char *p, struct pending *pd, int *rc)
+{
+	uint64_t step, layer, seq, pos;
+	struct pend x = { 0 };
+	*rc = 0;
+	if (!field_u64(&p, &step) || !field_u64(&p, &layer) || !field_u64(&p, &seq) ||
+	    !field_u64(&p, &pos) || pos > UINT32_MAX || layer >= log->n_layer)
+		return false;
+	for (uint32_t j = 0; j < log->n_used; j++) {
+		uint64_t e = 0;
+		if (!field_u64(&p, &e) || e >= log->n_expert)
+			return false;
+		x.e[j] = (int32_t)e;
+	}
+	if (!rest_blank(p))
+		return false;
+	if (pd->n == 0 || step != pd->step) {
+		pd->n = 0;
+		pd->cursor = 0;
+		pd->step = step;
+	}
+	x.seq = seq;
+	x.layer = (uint32_t)layer;
+	x.pos = (uint32_t)pos;
+	*rc = pending_add(pd, &x);
+	return true;
 }
 
 int md_route_log_read(struct md_route_log *log, const char *path, char *err, size_t errlen)
@@ -180,15 +275,17 @@ int md_route_log_read(struct md_route_log *log, const char *path, char *err, siz
 	uint64_t lineno = 0, cap = 0;
 	int rc = 0;
 	bool have_magic = false, have_shape = false;
+	struct pending pd = { 0 };
 	while (getline(&buf, &bufcap, f) >= 0) {
 		lineno++;
 		if (buf[0] == '#') {
 			unsigned a, b, c;
 			int v;
 			if (!have_magic) {
-				if (sscanf(buf, "# moed routing trace %d", &v) != 1 || v != 1) {
+				if (sscanf(buf, "# moed routing trace %d", &v) != 1 || v < 1 ||
+				    v > 2) {
 					rc = fail(log, -EINVAL, err, errlen, path, lineno,
-						  "not a moed routing trace (version 1)");
+						  "not a moed routing trace (version 1 or 2)");
 					break;
 				}
 				have_magic = true;
@@ -214,6 +311,18 @@ int md_route_log_read(struct md_route_log *log, const char *path, char *err, siz
 			rc = fail(log, -EINVAL, err, errlen, path, lineno,
 				  "record before the header");
 			break;
+		}
+		if (buf[0] == 'p' && have_shape) {
+			if (!parse_pregate(log, buf + 1, &pd, &rc)) {
+				rc = fail(log, -EINVAL, err, errlen, path, lineno,
+					  "malformed pre-gating line");
+				break;
+			}
+			if (rc) {
+				rc = fail(log, rc, err, errlen, path, lineno, "out of memory");
+				break;
+			}
+			continue;
 		}
 		if (log->n_rec == cap && (rc = grow(log, &cap)) != 0) {
 			rc = fail(log, rc, err, errlen, path, lineno, "out of memory");
@@ -251,12 +360,19 @@ int md_route_log_read(struct md_route_log *log, const char *path, char *err, siz
 				  "bad experts or weights (n_used of each, experts < n_expert)");
 			break;
 		}
+		const struct pend *x = pd.n && pd.step == r->step ?
+			pending_take(&pd, r->layer, r->seq, r->pos) : NULL;
+		r->has_pregate = x != NULL;
+		for (uint32_t j = 0; j < log->n_used; j++)
+			log->pregate[r->first + j] = x ? x->e[j] : -1;
+		log->n_pregate += x != NULL;
 		log->n_rec++;
 	}
 	if (rc == 0 && !have_shape)
 		rc = fail(log, -EINVAL, err, errlen, path, lineno ? lineno : 1,
 			  "no header (empty file?)");
 	free(buf);
+	free(pd.a);
 	fclose(f);
 	return rc;
 }
@@ -266,5 +382,6 @@ void md_route_log_release(struct md_route_log *log)
 	free(log->rec);
 	free(log->experts);
 	free(log->weights);
+	free(log->pregate);
 	memset(log, 0, sizeof(*log));
 }

@@ -1,6 +1,7 @@
 /* The cache replay of bench/cache-replay (bench/cache_sim.h) on hand-made traces whose answers
  * are worked out below: grouping by step and layer, LRU and Belady hit counts, units in use
- * streamed rather than cached, the predictors' accuracy and hints; and on a random trace,
+ * streamed rather than cached, the predictors' accuracy and hints, pre-gating's recorded
+ * predictions read ahead; and on a random trace,
  * Belady at least as good as every policy at every capacity. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -188,6 +189,48 @@ static void test_random(void)
 	md_route_log_release(&log);
 }
 
+/* Pre-gating lines: two layers of four experts, top-1, one sequence for 8 steps; layer 0
+ * always uses expert 0, layer 1 cycles 0 1 2 3, and every "p" line names the expert layer 1
+ * then uses. pregate's accuracy is 100%; with 2 units the online policies hit only layer 0
+ * (from step 2: 7 hits) and Belady one more (it keeps layer 1's expert 0 in the free unit
+ * from step 1 to step 5), while reading pre-gating's predictions ahead also hits all 8 of
+ * layer 1's: each is read while layer 0 runs, over the layer-1 unit of the step before. */
+static void test_pregate(void)
+{
+	char text[2048] = "# moed routing trace 2\n# n_layer 2 n_expert 4 n_used 1\n";
+	for (int i = 0; i < 8; i++) {
+		size_t n = strlen(text);
+		snprintf(text + n, sizeof(text) - n, "%d 0 5 %d 0 1.0\np %d 1 5 %d %d\n"
+			 "%d 1 5 %d %d 1.0\n", i + 1, i, i + 1, i, i % 4, i + 1, i, i % 4);
+	}
+	struct md_route_log log;
+	load(&log, text);
+	CHECK_EQ_U(log.n_pregate, 8);
+	struct md_csim s;
+	struct md_csim_stats st;
+	REQUIRE(CHECK_EQ_I(md_csim_build(&s, &log, &st), 0));
+	CHECK(s.has_pregate);
+	CHECK_EQ_U(st.pregate.tok_used, 8);
+	CHECK_EQ_U(st.pregate.tok_hit, 8);
+	CHECK_EQ_U(st.pregate.grp_predicted, 8);
+	CHECK_EQ_U(st.pregate.grp_hit, 8);
+	CHECK_EQ_U(hits(&s, -1, 2), 8);
+	for (int k = 0; k < MD_EPOL_KIND_COUNT; k++) {
+		CHECK_CONTEXT("kind %d", k);
+		CHECK_EQ_U(hits(&s, k, 2), 7);
+	}
+	CHECK_CONTEXT_CLEAR();
+	struct md_csim_result r;
+	REQUIRE(CHECK_EQ_I(md_csim_replay(&s, MD_EPOL_PRED, 2, MD_CSIM_HINTS | MD_CSIM_PREFETCH |
+					  MD_CSIM_PREGATE, 0, &r), 0));
+	CHECK_EQ_U(r.accesses, 16);
+	CHECK_EQ_U(r.prefetched, 8);
+	CHECK_EQ_U(r.prefetch_used, 8);
+	CHECK_EQ_U(r.hits, 15); /* layer 0's first visit is the only miss */
+	md_csim_release(&s);
+	md_route_log_release(&log);
+}
+
 int main(void)
 {
 	int fd = mkstemp(path);
@@ -196,6 +239,7 @@ int main(void)
 	test_loop();
 	test_two_seqs();
 	test_random();
+	test_pregate();
 	unlink(path);
 	if (failures)
 		fprintf(stderr, "cache-replay: %d checks failed\n", failures);

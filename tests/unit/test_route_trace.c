@@ -52,13 +52,22 @@ static struct md_engine_req *mkreq(struct req_out *o)
 	return r;
 }
 
-/* The routing a reference forward pass computes, per layer and row. */
+/* The routing a reference forward pass computes, per layer and row, and its pre-gating. */
 struct capture {
 	uint32_t n_used;
 	int32_t ids[8][MAX_TOK][8];
 	float w[8][MAX_TOK][8];
+	int32_t pg[8][MAX_TOK][8];
 	int n_rows;
 };
+
+static void on_pregate(void *ud, uint32_t layer, const struct md_routing *r)
+{
+	struct capture *c = ud;
+	for (int i = 0; i < r->n_tokens; i++)
+		for (int j = 0; j < r->n_used; j++)
+			c->pg[layer][i][j] = r->ids[i * r->n_used + j];
+}
 
 static void on_route(void *ud, uint32_t layer, const struct md_routing *r)
 {
@@ -213,8 +222,9 @@ static void test_engine_trace(const char *model, const char *trace)
 	float *logits = malloc(sizeof(float) * m.hp.n_vocab);
 	struct capture *cap = calloc(1, sizeof(*cap));
 	md_forward_set_route_cb(f, on_route, cap);
+	md_forward_set_pregate_cb(f, on_pregate, cap);
 	uint32_t k = m.hp.n_expert_used;
-	uint64_t matched = 0;
+	uint64_t matched = 0, pg_recs = 0, pg_used = 0, pg_hit = 0;
 	for (int i = 0; i < N_REQ; i++) {
 		struct req_out *o = &outs[i];
 		int s = md_kv_seq_new(&kv);
@@ -240,6 +250,19 @@ static void test_engine_trace(const char *model, const char *trace)
 					CHECK_NEAR(log.weights[rec->first + j], cap->w[rec->layer][row][j],
 						   6e-5);
 				}
+				/* Every layer after the first has the pre-gating prediction, the
+				 * reference pass's, whatever else shared the engine's step. */
+				CHECK_EQ_I(rec->has_pregate, rec->layer > 0);
+				for (uint32_t j = 0; rec->has_pregate && j < k; j++) {
+					int32_t e = log.pregate[rec->first + j];
+					CHECK_EQ_I(e, cap->pg[rec->layer][row][j]);
+					for (uint32_t q = 0; q < k; q++)
+						pg_hit += e == log.experts[rec->first + q];
+				}
+				if (rec->has_pregate) {
+					pg_recs++;
+					pg_used += k;
+				}
 				matched++;
 			}
 			/* The previous layers' captures are overwritten by the next batch. */
@@ -249,6 +272,10 @@ static void test_engine_trace(const char *model, const char *trace)
 	}
 	CHECK_CONTEXT_CLEAR();
 	CHECK_EQ_U(matched, want);
+	CHECK_EQ_U(log.n_pregate, pg_recs);
+	CHECK_EQ_U(pg_recs, want / m.hp.n_layer * (m.hp.n_layer - 1));
+	/* The trained router: pre-gating names far more than chance (k / E) of the experts. */
+	CHECK(pg_used && (double)pg_hit / (double)pg_used > 0.5);
 	free(cap);
 	free(logits);
 	md_forward_free(f);
@@ -297,6 +324,38 @@ static void test_reader_errors(const char *path)
 		CHECK(strstr(err, bad[i].why) != NULL);
 	}
 	CHECK_CONTEXT_CLEAR();
+	/* Version 2's pre-gating lines: one attached to the record it names (whatever the order
+	 * of the rows), one naming no record of its step dropped, malformed ones refused. */
+	static const char *hdr2 = "# moed routing trace 2\n# n_layer 2 n_expert 4 n_used 2\n";
+	snprintf(text, sizeof(text), "%sp 1 1 7 0 2 1\np 1 1 8 0 0 3\np 1 1 9 0 1 2\n"
+		 "1 1 8 0 0 1 0.5 0.5\n1 1 7 0 2 0 0.5 0.5\n2 0 7 1 3 1 0.6 0.4\n", hdr2);
+	{
+		FILE *f = fopen(path, "w");
+		REQUIRE(CHECK(f != NULL));
+		fputs(text, f);
+		fclose(f);
+		struct md_route_log lg;
+		REQUIRE(CHECK_EQ_I(md_route_log_read(&lg, path, err, sizeof(err)), 0));
+		REQUIRE(CHECK_EQ_U(lg.n_rec, 3));
+		CHECK_EQ_U(lg.n_pregate, 2);
+		CHECK(lg.rec[0].has_pregate && lg.rec[1].has_pregate && !lg.rec[2].has_pregate);
+		CHECK_EQ_I(lg.pregate[lg.rec[0].first], 0); /* seq 8's */
+		CHECK_EQ_I(lg.pregate[lg.rec[0].first + 1], 3);
+		CHECK_EQ_I(lg.pregate[lg.rec[1].first], 2); /* seq 7's */
+		CHECK_EQ_I(lg.pregate[lg.rec[2].first], -1);
+		md_route_log_release(&lg);
+	}
+	static const char *bad_pg[] = { "p 1 2 7 0 2 1\n", "p 1 1 7 0 2 4\n", "p 1 1 7 0 2\n",
+					"p 1 1 7 0 2 1 0.5\n", "p x 1 7 0 2 1\n" };
+	for (size_t i = 0; i < sizeof(bad_pg) / sizeof(bad_pg[0]); i++) {
+		snprintf(text, sizeof(text), "%s%s", hdr2, bad_pg[i]);
+		CHECK_CONTEXT("bad pre-gating line %zu", i);
+		CHECK_EQ_I(read_text(path, text, err, sizeof(err)), -EINVAL);
+		CHECK(strstr(err, ":3: malformed pre-gating line") != NULL);
+	}
+	CHECK_CONTEXT_CLEAR();
+	CHECK_EQ_I(read_text(path, "# moed routing trace 3\n# n_layer 2 n_expert 4 n_used 2\n",
+			     err, sizeof(err)), -EINVAL);
 	CHECK_EQ_I(read_text(path, "1 0 7 0 3 1 0.6 0.4\n", err, sizeof(err)), -EINVAL);
 	CHECK_EQ_I(read_text(path, "", err, sizeof(err)), -EINVAL);
 	CHECK_EQ_I(read_text(path, "# moed routing trace 1\n# n_layer 2 n_expert 4 n_used 5\n", err,
