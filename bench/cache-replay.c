@@ -185,6 +185,15 @@ int main(int argc, char **argv)
 	       sim.n_used, sim.n_units,
 	       sim.n_groups ? (double)sim.start[sim.n_groups] / (double)sim.n_groups : 0.0);
 
+	static const double shares[] = { 0.5, 0.9, 0.95, 0.99 };
+	printf("hot set (the most-used units that serve a share of the accesses):");
+	for (size_t i = 0; i < sizeof(shares) / sizeof(shares[0]); i++) {
+		uint32_t h = md_csim_hot_set(&sim, shares[i]);
+		printf("%s %.0f%%: %u units (%.1f%% of expert bytes)", i ? "," : "",
+		       100 * shares[i], h, pct(h, sim.n_units));
+	}
+	printf("\n");
+
 	struct curve cv[MD_EPOL_KIND_COUNT + 4];
 	static const char *colors[] = { "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b" };
 	int n_cv = 0;

@@ -550,3 +550,20 @@ int md_csim_static_best(const struct md_csim *s, uint32_t capacity, struct md_cs
 	free(cnt);
 	return 0;
 }
+
+uint32_t md_csim_hot_set(const struct md_csim *s, double share)
+{
+	uint64_t *cnt = calloc(s->n_units ? s->n_units : 1, sizeof(*cnt));
+	if (!cnt)
+		return 0;
+	uint64_t total = s->start[s->n_groups];
+	for (uint64_t i = 0; i < total; i++)
+		cnt[s->units[i]]++;
+	qsort(cnt, s->n_units, sizeof(*cnt), cmp_count_desc);
+	uint64_t sum = 0;
+	uint32_t n = 0;
+	while (n < s->n_units && (double)sum < share * (double)total)
+		sum += cnt[n++];
+	free(cnt);
+	return n;
+}

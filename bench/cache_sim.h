@@ -96,5 +96,8 @@ int md_csim_belady(const struct md_csim *s, uint32_t capacity, struct md_csim_re
 /* The best fixed set in hindsight: the capacity units used most over the whole trace, loaded
  * before it starts (no policy that keeps a fixed set does better). */
 int md_csim_static_best(const struct md_csim *s, uint32_t capacity, struct md_csim_result *out);
+/* The hot set: how many of the most-used units serve share (0..1) of all accesses (0 when out
+ * of memory or the trace is empty). */
+uint32_t md_csim_hot_set(const struct md_csim *s, double share);
 
 #endif

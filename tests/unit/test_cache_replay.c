@@ -65,6 +65,11 @@ static void test_loop(void)
 	struct md_csim_result r;
 	CHECK_EQ_I(md_csim_static_best(&s, 2, &r), 0);
 	CHECK_EQ_U(r.hits, 6); /* 0 and 1, used 3 times each */
+	/* uses 0:3 1:3 2:2 3:2 of 10: half needs two units, 80% three, all four */
+	CHECK_EQ_U(md_csim_hot_set(&s, 0.5), 2);
+	CHECK_EQ_U(md_csim_hot_set(&s, 0.8), 3);
+	CHECK_EQ_U(md_csim_hot_set(&s, 0.81), 4);
+	CHECK_EQ_U(md_csim_hot_set(&s, 1.0), 4);
 	/* prev: no token repeats the one before: 9 predicted, none used */
 	CHECK_EQ_U(st.prev.tok_used, 10);
 	CHECK_EQ_U(st.prev.tok_predicted, 9);
