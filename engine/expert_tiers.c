@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include "common/log.h"
 #include "engine/backend_sim.h"
@@ -84,6 +85,34 @@ static void populate_dense(const struct md_model *m)
 	}
 	md_log(MD_LOG_INFO, "dense weights %.1f MiB paged in%s", bytes / MIB,
 	       locked ? " and locked" : " (not locked: RLIMIT_MEMLOCK)");
+}
+
+/* Mapping mode with a file that fits (md_mem_plan.populate): page the whole file in now, so
+ * that no request waits on a page fault behind the read-ahead MADV_WILLNEED started. Where
+ * MADV_POPULATE_READ is missing (kernels before 5.14), one read per page does the same. */
+static void populate_all(const struct md_model *m)
+{
+	const size_t pg = 4096;
+	uintptr_t a = (uintptr_t)m->gguf.base & ~(uintptr_t)(pg - 1);
+	size_t len = (size_t)((uintptr_t)m->gguf.base + m->gguf.size - a);
+	if (!m->gguf.base || len == 0)
+		return;
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	int rc = -1;
+#ifdef MADV_POPULATE_READ
+	rc = madvise((void *)a, len, MADV_POPULATE_READ);
+#endif
+	if (rc != 0) {
+		volatile const uint8_t *p = (const uint8_t *)a;
+		uint8_t sum = 0;
+		for (size_t off = 0; off < len; off += pg)
+			sum ^= p[off];
+		(void)sum;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	md_log(MD_LOG_INFO, "the whole file paged in: %.0f MiB in %.2f s", len / MIB,
+	       (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9);
 }
 
 /* Queue reads of the experts the last clean shutdown found hot. */
@@ -191,6 +220,8 @@ int md_expert_tiers_init(struct md_expert_tiers *t, const struct md_model *m,
 	if (!plan.store) {
 		md_log(MD_LOG_INFO, "experts: mmap (the whole file mapped), limit %.0f MiB (%s): %s",
 		       lim.bytes / MIB, lim.bytes ? lim.source : "unknown", plan.why);
+		if (plan.populate)
+			populate_all(m);
 		return 0;
 	}
 	t->kv_bytes = plan.kv_bytes;

@@ -143,13 +143,16 @@ void md_mem_plan_make(const struct md_mem_plan_in *in, struct md_mem_plan *out)
 	uint64_t usable = in->limit / 10 * 8;
 	/* The mapping is kept up to 110% of the limit (mem_plan.h: measured crossover). */
 	uint64_t map_max = in->limit / 10 * 11;
+	bool fits = in->limit && in->file_bytes <= usable;
 	if (in->expert_bytes == 0) {
 		snprintf(out->why, sizeof(out->why), "the model has no routed experts");
+		out->populate = fits;
 		cap_kv(in, out);
 		return;
 	}
 	if (in->cache_mb < 0) {
 		snprintf(out->why, sizeof(out->why), "expert-cache-mb is -1");
+		out->populate = fits;
 		cap_kv(in, out);
 		return;
 	}
@@ -178,6 +181,7 @@ void md_mem_plan_make(const struct md_mem_plan_in *in, struct md_mem_plan *out)
 				 in->limit / MIB);
 		else
 			snprintf(out->why, sizeof(out->why), "no memory limit could be read");
+		out->populate = fits;
 		cap_kv(in, out);
 		return;
 	}

@@ -23,6 +23,10 @@
  * (expert-cache-mb > 0) is taken as it is. With the whole file mapped (its pages can always
  * be dropped and read again) the KV pool, which is anonymous, is kept below the limit less
  * the reserve, and a limit that cannot hold even one context's KV is refused the same way.
+ * When the mapping is kept and the whole file fits in the 80%, it is paged in at start-up
+ * (populate), so that the first requests do not wait on page faults behind the kernel's
+ * read-ahead (llama.cpp maps with MAP_POPULATE for the same reason); between 80% and 110%
+ * it is not, since reading all of it would push its own pages out.
  * A device tier needs the store (its copies come from host slots): with one, a file that fits
  * gets the store too, with a host budget of every expert.
  * The limit is the tightest of the cgroup memory limits on the process's cgroup and its
@@ -61,6 +65,8 @@ struct md_mem_plan {
 	bool store;            /* experts through the store */
 	uint64_t cache_bytes;  /* its host budget */
 	uint64_t kv_bytes;     /* the KV budget to use */
+	bool populate;         /* the mapping is kept and the file fits in 80% of a known limit:
+				* page it all in before serving */
 	char why[256];         /* one phrase for the start-up line */
 };
 

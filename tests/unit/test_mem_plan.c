@@ -22,12 +22,14 @@ static void test_plan(void)
 				     .min_cache = 160 * MB, .cache_mb = 0 };
 	md_mem_plan_make(&in, &p);
 	CHECK(!p.store); /* 2300 <= 0.8 * 4096 */
+	CHECK(p.populate);
 	CHECK_EQ_U(p.kv_bytes, 512 * MB);
 	CHECK(strstr(p.why, "fits in 80%") != NULL);
 
 	in.limit = 2100 * MB; /* 2300 <= 1.1 * 2100: the page cache keeps nearly all of it */
 	md_mem_plan_make(&in, &p);
 	CHECK(!p.store && !p.refuse);
+	CHECK(!p.populate); /* reading it all would push its own pages out */
 	CHECK(strstr(p.why, "within 110%") != NULL);
 	in.limit = 2000 * MB; /* 2300 > 2200: the store */
 	md_mem_plan_make(&in, &p);
@@ -112,6 +114,7 @@ static void test_plan(void)
 				      .min_cache = 160 * MB, .cache_mb = -1 };
 	md_mem_plan_make(&in, &p);
 	CHECK(!p.store);
+	CHECK(!p.populate); /* 2300 > 0.8 * 1300 */
 	CHECK(strstr(p.why, "-1") != NULL);
 	in.cache_mb = 700;
 	in.limit = 64000 * MB;
@@ -123,6 +126,7 @@ static void test_plan(void)
 	in.limit = 0;
 	md_mem_plan_make(&in, &p);
 	CHECK(!p.store);
+	CHECK(!p.populate); /* no limit known: no telling whether it fits */
 	/* a device tier: the store even where the file fits, every expert in host RAM */
 	in = (struct md_mem_plan_in){ .limit = 64000 * MB, .file_bytes = 2300 * MB,
 				      .expert_bytes = 2000 * MB, .kv_bytes = 512 * MB,
