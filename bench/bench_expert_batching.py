@@ -99,8 +99,8 @@ def step_gaps(trace):
     last, gaps = {}, []
     with open(trace) as f:
         for line in f:
-            if line[0] == "#":
-                continue
+            if line[0] in "#p":
+                continue  # comments, and pre-gating's predictions
             step, layer, seq = line.split(None, 3)[:3]
             if layer != "0":
                 continue

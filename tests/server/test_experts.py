@@ -268,8 +268,8 @@ def layer_use(trace, layer):
     """{request id: set of experts its fed tokens used at layer} from a routing trace."""
     use = {}
     for line in open(trace):
-        if line.startswith("#"):
-            continue
+        if line.startswith("#") or line.startswith("p "):
+            continue  # comments, and pre-gating's predictions
         f = line.split()
         if int(f[1]) == layer:
             k = (len(f) - 4) // 2

@@ -42,9 +42,14 @@ with tempfile.TemporaryDirectory() as d:
     rc = srv.stop()
     check(rc == 0, "clean stop", rc)
     lines = open(trace).read().splitlines()
-    check(lines[:2] == ["# moed routing trace 1", "# n_layer 6 n_expert 64 n_used 4"],
+    check(lines[:2] == ["# moed routing trace 2", "# n_layer 6 n_expert 64 n_used 4"],
           "trace header", lines[:2])
-    recs = [l.split() for l in lines[2:]]
+    recs = [l.split() for l in lines[2:] if not l.startswith("p ")]
+    pregate = [l.split() for l in lines[2:] if l.startswith("p ")]
+    # pre-gating's prediction for every fed token at every layer but the first, 4 experts each
+    check(len(pregate) == (n_prompt + n_gen - 1) * 5 and all(len(p) == 5 + 4 for p in pregate)
+          and {p[2] for p in pregate} == {"1", "2", "3", "4", "5"},
+          "pre-gating lines for layers 1-5", len(pregate), n_prompt, n_gen)
     # every token fed to the model: the prompt and all generated tokens but the last
     check(len(recs) == (n_prompt + n_gen - 1) * 6, "one record per fed token and layer",
           len(recs), n_prompt, n_gen)
