@@ -11,7 +11,9 @@
  * prefetch on (as demand hints alone they change nothing: they speak of the layer about to
  * run, whose units are in use when it misses); the best fixed set in
  * hindsight, Belady's MIN, and the distance to Belady of the best demand policy and of the
- * best of all (prefetch included: it may pass Belady, which bounds demand fetching only).
+ * best of all (prefetch included: it may pass Belady, which bounds demand fetching only);
+ * with pre-gating, also Belady given the same reads ahead (md_csim_belady_pregate: the
+ * offline reference for a prefetching store) and pred + pre-gating prefetch's distance to it.
  *
  * Traces come from `moed --trace-routing FILE` or `moed-bench -T FILE` (engine/route_trace.h);
  * the simulation is bench/cache_sim.h. A budget is a share of all expert units (layer x
@@ -194,7 +196,7 @@ int main(int argc, char **argv)
 	}
 	printf("\n");
 
-	struct curve cv[MD_EPOL_KIND_COUNT + 4];
+	struct curve cv[MD_EPOL_KIND_COUNT + 5];
 	static const char *colors[] = { "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b" };
 	int n_cv = 0;
 	for (int k = 0; k < MD_EPOL_KIND_COUNT; k++, n_cv++) {
@@ -208,6 +210,12 @@ int main(int argc, char **argv)
 		i_pgf = n_cv++;
 		cv[i_pgf] = (struct curve){ "pred + pre-gating prefetch", "#e377c2", "2,3", {0} };
 	}
+	int i_belpg = -1;
+	if (pg) {
+		i_belpg = n_cv++;
+		cv[i_belpg] = (struct curve){ "Belady + pre-gating reads (offline)", "#bcbd22", "6,2",
+					      {0} };
+	}
 	int i_static = n_cv++, i_bel = n_cv++;
 	cv[i_static] = (struct curve){ "best fixed set in hindsight", "#7f7f7f", "1,4", {0} };
 	cv[i_bel] = (struct curve){ "Belady (offline optimum, demand)", "black", "6,4", {0} };
@@ -220,9 +228,10 @@ int main(int argc, char **argv)
 		printf(" pred + pre-gating prefetch | its waste |");
 	printf(" best fixed set | Belady | best demand policy - Belady |");
 	if (pg)
-		printf(" best with prefetch - Belady |");
+		printf(" best with prefetch - Belady | Belady + pre-gating reads | pred + pre-gating "
+		       "prefetch - that |");
 	printf("\n| ---: | ---: |");
-	for (int k = 0; k < MD_EPOL_KIND_COUNT + 5 + (pg ? 3 : 0); k++)
+	for (int k = 0; k < MD_EPOL_KIND_COUNT + 5 + (pg ? 5 : 0); k++)
 		printf(" ---: |");
 	printf("\n");
 	for (int b = 0; b < N_BUDGETS; b++) {
@@ -270,8 +279,17 @@ int main(int argc, char **argv)
 		}
 		printf(" %.1f%% | %.1f%% | %+.1f |", cv[i_static].y[b], cv[i_bel].y[b],
 		       best - cv[i_bel].y[b]);
-		if (pg)
-			printf(" %+.1f |", best_all - cv[i_bel].y[b]);
+		if (pg) {
+			struct md_csim_result rbp;
+			if (md_csim_belady_pregate(&sim, cap, &rbp)) {
+				fprintf(stderr, "cache-replay: out of memory\n");
+				return 1;
+			}
+			double bp = pct(rbp.hits, rbp.accesses);
+			cv[i_belpg].y[b] = bp;
+			printf(" %+.1f | %.1f%% | %+.1f |", best_all - cv[i_bel].y[b], bp,
+			       cv[i_pgf].y[b] - bp);
+		}
 		printf("\n");
 		fflush(stdout);
 	}

@@ -477,56 +477,102 @@ int md_csim_replay(const struct md_csim *s, enum md_epol_kind kind, uint32_t cap
 	return 0;
 }
 
-int md_csim_belady(const struct md_csim *s, uint32_t capacity, struct md_csim_result *out)
+/* Belady's MIN; with pf, also reading pre-gating's predictions for each group ahead of it
+ * (while the group before runs, so not over its units) whenever a predicted unit's next use
+ * comes sooner than the farthest one resident: the offline reference for a store that
+ * prefetches what pre-gating names. */
+static int belady(const struct md_csim *s, uint32_t capacity, bool pf, struct md_csim_result *out)
 {
 	memset(out, 0, sizeof(*out));
 	uint64_t n_acc = s->start[s->n_groups];
 	uint64_t *next = malloc(sizeof(*next) * (n_acc ? n_acc : 1));  /* group of the next use */
-	uint64_t *seen = malloc(sizeof(*seen) * s->n_units);
-	uint64_t *nu = malloc(sizeof(*nu) * s->n_units);              /* resident's next use */
+	uint64_t *up = malloc(sizeof(*up) * s->n_units);  /* each unit's next use from now on */
 	uint8_t *res = calloc(s->n_units, 1);
-	if (!next || !seen || !nu || !res) {
+	uint8_t *mark = calloc(s->n_units, 1);  /* 1: used by the group before; 2: read ahead */
+	if (!next || !up || !res || !mark) {
 		free(next);
-		free(seen);
-		free(nu);
+		free(up);
 		free(res);
+		free(mark);
 		return -ENOMEM;
 	}
 	const uint64_t never = UINT64_MAX;
 	for (uint32_t u = 0; u < s->n_units; u++)
-		seen[u] = never;
+		up[u] = never;
 	for (uint64_t g = s->n_groups; g-- > 0;)
 		for (uint64_t i = s->start[g]; i < s->start[g + 1]; i++) {
-			next[i] = seen[s->units[i]];
-			seen[s->units[i]] = g;
+			next[i] = up[s->units[i]];
+			up[s->units[i]] = g;
 		}
 	uint32_t n_res = 0;
 	for (uint64_t g = 0; g < s->n_groups; g++) {
+		if (pf && s->pg_start && capacity > 0) {
+			if (g > 0)
+				for (uint64_t i = s->start[g - 1]; i < s->start[g]; i++)
+					mark[s->units[i]] = 1;
+			for (uint64_t h = s->pg_start[g]; h < s->pg_start[g + 1]; h++) {
+				uint32_t u = s->pg_unit[h];
+				if (res[u])
+					continue;
+				if (n_res >= capacity) {
+					int64_t far = -1;
+					for (uint32_t v = 0; v < s->n_units; v++)
+						if (res[v] && mark[v] != 1 && (far < 0 || up[v] > up[far]))
+							far = v;
+					if (far < 0 || up[far] <= up[u])
+						continue;
+					res[far] = 0;
+					n_res--;
+				}
+				res[u] = 1;
+				n_res++;
+				mark[u] = 2;
+				out->prefetched++;
+			}
+			if (g > 0)
+				for (uint64_t i = s->start[g - 1]; i < s->start[g]; i++)
+					if (mark[s->units[i]] == 1)
+						mark[s->units[i]] = 0;
+		}
 		for (uint64_t i = s->start[g]; i < s->start[g + 1]; i++) {
 			uint32_t u = s->units[i];
 			out->accesses++;
 			out->hits += res[u];
+			out->prefetch_used += mark[u] == 2;
 			if (!res[u]) {
 				res[u] = 1;
 				n_res++;
 			}
-			nu[u] = next[i];
+			up[u] = next[i];
 		}
+		if (pf && s->pg_start)
+			for (uint64_t h = s->pg_start[g]; h < s->pg_start[g + 1]; h++)
+				mark[s->pg_unit[h]] = 0;
 		/* Keep the capacity units used soonest: drop the farthest next uses. */
 		while (n_res > capacity) {
 			int64_t far = -1;
 			for (uint32_t u = 0; u < s->n_units; u++)
-				if (res[u] && (far < 0 || nu[u] > nu[far]))
+				if (res[u] && (far < 0 || up[u] > up[far]))
 					far = u;
 			res[far] = 0;
 			n_res--;
 		}
 	}
 	free(next);
-	free(seen);
-	free(nu);
+	free(up);
 	free(res);
+	free(mark);
 	return 0;
+}
+
+int md_csim_belady(const struct md_csim *s, uint32_t capacity, struct md_csim_result *out)
+{
+	return belady(s, capacity, false, out);
+}
+
+int md_csim_belady_pregate(const struct md_csim *s, uint32_t capacity, struct md_csim_result *out)
+{
+	return belady(s, capacity, true, out);
 }
 
 static int cmp_count_desc(const void *a, const void *b)

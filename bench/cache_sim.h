@@ -93,6 +93,12 @@ int md_csim_replay(const struct md_csim *s, enum md_epol_kind kind, uint32_t cap
 		   unsigned flags, uint64_t half_life, struct md_csim_result *out);
 /* Belady's MIN on the same groups (demand fetching). Returns 0 or -ENOMEM. */
 int md_csim_belady(const struct md_csim *s, uint32_t capacity, struct md_csim_result *out);
+/* The same, also reading pre-gating's predictions of each group ahead (as pred + pre-gating
+ * prefetch is given them) whenever that beats the farthest next use resident, not over the
+ * units of the group before: an offline reference for a store that prefetches what pre-gating
+ * names (a greedy one: not proven optimal with prefetch, as MIN is without). Without "p" lines
+ * it is Belady's MIN. Returns 0 or -ENOMEM. */
+int md_csim_belady_pregate(const struct md_csim *s, uint32_t capacity, struct md_csim_result *out);
 /* The best fixed set in hindsight: the capacity units used most over the whole trace, loaded
  * before it starts (no policy that keeps a fixed set does better). */
 int md_csim_static_best(const struct md_csim *s, uint32_t capacity, struct md_csim_result *out);

@@ -232,6 +232,10 @@ static void test_pregate(void)
 	CHECK_EQ_U(r.prefetched, 8);
 	CHECK_EQ_U(r.prefetch_used, 8);
 	CHECK_EQ_U(r.hits, 15); /* layer 0's first visit is the only miss */
+	/* Belady with the same reads ahead can do no better here */
+	REQUIRE(CHECK_EQ_I(md_csim_belady_pregate(&s, 2, &r), 0));
+	CHECK_EQ_U(r.hits, 15);
+	CHECK_EQ_U(r.prefetch_used, 8);
 	md_csim_release(&s);
 	md_route_log_release(&log);
 }
