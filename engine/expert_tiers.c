@@ -61,37 +61,18 @@ static bool is_expert_tensor(const struct md_model *m, const struct md_tensor *t
 	return false;
 }
 
-/* The bytes of tensor t in the mapping, 0 when it is not there (converted into the model's
- * own buffers). */
-static uint64_t mapped_bytes(const struct md_model *m, const struct md_tensor *t)
-{
-	const uintptr_t base = (uintptr_t)m->gguf.base;
-	uintptr_t a = (uintptr_t)t->data, z = a + t->nb2 * (size_t)(t->ne[2] * t->ne[3]);
-	return a < base || z > base + m->gguf.size ? 0 : z - a;
-}
-
-/* Untied token embeddings: a token reads one row, so they are not locked or budgeted
- * (mem_plan.h). The tied ones are the output matrix too, read whole every step. */
-static bool is_sparse_tensor(const struct md_model *m, const struct md_tensor *t)
-{
-	return t == m->tok_embd && !m->hp.tied_output && m->output != m->tok_embd;
-}
-
 /* Store mode: page in (and lock where the limit allows) only the dense weights; the routed
- * experts' pages of the mapping are never touched, nor the untied token embeddings' but for
- * the rows tokens read. */
+ * experts' pages of the mapping are never touched. */
 static void populate_dense(const struct md_model *m)
 {
-	const uintptr_t pg = 4096;
-	uint64_t bytes = 0, sparse = 0;
+	const uintptr_t pg = 4096, base = (uintptr_t)m->gguf.base;
+	uint64_t bytes = 0;
 	bool locked = true;
 	for (size_t i = 0; i < m->n_tensors; i++) {
 		const struct md_tensor *t = &m->tensors[i];
-		uintptr_t a = (uintptr_t)t->data, z = a + mapped_bytes(m, t);
-		if (is_sparse_tensor(m, t))
-			sparse += z - a;
-		if (is_expert_tensor(m, t) || is_sparse_tensor(m, t) || z == a)
-			continue; /* experts, embeddings, or converted into the model's own buffers */
+		uintptr_t a = (uintptr_t)t->data, z = a + t->nb2 * (size_t)(t->ne[2] * t->ne[3]);
+		if (is_expert_tensor(m, t) || a < base || z > base + m->gguf.size)
+			continue; /* experts, or converted into the model's own buffers */
 		a &= ~(pg - 1);
 		z = (z + pg - 1) & ~(pg - 1);
 		if (locked && mlock((void *)a, z - a) != 0)
@@ -102,9 +83,8 @@ static void populate_dense(const struct md_model *m)
 #endif
 		bytes += z - a;
 	}
-	md_log(MD_LOG_INFO, "dense weights %.1f MiB paged in%s; token embeddings %.1f MiB mapped, "
-	       "read a row per token", bytes / MIB,
-	       locked ? " and locked" : " (not locked: RLIMIT_MEMLOCK)", sparse / MIB);
+	md_log(MD_LOG_INFO, "dense weights %.1f MiB paged in%s", bytes / MIB,
+	       locked ? " and locked" : " (not locked: RLIMIT_MEMLOCK)");
 }
 
 /* Mapping mode with a file that fits (md_mem_plan.populate): page the whole file in now, so
@@ -222,8 +202,6 @@ int md_expert_tiers_init(struct md_expert_tiers *t, const struct md_model *m,
 		.limit = lim.bytes,
 		.file_bytes = m->gguf.size,
 		.expert_bytes = md_expert_store_expert_bytes(m),
-		.sparse_bytes = m->tok_embd && is_sparse_tensor(m, m->tok_embd) ?
-				mapped_bytes(m, m->tok_embd) : 0,
 		.kv_bytes = c->kv_bytes,
 		.kv_min = c->kv_min,
 		.min_cache = md_expert_store_min_bytes(m, (int)c->step_tokens),

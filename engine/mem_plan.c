@@ -187,7 +187,6 @@ void md_mem_plan_make(const struct md_mem_plan_in *in, struct md_mem_plan *out)
 	}
 	out->store = true;
 	uint64_t dense = in->file_bytes - in->expert_bytes;
-	dense = dense > in->sparse_bytes ? dense - in->sparse_bytes : 0;
 	if (out->kv_bytes > usable / 8)
 		out->kv_bytes = usable / 8;
 	if (out->kv_bytes < in->kv_min)

@@ -19,11 +19,7 @@
  * smallest budget (one step's experts) is more than what is left, the budget is raised to it
  * as long as that holds; beyond that the plan refuses the model, which a start-up must turn
  * into a clear error rather than a process the OOM killer ends later (the dense weights are
- * locked in memory, the cache and KV are anonymous). Untied token embeddings are the
- * exception among dense weights: a token reads one row of them (n_embd elements), so they
- * stay mapped but are neither locked nor counted, and their few touched pages live in the
- * page cache, which the kernel may drop and read again (on Qwen3's vocabulary in Q8_0 that
- * is 165 MiB more for the cache). A budget set by hand
+ * locked in memory, the cache and KV are anonymous). A budget set by hand
  * (expert-cache-mb > 0) is taken as it is. With the whole file mapped (its pages can always
  * be dropped and read again) the KV pool, which is anonymous, is kept below the limit less
  * the reserve, and a limit that cannot hold even one context's KV is refused the same way.
@@ -55,8 +51,6 @@ struct md_mem_plan_in {
 	uint64_t limit;        /* bytes the process may use (0: unknown, the mapping is kept) */
 	uint64_t file_bytes;   /* the GGUF file */
 	uint64_t expert_bytes; /* routed experts' bytes in it (0: a dense model) */
-	uint64_t sparse_bytes; /* dense bytes of it read a row per token (untied token
-				  embeddings): mapped, left to the page cache, not budgeted */
 	uint64_t kv_bytes;     /* the KV budget configured */
 	uint64_t kv_min;       /* the least KV pool the engine makes (one full context, or all
 				  of kv-blocks when that is set) */

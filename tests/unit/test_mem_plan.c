@@ -42,15 +42,6 @@ static void test_plan(void)
 	CHECK_EQ_U(p.kv_bytes, in.limit / 10 * 8 / 8);
 	CHECK_EQ_U(p.cache_bytes, in.limit / 10 * 8 - 300 * MB - p.kv_bytes);
 	CHECK(strstr(p.why, "exceeds 110%") != NULL);
-	/* 150 MB of the dense bytes are untied token embeddings: not budgeted, the cache gets
-	 * them */
-	uint64_t cache0 = p.cache_bytes;
-	in.sparse_bytes = 150 * MB;
-	md_mem_plan_make(&in, &p);
-	CHECK(p.store && !p.refuse);
-	CHECK_EQ_U(p.cache_bytes, cache0 + 150 * MB);
-	CHECK(strstr(p.why, "dense weights 150 MiB") != NULL);
-	in.sparse_bytes = 0;
 
 	in.limit = 600 * MB; /* nothing left: the smallest budget that serves a step, */
 	md_mem_plan_make(&in, &p); /* 300 + 60 + 160 = 520 <= 600 - 60 */
