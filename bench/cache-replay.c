@@ -124,6 +124,15 @@ static int write_svg(const char *path, const char *title, const struct curve *c,
 	return fclose(f) ? -errno : 0;
 }
 
+/* A simulation's result code: out of memory ends the program. */
+static void need(int rc)
+{
+	if (rc) {
+		fprintf(stderr, "cache-replay: out of memory\n");
+		exit(1);
+	}
+}
+
 static void print_pred(const char *name, const char *what, const struct md_csim_pred *p)
 {
 	printf("| %s | %s | %.1f%% | %.1f%% | %.1f%% |\n", name, what, pct(p->tok_hit, p->tok_used),
@@ -170,10 +179,7 @@ int main(int argc, char **argv)
 	}
 	struct md_csim sim;
 	struct md_csim_stats st;
-	if (md_csim_build(&sim, &log, &st)) {
-		fprintf(stderr, "cache-replay: out of memory\n");
-		return 1;
-	}
+	need(md_csim_build(&sim, &log, &st));
 	uint64_t steps = 0, last = UINT64_MAX;
 	for (uint64_t r = 0; r < log.n_rec; r++)
 		if (log.rec[r].step != last) {
@@ -240,23 +246,18 @@ int main(int argc, char **argv)
 		double best = 0;
 		for (int k = 0; k < MD_EPOL_KIND_COUNT; k++) {
 			struct md_csim_result r;
-			if (md_csim_replay(&sim, (enum md_epol_kind)k, cap, MD_CSIM_HINTS,
-					   half_life, &r)) {
-				fprintf(stderr, "cache-replay: out of memory\n");
-				return 1;
-			}
+			need(md_csim_replay(&sim, (enum md_epol_kind)k, cap, MD_CSIM_HINTS,
+					    half_life, &r));
 			cv[k].y[b] = pct(r.hits, r.accesses);
 			if (cv[k].y[b] > best)
 				best = cv[k].y[b];
 			printf(" %.1f%% |", cv[k].y[b]);
 		}
 		struct md_csim_result r, rs, rb;
-		if (md_csim_replay(&sim, MD_EPOL_PRED, cap, MD_CSIM_HINTS | MD_CSIM_PREFETCH,
-				   half_life, &r) || md_csim_static_best(&sim, cap, &rs) ||
-		    md_csim_belady(&sim, cap, &rb)) {
-			fprintf(stderr, "cache-replay: out of memory\n");
-			return 1;
-		}
+		need(md_csim_replay(&sim, MD_EPOL_PRED, cap, MD_CSIM_HINTS | MD_CSIM_PREFETCH,
+				    half_life, &r));
+		need(md_csim_static_best(&sim, cap, &rs));
+		need(md_csim_belady(&sim, cap, &rb));
 		cv[i_pf].y[b] = pct(r.hits, r.accesses);
 		cv[i_static].y[b] = pct(rs.hits, rs.accesses);
 		cv[i_bel].y[b] = pct(rb.hits, rb.accesses);
@@ -265,12 +266,9 @@ int main(int argc, char **argv)
 		       pct(r.prefetched - r.prefetch_used, r.prefetched));
 		if (pg) {
 			struct md_csim_result rf;
-			if (md_csim_replay(&sim, MD_EPOL_PRED, cap,
-					   MD_CSIM_HINTS | MD_CSIM_PREFETCH | MD_CSIM_PREGATE,
-					   half_life, &rf)) {
-				fprintf(stderr, "cache-replay: out of memory\n");
-				return 1;
-			}
+			need(md_csim_replay(&sim, MD_EPOL_PRED, cap,
+					    MD_CSIM_HINTS | MD_CSIM_PREFETCH | MD_CSIM_PREGATE,
+					    half_life, &rf));
 			cv[i_pgf].y[b] = pct(rf.hits, rf.accesses);
 			if (cv[i_pgf].y[b] > best_all)
 				best_all = cv[i_pgf].y[b];
@@ -281,10 +279,7 @@ int main(int argc, char **argv)
 		       best - cv[i_bel].y[b]);
 		if (pg) {
 			struct md_csim_result rbp;
-			if (md_csim_belady_pregate(&sim, cap, &rbp)) {
-				fprintf(stderr, "cache-replay: out of memory\n");
-				return 1;
-			}
+			need(md_csim_belady_pregate(&sim, cap, &rbp));
 			double bp = pct(rbp.hits, rbp.accesses);
 			cv[i_belpg].y[b] = bp;
 			printf(" %+.1f | %.1f%% | %+.1f |", best_all - cv[i_bel].y[b], bp,

@@ -175,6 +175,30 @@ static void cooc_learn(struct builder *b, uint32_t layer, const int32_t *prev, c
 			t[(size_t)prev[i] * E + cur[j]]++;
 }
 
+/* A predictor's precision over the tokens before the current group (whose n_pred predictions
+ * and n_hit hits are already counted in p); 0.5 before it has predicted anything. */
+static float precision_before(const struct md_csim_pred *p, uint64_t n_pred, uint64_t n_hit)
+{
+	uint64_t pred = p->tok_predicted - n_pred, hit = p->tok_hit - n_hit;
+	return pred ? (float)hit / (float)pred : 0.5f;
+}
+
+/* The units of layer marked in mark (E), with probability prob, onto the hint vectors. */
+static int push_hints(struct vec *units, struct vec *probs, const uint8_t *mark, uint32_t E,
+		      uint32_t layer, float prob)
+{
+	int rc = 0;
+	for (uint32_t x = 0; x < E && !rc; x++) {
+		if (!mark[x])
+			continue;
+		uint32_t u = layer * E + x;
+		rc = vec_push(units, &u);
+		if (!rc)
+			rc = vec_push(probs, &prob);
+	}
+	return rc;
+}
+
 /* One group: records [a, b) of one step and layer; [pa, pb) is the group before it (the layer
  * before in the same step when it has the same rows), or pa == pb. */
 static int add_group(struct builder *b, uint64_t a, uint64_t e, uint64_t pa, uint64_t pb)
@@ -248,30 +272,13 @@ static int add_group(struct builder *b, uint64_t a, uint64_t e, uint64_t pa, uin
 	if (any_pg)
 		grp_score(&b->st->pregate, b->pg_mark, E, b->used_mark);
 
-	/* Hints before this group: cooc's predictions with its precision before this group. */
-	const struct md_csim_pred *cp = &b->st->cooc;
-	uint64_t prior_pred = cp->tok_predicted - c_pred, prior_hit = cp->tok_hit - c_hit;
-	float prob = prior_pred ? (float)prior_hit / (float)prior_pred : 0.5f;
-	int rc = 0;
-	for (uint32_t x = 0; x < E && !rc; x++) {
-		if (!b->cooc_mark[x])
-			continue;
-		uint32_t u = layer * E + x;
-		rc = vec_push(&b->hint_u, &u);
-		if (!rc)
-			rc = vec_push(&b->hint_p, &prob);
-	}
-	const struct md_csim_pred *gp = &b->st->pregate;
-	uint64_t pg_prior = gp->tok_predicted - g_pred, pg_prior_hit = gp->tok_hit - g_hit;
-	float pg_prob = pg_prior ? (float)pg_prior_hit / (float)pg_prior : 0.5f;
-	for (uint32_t x = 0; x < E && !rc; x++) {
-		if (!b->pg_mark[x])
-			continue;
-		uint32_t u = layer * E + x;
-		rc = vec_push(&b->pg_u, &u);
-		if (!rc)
-			rc = vec_push(&b->pg_p, &pg_prob);
-	}
+	/* Hints before this group: cooc's and pre-gating's predictions, each with its precision
+	 * before this group. */
+	int rc = push_hints(&b->hint_u, &b->hint_p, b->cooc_mark, E, layer,
+			    precision_before(&b->st->cooc, c_pred, c_hit));
+	if (!rc)
+		rc = push_hints(&b->pg_u, &b->pg_p, b->pg_mark, E, layer,
+				precision_before(&b->st->pregate, g_pred, g_hit));
 	for (uint32_t x = 0; x < E && !rc; x++) {
 		if (!b->used_mark[x])
 			continue;

@@ -70,7 +70,9 @@ void md_route_trace_step(struct md_route_trace *t, uint64_t step, uint32_t n_row
 	t->pos = pos;
 }
 
-void md_route_trace_layer(struct md_route_trace *t, uint32_t layer, const struct md_routing *r)
+/* The records of one layer's rows: "[p ]step layer seq pos e_1..e_k[ w_1..w_k]". */
+static void write_rows(struct md_route_trace *t, const char *prefix, uint32_t layer,
+		       const struct md_routing *r, bool weights)
 {
 	if (t->err)
 		return;
@@ -78,11 +80,11 @@ void md_route_trace_layer(struct md_route_trace *t, uint32_t layer, const struct
 	for (int i = 0; i < r->n_tokens && (uint32_t)i < t->n_rows; i++) {
 		/* One record in a local buffer, then one fwrite: ~40 bytes at k = 4. */
 		char line[64 + MD_ROUTE_TRACE_MAX_USED * 24];
-		int n = snprintf(line, sizeof(line), "%" PRIu64 " %u %" PRIu64 " %d", t->step,
-				 layer, t->seq[i], t->pos[i]);
+		int n = snprintf(line, sizeof(line), "%s%" PRIu64 " %u %" PRIu64 " %d", prefix,
+				 t->step, layer, t->seq[i], t->pos[i]);
 		for (int j = 0; j < k && j < MD_ROUTE_TRACE_MAX_USED; j++)
 			n += snprintf(line + n, sizeof(line) - (size_t)n, " %d", r->ids[i * k + j]);
-		for (int j = 0; j < k && j < MD_ROUTE_TRACE_MAX_USED; j++)
+		for (int j = 0; weights && j < k && j < MD_ROUTE_TRACE_MAX_USED; j++)
 			n += snprintf(line + n, sizeof(line) - (size_t)n, " %.4f",
 				      (double)r->w[i * k + j]);
 		line[n++] = '\n';
@@ -93,23 +95,14 @@ void md_route_trace_layer(struct md_route_trace *t, uint32_t layer, const struct
 	}
 }
 
+void md_route_trace_layer(struct md_route_trace *t, uint32_t layer, const struct md_routing *r)
+{
+	write_rows(t, "", layer, r, true);
+}
+
 void md_route_trace_pregate(struct md_route_trace *t, uint32_t layer, const struct md_routing *r)
 {
-	if (t->err)
-		return;
-	int k = r->n_used;
-	for (int i = 0; i < r->n_tokens && (uint32_t)i < t->n_rows; i++) {
-		char line[64 + MD_ROUTE_TRACE_MAX_USED * 12];
-		int n = snprintf(line, sizeof(line), "p %" PRIu64 " %u %" PRIu64 " %d", t->step,
-				 layer, t->seq[i], t->pos[i]);
-		for (int j = 0; j < k && j < MD_ROUTE_TRACE_MAX_USED; j++)
-			n += snprintf(line + n, sizeof(line) - (size_t)n, " %d", r->ids[i * k + j]);
-		line[n++] = '\n';
-		if (fwrite(line, 1, (size_t)n, t->f) != (size_t)n) {
-			t->err = -(errno ? errno : EIO);
-			return;
-		}
-	}
+	write_rows(t, "p ", layer, r, false);
 }
 
 void md_route_trace_flush(struct md_route_trace *t)
