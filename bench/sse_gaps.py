@@ -3,9 +3,10 @@ import json
 import time
 
 
-def read_stream(resp):
+def read_stream(resp, first=None):
     """Read an SSE completion response to its end. Returns (gaps between consecutive chunks
-    that carry choices, in seconds; completion_tokens from the usage chunk, 0 without one)."""
+    that carry choices, in seconds; completion_tokens from the usage chunk, 0 without one).
+    With a list as first, appends the perf_counter() time of the first chunk with choices."""
     last, gaps, got = None, [], 0
     while True:
         line = resp.readline()
@@ -21,5 +22,7 @@ def read_stream(resp):
             continue
         if last is not None:
             gaps.append(now - last)
+        elif first is not None:
+            first.append(now)
         last = now
     return gaps, got

@@ -663,6 +663,7 @@ static void publish_stats(struct md_engine *e)
 	e->stats.moe_layer_steps = e->moe_layer_steps;
 	e->stats.moe_distinct_experts = e->moe_distinct;
 	e->stats.expert_selections = ss->expert_selections;
+	e->stats.prefill_selections = ss->prefill_selections;
 	if (e->store)
 		experts_stats(e);
 	e->stats.spec_drafted = e->sp.drafted;

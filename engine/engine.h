@@ -161,6 +161,7 @@ struct md_engine_stats {
 	uint64_t moe_layer_steps;           /* MoE layers computed (steps x MoE layers) */
 	uint64_t moe_distinct_experts;      /* distinct experts they computed, summed */
 	uint64_t expert_selections;         /* steps whose decoders were chosen by experts */
+	uint64_t prefill_selections;        /* steps whose prompt chunks were ordered by experts */
 	/* Expert store, host tier (all 0 on the mmap path; counters since start). */
 	bool experts_store;                 /* experts go through the store */
 	uint64_t experts_hits, experts_misses, experts_bytes_read, experts_read_errors;

@@ -332,10 +332,15 @@ void md_sched_note_routing(struct md_sched *s, uint32_t layer, const struct md_r
 		int ks = it->seq->kv_seq;
 		uint64_t *b = slot_bits(s, ks) + (size_t)layer * s->exp_words;
 		memset(b, 0, sizeof(*b) * s->exp_words);
-		const int32_t *ids = r->ids + (size_t)(it->row + n_real - 1) * r->n_used;
-		for (int j = 0; j < r->n_used; j++)
-			if (ids[j] >= 0 && (uint32_t)ids[j] < s->cfg.n_expert)
-				b[ids[j] / 64] |= 1ull << (ids[j] % 64);
+		/* a prompt chunk that is not the last predicts the next chunk: all its tokens'
+		 * experts; otherwise the last token predicts the next token */
+		uint32_t first = it->n_logits == 0 ? 0 : n_real - 1;
+		for (uint32_t t = first; t < n_real; t++) {
+			const int32_t *ids = r->ids + (size_t)(it->row + t) * r->n_used;
+			for (int j = 0; j < r->n_used; j++)
+				if (ids[j] >= 0 && (uint32_t)ids[j] < s->cfg.n_expert)
+					b[ids[j] / 64] |= 1ull << (ids[j] % 64);
+		}
 		if (layer == s->cfg.n_layer - 1)
 			s->exp_known[ks] = 1;
 	}
@@ -370,6 +375,9 @@ static uint32_t added_experts(const struct md_sched *s, const struct md_seq *q)
 /* The residency bitmap of this step, from the caller's predicate. */
 static void load_residency(struct md_sched *s)
 {
+	if (s->exp_res_step == s->step_no)
+		return; /* loaded this step already */
+	s->exp_res_step = s->step_no;
 	memset(s->exp_res, 0, sizeof(*s->exp_res) * s->cfg.n_layer * s->exp_words);
 	for (uint32_t l = 0; l < s->cfg.n_layer; l++)
 		for (uint32_t e = 0; e < s->cfg.n_expert; e++)
@@ -483,6 +491,81 @@ static void select_by_experts(struct md_sched *s, uint32_t room)
 	s->stats.expert_selections++;
 }
 
+/* When the step cannot hold every prefilling sequence's pending prompt, refill the places of
+ * the prefillers that come after the first decoder in s->order (after select_by_experts) so
+ * that the first ones are those whose next chunk adds the fewest experts to what the step's
+ * decoders and the prefillers ahead of them touch (see DESIGN). Decoders, and prefillers that
+ * waited longer than every decoder, keep their places. */
+static void order_prefill(struct md_sched *s)
+{
+	uint32_t n = s->n_running, n_pre = 0, want = 0, fd = n;
+	for (uint32_t i = 0; i < n; i++) {
+		bool dec = is_decoding(s->order[i]);
+		if (dec && fd == n)
+			fd = i;
+		n_pre += !dec && fd < i;
+		want += pending(s->order[i]);
+	}
+	if (n_pre < 2 || want <= s->cfg.step_tokens)
+		return;
+	if (s->resident)
+		load_residency(s);
+	uint32_t age = s->cfg.expert_age ? s->cfg.expert_age : n_pre;
+	uint8_t *pick = s->exp_pick; /* pick[i]: order[i] is placed; rank[k]: the k-th placed */
+	uint32_t *rank = s->exp_share;
+	memset(pick, 0, n);
+	memset(s->exp_union, 0, sizeof(*s->exp_union) * s->cfg.n_layer * s->exp_words);
+	/* what the step serves before these places: the prefillers in front, then the decoders
+	 * (one token each, the common case) */
+	for (uint32_t i = 0; i < fd; i++)
+		union_add(s, s->order[i]);
+	uint32_t room = s->cfg.step_tokens < s->cfg.max_logits ? s->cfg.step_tokens
+							       : s->cfg.max_logits;
+	for (uint32_t i = fd, k = 0; i < n && k < room; i++)
+		if (is_decoding(s->order[i])) {
+			union_add(s, s->order[i]);
+			k++;
+		}
+	uint32_t placed = 0;
+	/* 1. prefillers that waited too long, in service order */
+	for (uint32_t i = fd; i < n; i++) {
+		struct md_seq *q = s->order[i];
+		if (!is_decoding(q) && s->step_no - 1 - q->last_served >= age) {
+			pick[i] = 1;
+			rank[placed++] = i;
+			union_add(s, q);
+		}
+	}
+	/* 2. greedily, the fewest experts added; ties: service order */
+	while (placed < n_pre) {
+		int best = -1;
+		uint32_t best_add = 0;
+		for (uint32_t i = fd; i < n; i++) {
+			if (pick[i] || is_decoding(s->order[i]))
+				continue;
+			uint32_t a = added_experts(s, s->order[i]);
+			if (best < 0 || a < best_add) {
+				best = (int)i;
+				best_add = a;
+			}
+		}
+		pick[best] = 1;
+		rank[placed++] = (uint32_t)best;
+		union_add(s, s->order[best]);
+	}
+	/* 3. refill those prefillers' places in the chosen order */
+	struct md_seq **tmp = s->exp_tmp;
+	for (uint32_t k = 0; k < n_pre; k++)
+		tmp[k] = s->order[rank[k]];
+	bool moved = false;
+	for (uint32_t i = fd, k = 0; i < n; i++)
+		if (!is_decoding(s->order[i])) {
+			moved |= s->order[i] != tmp[k];
+			s->order[i] = tmp[k++];
+		}
+	s->stats.prefill_selections += moved;
+}
+
 static void plan_token(struct md_plan *p, const struct md_seq *q, int32_t tok, uint32_t pos)
 {
 	uint32_t n = p->n_tokens++;
@@ -510,6 +593,7 @@ uint32_t md_sched_plan(struct md_sched *s)
 		uint32_t room = s->cfg.step_tokens < s->cfg.max_logits ? s->cfg.step_tokens
 									 : s->cfg.max_logits;
 		select_by_experts(s, room);
+		order_prefill(s);
 	}
 
 	uint32_t budget = s->cfg.step_tokens;

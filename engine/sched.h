@@ -50,7 +50,20 @@
  * step prefers sequences whose experts are already in fast memory. Rejected: the exact
  * minimum (set cover, exponential) and clustering by topic (needs a model of topics; the
  * bitmaps are that model).
- *
+ * Prompt chunks are ordered likewise when the step cannot hold every prefilling sequence's
+ * pending prompt: a prompt chunk that is not its prompt's last leaves, as its sequence's
+ * prediction, the union of its tokens' experts (the next chunk of the same text routes
+ * alike). The places of the prefillers behind the first decoder in the service order are
+ * refilled with, first, those that skipped A steps or more (A = expert_age or by default the
+ * number of them), then one at a time the one whose next chunk adds the fewest experts
+ * (misses weighted as above) to the union of what goes before it: the prefillers in front,
+ * the step's decoders, the prefillers placed already; ties and sequences with no routing yet
+ * (a first chunk) keep service order. Prefillers in front of every decoder (they waited
+ * longest) and the decoders keep their places. Rejected: reordering every prefiller's place.
+ * It continued a prompt under way before any other (first tokens 0.88x sooner at the median
+ * on moe64-2g under a 1400 MiB limit, 64 streams), but the prompts kept waiting drifted to
+ * the front of the order, ahead of the decoders, and the chunk served there took the whole
+ * step: p99 inter-token latency 1.31x, for no fewer bytes read.
  * Preemption by recompute: a preempted sequence frees its KV and returns to the front of the
  * queue; its generated tokens become part of what it prefills when readmitted, its sampler
  * state stays. Tokens computed again are counted as recomputed, not as prompt tokens.
@@ -144,6 +157,7 @@ struct md_sched_stats {
 	uint64_t prefix_hits;         /* ... and attached at least one block */
 	uint64_t prefix_hit_tokens;   /* positions attached instead of computed */
 	uint64_t expert_selections;   /* steps whose decoders were chosen by their experts */
+	uint64_t prefill_selections;  /* steps whose prompt chunks were reordered by experts */
 };
 
 struct md_sched {
@@ -164,6 +178,7 @@ struct md_sched {
 	uint32_t *exp_share;           /* owned (max_seqs): selection scratch */
 	uint64_t *exp_res;             /* owned (n_layer * exp_words): resident experts, per step */
 	md_sched_resident_fn resident; /* NULL: residency unknown */
+	uint64_t exp_res_step;         /* the step exp_res was loaded for */
 	void *resident_arg;            /* borrowed */
 	struct md_seq **exp_tmp;       /* owned (max_seqs): selection scratch */
 	uint32_t exp_words;            /* 64-bit words per layer bitmap */

@@ -293,6 +293,9 @@ static const struct row registry[] = {
 	COUNTER("moed:expert_batching_selections_total", "Steps whose decoding sequences were "
 		"chosen by shared experts (expert-batching).", SRC_ENGINE, ENG, expert_selections,
 		V_U64),
+	COUNTER("moed:expert_batching_prefill_selections_total", "Steps whose prompt chunks were "
+		"ordered by shared experts (expert-batching).", SRC_ENGINE, ENG,
+		prefill_selections, V_U64),
 	DERIVED("moed:expert_store", "1 when routed experts go through the expert store.",
 		ex_store),
 	FAMILY("moed:expert_hits_total", "counter", "Experts a layer used that the tier held "

@@ -466,6 +466,72 @@ static void test_expert_batching_resident(void)
 	}
 }
 
+/* Report the routing the engine would: every row of sequence id goes to the experts ex[id],
+ * at the one MoE layer. */
+static void route_plan(struct rig *g, const int32_t (*ex)[2])
+{
+	const struct md_plan *p = &g->sc.plan;
+	int32_t ids[2 * 16];
+	REQUIRE(CHECK(p->n_tokens <= 16));
+	for (uint32_t i = 0; i < p->n_items; i++)
+		for (uint32_t t = 0; t < p->items[i].n_tok; t++)
+			memcpy(&ids[(p->items[i].row + t) * 2], ex[p->items[i].seq->req->id],
+			       sizeof(ex[0]));
+	struct md_routing r = { .n_tokens = (int)p->n_tokens, .n_expert = 8, .n_used = 2,
+				.ids = ids };
+	md_sched_note_routing(&g->sc, 0, &r);
+}
+
+/* Prompt chunks ordered by experts: decoder 0 routes to {4,5}, prompt 1 (20 tokens) to
+ * {0,1}, prompt 2 (20 tokens) to {4,5}; 9 tokens per step (8 at step 2), so one prompt chunk
+ * fits. Steps 1 and 2 give each prompt a chunk in service order (prompt 2 waited longer than
+ * the decoder at step 2 and takes the step). At step 3 the decoder goes first and, off,
+ * prompt 1, the less recently served; expert-aware, prompt 2, which adds no expert to the
+ * decoder's. At step 4 the prompt that waited then stands in front of the decoder and keeps
+ * its place in both. */
+static void test_prefill_order(void)
+{
+	static const int32_t ex[3][2] = { { 4, 5 }, { 0, 1 }, { 5, 4 } };
+	for (int aware = 0; aware < 2; aware++) {
+		struct rig g;
+		CHECK_EQ_I(md_kv_init(&g.kv, 1, 4, 64, 3), 0);
+		struct md_sched_config c = { .max_seqs = 3, .step_tokens = 9, .n_ctx = 256,
+					     .max_logits = 3, .n_layer = 1, .n_expert = 8,
+					     .expert_aware = aware };
+		REQUIRE(CHECK_EQ_I(md_sched_init(&g.sc, &c, &g.kv), 0));
+		md_sched_enqueue(&g.sc, mkseq(0, 1, 50));
+		md_sched_enqueue(&g.sc, mkseq(1, 20, 50));
+		md_sched_enqueue(&g.sc, mkseq(2, 20, 50));
+		uint64_t first_prefill[5] = { 0 };
+		for (int step = 1; step <= 4; step++) {
+			g.sc.cfg.step_tokens = step == 2 ? 8 : 9;
+			REQUIRE(CHECK_EQ_U(md_sched_plan(&g.sc), g.sc.cfg.step_tokens));
+			const struct md_plan *p = &g.sc.plan;
+			for (uint32_t i = 0; i < p->n_items; i++)
+				if (p->items[i].seq->req->id != 0) {
+					first_prefill[step] = p->items[i].seq->req->id;
+					break;
+				}
+			if (step == 3)
+				CHECK(item_of(p, 0) != NULL && p->items[0].seq->req->id == 0);
+			route_plan(&g, ex);
+			finish_step(&g);
+		}
+		CHECK_CONTEXT("expert-aware %d: prompt chunks %llu %llu %llu %llu", aware,
+			      (unsigned long long)first_prefill[1],
+			      (unsigned long long)first_prefill[2],
+			      (unsigned long long)first_prefill[3],
+			      (unsigned long long)first_prefill[4]);
+		CHECK_EQ_U(first_prefill[1], 1);
+		CHECK_EQ_U(first_prefill[2], 2);
+		CHECK_EQ_U(first_prefill[3], aware ? 2 : 1);
+		CHECK_EQ_U(first_prefill[4], aware ? 1 : 2);
+		CHECK_EQ_U(g.sc.stats.prefill_selections, aware ? 1 : 0);
+		CHECK_CONTEXT_CLEAR();
+		rig_release(&g);
+	}
+}
+
 /* max_tokens far beyond the context: the sequence's capacity is bounded by the context and
  * nothing wraps. */
 static void test_huge_max_tokens(void)
@@ -489,6 +555,7 @@ int main(void)
 	test_fairness();
 	test_expert_batching();
 	test_expert_batching_resident();
+	test_prefill_order();
 	test_huge_max_tokens();
 	if (failures)
 		fprintf(stderr, "%d checks failed\n", failures);
