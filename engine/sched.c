@@ -494,9 +494,9 @@ static void select_by_experts(struct md_sched *s, uint32_t room)
 /* When the step cannot hold every prefilling sequence's pending prompt, refill the places of
  * the prefillers that come after the first decoder in s->order (after select_by_experts) so
  * that the first ones are those whose next chunk adds the fewest experts to what the step's
- * decoders and the prefillers ahead of them touch (see DESIGN). Decoders, and prefillers that
- * waited longer than every decoder, keep their places. */
-static void order_prefill(struct md_sched *s)
+ * decoders (the first room of them) and the prefillers ahead of them touch (see DESIGN).
+ * Decoders, and prefillers that waited longer than every decoder, keep their places. */
+static void order_prefill(struct md_sched *s, uint32_t room)
 {
 	uint32_t n = s->n_running, n_pre = 0, want = 0, fd = n;
 	for (uint32_t i = 0; i < n; i++) {
@@ -519,8 +519,6 @@ static void order_prefill(struct md_sched *s)
 	 * (one token each, the common case) */
 	for (uint32_t i = 0; i < fd; i++)
 		union_add(s, s->order[i]);
-	uint32_t room = s->cfg.step_tokens < s->cfg.max_logits ? s->cfg.step_tokens
-							       : s->cfg.max_logits;
 	for (uint32_t i = fd, k = 0; i < n && k < room; i++)
 		if (is_decoding(s->order[i])) {
 			union_add(s, s->order[i]);
@@ -593,7 +591,7 @@ uint32_t md_sched_plan(struct md_sched *s)
 		uint32_t room = s->cfg.step_tokens < s->cfg.max_logits ? s->cfg.step_tokens
 									 : s->cfg.max_logits;
 		select_by_experts(s, room);
-		order_prefill(s);
+		order_prefill(s, room);
 	}
 
 	uint32_t budget = s->cfg.step_tokens;
