@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/backend_fwd.h"
 #include "engine/kern/matmul.h"
 #include "engine/quant.h"
 
@@ -117,6 +118,10 @@ struct md_backend {
 	 */
 	int (*matmul)(struct md_backend *b, const struct md_mat *w, const float *x, int n_tok,
 		      float *y);
+
+	/* Device-resident compute for a forward pass on the device (engine/backend_fwd.h), or
+	 * NULL where the backend has none. */
+	const struct md_backend_fwd *fwd;
 
 	void *_ctx; /* owned by the backend: its private state */
 };

@@ -6,8 +6,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/ffn_act.h"
+#include "engine/kern/kern.h"
+#include "engine/kern/cpu.h"
 #include "engine/kern/matmul.h"
 #include "engine/kern/threadpool.h"
+#include "engine/kv_cache.h"
+#include "engine/rope.h"
 
 #define MAX_FENCES 4096 /* ring of fence times; older ids count as passed */
 
@@ -25,9 +30,15 @@ struct sim {
 	double fence_t[MAX_FENCES];      /* fence id % MAX_FENCES -> its completion time */
 	uint64_t next_fence;             /* last id handed out */
 	unsigned long copies;
-	struct md_pool *pool;            /* owned: the "device" compute threads */
+	struct md_pool *pool;            /* the "device" compute threads: owned, or borrowed when
+					  * pool_borrowed (md_backend_sim_set_pool) */
+	bool pool_borrowed;
 	void *scratch;                   /* owned */
 	size_t scratch_bytes;
+	float *att;                      /* owned: attention scores, att_cap floats per thread */
+	size_t att_cap;
+	struct md_mat *mats;             /* owned: mm_experts' weight views, mats_cap */
+	size_t mats_cap;
 };
 
 static double now_s(void)
@@ -73,6 +84,9 @@ static int sim_alloc(struct md_backend *b, size_t size, void **dptr)
 		return -ENOMEM;
 	h->size = size;
 	s->used += size;
+	/* Fresh device memory holds whatever it held: NaN here, so that a reader of memory
+	 * nobody wrote gets NaN rather than, by chance, the freed host memory of the same data. */
+	memset(h + 1, 0xff, size);
 	*dptr = h + 1;
 	return 0;
 }
@@ -192,6 +206,7 @@ static bool sim_supports(const struct md_backend *b, enum md_dtype t)
 
 static int sim_matmul_now(struct md_backend *b, const struct md_mat *w, const float *x,
 			  int n_tok, float *y);
+static int scratch_need(struct sim *s, size_t need);
 
 /* A matmul takes at least its weight bytes at the compute rate: a device reading its memory
  * at that speed (the math itself is the host's, so the outputs are the host's bit for bit). */
@@ -213,30 +228,312 @@ static int sim_matmul_now(struct md_backend *b, const struct md_mat *w, const fl
 	if (n_tok < 1 || !sim_supports(b, w->type))
 		return -EINVAL;
 	if (md_matmul_experts_ok(w, 1)) {
-		size_t need = md_matmul_experts_scratch_bytes(w->n_in, n_tok, n_tok);
-		if (need > s->scratch_bytes) {
-			void *p = realloc(s->scratch, need);
-			if (!p)
-				return -ENOMEM;
-			s->scratch = p;
-			s->scratch_bytes = need;
-		}
+		if (scratch_need(s, md_matmul_experts_scratch_bytes(w->n_in, n_tok, n_tok)))
+			return -ENOMEM;
 		const int32_t off[2] = { 0, n_tok };
 		float *const ys[1] = { y };
 		md_matmul_experts(s->pool, w, 1, 1, off, x, n_tok, NULL, ys, s->scratch);
 		return 0;
 	}
-	size_t need = md_matmul_scratch_floats(s->pool, w->n_in, n_tok) * sizeof(float);
-	if (need > s->scratch_bytes) {
-		void *p = realloc(s->scratch, need);
-		if (!p)
-			return -ENOMEM;
-		s->scratch = p;
-		s->scratch_bytes = need;
-	}
+	if (scratch_need(s, md_matmul_scratch_floats(s->pool, w->n_in, n_tok) * sizeof(float)))
+		return -ENOMEM;
 	md_matmul(s->pool, w, x, n_tok, y, s->scratch);
 	return 0;
 }
+
+/* Grow the scratch to at least need bytes. */
+static int scratch_need(struct sim *s, size_t need)
+{
+	if (need <= s->scratch_bytes)
+		return 0;
+	void *p = realloc(s->scratch, need);
+	if (!p)
+		return -ENOMEM;
+	s->scratch = p;
+	s->scratch_bytes = need;
+	return 0;
+}
+
+/* ---- device-resident compute (engine/backend_fwd.h), on the host ----
+ *
+ * Device memory is host memory here, so every "device" table is read directly. Each op
+ * computes what the CPU forward pass (engine/forward.c) computes at the same point, with the
+ * same kernels and in the same order where the CPU pass fixes one, so a forward pass through
+ * these ops gives the CPU pass's results (bit for bit where the op sequence is the same). */
+
+static int fwd_mm(struct md_backend *b, const struct md_mat *w, const float *x, int n_tok,
+		  float *y)
+{
+	struct sim *s = S(b);
+	if (n_tok < 1 || !sim_supports(b, w->type))
+		return -EINVAL;
+	if (scratch_need(s, md_matmul_scratch_floats(s->pool, w->n_in, n_tok) * sizeof(float)))
+		return -ENOMEM;
+	md_matmul(s->pool, w, x, n_tok, y, s->scratch);
+	return 0;
+}
+
+static int fwd_mm_experts(struct md_backend *b, const struct md_dev_experts *e)
+{
+	struct sim *s = S(b);
+	if (e->nw < 1 || e->nw > 2 || e->ng < 1 || !sim_supports(b, e->type))
+		return -EINVAL;
+	size_t nm = (size_t)e->ng * (size_t)e->nw;
+	if (nm > s->mats_cap) {
+		struct md_mat *p = realloc(s->mats, nm * sizeof(*p));
+		if (!p)
+			return -ENOMEM;
+		s->mats = p;
+		s->mats_cap = nm;
+	}
+	/* md_matmul_experts wants group-major views: w[g * nw + i] */
+	for (int g = 0; g < e->ng; g++)
+		for (int i = 0; i < e->nw; i++)
+			s->mats[(size_t)g * e->nw + i] = (struct md_mat){
+				e->type, e->n_in, e->n_out, e->nb1, e->w[(size_t)i * e->ng + g] };
+	if (md_matmul_experts_ok(s->mats, e->nw)) {
+		if (scratch_need(s, md_matmul_experts_scratch_bytes(e->n_in, e->n_x, e->n_slots)))
+			return -ENOMEM;
+		float *const ys[2] = { e->y[0], e->y[1] };
+		md_matmul_experts(s->pool, s->mats, e->nw, e->ng, e->off, e->x, e->n_x, e->src, ys,
+				  s->scratch);
+		return 0;
+	}
+	/* Per group (the CPU pass's moe_each): gather the rows, one product per weight. The
+	 * gathered rows go after the product scratch. */
+	size_t mm_bytes = md_matmul_scratch_floats(s->pool, e->n_in, e->max_rows) * sizeof(float);
+	if (scratch_need(s, mm_bytes + (size_t)e->max_rows * (size_t)e->n_in * sizeof(float)))
+		return -ENOMEM;
+	float *xe = (float *)((char *)s->scratch + mm_bytes);
+	for (int g = 0; g < e->ng; g++) {
+		int a = e->off[g], m = e->off[g + 1] - a;
+		if (m < 1)
+			continue;
+		for (int j = 0; j < m; j++) {
+			int r = e->src ? e->src[a + j] : a + j;
+			memcpy(xe + (size_t)j * e->n_in, e->x + (size_t)r * e->n_in,
+			       (size_t)e->n_in * sizeof(float));
+		}
+		for (int i = 0; i < e->nw; i++)
+			md_matmul(s->pool, &s->mats[(size_t)g * e->nw + i], xe, m,
+				  e->y[i] + (size_t)a * e->n_out, s->scratch);
+	}
+	return 0;
+}
+
+static int fwd_rmsnorm(struct md_backend *b, float *y, const float *x, const float *w, int rows,
+		       int n, float eps)
+{
+	(void)b;
+	for (int r = 0; r < rows; r++)
+		md_rmsnorm(y + (size_t)r * n, x + (size_t)r * n, w, n, eps);
+	return 0;
+}
+
+static int fwd_add(struct md_backend *b, float *y, const float *x, size_t n)
+{
+	(void)b;
+	for (size_t i = 0; i < n; i++)
+		y[i] += x[i];
+	return 0;
+}
+
+static int fwd_add_rows(struct md_backend *b, float *y, const float *bias, const int32_t *idx,
+			int rows, int n)
+{
+	(void)b;
+	for (int r = 0; r < rows; r++) {
+		const float *bv = bias + (idx ? (size_t)idx[r] * (size_t)n : 0);
+		for (int i = 0; i < n; i++)
+			y[(size_t)r * n + i] += bv[i];
+	}
+	return 0;
+}
+
+static int fwd_rope(struct md_backend *b, float *x, int n_tok, int n_head, int head_dim,
+		    int n_rot, bool neox, const float *cs)
+{
+	(void)b;
+	struct md_rope r = { .n_rot = n_rot, .type = neox ? MD_ROPE_NEOX : MD_ROPE_NORM };
+	for (int t = 0; t < n_tok; t++)
+		for (int h = 0; h < n_head; h++)
+			md_rope_apply(&r, cs + (size_t)t * n_rot,
+				      x + ((size_t)t * n_head + h) * head_dim);
+	return 0;
+}
+
+static int fwd_rows_store(struct md_backend *b, float *dst, const int32_t *rows, const float *src,
+			  int n, int dim)
+{
+	(void)b;
+	for (int i = 0; i < n; i++)
+		memcpy(dst + (size_t)rows[i] * dim, src + (size_t)i * dim, (size_t)dim * sizeof(float));
+	return 0;
+}
+
+static int fwd_rows_gather(struct md_backend *b, float *dst, const float *src, const int32_t *rows,
+			   int n, int dim)
+{
+	(void)b;
+	for (int i = 0; i < n; i++)
+		memcpy(dst + (size_t)i * dim, src + (size_t)rows[i] * dim, (size_t)dim * sizeof(float));
+	return 0;
+}
+
+struct sim_att_job {
+	const struct md_dev_attn *a;
+	float *sc;
+	size_t cap;
+};
+
+/* One (token, head) per item, split over the pool: the CPU pass's att_worker over rows found
+ * through the block table instead of the cache's accessors. */
+static void sim_att_worker(void *ctx, int ith, int nth)
+{
+	const struct sim_att_job *j = ctx;
+	const struct md_dev_attn *a = j->a;
+	const int H = a->n_head, D = a->head_dim, KD = a->n_head_kv * a->head_dim;
+	const int group = a->n_head / a->n_head_kv;
+	const struct md_kern *kn = md_kern_active();
+	float *sc = j->sc + j->cap * (size_t)ith;
+	int total = a->n_tok * H;
+	int per = (total + nth - 1) / nth;
+	int i0 = per * ith, i1 = i0 + per < total ? i0 + per : total;
+	for (int i = i0; i < i1; i++) {
+		int t = i / H, h = i % H, kvh = h / group, pos = a->pos[t];
+		const int32_t *tab = a->blocks + a->tab[t];
+		const float *q = a->q + ((size_t)t * H + h) * D;
+		const int p0 = a->swa && pos >= a->swa ? pos - a->swa + 1 : 0;
+		float mx = -INFINITY;
+		for (int p = p0; p <= pos; p++) {
+			size_t row = (size_t)tab[p / MD_KV_BLOCK_TOKENS] * MD_KV_BLOCK_TOKENS +
+				     (size_t)(p % MD_KV_BLOCK_TOKENS);
+			const float *kr = a->k + row * KD + (size_t)kvh * D;
+			float sv;
+			if (kn) {
+				sv = kn->dot_f32(q, kr, D);
+			} else {
+				sv = 0;
+				for (int d = 0; d < D; d++)
+					sv += q[d] * kr[d];
+			}
+			sv *= a->scale;
+			sc[p] = sv;
+			if (sv > mx)
+				mx = sv;
+		}
+		if (a->sinks && a->sinks[h] > mx)
+			mx = a->sinks[h];
+		double sum = a->sinks ? (double)expf(a->sinks[h] - mx) : 0.0;
+		for (int p = p0; p <= pos; p++) {
+			sc[p] = expf(sc[p] - mx);
+			sum += sc[p];
+		}
+		float inv = (float)(1.0 / sum);
+		float *o = a->out + ((size_t)t * H + h) * D;
+		memset(o, 0, (size_t)D * sizeof(float));
+		for (int p = p0; p <= pos; p++) {
+			size_t row = (size_t)tab[p / MD_KV_BLOCK_TOKENS] * MD_KV_BLOCK_TOKENS +
+				     (size_t)(p % MD_KV_BLOCK_TOKENS);
+			const float *vr = a->v + row * KD + (size_t)kvh * D;
+			float w = sc[p] * inv;
+			if (kn) {
+				kn->axpy_f32(o, w, vr, D);
+				continue;
+			}
+			for (int d = 0; d < D; d++)
+				o[d] += w * vr[d];
+		}
+	}
+}
+
+static int fwd_attention(struct md_backend *b, const struct md_dev_attn *a)
+{
+	struct sim *s = S(b);
+	if (a->n_head_kv < 1 || a->n_head % a->n_head_kv)
+		return -EINVAL;
+	size_t need = ((size_t)a->max_pos + 16) & ~(size_t)15;
+	if (need > s->att_cap) {
+		float *p = realloc(s->att, need * (size_t)md_pool_size(s->pool) * sizeof(float));
+		if (!p)
+			return -ENOMEM;
+		s->att = p;
+		s->att_cap = need;
+	}
+	struct sim_att_job j = { a, s->att, s->att_cap };
+	md_pool_run(s->pool, sim_att_worker, &j);
+	return 0;
+}
+
+static int fwd_glu(struct md_backend *b, float *g, const float *u, size_t n, enum md_ffn_act act)
+{
+	(void)b;
+	for (size_t i = 0; i < n; i++)
+		g[i] = md_glu(act, g[i], u[i]);
+	return 0;
+}
+
+static int fwd_combine(struct md_backend *b, float *out, const float *ye, const int32_t *slot,
+		       const float *w, int n_tok, int k, int n)
+{
+	(void)b;
+	memset(out, 0, (size_t)n_tok * (size_t)n * sizeof(float));
+	for (int t = 0; t < n_tok; t++) {
+		float *dst = out + (size_t)t * n;
+		for (int j = 0; j < k; j++) {
+			int32_t sl = slot[(size_t)t * k + j];
+			if (sl < 0)
+				continue;
+			float wt = w[(size_t)t * k + j];
+			const float *src = ye + (size_t)sl * n;
+			for (int i = 0; i < n; i++)
+				dst[i] += wt * src[i];
+		}
+	}
+	return 0;
+}
+
+static int fwd_gate_add(struct md_backend *b, float *y, const float *x, const float *gate,
+			int n_tok, int n)
+{
+	(void)b;
+	for (int t = 0; t < n_tok; t++) {
+		float g = gate ? (float)(1.0 / (1.0 + exp(-(double)gate[t]))) : 1.0f;
+		for (int i = 0; i < n; i++)
+			y[(size_t)t * n + i] += g * x[(size_t)t * n + i];
+	}
+	return 0;
+}
+
+static int fwd_copy(struct md_backend *b, void *dst, const void *src, size_t size)
+{
+	(void)b;
+	memcpy(dst, src, size);
+	return 0;
+}
+
+static int fwd_sync(struct md_backend *b)
+{
+	(void)b;
+	return 0;
+}
+
+static const struct md_backend_fwd sim_fwd = {
+	.mm = fwd_mm,
+	.mm_experts = fwd_mm_experts,
+	.rmsnorm = fwd_rmsnorm,
+	.add = fwd_add,
+	.add_rows = fwd_add_rows,
+	.rope = fwd_rope,
+	.rows_store = fwd_rows_store,
+	.rows_gather = fwd_rows_gather,
+	.attention = fwd_attention,
+	.glu = fwd_glu,
+	.combine = fwd_combine,
+	.gate_add = fwd_gate_add,
+	.copy = fwd_copy,
+	.sync = fwd_sync,
+};
 
 struct md_backend *md_backend_sim_new(size_t capacity, double bytes_per_s)
 {
@@ -264,6 +561,7 @@ struct md_backend *md_backend_sim_new(size_t capacity, double bytes_per_s)
 	b->fence_done = sim_fence_done;
 	b->supports = sim_supports;
 	b->matmul = sim_matmul;
+	b->fwd = &sim_fwd;
 	b->_ctx = s;
 	return b;
 }
@@ -273,8 +571,11 @@ void md_backend_sim_free(struct md_backend *b)
 	if (!b)
 		return;
 	struct sim *s = S(b);
-	md_pool_free(s->pool);
+	if (!s->pool_borrowed)
+		md_pool_free(s->pool);
 	free(s->scratch);
+	free(s->att);
+	free(s->mats);
 	free(s);
 	free(b);
 }
@@ -293,4 +594,13 @@ size_t md_backend_sim_used(const struct md_backend *b)
 unsigned long md_backend_sim_copies(const struct md_backend *b)
 {
 	return S(b)->copies;
+}
+
+void md_backend_sim_set_pool(struct md_backend *b, struct md_pool *pool)
+{
+	struct sim *s = S(b);
+	if (!s->pool_borrowed)
+		md_pool_free(s->pool);
+	s->pool = pool;
+	s->pool_borrowed = true;
 }

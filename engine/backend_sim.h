@@ -13,7 +13,10 @@
  * the timing a scheduler sees is that of a bus of that bandwidth. matmul computes on the CPU
  * (taking no less than its weights' bytes at the compute rate, when one is set)
  * with the same kernels as the forward pass (md_matmul_experts where the kernels take the
- * weights, else md_matmul), so outputs equal the host path's bit for bit.
+ * weights, else md_matmul), so outputs equal the host path's bit for bit. It also implements
+ * the device-resident compute ops (engine/backend_fwd.h) on the host, the reference the CUDA
+ * kernels are checked against and what lets CI run the device forward pass
+ * (engine/forward_dev.h) without a GPU.
  *
  * Thread-safety as the ops table says: one thread (the engine thread) calls it. */
 #ifndef MD_BACKEND_SIM_H
@@ -22,6 +25,7 @@
 #include <stddef.h>
 
 #include "engine/backend.h"
+#include "engine/kern/threadpool.h"
 
 /* A backend with capacity bytes of "device" memory and copies at bytes_per_s (0: instant).
  * NULL on allocation failure. */
@@ -33,6 +37,12 @@ void md_backend_sim_free(struct md_backend *b);
  * host's, so outputs do not change); 0: instant copies, matmuls as fast as the host does them.
  * Between forward passes. */
 void md_backend_sim_set_rates(struct md_backend *b, double copy_bps, double compute_bps);
+
+/* Compute on pool's threads instead of the backend's own single thread (which is freed); pool
+ * is borrowed and must outlive the backend. The forward pass on the device uses a simulated
+ * backend this way as its host executor: experts that live in host memory are computed with
+ * the same ops, on the CPU forward pass's threads (engine/forward_dev.c). */
+void md_backend_sim_set_pool(struct md_backend *b, struct md_pool *pool);
 
 /* Bytes of device memory allocated now, and copies enqueued so far (for tests). */
 size_t md_backend_sim_used(const struct md_backend *b);

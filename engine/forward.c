@@ -33,7 +33,7 @@
  *   YaRN-scaled rope (engine/rope.c; sliding layers with their own base), a bias on the
  *   output projection, a per-head sink logit in the softmax, a sliding window on alternate
  *   layers (positions outside it are skipped, not masked: the KV cache still holds them), a
- *   router bias, per-expert biases on gate, up and down, and its clamped SwiGLU (glu()).
+ *   router bias, per-expert biases on gate, up and down, and its clamped SwiGLU (md_glu, engine/ffn_act.h).
  *   deepseek2 attends through its latent (engine/attn_mla.c, over a cache of one compressed
  *   row per token and layer) instead of the Q/K/V path; it and glm4moe route by scored top-k
  *   with a selection bias and expert groups (router.c), run leading layers dense, and add
@@ -53,6 +53,8 @@
 
 #include "common/assert.h"
 #include "engine/attn_mla.h"
+#include "engine/ffn_act.h"
+#include "engine/forward_dev.h"
 #include "engine/kern/cpu.h"
 #include "engine/kern/matmul.h"
 #include "engine/kern/threadpool.h"
@@ -105,6 +107,7 @@ struct md_forward_ctx {
 	int32_t *ex_id;      /* (E) expert id of each group of the get-order layout */
 	const struct md_layer *ex_L; /* borrowed: the layer whose experts run (their biases) */
 	struct md_mla *mla; /* owned: latent attention's scratch (deepseek2), else NULL */
+	struct md_fwd_dev *dev; /* borrowed: run batches on this device, NULL: on the CPU */
 };
 
 static void *xalloc(size_t n, int *fail)
@@ -246,6 +249,11 @@ void md_forward_set_draft(struct md_forward_ctx *f, const struct md_forward_draf
 		md_router_set_draft(&f->router, 0, NULL);
 }
 
+void md_forward_set_device(struct md_forward_ctx *f, struct md_fwd_dev *dev)
+{
+	f->dev = dev;
+}
+
 void md_forward_set_route_cb(struct md_forward_ctx *f, md_forward_route_cb cb, void *ud)
 {
 	f->route_cb = cb;
@@ -265,23 +273,6 @@ static double now_s(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static inline float silu(float x)
-{
-	return x / (1.0f + expf(-x));
-}
-
-/* The FFN's gated activation of one element (enum md_ffn_act). */
-static inline float glu(enum md_ffn_act act, float g, float u)
-{
-	if (act == MD_ACT_SWIGLU_OAI) {
-		const float alpha = 1.702f, limit = 7.0f;
-		float x = g < limit ? g : limit;
-		float y = u < -limit ? -limit : u > limit ? limit : u;
-		return x / (1.0f + expf(alpha * -x)) * (y + 1.0f);
-	}
-	return silu(g) * u;
 }
 
 /* y (rows, n) += the bias row b (n) in every row; b NULL: nothing. */
@@ -454,7 +445,7 @@ static void swiglu_b(struct md_forward_ctx *f, const struct md_mat *gate, const 
 	add_rows(f->ue, bu, (size_t)n, (size_t)gate->n_out);
 	size_t m = (size_t)n * gate->n_out;
 	for (size_t i = 0; i < m; i++)
-		f->ge[i] = glu(act, f->ge[i], f->ue[i]);
+		f->ge[i] = md_glu(act, f->ge[i], f->ue[i]);
 	md_matmul(f->pool, down, f->ge, n, out, f->mm_scratch);
 	add_rows(out, bd, (size_t)n, (size_t)down->n_out);
 }
@@ -479,7 +470,7 @@ static void glu_worker(void *ctx, int ith, int nth)
 	size_t a = per * (size_t)ith < j->rows ? per * (size_t)ith : j->rows;
 	size_t z = a + per < j->rows ? a + per : j->rows;
 	for (size_t i = a * j->F; i < z * j->F; i++)
-		j->g[i] = glu(j->act, j->g[i], j->u[i]);
+		j->g[i] = md_glu(j->act, j->g[i], j->u[i]);
 }
 
 /* Step 3 for the experts of groups g0 .. g1-1 of the get-order layout at once: one pool pass
@@ -884,6 +875,15 @@ int md_forward(struct md_forward_ctx *f, struct md_kv_cache *kv, const struct md
 	const struct md_hparams *hp = &m->hp;
 	const int n = b->n_tokens;
 	const int64_t N = hp->n_embd;
+
+	if (f->dev) {
+		const struct md_fwd_dev_pass p = {
+			.pool = f->pool, .src = f->src,
+			.draft = f->draft, .route_cb = f->route_cb, .route_ud = f->route_ud,
+			.pregate_cb = f->pregate_cb, .pregate_ud = f->pregate_ud,
+		};
+		return md_fwd_dev_forward(f->dev, &p, kv, b, logits);
+	}
 
 	/* The batch's own checks, then the cache's (sequences, positions, reservations). */
 	if (n < 1 || n > f->max_tokens)

@@ -78,6 +78,12 @@ struct md_forward_draft {
 };
 void md_forward_set_draft(struct md_forward_ctx *f, const struct md_forward_draft *d);
 
+/* Run every later batch on a device (engine/forward_dev.h) instead of the CPU: md_forward
+ * keeps its contract, with the expert source, draft mode and observers set here. dev is
+ * borrowed (NULL: back to the CPU) and must have been made for the cache the batches use. */
+struct md_fwd_dev;
+void md_forward_set_device(struct md_forward_ctx *f, struct md_fwd_dev *dev);
+
 /* Run the batch. Validates it against kv (md_kv_batch_begin: live sequences, positions
  * contiguous from each sequence's length and reserved), writes K/V, and once every layer ran
  * commits each sequence's new length (md_kv_commit). Logits of each token with want_logits

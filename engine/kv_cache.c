@@ -175,6 +175,15 @@ static void block_copy(struct md_kv_cache *kv, int32_t dst, int32_t src)
 			memcpy(kv->v + (base + (size_t)dst) * vrows,
 			       kv->v + (base + (size_t)src) * vrows, vrows * sizeof(float));
 	}
+	if (kv->copy_hook)
+		kv->copy_hook(kv->copy_ud, dst, src);
+}
+
+void md_kv_set_copy_hook(struct md_kv_cache *kv, void (*fn)(void *ud, int32_t dst, int32_t src),
+			 void *ud)
+{
+	kv->copy_hook = fn;
+	kv->copy_ud = fn ? ud : NULL;
 }
 
 /* Grow s's table to hold at least need ids. Returns 0 or -ENOMEM (table unchanged). */

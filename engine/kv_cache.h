@@ -83,6 +83,9 @@ struct md_kv_cache {
 	struct md_kv_seq *seqs;     /* owned (max_seqs) */
 	uint32_t max_seqs;
 	struct md_kv_prefix *px;    /* owned: the prefix cache, NULL while disabled */
+	/* Called after every copy of a block's rows (md_kv_set_copy_hook), NULL: none. */
+	void (*copy_hook)(void *ud, int32_t dst, int32_t src);
+	void *copy_ud;
 };
 
 /* What one token's rows hold per layer (md_model_kv_rows says it for a model): k_dim elements
@@ -151,6 +154,13 @@ void md_kv_prefix_register_tail(struct md_kv_cache *kv, int seq, const int32_t *
 /* Registered blocks (held or not), and those reused since for other content. */
 uint32_t md_kv_prefix_blocks(const struct md_kv_cache *kv);
 uint64_t md_kv_prefix_evictions(const struct md_kv_cache *kv);
+
+/* Tell fn(ud, dst, src) each time the cache copies every layer's rows of block src into
+ * block dst (copy-on-write, a prefix attached in part), after the copy: a mirror of the pool
+ * elsewhere (the device forward pass's, engine/forward_dev.h) copies its own rows the same
+ * way. NULL removes it. */
+void md_kv_set_copy_hook(struct md_kv_cache *kv, void (*fn)(void *ud, int32_t dst, int32_t src),
+			 void *ud);
 
 /* Distinct blocks held by any sequence (a block shared by three counts once). */
 uint32_t md_kv_blocks_used(const struct md_kv_cache *kv);

@@ -1,0 +1,124 @@
+/* Device-resident compute: the ops a backend offers so that a whole forward pass runs on the
+ * device (engine/forward_dev.h), activations and KV cache included.
+ *
+ * DESIGN
+ * engine/backend.h's ops table moves bytes and runs one matmul with host activations. A
+ * forward pass on the device keeps its activations in device memory from the embeddings to
+ * the logits; these ops are its vocabulary. Every pointer below is device memory of the same
+ * backend unless it says host; a device pointer plus a byte offset is one. Every op is
+ * enqueued on stream 0 (MD_BACKEND_STREAM_COMPUTE) and returns without waiting: ops run in the
+ * order they were enqueued, after every upload and download made on stream 0 before them, and
+ * the host sees their results through download (which waits for stream 0) or sync. Returns
+ * are 0 or a negative errno-style code as in backend.h: -EINVAL for an argument the op does
+ * not take (a weight type it cannot read, a head_dim it has no kernel for), -EIO for a device
+ * failure (sticky: the backend is then unusable).
+ *
+ * The ops are coarse enough that a decode step is a few dozen launches per layer and fine
+ * enough that each has a one-loop reference in the simulated backend (engine/backend_sim.c,
+ * whose device memory is host memory, so it reads every table where the op says device),
+ * which computes them on the host with the same kernels and in the same order as the CPU
+ * forward pass (engine/forward.c): that is what lets CI check the device forward pass's
+ * orchestration (weights, KV mirror, block tables, expert layouts) against the CPU pass, and a
+ * GPU run check each CUDA kernel against the simulated op (tests/gpu/).
+ *
+ * Routing is not here: the forward pass downloads each MoE layer's router logits and routes on
+ * the host (engine/router.c: every gating function of every architecture), then uploads the
+ * expert layout. One synchronisation per MoE layer; the price of one code path for routing.
+ */
+#ifndef MD_BACKEND_FWD_H
+#define MD_BACKEND_FWD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/kern/matmul.h"
+#include "engine/model.h"
+#include "engine/quant.h"
+
+struct md_backend;
+
+/* Expert-grouped products of one MoE layer in one launch (md_matmul_experts' contract, with
+ * weights found through a device table of pointers). Group g < ng owns output slots off[g] ..
+ * off[g+1]-1; slot s reads input row src[s] of x (row s when src is NULL) and gets
+ * y[i][s * n_out + r] = dot(row r of weight w[i * ng + g], that row). Every weight has type,
+ * n_in, n_out and nb1 as given (rows nb1 bytes apart, the alignment backend.h's matmul asks). */
+struct md_dev_experts {
+	enum md_dtype type;
+	int64_t n_in, n_out;
+	size_t nb1;
+	int nw;               /* weights per group: 1 or 2 */
+	int ng;               /* groups, >= 1 */
+	const void *const *w; /* device: (nw * ng) device pointers to the weights */
+	const int32_t *off;   /* device: (ng + 1) slot offsets, off[0] = 0 */
+	const int32_t *src;   /* device: (n_slots) input row of each slot, or NULL */
+	const float *x;       /* device: input rows of n_in floats */
+	int n_x;              /* rows of x */
+	float *y[2];          /* device: (n_slots, n_out) per weight */
+	int n_slots;          /* off[ng] */
+	int max_rows;         /* the largest off[g + 1] - off[g] */
+};
+
+/* Causal attention of n_tok query tokens over a paged cache of one layer: token t at position
+ * pos[t], head h (of n_head; KV head h / (n_head / n_head_kv)) attends to positions p0 .. pos[t]
+ * (p0 = pos[t] - swa + 1 when swa > 0 and that is > 0, else 0), position p's rows in cache row
+ * blocks[tab[t] + p / MD_KV_BLOCK_TOKENS] * MD_KV_BLOCK_TOKENS + p % MD_KV_BLOCK_TOKENS (rows of
+ * n_head_kv * head_dim floats at k and v); softmax of scale * q.k, with sinks[h] joining the
+ * denominator when sinks is not NULL; out = the weighted sum of the value rows. */
+struct md_dev_attn {
+	float *out;            /* (n_tok, n_head * head_dim) */
+	const float *q;        /* (n_tok, n_head * head_dim) */
+	const float *k, *v;    /* the layer's cache rows */
+	const int32_t *pos;    /* (n_tok) */
+	const int32_t *tab;    /* (n_tok) */
+	const int32_t *blocks;
+	const float *sinks;    /* (n_head) or NULL */
+	int n_tok, n_head, n_head_kv, head_dim;
+	int swa;
+	float scale;
+	int max_pos;           /* the largest pos[t] (bounds scratch) */
+};
+
+/* The forward pass's ops. All enqueued on stream 0; see the DESIGN note above. */
+struct md_backend_fwd {
+	/* y (n_tok, w->n_out) = w x for x (n_tok, w->n_in), as backend.h's matmul but with x and
+	 * y in device memory and without waiting. */
+	int (*mm)(struct md_backend *b, const struct md_mat *w, const float *x, int n_tok, float *y);
+	/* The grouped expert products above. */
+	int (*mm_experts)(struct md_backend *b, const struct md_dev_experts *e);
+	/* y[r] = rmsnorm(x[r]) * w for rows of n floats (y may be x). */
+	int (*rmsnorm)(struct md_backend *b, float *y, const float *x, const float *w, int rows,
+		       int n, float eps);
+	/* y[i] += x[i] for i < n. */
+	int (*add)(struct md_backend *b, float *y, const float *x, size_t n);
+	/* y[r][i] += bias[idx[r] * n + i] for r < rows, i < n; idx NULL: bias[i] (one row). */
+	int (*add_rows)(struct md_backend *b, float *y, const float *bias, const int32_t *idx,
+			int rows, int n);
+	/* Rotate the first n_rot dims of each of n_head heads of head_dim floats in each of n_tok
+	 * rows of x by token t's table cs + t * n_rot (cos, sin pairs: engine/rope.h's
+	 * md_rope_table), pairs (2i, 2i+1), or (i, i + n_rot/2) when neox. */
+	int (*rope)(struct md_backend *b, float *x, int n_tok, int n_head, int head_dim, int n_rot,
+		    bool neox, const float *cs);
+	/* dst row rows[i] = src row i, rows of dim floats, i < n. */
+	int (*rows_store)(struct md_backend *b, float *dst, const int32_t *rows, const float *src,
+			  int n, int dim);
+	/* dst row i = src row rows[i], i < n. */
+	int (*rows_gather)(struct md_backend *b, float *dst, const float *src, const int32_t *rows,
+			   int n, int dim);
+	int (*attention)(struct md_backend *b, const struct md_dev_attn *a);
+	/* g[i] = act(g[i], u[i]) for i < n (engine/forward.c glu: silu(g) u, or gpt-oss's). */
+	int (*glu)(struct md_backend *b, float *g, const float *u, size_t n, enum md_ffn_act act);
+	/* out[t] = sum over j < k, in order, of w[t * k + j] * ye[slot[t * k + j]] (rows of n
+	 * floats), slot < 0 adding nothing; out[t] is all zeros when every slot is < 0. */
+	int (*combine)(struct md_backend *b, float *out, const float *ye, const int32_t *slot,
+		       const float *w, int n_tok, int k, int n);
+	/* y[t] += sigmoid(gate[t]) * x[t] (rows of n floats); gate NULL: y[t] += x[t]. */
+	int (*gate_add)(struct md_backend *b, float *y, const float *x, const float *gate,
+			int n_tok, int n);
+	/* size bytes device to device (may not overlap). */
+	int (*copy)(struct md_backend *b, void *dst, const void *src, size_t size);
+	/* Wait until everything enqueued on stream 0 is done. */
+	int (*sync)(struct md_backend *b);
+};
+
+#endif

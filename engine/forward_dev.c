@@ -1,0 +1,1147 @@
+/* The forward pass on a device (forward_dev.h).
+ *
+ * One pass, for a batch of n tokens (T = max_tokens, N = n_embd, H / K = query / KV heads,
+ * D = head_dim, E = n_expert, k = n_expert_used, F = the widest FFN):
+ *   step tables: each token's position, the cache row its K/V go to, an offset into the
+ *     batch's block tables, the rope tables and the rows whose logits are wanted, packed into
+ *     one host buffer and uploaded once;
+ *   embeddings: dequantized on the host, uploaded into x;
+ *   per layer, on the device: RMSNorm, Q/K/V (+ biases, QK-norm, rope), K/V rows stored into
+ *     the layer's mirror rows, attention over the block tables, output projection, residual;
+ *     RMSNorm, then a dense SwiGLU, or the MoE FFN: router logits downloaded and routed on
+ *     the host (the one synchronisation of a layer), the routing's experts got from the
+ *     source in its order and laid out in runs: a run of device experts of one type is one
+ *     grouped launch for gate and up, the activation and one for down; a run of host
+ *     experts is computed on the CPU by the host executor (the simulated backend's ops on
+ *     this pass's threads: the CPU forward pass's kernels) from the downloaded normed input,
+ *     its rows uploaded; then one combine per token in the routing's slot order (the CPU
+ *     pass's scatter-add order), the shared expert, residual; pre-gating for a source that
+ *     prefetches or an observer;
+ *   logits: the wanted rows gathered, normed, projected and downloaded.
+ * The sequence of operations is the CPU pass's (engine/forward.c), op for op, so on the
+ * simulated device the two agree to the last bit except where the CPU pass sums in double
+ * (the shared expert's gate).
+ */
+#include "engine/forward_dev.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/assert.h"
+#include "engine/backend_sim.h"
+#include "engine/rope.h"
+
+/* The resident experts: a source over the device copies of the model's expert tensors. */
+struct dev_src {
+	struct md_expert_src base;
+	struct md_fwd_dev *d;
+};
+
+struct md_fwd_dev {
+	const struct md_model *m;
+	struct md_backend *b;
+	const struct md_backend_fwd *op;
+	struct md_kv_cache *kv;
+	int T;
+	bool experts_resident;
+	void **wdev;           /* (n_tensors) device copy of m->tensors[i], NULL: none */
+	uint64_t w_bytes, kv_bytes, act_bytes;
+	float *kc, *vc;        /* the KV mirror: (n_layer, n_blocks * BLOCK, kv_dim / v_dim) */
+	size_t k_layer, v_layer; /* floats per layer */
+	/* device activations */
+	float *x, *xn, *q, *k, *v, *att, *tmp, *ge, *ue, *ye, *rl, *gsh;
+	float *dlogits;
+	size_t dlogits_rows;
+	void *dtab;            /* per-step tables */
+	size_t dtab_cap;
+	void *drun;            /* per-run and per-layer tables */
+	size_t drun_cap;
+	/* host */
+	float *x_h;            /* (T, N) embeddings */
+	void *stage;           /* table staging */
+	size_t stage_cap;
+	struct md_router router, pre_router;
+	int32_t *seq_tab;      /* (max_seqs) per pass: offset of the sequence's block table */
+	int32_t *seq_last;     /* (max_seqs) per pass: its last position in the batch */
+	struct md_expert_w *ex_got; /* (E) in get order */
+	int32_t *ex_order, *ex_ntok; /* (E) get order (indices into the routing's active list),
+				      * tokens of each active expert */
+	uint8_t *ex_st;        /* (E) EX_* per get-order entry */
+	uint8_t *allow;        /* (E) */
+	struct md_expert_w *lay_w; /* (E) the layout (see the MoE section) */
+	int32_t *lay_off;      /* (E + 1) */
+	int lay_n;             /* entries in the layout */
+	int32_t *ex_pos;       /* (T * k) routing slot -> layout slot, -1: failed expert */
+	int32_t *lay_tok;      /* (T * k) token of each layout slot */
+	int32_t *lay_eid;      /* (T * k) expert of each layout slot */
+	int32_t *cmb_n;        /* (T) combine's per-token slot count */
+	int n_x;               /* tokens of the current pass */
+	struct md_backend *host; /* owned: the host executor (a simulated backend) */
+	float *xn_h;           /* (T, N) the normed input, downloaded for host experts */
+	float *ge_h, *ue_h, *ye_h; /* (T * k, F), (T * k, F), (T * k, N) */
+	struct md_rope rope[2];
+	struct dev_src res;    /* the resident source */
+	bool xn_h_valid;       /* xn_h holds this layer's normed input */
+};
+
+enum { EX_RUN, EX_FAILED };
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Bytes of a tensor's data as laid out (3-D: matrices nb2 apart). */
+static size_t tensor_bytes(const struct md_tensor *t)
+{
+	size_t mat = (size_t)t->ne[1] * t->nb1;
+	return t->ne[2] > 1 ? (size_t)(t->ne[2] - 1) * t->nb2 + mat : mat;
+}
+
+static bool is_expert_tensor(const struct md_layer *L, const struct md_tensor *t)
+{
+	return t == L->gate_exps || t == L->up_exps || t == L->down_exps;
+}
+
+/* Calls fn for every tensor a device pass reads from device memory: the layers' attention,
+ * norms, dense FFN, router, shared expert, expert biases (and, with experts, the routed expert
+ * tensors), the output norm and head. Not the token embedding (unless tied to the output). */
+static void each_tensor(const struct md_model *m, bool experts,
+			void (*fn)(void *ud, const struct md_tensor *t), void *ud)
+{
+	for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+		const struct md_layer *L = &m->layers[il];
+		const struct md_tensor *ts[] = {
+			L->attn_norm, L->wq, L->wk, L->wv, L->bq, L->bk, L->bv, L->wo, L->bo,
+			L->attn_sinks, L->q_norm, L->k_norm, L->ffn_norm, L->ffn_gate, L->ffn_up,
+			L->ffn_down, L->gate_inp, L->gate_inp_b, L->gate_exps_b, L->up_exps_b,
+			L->down_exps_b, L->gate_inp_shexp, L->gate_shexp, L->up_shexp,
+			L->down_shexp, L->gate_exps, L->up_exps, L->down_exps,
+		};
+		for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++)
+			if (ts[i] && (experts || !is_expert_tensor(L, ts[i])))
+				fn(ud, ts[i]);
+	}
+	fn(ud, m->output_norm);
+	fn(ud, m->output);
+}
+
+struct sum_ud {
+	uint64_t bytes;
+};
+
+static void sum_tensor(void *ud, const struct md_tensor *t)
+{
+	((struct sum_ud *)ud)->bytes += (tensor_bytes(t) + 255) & ~(size_t)255;
+}
+
+/* Activation floats for max_tokens tokens (the device buffers of md_fwd_dev_new). */
+static uint64_t act_floats(const struct md_hparams *hp, int max_tokens, size_t *F_out)
+{
+	size_t T = (size_t)max_tokens, N = hp->n_embd, QD = (size_t)hp->n_head * hp->head_dim;
+	size_t KD = (size_t)hp->n_head_kv * hp->head_dim;
+	size_t E = hp->n_expert ? hp->n_expert : 1, K = hp->n_expert_used ? hp->n_expert_used : 1;
+	size_t F = hp->n_ff_exp;
+	if (hp->n_ff_shexp > F)
+		F = hp->n_ff_shexp;
+	if ((!hp->n_expert || hp->n_layer_dense_lead) && hp->n_ff > F)
+		F = hp->n_ff;
+	if (F_out)
+		*F_out = F;
+	return 3 * T * N + 2 * T * QD + 2 * T * KD + 2 * T * K * F + T * K * N + T * E + T +
+	       T * N /* xn */;
+}
+
+uint64_t md_fwd_dev_need(const struct md_model *m, bool with_experts, uint64_t kv_bytes,
+			 int max_tokens)
+{
+	struct sum_ud s = { 0 };
+	each_tensor(m, with_experts, sum_tensor, &s);
+	/* logits of a full batch of rows, as the largest the pass grows to */
+	uint64_t act = act_floats(&m->hp, max_tokens, NULL) * sizeof(float) +
+		       (uint64_t)max_tokens * m->hp.n_vocab * sizeof(float);
+	return s.bytes + kv_bytes + act;
+}
+
+struct up_ud {
+	struct md_fwd_dev *d;
+	int rc;
+	const struct md_tensor *bad;
+};
+
+static void upload_tensor(void *ud, const struct md_tensor *t)
+{
+	struct up_ud *u = ud;
+	struct md_fwd_dev *d = u->d;
+	size_t i = (size_t)(t - d->m->tensors);
+	if (u->rc || d->wdev[i])
+		return;
+	if (t->ne[1] > 1 && !d->b->supports(d->b, t->type)) {
+		u->rc = -ENOTSUP;
+		u->bad = t;
+		return;
+	}
+	size_t n = tensor_bytes(t);
+	int rc = d->b->alloc(d->b, n, &d->wdev[i]);
+	if (!rc)
+		rc = d->b->upload(d->b, d->wdev[i], t->data, n);
+	if (rc)
+		u->rc = rc;
+	else
+		d->w_bytes += n;
+}
+
+/* The device copy of t (NULL for a tensor not uploaded or t NULL). */
+static void *dptr(const struct md_fwd_dev *d, const struct md_tensor *t)
+{
+	return t ? d->wdev[t - d->m->tensors] : NULL;
+}
+
+/* Device view of a 2-D tensor, or of expert e's matrix of a 3-D one. */
+static struct md_mat dmat(const struct md_fwd_dev *d, const struct md_tensor *t, int64_t e)
+{
+	struct md_mat w = md_mat_of(t, e);
+	w.data = (const char *)dptr(d, t) + (size_t)e * t->nb2;
+	return w;
+}
+
+/* ---- the resident source ---- */
+
+static int res_get(struct md_expert_src *src, uint32_t layer, int32_t e, struct md_expert_w *out)
+{
+	struct md_fwd_dev *d = ((struct dev_src *)src)->d;
+	const struct md_layer *L = &d->m->layers[layer];
+	if (!L->gate_exps || e < 0 || (uint32_t)e >= d->m->hp.n_expert)
+		return -EINVAL;
+	out->gate = dmat(d, L->gate_exps, e);
+	out->up = dmat(d, L->up_exps, e);
+	out->down = dmat(d, L->down_exps, e);
+	out->dev = d->b;
+	return 0;
+}
+
+static const struct md_expert_src_ops res_ops = { .name = "device", .get = res_get };
+
+/* ---- creation ---- */
+
+static void *xalloc(size_t n, int *fail)
+{
+	void *p = calloc(1, n ? n : 1);
+	if (!p)
+		*fail = 1;
+	return p;
+}
+
+static int dalloc(struct md_fwd_dev *d, size_t n, void *out, int rc)
+{
+	if (rc)
+		return rc;
+	void **p = out;
+	rc = d->b->alloc(d->b, n ? n : 256, p);
+	if (!rc)
+		d->act_bytes += n;
+	return rc;
+}
+
+/* Mirror the host cache's block copy (kv_cache.c block_copy) on the device. */
+static void on_kv_copy(void *ud, int32_t dst, int32_t src)
+{
+	struct md_fwd_dev *d = ud;
+	const struct md_kv_cache *kv = d->kv;
+	size_t kb = (size_t)MD_KV_BLOCK_TOKENS * kv->kv_dim, vb = (size_t)MD_KV_BLOCK_TOKENS * kv->v_dim;
+	for (uint32_t l = 0; l < kv->n_layer; l++) {
+		float *k = d->kc + (size_t)l * d->k_layer, *v = d->vc + (size_t)l * d->v_layer;
+		d->op->copy(d->b, k + (size_t)dst * kb, k + (size_t)src * kb, kb * sizeof(float));
+		d->op->copy(d->b, v + (size_t)dst * vb, v + (size_t)src * vb, vb * sizeof(float));
+	}
+}
+
+/* Why the model cannot run on the device, or NULL. */
+static const char *unsupported(const struct md_model *m, const struct md_kv_cache *kv)
+{
+	const struct md_hparams *hp = &m->hp;
+	if (hp->kv_lora_rank)
+		return "latent attention (deepseek2) has no device path yet";
+	if (kv->k_bytes != 4 || kv->v_dim != kv->kv_dim)
+		return "the KV cache is not float K and V rows";
+	if (hp->head_dim % 32 || hp->head_dim > 256)
+		return "head_dim must be a multiple of 32 up to 256 on the device";
+	if (hp->n_rot % 2 || hp->n_rot > hp->head_dim)
+		return "rotary dims out of range";
+	if (hp->n_head_kv == 0 || hp->n_head % hp->n_head_kv)
+		return "query heads are not a multiple of KV heads";
+	return NULL;
+}
+
+void md_fwd_dev_free(struct md_fwd_dev *d)
+{
+	if (!d)
+		return;
+	struct md_backend *b = d->b;
+	if (d->kv && d->kv->copy_ud == d)
+		md_kv_set_copy_hook(d->kv, NULL, NULL);
+	if (d->wdev)
+		for (size_t i = 0; i < d->m->n_tensors; i++)
+			b->free(b, d->wdev[i]);
+	float *bufs[] = { d->kc, d->vc, d->x, d->xn, d->q, d->k, d->v, d->att, d->tmp, d->ge,
+			  d->ue, d->ye, d->rl, d->gsh, d->dlogits };
+	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
+		b->free(b, bufs[i]);
+	b->free(b, d->dtab);
+	b->free(b, d->drun);
+	free(d->wdev);
+	free(d->x_h);
+	free(d->stage);
+	if (d->m->hp.n_expert) {
+		md_router_release(&d->router);
+		md_router_release(&d->pre_router);
+	}
+	free(d->seq_tab);
+	free(d->seq_last);
+	free(d->ex_got);
+	free(d->ex_order);
+	free(d->ex_ntok);
+	free(d->ex_st);
+	free(d->allow);
+	free(d->lay_w);
+	free(d->lay_off);
+	free(d->ex_pos);
+	free(d->lay_tok);
+	free(d->lay_eid);
+	free(d->cmb_n);
+	md_backend_sim_free(d->host);
+	free(d->xn_h);
+	free(d->ge_h);
+	free(d->ue_h);
+	free(d->ye_h);
+	free(d);
+}
+
+int md_fwd_dev_new(const struct md_model *m, struct md_backend *b, struct md_kv_cache *kv,
+		   int max_tokens, bool experts_resident, struct md_fwd_dev **out, char *err,
+		   size_t errlen)
+{
+	*out = NULL;
+	const struct md_hparams *hp = &m->hp;
+	if (!b->fwd) {
+		snprintf(err, errlen, "the %s backend has no device forward ops", b->name);
+		return -ENOTSUP;
+	}
+	const char *why = unsupported(m, kv);
+	if (why) {
+		snprintf(err, errlen, "%s", why);
+		return -ENOTSUP;
+	}
+	if (max_tokens < 1)
+		return -EINVAL;
+	struct md_fwd_dev *d = calloc(1, sizeof(*d));
+	if (!d)
+		return -ENOMEM;
+	d->m = m;
+	d->b = b;
+	d->op = b->fwd;
+	d->T = max_tokens;
+	d->experts_resident = experts_resident && hp->n_expert;
+	d->res.base.ops = &res_ops;
+	d->res.d = d;
+	int fail = 0;
+	d->wdev = xalloc(m->n_tensors * sizeof(void *), &fail);
+	if (fail) {
+		free(d);
+		return -ENOMEM;
+	}
+
+	/* Weights. */
+	struct up_ud u = { d, 0, NULL };
+	each_tensor(m, d->experts_resident, upload_tensor, &u);
+	if (u.rc) {
+		if (u.rc == -ENOTSUP)
+			snprintf(err, errlen, "the %s backend cannot read %s weights (%.*s)", b->name,
+				 md_dtype_info(u.bad->type) ? md_dtype_info(u.bad->type)->name : "?",
+				 (int)u.bad->name_len, u.bad->name);
+		else
+			snprintf(err, errlen, "cannot upload the weights (%.1f MiB so far): %s",
+				 d->w_bytes / 1048576.0, strerror(-u.rc));
+		md_fwd_dev_free(d);
+		return u.rc;
+	}
+
+	/* The KV mirror and the activations. */
+	size_t T = (size_t)max_tokens, N = hp->n_embd, QD = (size_t)hp->n_head * hp->head_dim;
+	size_t KD = (size_t)hp->n_head_kv * hp->head_dim;
+	size_t E = hp->n_expert ? hp->n_expert : 1, K = hp->n_expert_used ? hp->n_expert_used : 1;
+	size_t F;
+	act_floats(hp, max_tokens, &F);
+	d->k_layer = (size_t)kv->n_blocks * MD_KV_BLOCK_TOKENS * kv->kv_dim;
+	d->v_layer = (size_t)kv->n_blocks * MD_KV_BLOCK_TOKENS * kv->v_dim;
+	int rc = b->alloc(b, d->k_layer * kv->n_layer * sizeof(float), (void **)&d->kc);
+	if (!rc)
+		rc = b->alloc(b, d->v_layer * kv->n_layer * sizeof(float), (void **)&d->vc);
+	if (!rc)
+		d->kv_bytes = (d->k_layer + d->v_layer) * kv->n_layer * sizeof(float);
+	const size_t fs = sizeof(float);
+	rc = dalloc(d, T * N * fs, &d->x, rc);
+	rc = dalloc(d, T * N * fs, &d->xn, rc);
+	rc = dalloc(d, T * QD * fs, &d->q, rc);
+	rc = dalloc(d, T * KD * fs, &d->k, rc);
+	rc = dalloc(d, T * KD * fs, &d->v, rc);
+	rc = dalloc(d, T * QD * fs, &d->att, rc);
+	rc = dalloc(d, T * N * fs, &d->tmp, rc);
+	rc = dalloc(d, T * K * F * fs, &d->ge, rc);
+	rc = dalloc(d, T * K * F * fs, &d->ue, rc);
+	rc = dalloc(d, T * K * N * fs, &d->ye, rc);
+	rc = dalloc(d, T * E * fs, &d->rl, rc);
+	rc = dalloc(d, T * fs, &d->gsh, rc);
+	if (rc) {
+		snprintf(err, errlen, "cannot allocate the KV mirror and activations (%.1f MiB of "
+			 "weights uploaded): %s", d->w_bytes / 1048576.0, strerror(-rc));
+		md_fwd_dev_free(d);
+		return rc;
+	}
+
+	/* Host side. */
+	d->x_h = xalloc(T * N * fs, &fail);
+	d->seq_tab = xalloc(kv->max_seqs * sizeof(int32_t), &fail);
+	d->seq_last = xalloc(kv->max_seqs * sizeof(int32_t), &fail);
+	if (hp->n_expert) {
+		if (md_router_init(&d->router, hp, max_tokens) ||
+		    md_router_init(&d->pre_router, hp, max_tokens))
+			fail = 1;
+		d->ex_got = xalloc(E * sizeof(struct md_expert_w), &fail);
+		d->ex_order = xalloc(E * sizeof(int32_t), &fail);
+		d->ex_ntok = xalloc(E * sizeof(int32_t), &fail);
+		d->ex_st = xalloc(E, &fail);
+		d->allow = xalloc(E, &fail);
+		d->lay_w = xalloc(E * sizeof(struct md_expert_w), &fail);
+		d->lay_off = xalloc((E + 1) * sizeof(int32_t), &fail);
+		d->ex_pos = xalloc(T * K * sizeof(int32_t), &fail);
+		d->lay_tok = xalloc(T * K * sizeof(int32_t), &fail);
+		d->lay_eid = xalloc(T * K * sizeof(int32_t), &fail);
+		d->cmb_n = xalloc(T * sizeof(int32_t), &fail);
+		if (!d->experts_resident) {
+			d->xn_h = xalloc(T * N * fs, &fail);
+			d->ge_h = xalloc(T * K * F * fs, &fail);
+			d->ue_h = xalloc(T * K * F * fs, &fail);
+			d->ye_h = xalloc(T * K * N * fs, &fail);
+			if (!fail && !(d->host = md_backend_sim_new(0, 0)))
+				fail = 1;
+		}
+	}
+	if (fail) {
+		md_fwd_dev_free(d);
+		return -ENOMEM;
+	}
+	md_rope_init(&d->rope[0], hp, false);
+	md_rope_init(&d->rope[1], hp, true);
+	d->kv = kv;
+	md_kv_set_copy_hook(kv, on_kv_copy, d);
+	*out = d;
+	return 0;
+}
+
+void md_fwd_dev_mem(const struct md_fwd_dev *d, struct md_fwd_dev_mem *out)
+{
+	out->weights = d->w_bytes;
+	out->kv = d->kv_bytes;
+	out->activations = d->act_bytes + d->dtab_cap + d->drun_cap +
+			   d->dlogits_rows * d->m->hp.n_vocab * sizeof(float);
+	out->experts_resident = d->experts_resident;
+}
+
+/* ---- per-pass tables ---- */
+
+/* Host staging of at least n bytes. */
+static void *stage(struct md_fwd_dev *d, size_t n)
+{
+	if (n > d->stage_cap) {
+		size_t cap = d->stage_cap ? d->stage_cap : 4096;
+		while (cap < n)
+			cap *= 2;
+		void *p = realloc(d->stage, cap);
+		if (!p)
+			return NULL;
+		d->stage = p;
+		d->stage_cap = cap;
+	}
+	return d->stage;
+}
+
+/* Device buffer *buf of at least n bytes (contents not kept). */
+static int dgrow(struct md_fwd_dev *d, void **buf, size_t *cap, size_t n)
+{
+	if (n <= *cap)
+		return 0;
+	size_t c = *cap ? *cap : 4096;
+	while (c < n)
+		c *= 2;
+	d->b->free(d->b, *buf);
+	*buf = NULL;
+	*cap = 0;
+	int rc = d->b->alloc(d->b, c, buf);
+	if (!rc)
+		*cap = c;
+	return rc;
+}
+
+/* Per-step tables on the device (int32 and float elements of one buffer). */
+struct step_tab {
+	const int32_t *pos, *wrow, *tab, *out_rows, *blocks;
+	const float *cs[2];
+	int n_out, max_pos;
+};
+
+/* Build and upload the step tables of batch b: positions, the cache rows written, each
+ * sequence's block table, the rope tables, the rows whose logits are wanted. */
+static int step_tables(struct md_fwd_dev *d, const struct md_kv_cache *kv, const struct md_batch *b,
+		       struct step_tab *st)
+{
+	const struct md_hparams *hp = &d->m->hp;
+	const int n = b->n_tokens, R = (int)hp->n_rot;
+	const bool two = hp->n_swa && (hp->rope_freq_base_swa != hp->rope_freq_base);
+	size_t n_blocks = 0;
+	for (int t = 0; t < n; t++)
+		d->seq_tab[b->seq[t]] = -1;
+	for (int t = 0; t < n; t++)
+		if (d->seq_tab[b->seq[t]] == -1 || b->pos[t] > d->seq_last[b->seq[t]]) {
+			if (d->seq_tab[b->seq[t]] == -1)
+				d->seq_tab[b->seq[t]] = 0;
+			d->seq_last[b->seq[t]] = b->pos[t];
+		}
+	for (int t = 0; t < n; t++) /* the sequence's table: blocks up to its last position */
+		if (d->seq_tab[b->seq[t]] == 0 && d->seq_last[b->seq[t]] >= 0) {
+			d->seq_tab[b->seq[t]] = -2 - (int32_t)n_blocks; /* placed: offset */
+			n_blocks += (size_t)d->seq_last[b->seq[t]] / MD_KV_BLOCK_TOKENS + 1;
+		}
+	size_t ni = 4 * (size_t)n + n_blocks, nf = (two ? 2 : 1) * (size_t)n * (size_t)R;
+	size_t bytes = (ni + nf) * 4;
+	int32_t *h = stage(d, bytes);
+	if (!h)
+		return -ENOMEM;
+	int32_t *pos = h, *wrow = h + n, *tab = h + 2 * n, *outr = h + 3 * n, *blk = h + 4 * n;
+	float *cs0 = (float *)(h + ni), *cs1 = cs0 + (size_t)n * R;
+	st->max_pos = 0;
+	st->n_out = 0;
+	for (int t = 0; t < n; t++) {
+		int32_t s = b->seq[t], off = -2 - d->seq_tab[s];
+		pos[t] = b->pos[t];
+		st->max_pos = b->pos[t] > st->max_pos ? b->pos[t] : st->max_pos;
+		wrow[t] = md_kv_seq_block(kv, s, (uint32_t)b->pos[t]) * MD_KV_BLOCK_TOKENS +
+			  b->pos[t] % MD_KV_BLOCK_TOKENS;
+		tab[t] = off;
+		for (int32_t i = 0; i <= d->seq_last[s] / MD_KV_BLOCK_TOKENS; i++)
+			blk[off + i] = md_kv_seq_block(kv, s, (uint32_t)i * MD_KV_BLOCK_TOKENS);
+		bool want;
+		if (b->want_logits) {
+			want = b->want_logits[t];
+		} else {
+			want = true; /* default: the last token of each sequence in the batch */
+			for (int u = t + 1; u < n; u++)
+				want &= b->seq[u] != b->seq[t];
+		}
+		if (want)
+			outr[st->n_out++] = t;
+		if (R) {
+			md_rope_table(&d->rope[0], b->pos[t], cs0 + (size_t)t * R);
+			if (two)
+				md_rope_table(&d->rope[1], b->pos[t], cs1 + (size_t)t * R);
+		}
+	}
+	int rc = dgrow(d, &d->dtab, &d->dtab_cap, bytes);
+	if (!rc)
+		rc = d->b->upload(d->b, d->dtab, h, bytes);
+	if (rc)
+		return rc;
+	const int32_t *dv = d->dtab;
+	st->pos = dv;
+	st->wrow = dv + n;
+	st->tab = dv + 2 * n;
+	st->out_rows = dv + 3 * n;
+	st->blocks = dv + 4 * n;
+	st->cs[0] = (const float *)(dv + ni);
+	st->cs[1] = two ? st->cs[0] + (size_t)n * R : st->cs[0];
+	return 0;
+}
+
+/* ---- attention ---- */
+
+static int attention(struct md_fwd_dev *d, const struct md_batch *b, const struct step_tab *st,
+		     uint32_t il)
+{
+	const struct md_backend_fwd *op = d->op;
+	struct md_backend *B = d->b;
+	const struct md_hparams *hp = &d->m->hp;
+	const struct md_layer *L = &d->m->layers[il];
+	const int n = b->n_tokens, N = (int)hp->n_embd, H = (int)hp->n_head;
+	const int K = (int)hp->n_head_kv, D = (int)hp->head_dim;
+	const float eps = hp->rms_eps;
+	int rc = op->rmsnorm(B, d->xn, d->x, dptr(d, L->attn_norm), n, N, eps);
+	struct md_mat wq = dmat(d, L->wq, 0), wk = dmat(d, L->wk, 0), wv = dmat(d, L->wv, 0);
+	if (!rc)
+		rc = op->mm(B, &wq, d->xn, n, d->q);
+	if (!rc)
+		rc = op->mm(B, &wk, d->xn, n, d->k);
+	if (!rc)
+		rc = op->mm(B, &wv, d->xn, n, d->v);
+	if (!rc && L->bq)
+		rc = op->add_rows(B, d->q, dptr(d, L->bq), NULL, n, H * D);
+	if (!rc && L->bk)
+		rc = op->add_rows(B, d->k, dptr(d, L->bk), NULL, n, K * D);
+	if (!rc && L->bv)
+		rc = op->add_rows(B, d->v, dptr(d, L->bv), NULL, n, K * D);
+	if (!rc && hp->qk_norm == MD_QK_NORM_FULL) {
+		rc = op->rmsnorm(B, d->q, d->q, dptr(d, L->q_norm), n, H * D, eps);
+		if (!rc)
+			rc = op->rmsnorm(B, d->k, d->k, dptr(d, L->k_norm), n, K * D, eps);
+	} else if (!rc && hp->qk_norm == MD_QK_NORM_HEAD) {
+		rc = op->rmsnorm(B, d->q, d->q, dptr(d, L->q_norm), n * H, D, eps);
+		if (!rc)
+			rc = op->rmsnorm(B, d->k, d->k, dptr(d, L->k_norm), n * K, D, eps);
+	}
+	const bool swa = md_layer_is_swa(hp, il);
+	const bool neox = hp->rope_type == MD_ROPE_NEOX;
+	if (!rc && hp->n_rot) {
+		rc = op->rope(B, d->q, n, H, D, (int)hp->n_rot, neox, st->cs[swa]);
+		if (!rc)
+			rc = op->rope(B, d->k, n, K, D, (int)hp->n_rot, neox, st->cs[swa]);
+	}
+	float *kc = d->kc + (size_t)il * d->k_layer, *vc = d->vc + (size_t)il * d->v_layer;
+	if (!rc)
+		rc = op->rows_store(B, kc, st->wrow, d->k, n, K * D);
+	if (!rc)
+		rc = op->rows_store(B, vc, st->wrow, d->v, n, K * D);
+	struct md_dev_attn a = {
+		.out = d->att, .q = d->q, .k = kc, .v = vc, .pos = st->pos, .tab = st->tab,
+		.blocks = st->blocks, .sinks = dptr(d, L->attn_sinks), .n_tok = n, .n_head = H,
+		.n_head_kv = K, .head_dim = D, .swa = swa ? (int)hp->n_swa : 0,
+		.scale = hp->attn_scale, .max_pos = st->max_pos,
+	};
+	if (!rc)
+		rc = op->attention(B, &a);
+	struct md_mat wo = dmat(d, L->wo, 0);
+	if (!rc)
+		rc = op->mm(B, &wo, d->att, n, d->tmp);
+	if (!rc && L->bo)
+		rc = op->add_rows(B, d->tmp, dptr(d, L->bo), NULL, n, N);
+	if (!rc)
+		rc = op->add(B, d->x, d->tmp, (size_t)n * N);
+	return rc;
+}
+
+/* y (rows, n) += the bias row b (n) in every row, on the host. */
+static void add_bias_h(float *y, const float *b, int rows, uint32_t n)
+{
+	for (int r = 0; r < rows; r++)
+		for (uint32_t i = 0; i < n; i++)
+			y[(size_t)r * n + i] += b[i];
+}
+
+/* ---- the MoE FFN ----
+ *
+ * Layout: the layer's experts that were got, in waves (plan's n_ready first), each wave's
+ * device experts before its host ones; entry L of the layout is get-order entry lay_g[L], its
+ * weights lay_w[L], its slots lay_off[L] .. lay_off[L+1]-1 (token lay_tok, expert lay_eid of
+ * each slot), and ex_pos maps the routing's slots there (-1: an expert whose get failed). A
+ * run is a stretch of layout entries on one side (device or host) with one type and shape. */
+
+static bool same_shape(const struct md_expert_w *a, const struct md_expert_w *b)
+{
+	return a->gate.type == b->gate.type && a->up.type == b->up.type &&
+	       a->down.type == b->down.type && a->gate.n_in == b->gate.n_in &&
+	       a->gate.n_out == b->gate.n_out && a->up.n_out == b->up.n_out &&
+	       a->down.n_in == b->down.n_in && a->down.n_out == b->down.n_out &&
+	       a->gate.nb1 == b->gate.nb1 && a->up.nb1 == b->up.nb1 && a->down.nb1 == b->down.nb1;
+}
+
+/* Expert bytes of layout entries l0 .. l1-1, and each one's bytes times its tokens. */
+static void run_bytes(const struct md_fwd_dev *d, int l0, int l1, uint64_t *bytes,
+		      uint64_t *tok_bytes)
+{
+	*bytes = *tok_bytes = 0;
+	for (int l = l0; l < l1; l++) {
+		const struct md_expert_w *x = &d->lay_w[l];
+		uint64_t bb = (uint64_t)x->gate.nb1 * (uint64_t)x->gate.n_out +
+			      (uint64_t)x->up.nb1 * (uint64_t)x->up.n_out +
+			      (uint64_t)x->down.nb1 * (uint64_t)x->down.n_out;
+		*bytes += bb;
+		*tok_bytes += bb * (uint64_t)(d->lay_off[l + 1] - d->lay_off[l]);
+	}
+}
+
+/* A bias tensor as the executor B reads it: its device copy, or its host data. */
+static const float *bias_of(const struct md_fwd_dev *d, const struct md_tensor *t, bool on_dev)
+{
+	return on_dev ? dptr(d, t) : t->data;
+}
+
+/* Layout entries l0 .. l1-1 (one run) on B: the device (on_dev: tables uploaded, buffers the
+ * device's) or the host executor (tables in host memory, the host buffers). Slots
+ * lay_off[l0] .. lay_off[l1]-1 of ye get the experts' outputs for input rows lay_tok of x. */
+static int run_experts(struct md_fwd_dev *d, uint32_t il, int l0, int l1, bool on_dev)
+{
+	struct md_backend *B = on_dev ? d->b : d->host;
+	const struct md_backend_fwd *op = B->fwd;
+	const struct md_layer *L = &d->m->layers[il];
+	const int ng = l1 - l0, base = d->lay_off[l0], rows = d->lay_off[l1] - base;
+	const struct md_expert_w *x0 = &d->lay_w[l0];
+	const int F = (int)x0->gate.n_out, N = (int)x0->down.n_out;
+	float *ge = on_dev ? d->ge : d->ge_h, *ue = on_dev ? d->ue : d->ue_h;
+	float *ye = on_dev ? d->ye : d->ye_h;
+	const float *x = on_dev ? d->xn : d->xn_h;
+	int max_rows = 0;
+	for (int l = l0; l < l1; l++)
+		if (d->lay_off[l + 1] - d->lay_off[l] > max_rows)
+			max_rows = d->lay_off[l + 1] - d->lay_off[l];
+	/* the table: gate, up and down pointers (ng each), offsets, input rows, expert ids */
+	size_t np = 3 * (size_t)ng, ni = (size_t)ng + 1 + 2 * (size_t)rows;
+	size_t bytes = np * sizeof(void *) + ni * sizeof(int32_t);
+	char *h = stage(d, bytes);
+	if (!h)
+		return -ENOMEM;
+	const void **pw = (const void **)h;
+	int32_t *off = (int32_t *)(pw + np), *src = off + ng + 1, *eid = src + rows;
+	for (int l = l0; l < l1; l++) {
+		pw[l - l0] = d->lay_w[l].gate.data;
+		pw[ng + l - l0] = d->lay_w[l].up.data;
+		pw[2 * ng + l - l0] = d->lay_w[l].down.data;
+		off[l - l0] = d->lay_off[l] - base;
+	}
+	off[ng] = rows;
+	memcpy(src, d->lay_tok + base, (size_t)rows * sizeof(int32_t));
+	memcpy(eid, d->lay_eid + base, (size_t)rows * sizeof(int32_t));
+	const char *t = h;
+	int rc = 0;
+	if (on_dev) {
+		rc = dgrow(d, &d->drun, &d->drun_cap, bytes);
+		if (!rc)
+			rc = B->upload(B, d->drun, h, bytes);
+		if (rc)
+			return rc;
+		t = d->drun;
+	}
+	const void *const *tw = (const void *const *)t;
+	const int32_t *toff = (const int32_t *)(tw + np), *tsrc = toff + ng + 1;
+	const int32_t *teid = tsrc + rows;
+	struct md_dev_experts e = {
+		.type = x0->gate.type, .n_in = x0->gate.n_in, .n_out = F, .nb1 = x0->gate.nb1,
+		.nw = 2, .ng = ng, .w = tw, .off = toff, .src = tsrc, .x = x, .n_x = d->n_x,
+		.y = { ge + (size_t)base * F, ue + (size_t)base * F }, .n_slots = rows,
+		.max_rows = max_rows,
+	};
+	if (x0->gate.type == x0->up.type && x0->gate.nb1 == x0->up.nb1) {
+		rc = op->mm_experts(B, &e);
+	} else { /* gate and up of different types: one launch each */
+		e.nw = 1;
+		rc = op->mm_experts(B, &e);
+		e.type = x0->up.type;
+		e.nb1 = x0->up.nb1;
+		e.w = tw + ng;
+		e.y[0] = ue + (size_t)base * F;
+		if (!rc)
+			rc = op->mm_experts(B, &e);
+	}
+	if (!rc && L->gate_exps_b)
+		rc = op->add_rows(B, ge + (size_t)base * F, bias_of(d, L->gate_exps_b, on_dev), teid,
+				  rows, F);
+	if (!rc && L->up_exps_b)
+		rc = op->add_rows(B, ue + (size_t)base * F, bias_of(d, L->up_exps_b, on_dev), teid,
+				  rows, F);
+	if (!rc)
+		rc = op->glu(B, ge + (size_t)base * F, ue + (size_t)base * F, (size_t)rows * F,
+			     d->m->hp.ffn_act);
+	struct md_dev_experts dn = {
+		.type = x0->down.type, .n_in = x0->down.n_in, .n_out = N, .nb1 = x0->down.nb1,
+		.nw = 1, .ng = ng, .w = tw + 2 * ng, .off = toff, .src = NULL,
+		.x = ge + (size_t)base * F, .n_x = rows, .y = { ye + (size_t)base * N, NULL },
+		.n_slots = rows, .max_rows = max_rows,
+	};
+	if (!rc)
+		rc = op->mm_experts(B, &dn);
+	if (!rc && L->down_exps_b)
+		rc = op->add_rows(B, ye + (size_t)base * N, bias_of(d, L->down_exps_b, on_dev), teid,
+				  rows, N);
+	if (!rc && !on_dev) /* the host rows into the device's ye */
+		rc = d->b->upload(d->b, d->ye + (size_t)base * N, ye + (size_t)base * N,
+				  (size_t)rows * N * sizeof(float));
+	return rc;
+}
+
+/* Layout entries l0 .. l1-1, split into runs and computed; timed for a source that observes
+ * (a device run is waited for then, so that its time is its own). */
+static int run_range(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
+		     struct md_expert_src *src, uint32_t il, int l0, int l1)
+{
+	for (int l = l0; l < l1;) {
+		const bool dev = d->lay_w[l].dev != NULL;
+		int h = l + 1;
+		while (h < l1 && (d->lay_w[h].dev != NULL) == dev && same_shape(&d->lay_w[h], &d->lay_w[l]))
+			h++;
+		if (!dev && !d->xn_h_valid) {
+			int rc = d->b->download(d->b, d->xn_h, d->xn,
+						(size_t)d->n_x * d->m->hp.n_embd * sizeof(float));
+			if (rc)
+				return rc;
+			d->xn_h_valid = true;
+		}
+		if (!dev)
+			md_backend_sim_set_pool(d->host, p->pool);
+		bool timed = src->ops->observe != NULL;
+		if (timed && dev && d->op->sync(d->b))
+			return -EIO;
+		double t0 = timed ? now_s() : 0;
+		int rc = run_experts(d, il, l, h, dev);
+		if (rc)
+			return rc;
+		if (timed) {
+			if (dev && (rc = d->op->sync(d->b)))
+				return rc;
+			uint64_t bb, tb;
+			run_bytes(d, l, h, &bb, &tb);
+			src->ops->observe(src, dev, bb, tb, now_s() - t0);
+		}
+		l = h;
+	}
+	return 0;
+}
+
+/* Place get-order entries g0 .. g1-1 (got) in the layout after lay_n entries: device ones
+ * first, then host ones. */
+static void layout_wave(struct md_fwd_dev *d, const struct md_routing *r, int g0, int g1)
+{
+	for (int pass = 0; pass < 2; pass++)
+		for (int g = g0; g < g1; g++) {
+			if (d->ex_st[g] != EX_RUN || (d->ex_got[g].dev != NULL) != (pass == 0))
+				continue;
+			int l = d->lay_n++;
+			int32_t e = r->active[d->ex_order[g]], p = d->lay_off[l];
+			d->lay_w[l] = d->ex_got[g];
+			for (int32_t s = r->off[e]; s < r->off[e + 1]; s++, p++) {
+				d->lay_tok[p] = r->tok[s];
+				d->lay_eid[p] = e;
+				d->ex_pos[s] = p;
+			}
+			d->lay_off[l + 1] = p;
+		}
+}
+
+/* Release the first n_got get-order entries whose get succeeded (device work on them waited
+ * for first: a source may reuse their memory once released). */
+static int experts_release(struct md_fwd_dev *d, struct md_expert_src *src, uint32_t il,
+			   const struct md_routing *r, int n_got)
+{
+	if (!src->ops->release)
+		return 0;
+	int rc = d->op->sync(d->b);
+	for (int i = 0; i < n_got; i++)
+		if (d->ex_st[i] != EX_FAILED)
+			md_expert_src_release(src, il, r->active[d->ex_order[i]]);
+	return rc;
+}
+
+/* Step 3 of the MoE layer: plan, get in waves, lay out, run. */
+static int moe_experts(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
+		       struct md_expert_src *src, uint32_t il, const struct md_routing *r,
+		       int32_t *tok_err)
+{
+	const int na = r->n_active;
+	for (int i = 0; i < na; i++)
+		d->ex_ntok[i] = r->off[r->active[i] + 1] - r->off[r->active[i]];
+	int n_ready = md_expert_src_plan(src, il, r->active, d->ex_ntok, na, d->ex_order);
+	if (n_ready < 0)
+		return n_ready;
+	if (n_ready == 0 || n_ready > na)
+		n_ready = na;
+	memset(d->ex_st, EX_RUN, (size_t)na);
+	for (int s = 0; s < r->off[r->n_expert]; s++)
+		d->ex_pos[s] = -1;
+	d->lay_n = 0;
+	d->lay_off[0] = 0;
+	int got = 0;
+	for (int g0 = 0; g0 < na;) {
+		int g1 = g0 == 0 ? n_ready : na;
+		for (; got < g1; got++) {
+			int32_t e = r->active[d->ex_order[got]];
+			int rc = md_expert_src_get(src, il, e, &d->ex_got[got]);
+			if (!rc && d->ex_got[got].dev && d->ex_got[got].dev != d->b) {
+				md_expert_src_release(src, il, e);
+				rc = -EINVAL; /* another device's memory: cannot read it here */
+			}
+			if (rc && tok_err) {
+				d->ex_st[got] = EX_FAILED;
+				for (int32_t s = r->off[e]; s < r->off[e + 1]; s++)
+					if (!tok_err[r->tok[s]])
+						tok_err[r->tok[s]] = rc;
+			} else if (rc) {
+				experts_release(d, src, il, r, got);
+				return rc;
+			}
+		}
+		int l0 = d->lay_n;
+		layout_wave(d, r, g0, g1);
+		int rc = run_range(d, p, src, il, l0, d->lay_n);
+		if (rc) {
+			experts_release(d, src, il, r, got);
+			return rc;
+		}
+		g0 = g1;
+	}
+	return 0;
+}
+
+/* Pre-gating (engine/forward.c prefetch_next): layer il+1's router on the residual leaving
+ * layer il, for a source that prefetches or an observer. */
+static int prefetch_next(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
+			 struct md_expert_src *src, uint32_t il, int n)
+{
+	const struct md_hparams *hp = &d->m->hp;
+	bool observe = p->pregate_cb && !p->draft;
+	if ((!src->ops->prefetch && !observe) || il + 1 >= hp->n_layer)
+		return 0;
+	const struct md_layer *L = &d->m->layers[il + 1];
+	if (!L->gate_inp)
+		return 0;
+	struct md_mat wr = dmat(d, L->gate_inp, 0);
+	int rc = d->op->rmsnorm(d->b, d->tmp, d->x, dptr(d, L->ffn_norm), n, (int)hp->n_embd,
+				hp->rms_eps);
+	if (!rc)
+		rc = d->op->mm(d->b, &wr, d->tmp, n, d->rl);
+	if (!rc)
+		rc = d->b->download(d->b, d->pre_router.logits, d->rl,
+				    (size_t)n * hp->n_expert * sizeof(float));
+	if (rc)
+		return rc;
+	if (L->gate_inp_b)
+		add_bias_h(d->pre_router.logits, L->gate_inp_b->data, n, hp->n_expert);
+	const struct md_routing *pr = md_router_route_bias(&d->pre_router, n,
+							   L->exp_probs_b ? L->exp_probs_b->data : NULL);
+	if (observe)
+		p->pregate_cb(p->pregate_ud, il + 1, pr);
+	if (src->ops->prefetch)
+		md_expert_src_prefetch(src, il + 1, pr->active, pr->n_active);
+	return 0;
+}
+
+/* The CPU pass's predict_exact: the model's own top-k of each token's scores (left in the
+ * router's logits rows by the route), ORed into pred (E). */
+static void predict_exact(struct md_fwd_dev *d, int n, uint8_t *pred)
+{
+	const int E = (int)d->m->hp.n_expert, K = (int)d->m->hp.n_expert_used;
+	uint8_t *taken = d->allow;
+	for (int t = 0; t < n; t++) {
+		const float *s = d->router.logits + (size_t)t * E;
+		memset(taken, 0, (size_t)E);
+		for (int k = 0; k < K; k++) {
+			int best = -1;
+			for (int e = 0; e < E; e++)
+				if (!taken[e] && (best < 0 || s[e] > s[best]))
+					best = e;
+			taken[best] = 1;
+			pred[best] = 1;
+		}
+	}
+}
+
+/* The MoE FFN of layer il on xn; output in tmp. */
+static int moe(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p, struct md_expert_src *src,
+	       int n, uint32_t il, int32_t *tok_err)
+{
+	const struct md_backend_fwd *op = d->op;
+	struct md_backend *B = d->b;
+	const struct md_hparams *hp = &d->m->hp;
+	const struct md_layer *L = &d->m->layers[il];
+	const int N = (int)hp->n_embd, E = (int)hp->n_expert;
+
+	/* 1-2. Route on the host. */
+	struct md_mat wr = dmat(d, L->gate_inp, 0);
+	int rc = op->mm(B, &wr, d->xn, n, d->rl);
+	if (!rc)
+		rc = B->download(B, d->router.logits, d->rl, (size_t)n * E * sizeof(float));
+	if (rc)
+		return rc;
+	if (L->gate_inp_b)
+		add_bias_h(d->router.logits, L->gate_inp_b->data, n, E);
+	const struct md_forward_draft *dp = p->draft;
+	if (dp) {
+		const uint8_t *allow = NULL;
+		if (dp->resident_only && src->ops->resident) {
+			for (int e = 0; e < E; e++)
+				d->allow[e] = md_expert_src_resident(src, il, e);
+			allow = d->allow;
+		}
+		md_router_set_draft(&d->router, (int)dp->n_used, allow);
+	}
+	const struct md_routing *r = md_router_route_bias(&d->router, n,
+							  L->exp_probs_b ? L->exp_probs_b->data : NULL);
+	if (dp && dp->predict)
+		predict_exact(d, n, dp->predict + (size_t)il * E);
+	if (dp)
+		md_router_set_draft(&d->router, 0, NULL);
+	if (p->route_cb && !dp)
+		p->route_cb(p->route_ud, il, r);
+
+	/* 3. The experts. */
+	d->xn_h_valid = false;
+	d->n_x = n;
+	rc = moe_experts(d, p, src, il, r, tok_err);
+	if (rc)
+		return rc;
+
+	/* 4. Combine in the routing's slot order, per token. */
+	const int k = r->n_used;
+	size_t bytes = (size_t)n * k * (sizeof(int32_t) + sizeof(float));
+	int32_t *h = stage(d, bytes);
+	if (!h)
+		rc = -ENOMEM;
+	if (!rc) {
+		int32_t *slot = h;
+		float *w = (float *)(h + (size_t)n * k);
+		for (int t = 0; t < n; t++)
+			d->cmb_n[t] = 0;
+		for (int s = 0; s < r->off[r->n_expert]; s++) {
+			int t = r->tok[s], j = d->cmb_n[t]++;
+			slot[(size_t)t * k + j] = d->ex_pos[s];
+			w[(size_t)t * k + j] = r->tok_w[s];
+		}
+		rc = dgrow(d, &d->drun, &d->drun_cap, bytes);
+		if (!rc)
+			rc = B->upload(B, d->drun, h, bytes);
+		const int32_t *ts = d->drun;
+		if (!rc)
+			rc = op->combine(B, d->tmp, d->ye, ts, (const float *)(ts + (size_t)n * k), n,
+					 k, N);
+	}
+
+	/* The shared expert: with its sigmoid gate (Qwen2-MoE), or ungated (DeepSeek, GLM). */
+	if (!rc && L->gate_shexp) {
+		struct md_mat g = dmat(d, L->gate_shexp, 0), u = dmat(d, L->up_shexp, 0);
+		struct md_mat dn = dmat(d, L->down_shexp, 0);
+		rc = op->mm(B, &g, d->xn, n, d->ge);
+		if (!rc)
+			rc = op->mm(B, &u, d->xn, n, d->ue);
+		if (!rc)
+			rc = op->glu(B, d->ge, d->ue, (size_t)n * g.n_out, hp->ffn_act);
+		if (!rc)
+			rc = op->mm(B, &dn, d->ge, n, d->ye);
+		const float *gate = NULL;
+		if (!rc && L->gate_inp_shexp) {
+			struct md_mat gw = { MD_DT_F32, N, 1, (size_t)N * sizeof(float),
+					     dptr(d, L->gate_inp_shexp) };
+			rc = op->mm(B, &gw, d->xn, n, d->gsh);
+			gate = d->gsh;
+		}
+		if (!rc)
+			rc = op->gate_add(B, d->tmp, d->ye, gate, n, N);
+	}
+	int rr = experts_release(d, src, il, r, r->n_active);
+	return rc ? rc : rr;
+}
+
+static int ffn(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p, struct md_expert_src *src,
+	       int n, uint32_t il, int32_t *tok_err)
+{
+	const struct md_hparams *hp = &d->m->hp;
+	const struct md_layer *L = &d->m->layers[il];
+	const int N = (int)hp->n_embd;
+	int rc = d->op->rmsnorm(d->b, d->xn, d->x, dptr(d, L->ffn_norm), n, N, hp->rms_eps);
+	if (rc)
+		return rc;
+	if (L->gate_inp) {
+		rc = moe(d, p, src, n, il, tok_err);
+	} else {
+		struct md_mat g = dmat(d, L->ffn_gate, 0), u = dmat(d, L->ffn_up, 0);
+		struct md_mat dn = dmat(d, L->ffn_down, 0);
+		rc = d->op->mm(d->b, &g, d->xn, n, d->ge);
+		if (!rc)
+			rc = d->op->mm(d->b, &u, d->xn, n, d->ue);
+		if (!rc)
+			rc = d->op->glu(d->b, d->ge, d->ue, (size_t)n * g.n_out, hp->ffn_act);
+		if (!rc)
+			rc = d->op->mm(d->b, &dn, d->ge, n, d->tmp);
+	}
+	if (!rc)
+		rc = d->op->add(d->b, d->x, d->tmp, (size_t)n * N);
+	if (!rc && hp->n_expert)
+		rc = prefetch_next(d, p, src, il, n);
+	return rc;
+}
+
+int md_fwd_dev_forward(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
+		       struct md_kv_cache *kv, const struct md_batch *b, float *logits)
+{
+	const struct md_model *m = d->m;
+	const struct md_hparams *hp = &m->hp;
+	const int n = b->n_tokens;
+	const int64_t N = hp->n_embd;
+
+	if (kv != d->kv)
+		return -EINVAL;
+	if (n < 1 || n > d->T)
+		return -EINVAL;
+	for (int t = 0; t < n; t++)
+		if (b->tokens[t] < 0 || (uint32_t)b->tokens[t] >= hp->n_vocab)
+			return -EINVAL;
+	int rc = md_kv_batch_begin(kv, n, b->seq, b->pos);
+	if (rc)
+		return rc;
+	if (b->tok_err)
+		memset(b->tok_err, 0, (size_t)n * sizeof(*b->tok_err));
+	struct md_expert_src *src = d->experts_resident || !p->src ? &d->res.base : p->src;
+	if (!d->experts_resident && src == &d->res.base && hp->n_expert)
+		return -EINVAL; /* experts not uploaded and no source to get them from */
+
+	struct step_tab st;
+	rc = step_tables(d, kv, b, &st);
+	if (rc)
+		return rc;
+	for (int t = 0; t < n; t++)
+		md_dequant_row(m->tok_embd->type,
+			       (const uint8_t *)m->tok_embd->data + (size_t)b->tokens[t] * m->tok_embd->nb1,
+			       d->x_h + (size_t)t * N, N);
+	rc = d->b->upload(d->b, d->x, d->x_h, (size_t)n * N * sizeof(float));
+	for (uint32_t il = 0; il < hp->n_layer && !rc; il++) {
+		if (p->draft && p->draft->skip && p->draft->skip[il])
+			continue;
+		rc = attention(d, b, &st, il);
+		if (!rc)
+			rc = ffn(d, p, src, n, il, b->tok_err);
+	}
+	if (rc)
+		return rc;
+
+	/* Every layer's rows are written: commit (engine/forward.c). */
+	for (int t = 0; t < n; t++) {
+		rc = md_kv_commit(kv, b->seq[t], (uint32_t)b->pos[t] + 1);
+		MD_ASSERT(rc == 0);
+	}
+
+	/* Final norm and logits for the wanted rows only. */
+	const int n_out = st.n_out;
+	if (n_out == 0)
+		return 0;
+	if ((size_t)n_out > d->dlogits_rows) {
+		d->b->free(d->b, d->dlogits);
+		d->dlogits = NULL;
+		d->dlogits_rows = 0;
+		rc = d->b->alloc(d->b, (size_t)n_out * hp->n_vocab * sizeof(float),
+				 (void **)&d->dlogits);
+		if (rc)
+			return rc;
+		d->dlogits_rows = (size_t)n_out;
+	}
+	struct md_mat wout = dmat(d, m->output, 0);
+	rc = d->op->rows_gather(d->b, d->xn, d->x, st.out_rows, n_out, (int)N);
+	if (!rc)
+		rc = d->op->rmsnorm(d->b, d->xn, d->xn, dptr(d, m->output_norm), n_out, (int)N,
+				    hp->rms_eps);
+	if (!rc)
+		rc = d->op->mm(d->b, &wout, d->xn, n_out, d->dlogits);
+	if (!rc)
+		rc = d->b->download(d->b, logits, d->dlogits,
+				    (size_t)n_out * hp->n_vocab * sizeof(float));
+	return rc ? rc : n_out;
+}
