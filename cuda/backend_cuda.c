@@ -9,6 +9,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "cuda/cuda_ctx.h"
 #include "cuda/matmul_cuda.h"
 
 /*
@@ -34,25 +35,6 @@
  * pinned copy would add a host memcpy to save little at decode batch sizes). The last may come
  * back with device-resident activations.
  */
-#define FENCE_RING 64
-
-struct cuda_fence {
-	cudaEvent_t ev; /* owned */
-	uint64_t id;    /* the fence recorded last in this slot, 0 for none */
-};
-
-struct cuda_ctx {
-	int dev;              /* the device every call runs on */
-	int n_dev;            /* devices visible at init */
-	cudaStream_t stream[MD_BACKEND_STREAMS]; /* owned; [0] is the compute stream */
-	struct cuda_fence fence[FENCE_RING];     /* owned: the fence ring */
-	uint64_t fence_last;  /* id of the last fence recorded, 0 before the first */
-	float *x_dev;         /* owned: device scratch for matmul inputs, x_cap bytes */
-	size_t x_cap;
-	float *y_dev;         /* owned: device scratch for matmul outputs, y_cap bytes */
-	size_t y_cap;
-};
-
 static struct cuda_ctx cuda_state;
 static struct md_backend cuda_backend;
 static struct md_backend *cuda_ready; /* &cuda_backend once init succeeded */
@@ -60,7 +42,7 @@ static char cuda_why[192] = "cuda backend not initialised";
 static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
 
 /* Maps a CUDA runtime error to the ops table's codes. */
-static int cuda_errno(cudaError_t e)
+int md_cuda__errno(cudaError_t e)
 {
 	switch (e) {
 	case cudaSuccess: return 0;
@@ -91,7 +73,7 @@ static int cuda_device_info(const struct md_backend *b, int dev, struct md_backe
 		return -ENODEV;
 	e = cudaGetDeviceProperties(&prop, dev);
 	if (e != cudaSuccess)
-		return cuda_errno(e);
+		return md_cuda__errno(e);
 	memset(out, 0, sizeof(*out));
 	snprintf(out->name, sizeof(out->name), "%s", prop.name);
 	out->cc_major = prop.major;
@@ -119,7 +101,7 @@ static int cuda_alloc(struct md_backend *b, size_t size, void **dptr)
 	if (e != cudaSuccess) {
 		*dptr = NULL;
 		cudaGetLastError(); /* an allocation failure is not sticky: clear it */
-		return cuda_errno(e);
+		return md_cuda__errno(e);
 	}
 	return 0;
 }
@@ -140,7 +122,7 @@ static int cuda_copy(struct cuda_ctx *c, void *dst, const void *src, size_t size
 	e = cudaMemcpyAsync(dst, src, size, kind, c->stream[0]);
 	if (e == cudaSuccess)
 		e = cudaStreamSynchronize(c->stream[0]);
-	return cuda_errno(e);
+	return md_cuda__errno(e);
 }
 
 static int cuda_upload(struct md_backend *b, void *dst_dev, const void *src_host, size_t size)
@@ -165,7 +147,7 @@ static int cuda_host_alloc(struct md_backend *b, size_t size, void **hptr)
 	if (e != cudaSuccess) {
 		*hptr = NULL;
 		cudaGetLastError(); /* a refused pinning is not sticky */
-		return e == cudaErrorMemoryAllocation ? -ENOMEM : cuda_errno(e);
+		return e == cudaErrorMemoryAllocation ? -ENOMEM : md_cuda__errno(e);
 	}
 	return 0;
 }
@@ -191,7 +173,7 @@ static int cuda_upload_async(struct md_backend *b, void *dst_dev, const void *sr
 		return -EINVAL;
 	if (size == 0)
 		return 0;
-	return cuda_errno(cudaMemcpyAsync(dst_dev, src_host, size, cudaMemcpyHostToDevice,
+	return md_cuda__errno(cudaMemcpyAsync(dst_dev, src_host, size, cudaMemcpyHostToDevice,
 					  c->stream[stream]));
 }
 
@@ -210,11 +192,11 @@ static int cuda_fence_record(struct md_backend *b, int stream, uint64_t *fence)
 	if (f->id != 0) {
 		e = cudaEventSynchronize(f->ev);
 		if (e != cudaSuccess)
-			return cuda_errno(e);
+			return md_cuda__errno(e);
 	}
 	e = cudaEventRecord(f->ev, c->stream[stream]);
 	if (e != cudaSuccess)
-		return cuda_errno(e);
+		return md_cuda__errno(e);
 	f->id = id;
 	c->fence_last = id;
 	*fence = id;
@@ -244,7 +226,7 @@ static int cuda_fence_wait(struct md_backend *b, uint64_t fence)
 	f = fence_slot(b->_ctx, fence, &err);
 	if (f == NULL)
 		return err;
-	return cuda_errno(cudaEventSynchronize(f->ev));
+	return md_cuda__errno(cudaEventSynchronize(f->ev));
 }
 
 static int cuda_fence_done(struct md_backend *b, uint64_t fence)
@@ -259,12 +241,12 @@ static int cuda_fence_done(struct md_backend *b, uint64_t fence)
 	e = cudaEventQuery(f->ev);
 	if (e == cudaErrorNotReady)
 		return 0;
-	return e == cudaSuccess ? 1 : cuda_errno(e);
+	return e == cudaSuccess ? 1 : md_cuda__errno(e);
 }
 
 /* Block size in elements and the alignment (bytes) the kernels need of rows, per type;
  * blck 0 for types the kernels do not handle. */
-static void cuda_type_layout(enum md_dtype t, int64_t *blck, size_t *bytes, size_t *align)
+void md_cuda__type_layout(enum md_dtype t, int64_t *blck, size_t *bytes, size_t *align)
 {
 	*blck = 0;
 	*bytes = 0;
@@ -287,7 +269,7 @@ static bool cuda_supports(const struct md_backend *b, enum md_dtype t)
 	int64_t blck;
 	size_t bytes, align;
 
-	cuda_type_layout(t, &blck, &bytes, &align);
+	md_cuda__type_layout(t, &blck, &bytes, &align);
 	return blck != 0;
 }
 
@@ -310,7 +292,7 @@ static int cuda_reserve(float **buf, size_t *cap, size_t need)
 	if (e != cudaSuccess) {
 		*buf = NULL;
 		cudaGetLastError();
-		return cuda_errno(e);
+		return md_cuda__errno(e);
 	}
 	*cap = n;
 	return 0;
@@ -325,7 +307,7 @@ static int cuda_matmul(struct md_backend *b, const struct md_mat *w, const float
 	int rc;
 	cudaError_t e, s;
 
-	cuda_type_layout(w->type, &blck, &bytes, &align);
+	md_cuda__type_layout(w->type, &blck, &bytes, &align);
 	if (blck == 0 || w->data == NULL || n_tok <= 0 || w->n_in <= 0 || w->n_out <= 0 ||
 	    w->n_in % blck != 0 || w->nb1 < (size_t)(w->n_in / blck) * bytes ||
 	    (uintptr_t)w->data % align != 0 || w->nb1 % align != 0)
@@ -350,7 +332,7 @@ static int cuda_matmul(struct md_backend *b, const struct md_mat *w, const float
 	s = cudaStreamSynchronize(c->stream[0]);
 	if (e == cudaSuccess)
 		e = s;
-	return cuda_errno(e);
+	return md_cuda__errno(e);
 }
 
 static void cuda_fail(const char *what, cudaError_t e)
@@ -424,6 +406,7 @@ static void cuda_init(void)
 		.fence_done = cuda_fence_done,
 		.supports = cuda_supports,
 		.matmul = cuda_matmul,
+		.fwd = &md_cuda__fwd_ops,
 		._ctx = c,
 	};
 	cuda_ready = &cuda_backend;

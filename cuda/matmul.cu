@@ -39,11 +39,13 @@ __device__ __forceinline__ float ld_bf16(const uint8_t *p) /* p 2-byte aligned *
 	return __uint_as_float((uint32_t)(*(const uint16_t *)p) << 16);
 }
 
-/* Activation tile: token t's row starts at x + t * n_in; rows beyond nt are never read. */
+/* Activation tile: token t's row starts at x + rix[t] * n_in (rix[t] = t for a plain matmul,
+ * the gathered input row for expert groups); rows beyond nt are never read. */
 struct act {
 	const float *x;
 	int64_t n_in;
 	int nt;
+	int32_t rix[MM_NT];
 };
 
 /* acc[t] += sum_i w[i] * x_t[idx + i] for i < 4, idx a multiple of 4 (16-byte aligned). */
@@ -53,7 +55,7 @@ __device__ __forceinline__ void fma4(float acc[MM_NT], const act &a, int64_t idx
 #pragma unroll
 	for (int t = 0; t < MM_NT; t++) {
 		if (t < a.nt) {
-			float4 v = *(const float4 *)(a.x + t * a.n_in + idx);
+			float4 v = *(const float4 *)(a.x + (int64_t)a.rix[t] * a.n_in + idx);
 			acc[t] += w0 * v.x + w1 * v.y + w2 * v.z + w3 * v.w;
 		}
 	}
@@ -66,7 +68,7 @@ __device__ __forceinline__ void fma2(float acc[MM_NT], const act &a, int64_t idx
 #pragma unroll
 	for (int t = 0; t < MM_NT; t++) {
 		if (t < a.nt) {
-			float2 v = *(const float2 *)(a.x + t * a.n_in + idx);
+			float2 v = *(const float2 *)(a.x + (int64_t)a.rix[t] * a.n_in + idx);
 			acc[t] += w0 * v.x + w1 * v.y;
 		}
 	}
@@ -77,7 +79,7 @@ __device__ __forceinline__ void fma1(float acc[MM_NT], const act &a, int64_t idx
 #pragma unroll
 	for (int t = 0; t < MM_NT; t++) {
 		if (t < a.nt)
-			acc[t] += w0 * a.x[t * a.n_in + idx];
+			acc[t] += w0 * a.x[(int64_t)a.rix[t] * a.n_in + idx];
 	}
 }
 
@@ -291,8 +293,10 @@ mm_kernel(const uint8_t *__restrict__ w, int64_t n_in, int64_t n_out, size_t nb1
 	a.n_in = n_in;
 	a.nt = min(MM_NT, n_tok - t0);
 #pragma unroll
-	for (int t = 0; t < MM_NT; t++)
+	for (int t = 0; t < MM_NT; t++) {
 		acc[t] = 0.0f;
+		a.rix[t] = t;
+	}
 	row_dot<TYPE>::run(w + r * (int64_t)nb1, a, lane, acc);
 #pragma unroll
 	for (int t = 0; t < MM_NT; t++) {
@@ -303,6 +307,80 @@ mm_kernel(const uint8_t *__restrict__ w, int64_t n_in, int64_t n_out, size_t nb1
 			v += __shfl_xor_sync(0xffffffffu, v, off);
 		if (lane == 0 && t < a.nt)
 			y[(int64_t)(t0 + t) * n_out + r] = v;
+	}
+}
+
+/* The expert-grouped variant (md_backend_fwd.mm_experts): blockIdx.y is the group g, whose
+ * weight is wtab[g] and whose slots are off[g] .. off[g+1]-1; blockIdx.z the tile of MM_NT of
+ * those slots. Slot s reads input row src[s] (s when src is NULL) and writes y[s * n_out + r]. */
+template <int TYPE>
+__global__ void __launch_bounds__(MM_WARPS * 32)
+mmx_kernel(const void *const *__restrict__ wtab, int64_t n_in, int64_t n_out, size_t nb1,
+	   const int32_t *__restrict__ off, const int32_t *__restrict__ src,
+	   const float *__restrict__ x, float *__restrict__ y)
+{
+	const int lane = (int)(threadIdx.x & 31);
+	const int64_t r = (int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
+	const int g = (int)blockIdx.y;
+	const int s0 = off[g] + (int)blockIdx.z * MM_NT, s1 = off[g + 1];
+	float acc[MM_NT];
+
+	if (r >= n_out || s0 >= s1)
+		return;
+	act a;
+	a.x = x;
+	a.n_in = n_in;
+	a.nt = min(MM_NT, s1 - s0);
+#pragma unroll
+	for (int t = 0; t < MM_NT; t++) {
+		acc[t] = 0.0f;
+		a.rix[t] = t < a.nt ? (src != NULL ? src[s0 + t] : s0 + t) : 0;
+	}
+	row_dot<TYPE>::run((const uint8_t *)wtab[g] + r * (int64_t)nb1, a, lane, acc);
+#pragma unroll
+	for (int t = 0; t < MM_NT; t++) {
+		float v = acc[t];
+
+#pragma unroll
+		for (int o = 16; o > 0; o >>= 1)
+			v += __shfl_xor_sync(0xffffffffu, v, o);
+		if (lane == 0 && t < a.nt)
+			y[(int64_t)(s0 + t) * n_out + r] = v;
+	}
+}
+
+template <int TYPE>
+static cudaError_t launch_x(const void *const *wtab, int64_t n_in, int64_t n_out, size_t nb1,
+			    int ng, const int32_t *off, const int32_t *src, const float *x,
+			    int max_rows, float *y, cudaStream_t stream)
+{
+	const dim3 grid((unsigned)((n_out + MM_WARPS - 1) / MM_WARPS), (unsigned)ng,
+			(unsigned)((max_rows + MM_NT - 1) / MM_NT));
+
+	mmx_kernel<TYPE><<<grid, MM_WARPS * 32, 0, stream>>>(wtab, n_in, n_out, nb1, off, src, x,
+							     y);
+	return cudaGetLastError();
+}
+
+extern "C" cudaError_t md_cuda__matmul_experts(int type, const void *const *wtab, int64_t n_in,
+					       int64_t n_out, size_t nb1, int ng,
+					       const int32_t *off, const int32_t *src,
+					       const float *x, int max_rows, float *y,
+					       cudaStream_t stream)
+{
+	if (n_out <= 0 || ng <= 0 || max_rows <= 0 || ng > 65535 ||
+	    (n_out + MM_WARPS - 1) / MM_WARPS > 0x7fffffff || (max_rows + MM_NT - 1) / MM_NT > 65535)
+		return cudaErrorInvalidValue;
+	switch (type) {
+	case MD_DT_F32: return launch_x<MD_DT_F32>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
+	case MD_DT_F16: return launch_x<MD_DT_F16>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
+	case MD_DT_BF16: return launch_x<MD_DT_BF16>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
+	case MD_DT_Q8_0: return launch_x<MD_DT_Q8_0>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
+	case MD_DT_Q4_0: return launch_x<MD_DT_Q4_0>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
+	case MD_DT_Q4_K: return launch_x<MD_DT_Q4_K>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
+	case MD_DT_Q5_K: return launch_x<MD_DT_Q5_K>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
+	case MD_DT_Q6_K: return launch_x<MD_DT_Q6_K>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
+	default: return cudaErrorInvalidValue;
 	}
 }
 

@@ -21,6 +21,18 @@ extern "C" {
 cudaError_t md_cuda__matmul(int type, const void *w, int64_t n_in, int64_t n_out, size_t nb1,
 			    const float *x, int n_tok, float *y, cudaStream_t stream);
 
+/*
+ * Launches the expert-grouped products of md_backend_fwd.mm_experts (engine/backend_fwd.h) for
+ * one weight per group: group g < ng reads weight wtab[g] (a device array of device pointers;
+ * all of type, n_in, n_out and nb1 as given) and owns slots off[g] .. off[g+1]-1; slot s reads
+ * input row src[s] of x (row s when src is NULL) and writes y[s * n_out + r]. max_rows bounds
+ * off[g+1] - off[g] (the grid). Same checks and alignment as md_cuda__matmul.
+ */
+cudaError_t md_cuda__matmul_experts(int type, const void *const *wtab, int64_t n_in,
+				    int64_t n_out, size_t nb1, int ng, const int32_t *off,
+				    const int32_t *src, const float *x, int max_rows, float *y,
+				    cudaStream_t stream);
+
 /* cudaSuccess when this binary carries code the current device can run (checked once at
  * backend init, so an old GPU is refused early instead of failing every launch). */
 cudaError_t md_cuda__kernels_loadable(void);

@@ -1,0 +1,142 @@
+/* The CUDA backend's device forward ops (engine/backend_fwd.h): argument checks and launches
+ * on stream 0, nothing waited for except by sync. The kernels are fwd.cu's and matmul.cu's. */
+#include <errno.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/cuda_ctx.h"
+#include "cuda/fwd_cuda.h"
+#include "cuda/matmul_cuda.h"
+
+static cudaStream_t st0(const struct md_backend *b)
+{
+	const struct cuda_ctx *c = b->_ctx;
+
+	return c->stream[MD_BACKEND_STREAM_COMPUTE];
+}
+
+/* Whether weights of type t, n_in and nb1 at data suit the kernels (backend.h's matmul). */
+static bool weights_ok(enum md_dtype t, int64_t n_in, size_t nb1, const void *data)
+{
+	int64_t blck;
+	size_t bytes, align;
+
+	md_cuda__type_layout(t, &blck, &bytes, &align);
+	return blck != 0 && n_in > 0 && n_in % blck == 0 && nb1 >= (size_t)(n_in / blck) * bytes &&
+	       nb1 % align == 0 && (data == NULL || (uintptr_t)data % align == 0);
+}
+
+static int fwd_mm(struct md_backend *b, const struct md_mat *w, const float *x, int n_tok,
+		  float *y)
+{
+	if (n_tok < 1 || w->n_out < 1 || w->data == NULL || !weights_ok(w->type, w->n_in, w->nb1, w->data))
+		return -EINVAL;
+	return md_cuda__errno(md_cuda__matmul((int)w->type, w->data, w->n_in, w->n_out, w->nb1, x,
+					      n_tok, y, st0(b)));
+}
+
+static int fwd_mm_experts(struct md_backend *b, const struct md_dev_experts *e)
+{
+	if (e->nw < 1 || e->nw > 2 || e->ng < 1 || e->n_slots < 1 || e->max_rows < 1 ||
+	    !weights_ok(e->type, e->n_in, e->nb1, NULL))
+		return -EINVAL;
+	for (int i = 0; i < e->nw; i++) {
+		cudaError_t r = md_cuda__matmul_experts((int)e->type, e->w + (size_t)i * e->ng, e->n_in,
+							e->n_out, e->nb1, e->ng, e->off, e->src,
+							e->x, e->max_rows, e->y[i], st0(b));
+		if (r != cudaSuccess)
+			return md_cuda__errno(r);
+	}
+	return 0;
+}
+
+static int fwd_rmsnorm(struct md_backend *b, float *y, const float *x, const float *w, int rows,
+		       int n, float eps)
+{
+	return md_cuda__errno(md_cuda__rmsnorm(y, x, w, rows, n, eps, st0(b)));
+}
+
+static int fwd_add(struct md_backend *b, float *y, const float *x, size_t n)
+{
+	return md_cuda__errno(md_cuda__add(y, x, n, st0(b)));
+}
+
+static int fwd_add_rows(struct md_backend *b, float *y, const float *bias, const int32_t *idx,
+			int rows, int n)
+{
+	return md_cuda__errno(md_cuda__add_rows(y, bias, idx, rows, n, st0(b)));
+}
+
+static int fwd_rope(struct md_backend *b, float *x, int n_tok, int n_head, int head_dim,
+		    int n_rot, bool neox, const float *cs)
+{
+	if (n_rot % 2 || n_rot > head_dim)
+		return -EINVAL;
+	return md_cuda__errno(md_cuda__rope(x, n_tok, n_head, head_dim, n_rot, neox, cs, st0(b)));
+}
+
+static int fwd_rows_store(struct md_backend *b, float *dst, const int32_t *rows, const float *src,
+			  int n, int dim)
+{
+	return md_cuda__errno(md_cuda__rows(dst, src, rows, n, dim, 0, st0(b)));
+}
+
+static int fwd_rows_gather(struct md_backend *b, float *dst, const float *src, const int32_t *rows,
+			   int n, int dim)
+{
+	return md_cuda__errno(md_cuda__rows(dst, src, rows, n, dim, 1, st0(b)));
+}
+
+static int fwd_attention(struct md_backend *b, const struct md_dev_attn *a)
+{
+	return md_cuda__errno(md_cuda__attention(a->out, a->q, a->k, a->v, a->pos, a->tab, a->blocks,
+						 a->sinks, a->n_tok, a->n_head, a->n_head_kv,
+						 a->head_dim, a->swa, a->scale, st0(b)));
+}
+
+static int fwd_glu(struct md_backend *b, float *g, const float *u, size_t n, enum md_ffn_act act)
+{
+	return md_cuda__errno(md_cuda__glu(g, u, n, act == MD_ACT_SWIGLU_OAI, st0(b)));
+}
+
+static int fwd_combine(struct md_backend *b, float *out, const float *ye, const int32_t *slot,
+		       const float *w, int n_tok, int k, int n)
+{
+	return md_cuda__errno(md_cuda__combine(out, ye, slot, w, n_tok, k, n, st0(b)));
+}
+
+static int fwd_gate_add(struct md_backend *b, float *y, const float *x, const float *gate,
+			int n_tok, int n)
+{
+	return md_cuda__errno(md_cuda__gate_add(y, x, gate, n_tok, n, st0(b)));
+}
+
+static int fwd_copy(struct md_backend *b, void *dst, const void *src, size_t size)
+{
+	if (size == 0)
+		return 0;
+	return md_cuda__errno(cudaMemcpyAsync(dst, src, size, cudaMemcpyDeviceToDevice, st0(b)));
+}
+
+static int fwd_sync(struct md_backend *b)
+{
+	return md_cuda__errno(cudaStreamSynchronize(st0(b)));
+}
+
+const struct md_backend_fwd md_cuda__fwd_ops = {
+	.mm = fwd_mm,
+	.mm_experts = fwd_mm_experts,
+	.rmsnorm = fwd_rmsnorm,
+	.add = fwd_add,
+	.add_rows = fwd_add_rows,
+	.rope = fwd_rope,
+	.rows_store = fwd_rows_store,
+	.rows_gather = fwd_rows_gather,
+	.attention = fwd_attention,
+	.glu = fwd_glu,
+	.combine = fwd_combine,
+	.gate_add = fwd_gate_add,
+	.copy = fwd_copy,
+	.sync = fwd_sync,
+};

@@ -1,0 +1,350 @@
+/* CUDA kernels of the device forward pass's ops (engine/backend_fwd.h), other than the
+ * products (matmul.cu). Each mirrors its reference in engine/backend_sim.c; where the
+ * reference fixes a summation order (combine: slots in order) the kernel keeps it. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "cuda/fwd_cuda.h"
+
+#define KV_BLOCK 16 /* MD_KV_BLOCK_TOKENS (engine/kv_cache.h) */
+
+static unsigned blocks_for(size_t n, unsigned per)
+{
+	size_t b = (n + per - 1) / per;
+	return b > 0x7fffffffu ? 0x7fffffffu : (unsigned)b;
+}
+
+/* ---- RMSNorm: one block of 256 threads per row ---- */
+
+__global__ void rmsnorm_kernel(float *y, const float *x, const float *w, int n, float eps)
+{
+	__shared__ float part[8];
+	const float *xr = x + (int64_t)blockIdx.x * n;
+	float *yr = y + (int64_t)blockIdx.x * n;
+	float s = 0.0f;
+
+	for (int i = threadIdx.x; i < n; i += blockDim.x)
+		s += xr[i] * xr[i];
+	for (int o = 16; o > 0; o >>= 1)
+		s += __shfl_xor_sync(0xffffffffu, s, o);
+	if ((threadIdx.x & 31) == 0)
+		part[threadIdx.x >> 5] = s;
+	__syncthreads();
+	if (threadIdx.x < 32) {
+		s = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
+		for (int o = 16; o > 0; o >>= 1)
+			s += __shfl_xor_sync(0xffffffffu, s, o);
+		if (threadIdx.x == 0)
+			part[0] = s;
+	}
+	__syncthreads();
+	const float scale = 1.0f / sqrtf(part[0] / (float)n + eps);
+
+	for (int i = threadIdx.x; i < n; i += blockDim.x)
+		yr[i] = xr[i] * scale * w[i];
+}
+
+extern "C" cudaError_t md_cuda__rmsnorm(float *y, const float *x, const float *w, int rows, int n,
+					float eps, cudaStream_t st)
+{
+	if (rows <= 0)
+		return cudaSuccess;
+	rmsnorm_kernel<<<rows, 256, 0, st>>>(y, x, w, n, eps);
+	return cudaGetLastError();
+}
+
+/* ---- elementwise ---- */
+
+__global__ void add_kernel(float *y, const float *x, size_t n)
+{
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x)
+		y[i] += x[i];
+}
+
+extern "C" cudaError_t md_cuda__add(float *y, const float *x, size_t n, cudaStream_t st)
+{
+	if (n == 0)
+		return cudaSuccess;
+	add_kernel<<<blocks_for(n, 256), 256, 0, st>>>(y, x, n);
+	return cudaGetLastError();
+}
+
+__global__ void add_rows_kernel(float *y, const float *bias, const int32_t *idx, int rows, int n)
+{
+	const size_t total = (size_t)rows * n;
+
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		const int r = (int)(i / n), c = (int)(i % n);
+
+		y[i] += bias[(idx != NULL ? (size_t)idx[r] * n : 0) + c];
+	}
+}
+
+extern "C" cudaError_t md_cuda__add_rows(float *y, const float *bias, const int32_t *idx, int rows,
+					 int n, cudaStream_t st)
+{
+	if (rows <= 0 || n <= 0)
+		return cudaSuccess;
+	add_rows_kernel<<<blocks_for((size_t)rows * n, 256), 256, 0, st>>>(y, bias, idx, rows, n);
+	return cudaGetLastError();
+}
+
+/* One thread per (token, head, pair). */
+__global__ void rope_kernel(float *x, int n_tok, int n_head, int head_dim, int n_rot, int neox,
+			    const float *cs)
+{
+	const int half = n_rot / 2;
+	const size_t total = (size_t)n_tok * n_head * half;
+
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		const int p = (int)(i % half);
+		const size_t th = i / half; /* token * n_head + head */
+		const int t = (int)(th / n_head);
+		const float c = cs[(size_t)t * n_rot + 2 * p], s = cs[(size_t)t * n_rot + 2 * p + 1];
+		float *h = x + th * head_dim;
+		const int a = neox ? p : 2 * p, b = neox ? p + half : 2 * p + 1;
+		const float x0 = h[a], x1 = h[b];
+
+		h[a] = x0 * c - x1 * s;
+		h[b] = x0 * s + x1 * c;
+	}
+}
+
+extern "C" cudaError_t md_cuda__rope(float *x, int n_tok, int n_head, int head_dim, int n_rot,
+				     int neox, const float *cs, cudaStream_t st)
+{
+	const size_t total = (size_t)n_tok * n_head * (n_rot / 2);
+
+	if (total == 0)
+		return cudaSuccess;
+	rope_kernel<<<blocks_for(total, 256), 256, 0, st>>>(x, n_tok, n_head, head_dim, n_rot, neox,
+							    cs);
+	return cudaGetLastError();
+}
+
+/* dst row rows[i] = src row i (store), or dst row i = src row rows[i] (gather). */
+__global__ void rows_kernel(float *dst, const float *src, const int32_t *rows, int n, int dim,
+			    int gather)
+{
+	const size_t total = (size_t)n * dim;
+
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		const int r = (int)(i / dim), c = (int)(i % dim);
+
+		if (gather)
+			dst[i] = src[(size_t)rows[r] * dim + c];
+		else
+			dst[(size_t)rows[r] * dim + c] = src[i];
+	}
+}
+
+extern "C" cudaError_t md_cuda__rows(float *dst, const float *src, const int32_t *rows, int n,
+				     int dim, int gather, cudaStream_t st)
+{
+	if (n <= 0 || dim <= 0)
+		return cudaSuccess;
+	rows_kernel<<<blocks_for((size_t)n * dim, 256), 256, 0, st>>>(dst, src, rows, n, dim, gather);
+	return cudaGetLastError();
+}
+
+/* g = act(g, u): silu(g) u, or gpt-oss's clamped variant (engine/ffn_act.h). */
+__global__ void glu_kernel(float *g, const float *u, size_t n, int oai)
+{
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		const float gv = g[i], uv = u[i];
+
+		if (oai) {
+			const float x = fminf(gv, 7.0f), y = fminf(fmaxf(uv, -7.0f), 7.0f);
+
+			g[i] = x / (1.0f + expf(1.702f * -x)) * (y + 1.0f);
+		} else {
+			g[i] = gv / (1.0f + expf(-gv)) * uv;
+		}
+	}
+}
+
+extern "C" cudaError_t md_cuda__glu(float *g, const float *u, size_t n, int oai, cudaStream_t st)
+{
+	if (n == 0)
+		return cudaSuccess;
+	glu_kernel<<<blocks_for(n, 256), 256, 0, st>>>(g, u, n, oai);
+	return cudaGetLastError();
+}
+
+/* out[t][i] = sum over j < k in order of w[t k + j] ye[slot[t k + j]][i]. */
+__global__ void combine_kernel(float *out, const float *ye, const int32_t *slot, const float *w,
+			       int n_tok, int k, int n)
+{
+	const size_t total = (size_t)n_tok * n;
+
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		const int t = (int)(i / n), c = (int)(i % n);
+		float acc = 0.0f;
+
+		for (int j = 0; j < k; j++) {
+			const int32_t s = slot[t * k + j];
+
+			if (s >= 0)
+				acc += w[t * k + j] * ye[(size_t)s * n + c];
+		}
+		out[i] = acc;
+	}
+}
+
+extern "C" cudaError_t md_cuda__combine(float *out, const float *ye, const int32_t *slot,
+					const float *w, int n_tok, int k, int n, cudaStream_t st)
+{
+	if (n_tok <= 0 || n <= 0)
+		return cudaSuccess;
+	combine_kernel<<<blocks_for((size_t)n_tok * n, 256), 256, 0, st>>>(out, ye, slot, w, n_tok, k,
+									  n);
+	return cudaGetLastError();
+}
+
+__global__ void gate_add_kernel(float *y, const float *x, const float *gate, int n_tok, int n)
+{
+	const size_t total = (size_t)n_tok * n;
+
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		const int t = (int)(i / n);
+		const float g = gate != NULL ? 1.0f / (1.0f + expf(-gate[t])) : 1.0f;
+
+		y[i] += g * x[i];
+	}
+}
+
+extern "C" cudaError_t md_cuda__gate_add(float *y, const float *x, const float *gate, int n_tok,
+					 int n, cudaStream_t st)
+{
+	if (n_tok <= 0 || n <= 0)
+		return cudaSuccess;
+	gate_add_kernel<<<blocks_for((size_t)n_tok * n, 256), 256, 0, st>>>(y, x, gate, n_tok, n);
+	return cudaGetLastError();
+}
+
+/* ---- attention ----
+ *
+ * One block of ATT_WARPS warps per (head, token). Warp w takes positions p0 + w, p0 + w +
+ * ATT_WARPS, ...; lane l holds dims l, l + 32, ... (up to ATT_DMAX / 32 of them) of the query
+ * and of its running output. Each warp keeps an online softmax (running max m, sum l, output
+ * scaled to m); the sink logit, when there is one, starts warp 0 at m = sink, l = 1. At the
+ * end the warps' states are merged through shared memory. Positions are read through the
+ * token's block table, rows of n_head_kv * head_dim floats. */
+#define ATT_WARPS 4
+#define ATT_DMAX 256
+
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+attention_kernel(float *out, const float *q, const float *kc, const float *vc, const int32_t *pos,
+		 const int32_t *tab, const int32_t *blocks, const float *sinks, int n_head,
+		 int n_head_kv, int D, int swa, float scale)
+{
+	__shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
+	__shared__ float sm_acc[ATT_WARPS][ATT_DMAX];
+	const int h = (int)blockIdx.x, t = (int)blockIdx.y;
+	const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);
+	const int kvh = h / (n_head / n_head_kv), KD = n_head_kv * D, nd = (D + 31) / 32;
+	const int P = pos[t], p0 = swa > 0 && P >= swa ? P - swa + 1 : 0;
+	const int32_t *bt = blocks + tab[t];
+	const float *qh = q + ((size_t)t * n_head + h) * D;
+	float qr[ATT_DMAX / 32], acc[ATT_DMAX / 32];
+	float m = -INFINITY, l = 0.0f;
+
+#pragma unroll
+	for (int j = 0; j < ATT_DMAX / 32; j++) {
+		const int d = lane + 32 * j;
+
+		qr[j] = j < nd && d < D ? qh[d] : 0.0f;
+		acc[j] = 0.0f;
+	}
+	if (warp == 0 && sinks != NULL) {
+		m = sinks[h];
+		l = 1.0f;
+	}
+	for (int p = p0 + warp; p <= P; p += ATT_WARPS) {
+		const size_t row = (size_t)bt[p / KV_BLOCK] * KV_BLOCK + (size_t)(p % KV_BLOCK);
+		const float *kr = kc + row * KD + (size_t)kvh * D;
+		const float *vr = vc + row * KD + (size_t)kvh * D;
+		float s = 0.0f;
+
+#pragma unroll
+		for (int j = 0; j < ATT_DMAX / 32; j++) {
+			const int d = lane + 32 * j;
+
+			if (j < nd && d < D)
+				s += qr[j] * kr[d];
+		}
+		for (int o = 16; o > 0; o >>= 1)
+			s += __shfl_xor_sync(0xffffffffu, s, o);
+		s *= scale;
+		const float mn = fmaxf(m, s);
+		const float corr = m == -INFINITY ? 0.0f : expf(m - mn);
+		const float e = expf(s - mn);
+
+		l = l * corr + e;
+#pragma unroll
+		for (int j = 0; j < ATT_DMAX / 32; j++) {
+			const int d = lane + 32 * j;
+
+			if (j < nd && d < D)
+				acc[j] = acc[j] * corr + e * vr[d];
+		}
+		m = mn;
+	}
+	if (lane == 0) {
+		sm_m[warp] = m;
+		sm_l[warp] = l;
+	}
+#pragma unroll
+	for (int j = 0; j < ATT_DMAX / 32; j++) {
+		const int d = lane + 32 * j;
+
+		if (j < nd && d < D)
+			sm_acc[warp][d] = acc[j];
+	}
+	__syncthreads();
+	float M = -INFINITY;
+
+	for (int w = 0; w < ATT_WARPS; w++)
+		M = fmaxf(M, sm_m[w]);
+	float L = 0.0f, f[ATT_WARPS];
+
+	for (int w = 0; w < ATT_WARPS; w++) {
+		f[w] = sm_m[w] == -INFINITY ? 0.0f : expf(sm_m[w] - M);
+		L += sm_l[w] * f[w];
+	}
+	float *oh = out + ((size_t)t * n_head + h) * D;
+
+	for (int d = threadIdx.x; d < D; d += ATT_WARPS * 32) {
+		float o = 0.0f;
+
+		for (int w = 0; w < ATT_WARPS; w++)
+			o += sm_acc[w][d] * f[w];
+		oh[d] = o / L;
+	}
+}
+
+extern "C" cudaError_t md_cuda__attention(float *out, const float *q, const float *k,
+					  const float *v, const int32_t *pos, const int32_t *tab,
+					  const int32_t *blocks, const float *sinks, int n_tok,
+					  int n_head, int n_head_kv, int head_dim, int swa,
+					  float scale, cudaStream_t st)
+{
+	if (head_dim <= 0 || head_dim > ATT_DMAX || n_head_kv <= 0 || n_head % n_head_kv != 0 ||
+	    n_tok > 65535)
+		return cudaErrorInvalidValue;
+	if (n_tok <= 0)
+		return cudaSuccess;
+	const dim3 grid((unsigned)n_head, (unsigned)n_tok);
+
+	attention_kernel<<<grid, ATT_WARPS * 32, 0, st>>>(out, q, k, v, pos, tab, blocks, sinks,
+							  n_head, n_head_kv, head_dim, swa, scale);
+	return cudaGetLastError();
+}

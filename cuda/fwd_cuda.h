@@ -1,0 +1,41 @@
+/* Interface between the CUDA backend's device-forward ops (backend_cuda_fwd.c) and their
+ * kernels (fwd.cu); private to cuda/. Each launcher enqueues on st and returns the launch
+ * status without waiting; pointers are device memory. Semantics: engine/backend_fwd.h. */
+#ifndef MD_CUDA_FWD_CUDA_H
+#define MD_CUDA_FWD_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+cudaError_t md_cuda__rmsnorm(float *y, const float *x, const float *w, int rows, int n, float eps,
+			     cudaStream_t st);
+cudaError_t md_cuda__add(float *y, const float *x, size_t n, cudaStream_t st);
+cudaError_t md_cuda__add_rows(float *y, const float *bias, const int32_t *idx, int rows, int n,
+			      cudaStream_t st);
+cudaError_t md_cuda__rope(float *x, int n_tok, int n_head, int head_dim, int n_rot, int neox,
+			  const float *cs, cudaStream_t st);
+/* gather 0: dst row rows[i] = src row i; 1: dst row i = src row rows[i]. */
+cudaError_t md_cuda__rows(float *dst, const float *src, const int32_t *rows, int n, int dim,
+			  int gather, cudaStream_t st);
+cudaError_t md_cuda__glu(float *g, const float *u, size_t n, int oai, cudaStream_t st);
+cudaError_t md_cuda__combine(float *out, const float *ye, const int32_t *slot, const float *w,
+			     int n_tok, int k, int n, cudaStream_t st);
+cudaError_t md_cuda__gate_add(float *y, const float *x, const float *gate, int n_tok, int n,
+			      cudaStream_t st);
+/* head_dim up to 256; n_tok up to 65535. */
+cudaError_t md_cuda__attention(float *out, const float *q, const float *k, const float *v,
+			       const int32_t *pos, const int32_t *tab, const int32_t *blocks,
+			       const float *sinks, int n_tok, int n_head, int n_head_kv,
+			       int head_dim, int swa, float scale, cudaStream_t st);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
