@@ -50,7 +50,9 @@
 #include "engine/draft_model.h"
 #include "engine/self_draft.h"
 #include "engine/forward.h"
+#include "engine/dev_place.h"
 #include "engine/expert_tiers.h"
+#include "engine/forward_dev.h"
 #include "engine/kv_cache.h"
 #include "engine/model.h"
 #include "engine/route_trace.h"
@@ -113,6 +115,8 @@ struct md_engine {
 	bool text_loaded;
 	struct md_gvocab *gvocab;        /* owned: the vocabulary as grammars see it */
 	struct md_forward_ctx *fw;       /* owned */
+	struct md_dev_place place;       /* owned: where the forward pass runs */
+	struct md_fwd_dev *fdev;         /* owned: the forward pass on the device, NULL: CPU */
 	struct md_expert_tiers tiers;    /* owned: the store and its device, or the mapping */
 	struct md_expert_store *store;   /* borrowed from tiers: NULL on the mmap path */
 	uint64_t kv_mem_bytes;           /* KV budget after the memory plan */
@@ -157,6 +161,11 @@ static char *dup_or_null(const char *s)
 	return s ? strdup(s) : NULL;
 }
 
+int md_engine_check_device(const char *spec, char *err, size_t errlen)
+{
+	return md_dev_place_check(spec, err, errlen);
+}
+
 int md_engine_check_expert_device(const char *spec, char *err, size_t errlen)
 {
 	struct md_expert_device d;
@@ -178,6 +187,7 @@ int md_engine_new(struct md_engine **out, const struct md_engine_config *cfg,
 		? strdup(cfg->trace_routing) : NULL;
 	e->cfg.expert_policy = dup_or_null(cfg->expert_policy);
 	e->cfg.expert_device = dup_or_null(cfg->expert_device);
+	e->cfg.device = dup_or_null(cfg->device);
 	e->cfg.state_dir = dup_or_null(cfg->state_dir);
 	e->cfg.spec_self_skip = dup_or_null(cfg->spec_self_skip);
 	e->kv_mem_bytes = (uint64_t)cfg->kv_mem_mb << 20;
@@ -484,6 +494,72 @@ static uint64_t kv_block_bytes(const struct md_engine *e)
 	return MD_KV_BLOCK_TOKENS * md_kv_token_bytes(e->model.hp.n_layer, kv_rows(e));
 }
 
+/* Where the forward pass runs (engine/dev_place.h): decided before the expert tiers, which
+ * give a device that cannot hold every expert its tier. */
+static int setup_place(struct md_engine *e)
+{
+	const struct md_engine_config *c = &e->cfg;
+	uint64_t bb = kv_block_bytes(e);
+	uint64_t kv_min = (blocks_for(e->n_ctx) + 1) * bb;
+	uint64_t kv = c->kv_blocks ? c->kv_blocks * bb : e->kv_mem_bytes;
+	uint64_t useful = (uint64_t)c->max_seqs * kv_min; /* setup_kv's cap */
+	struct md_dev_place_config pc = {
+		.device = c->device,
+		.kv_bytes = kv < kv_min ? kv_min : kv > useful ? useful : kv,
+		.step_tokens = (int)c->step_tokens,
+		.tier_mb = c->device_expert_mb,
+	};
+	char why[sizeof(e->err) - 64];
+	int rc = md_dev_place_plan(&e->place, &e->model, &pc, why, sizeof(why));
+	if (rc) {
+		snprintf(e->err, sizeof(e->err), "--device %s: %s", c->device ? c->device : "auto",
+			 why);
+		return rc;
+	}
+	return 0; /* the line is logged once the memory plan accepted the model (load) */
+}
+
+/* The forward pass on the device: weights uploaded, the KV pool mirrored (after setup_kv).
+ * A failure here (device memory, say) is fatal only when the device was asked for by name. */
+static int setup_fwd_dev(struct md_engine *e)
+{
+	if (!e->place.b)
+		return 0;
+	char why[600];
+	bool resident = e->place.experts_resident;
+	int rc = md_fwd_dev_new(&e->model, e->place.b, &e->kv, (int)e->cfg.step_tokens, resident,
+				&e->fdev, why, sizeof(why));
+	if (rc && e->place.required) {
+		snprintf(e->err, sizeof(e->err), "cannot start the forward pass on %.200s: %s",
+			 e->place.info.name, why);
+		return rc;
+	}
+	if (rc) {
+		md_log(MD_LOG_WARN, "device: cpu after all: the forward pass could not start on %s: "
+		       "%s", e->place.info.name, why);
+		return 0;
+	}
+	md_forward_set_device(e->fw, e->fdev);
+	struct md_fwd_dev_mem mem;
+	md_fwd_dev_mem(e->fdev, &mem);
+	md_log(MD_LOG_INFO, "device: %s, %.1f MiB of weights, %.1f MiB KV mirror, %.1f MiB of "
+	       "activations; routed experts %s", e->place.info.name, mem.weights / 1048576.0,
+	       mem.kv / 1048576.0, mem.activations / 1048576.0,
+	       resident ? "resident on the device"
+	       : e->store && md_expert_store_src(e->store) ? "through the expert store (device "
+		 "tier, the others computed on the CPU or copied up by cost)"
+	       : "from the mapping, computed on the CPU");
+	pthread_mutex_lock(&e->st_mu);
+	e->stats.dev_forward = true;
+	snprintf(e->stats.dev_name, sizeof(e->stats.dev_name), "%.120s", e->place.info.name);
+	e->stats.dev_mem_total = e->place.info.mem_total;
+	e->stats.dev_mem_weights = mem.weights;
+	e->stats.dev_mem_kv = mem.kv;
+	e->stats.dev_mem_act = mem.activations;
+	pthread_mutex_unlock(&e->st_mu);
+	return 0;
+}
+
 /* Choose the experts' mode and make their tiers (engine/expert_tiers.h); the plan may lower
  * the KV budget. */
 static int setup_experts(struct md_engine *e)
@@ -493,10 +569,12 @@ static int setup_experts(struct md_engine *e)
 	uint64_t bb = kv_block_bytes(e);
 	uint64_t kv_min = (blocks_for(e->n_ctx) + 1) * bb;
 	uint64_t kv = c->kv_blocks ? c->kv_blocks * bb : e->kv_mem_bytes;
+	const bool dev_tier = e->place.b && !e->place.experts_resident && e->place.tier_mb > 0;
 	struct md_expert_tiers_config tc = {
 		.cache_mb = c->expert_cache_mb,
-		.device_mb = c->device_expert_mb,
+		.device_mb = dev_tier ? e->place.tier_mb : c->device_expert_mb,
 		.device = c->expert_device,
+		.dev = dev_tier ? e->place.b : NULL,
 		.policy = c->expert_policy,
 		.prefetch = !c->no_expert_prefetch,
 		.step_tokens = c->step_tokens,
@@ -1299,9 +1377,13 @@ static int load(struct md_engine *e)
 		md_log(MD_LOG_WARN, "context %u exceeds the model's training context %u; output "
 		       "past %u tokens may degrade", e->n_ctx, hp->n_ctx_train, hp->n_ctx_train);
 
+	rc = setup_place(e);
+	if (rc)
+		return rc;
 	rc = setup_experts(e);
 	if (rc)
 		return rc;
+	md_log(MD_LOG_INFO, "%s", e->place.line);
 	if (!e->store)
 		populate_weights(&e->model, c);
 
@@ -1355,6 +1437,9 @@ static int load(struct md_engine *e)
 		return -ENOMEM;
 	}
 	md_forward_set_route_cb(e->fw, on_route, e);
+	rc = setup_fwd_dev(e);
+	if (rc)
+		return rc;
 	rc = setup_trace(e);
 	if (rc)
 		return rc;
@@ -1507,6 +1592,8 @@ void md_engine_free(struct md_engine *e)
 		md_sched_release(&e->sched);
 	if (e->fw)
 		md_forward_free(e->fw);
+	md_fwd_dev_free(e->fdev);
+	e->fdev = NULL;
 	if (md_route_trace_close(e->trace) < 0)
 		md_log(MD_LOG_WARN, "routing trace '%s' is incomplete: a write failed",
 		       e->cfg.trace_routing);
@@ -1518,6 +1605,7 @@ void md_engine_free(struct md_engine *e)
 	md_gvocab_free(e->gvocab);
 	if (e->text_loaded)
 		md_text_release(&e->text);
+	md_dev_place_release(&e->place);
 	if (e->model_loaded)
 		md_model_free(&e->model);
 	free(e->logits);
@@ -1529,6 +1617,7 @@ void md_engine_free(struct md_engine *e)
 	free((char *)e->cfg.trace_routing);
 	free((char *)e->cfg.expert_policy);
 	free((char *)e->cfg.expert_device);
+	free((char *)e->cfg.device);
 	free((char *)e->cfg.state_dir);
 	free((char *)e->cfg.spec_self_skip);
 	pthread_mutex_destroy(&e->sub_mu);

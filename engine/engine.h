@@ -22,6 +22,7 @@
  *   engine/kern/     cpu dispatch, kernels, matmul, thread pool (knows weight types only)
  *   engine/quant, gguf, model     weight types, the file, the architecture binding
  *   engine/kv_cache, router, expert source, forward     one batched forward pass
+ *   engine/forward_dev, dev_place  the same pass on a device (backend_fwd.h ops), where
  *   engine/tokenizer, chat_template, text               the text side of a model
  *   engine/sampler, sched         per-sequence sampling; which tokens run in a step
  *   engine/engine    (this file)  the thread, the queues, loading, the step loop
@@ -73,6 +74,8 @@ struct md_engine_config {
 	const char *expert_device;  /* borrowed (copied), NULL: "auto"; the device tier's device
 				     * (engine/expert_tiers.h: auto, none, cuda, sim[:COPY:COMPUTE]) */
 	bool no_expert_prefetch;    /* no pre-gating prefetch */
+	const char *device;         /* borrowed (copied), NULL: "auto": where the forward pass
+				     * runs (engine/dev_place.h: auto, cpu, cuda, sim[:MIB]) */
 	const char *state_dir;      /* borrowed (copied), NULL: no warm restart state */
 	/* Speculative decoding (engine/spec.h). */
 	enum md_spec_drafter spec;  /* requests' default: MD_SPEC_OFF (also for DEFAULT), NGRAM
@@ -181,6 +184,11 @@ struct md_engine_stats {
 	uint64_t dev_prefetch_issued, dev_prefetch_used, dev_prefetch_wasted_bytes;
 	uint32_t dev_resident;
 	uint64_t dev_mem_bytes;
+	/* the forward pass on a device (engine/dev_place.h; all 0 on the CPU) */
+	bool dev_forward;
+	char dev_name[128];
+	uint64_t dev_mem_total;             /* the device's memory */
+	uint64_t dev_mem_weights, dev_mem_kv, dev_mem_act; /* what the forward pass holds there */
 	uint64_t spec_drafted, spec_accepted; /* drafted tokens verified, and accepted */
 	uint64_t spec_verify_steps;         /* sequence-steps that verified drafts */
 	uint64_t spec_emitted;              /* tokens those sequence-steps emitted */
@@ -193,6 +201,9 @@ struct md_engine_stats {
 };
 
 /* Create an engine (does not start the thread). Returns 0 or -ENOMEM / -EINVAL. */
+/* Whether spec is a valid md_engine_config.device; 0, or -EINVAL with what is accepted in
+ * err. Any thread. */
+int md_engine_check_device(const char *spec, char *err, size_t errlen);
 /* Whether spec names a device for the expert store's device tier (md_engine_config
  * expert_device); 0, or -EINVAL with what is accepted in err. Any thread. */
 int md_engine_check_expert_device(const char *spec, char *err, size_t errlen);

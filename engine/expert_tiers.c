@@ -152,12 +152,14 @@ static struct md_backend *pick_device(struct md_expert_tiers *t,
 {
 	if (c->device_mb <= 0 || d->kind == MD_XDEV_NONE)
 		return NULL;
-	if (c->cache_mb < 0) {
+	if (c->cache_mb < 0 && !c->dev) {
 		md_log(MD_LOG_WARN, "device-expert-mb %lld ignored: the device tier goes through "
 		       "the expert store, which expert-cache-mb -1 turns off",
 		       (long long)c->device_mb);
 		return NULL;
 	}
+	if (c->dev)
+		return c->dev;
 	if (d->kind == MD_XDEV_SIM) {
 		/* capacity: the budget (rounding to slots never asks for more) */
 		struct md_backend *b = md_backend_sim_new((size_t)c->device_mb << 20, 0);

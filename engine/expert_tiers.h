@@ -36,6 +36,8 @@ struct md_expert_tiers_config {
 	double cache_mb;          /* expert-cache-mb: 0 auto, -1 the mapping, > 0 that budget */
 	int64_t device_mb;        /* device-expert-mb: 0 no device tier */
 	const char *device;       /* borrowed, NULL: "auto" (md_expert_device_parse) */
+	struct md_backend *dev;   /* borrowed, NULL: the device `device` names; else the tier's
+				   * device (the forward pass's, engine/dev_place.h) */
 	const char *policy;       /* borrowed, NULL: pred */
 	bool prefetch;
 	uint32_t step_tokens;     /* the largest forward pass */

@@ -262,20 +262,46 @@ static void on_kv_copy(void *ud, int32_t dst, int32_t src)
 	}
 }
 
-/* Why the model cannot run on the device, or NULL. */
-static const char *unsupported(const struct md_model *m, const struct md_kv_cache *kv)
+struct type_ud {
+	const struct md_backend *b;
+	const struct md_tensor *bad;
+};
+
+static void check_type(void *ud, const struct md_tensor *t)
+{
+	struct type_ud *u = ud;
+	if (!u->bad && t->ne[1] > 1 && !u->b->supports(u->b, t->type))
+		u->bad = t;
+}
+
+const char *md_fwd_dev_unsupported(const struct md_model *m, struct md_kv_rows rows,
+				   const struct md_backend *b, char *buf, size_t len)
 {
 	const struct md_hparams *hp = &m->hp;
-	if (hp->kv_lora_rank)
-		return "latent attention (deepseek2) has no device path yet";
-	if (kv->k_bytes != 4 || kv->v_dim != kv->kv_dim)
-		return "the KV cache is not float K and V rows";
-	if (hp->head_dim % 32 || hp->head_dim > 256)
-		return "head_dim must be a multiple of 32 up to 256 on the device";
-	if (hp->n_rot % 2 || hp->n_rot > hp->head_dim)
-		return "rotary dims out of range";
-	if (hp->n_head_kv == 0 || hp->n_head % hp->n_head_kv)
-		return "query heads are not a multiple of KV heads";
+	if (!b->fwd)
+		snprintf(buf, len, "the %s backend has no device forward ops", b->name);
+	else if (hp->kv_lora_rank)
+		snprintf(buf, len, "latent attention (deepseek2) has no device path yet");
+	else if (rows.k_half || rows.v_dim != rows.k_dim)
+		snprintf(buf, len, "the KV cache is not float K and V rows");
+	else if (hp->head_dim > 256)
+		snprintf(buf, len, "head_dim %u is over the device attention's 256", hp->head_dim);
+	else if (hp->n_rot % 2 || hp->n_rot > hp->head_dim)
+		snprintf(buf, len, "rotary dims out of range");
+	else if (hp->n_head_kv == 0 || hp->n_head % hp->n_head_kv)
+		snprintf(buf, len, "query heads are not a multiple of KV heads");
+	else
+		buf[0] = '\0';
+	if (buf[0])
+		return buf;
+	struct type_ud u = { b, NULL };
+	each_tensor(m, true, check_type, &u);
+	if (u.bad) {
+		const struct md_dtype_info *i = md_dtype_info(u.bad->type);
+		snprintf(buf, len, "the %s backend cannot read %s weights (%.*s)", b->name,
+			 i ? i->name : "?", (int)u.bad->name_len, u.bad->name);
+		return buf;
+	}
 	return NULL;
 }
 
@@ -329,15 +355,9 @@ int md_fwd_dev_new(const struct md_model *m, struct md_backend *b, struct md_kv_
 {
 	*out = NULL;
 	const struct md_hparams *hp = &m->hp;
-	if (!b->fwd) {
-		snprintf(err, errlen, "the %s backend has no device forward ops", b->name);
+	struct md_kv_rows rows = { kv->kv_dim, kv->v_dim, kv->k_bytes == 2 };
+	if (md_fwd_dev_unsupported(m, rows, b, err, errlen))
 		return -ENOTSUP;
-	}
-	const char *why = unsupported(m, kv);
-	if (why) {
-		snprintf(err, errlen, "%s", why);
-		return -ENOTSUP;
-	}
 	if (max_tokens < 1)
 		return -EINVAL;
 	struct md_fwd_dev *d = calloc(1, sizeof(*d));

@@ -52,6 +52,11 @@ struct md_fwd_dev_pass {
 	void *pregate_ud;
 };
 
+/* Why m cannot run on b with KV rows of that kind (one phrase into buf, returned), or NULL
+ * when it can. */
+const char *md_fwd_dev_unsupported(const struct md_model *m, struct md_kv_rows rows,
+				   const struct md_backend *b, char *buf, size_t len);
+
 /* Device memory a model would take: its weights (experts included when with_experts) and a
  * KV mirror of kv_bytes, plus the activations of max_tokens tokens. For planning. */
 uint64_t md_fwd_dev_need(const struct md_model *m, bool with_experts, uint64_t kv_bytes,

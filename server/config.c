@@ -70,6 +70,11 @@ static int v_spec(const char *v, char *err, size_t errlen)
 	return -EINVAL;
 }
 
+static int v_dev(const char *v, char *err, size_t errlen)
+{
+	return md_engine_check_device(v, err, errlen);
+}
+
 static int v_xdev(const char *v, char *err, size_t errlen)
 {
 	return md_engine_check_expert_device(v, err, errlen);
@@ -140,6 +145,10 @@ static const struct opt options[] = {
 	{ "engine", "kv-cache-type", 0, OPT_STRING, OFF(kv_cache_type), "auto", 0, 0, v_kv_type,
 	  false, "KV cache element type: auto (float K/V rows; latent attention's compressed rows "
 	  "in half, as llama.cpp's f16 cache) or f32 (float everywhere)" },
+	{ "engine", "device", 0, OPT_STRING, OFF(device), "auto", 0, 0, v_dev, false,
+	  "where the forward pass runs: auto (a CUDA GPU when one is found and the model runs "
+	  "there, else the CPU), cpu, cuda (a GPU is required), or sim[:MIB] (host memory "
+	  "simulating a device, for tests)" },
 	{ "engine", "expert-cache-mb", 0, OPT_DOUBLE, OFF(expert_cache_mb), "0", -1, 1 << 30, NULL,
 	  false, "host RAM for routed experts read from the file (0 = auto: only when the file "
 	  "exceeds 110% of the memory limit; -1 = never, keep the mapping)" },

@@ -40,6 +40,7 @@ struct md_config {
 	int64_t expert_batching;    /* 1 on, 0 off */
 	double expert_cache_mb;     /* 0 auto, -1 never, > 0 MiB */
 	int64_t device_expert_mb;
+	char *device;               /* owned: auto, cpu, cuda, sim[:MIB] */
 	char *expert_device;        /* owned: auto, none, cuda, sim[:COPY_MBPS[:COMPUTE_MBPS]] */
 	char *expert_policy;        /* owned */
 	int64_t expert_prefetch;    /* 0 or 1 */

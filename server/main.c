@@ -291,6 +291,7 @@ int main(int argc, char **argv)
 		.expert_cache_mb = a->cfg.expert_cache_mb,
 		.device_expert_mb = a->cfg.device_expert_mb,
 		.expert_device = a->cfg.expert_device,
+		.device = a->cfg.device,
 		.expert_policy = a->cfg.expert_policy,
 		.no_expert_prefetch = !a->cfg.expert_prefetch,
 		.state_dir = a->cfg.state_dir[0] ? a->cfg.state_dir : NULL,

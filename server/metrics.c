@@ -209,6 +209,42 @@ static void fam_ex_where(struct sbuf *b, const struct md_metrics_src *src, const
 		  U(e->dev_compute_host));
 }
 
+/* ---- the forward pass on a device (md_engine_stats.dev_*): nothing on the CPU ---- */
+
+static void fam_dev_info(struct sbuf *b, const struct md_metrics_src *src, const char *lab)
+{
+	const struct md_engine_stats *e = src->engine;
+	if (!e->dev_forward)
+		return;
+	char safe[sizeof(e->dev_name)];
+	size_t j = 0;
+	for (const char *s = e->dev_name; *s && j < sizeof(safe) - 1; s++)
+		safe[j++] = (*s == '"' || *s == '\\' || *s == '\n') ? '_' : *s;
+	safe[j] = 0;
+	sb_printf(b, "moed:device_info{%s,device=\"%s\"} 1\n", lab, safe);
+}
+
+static void fam_dev_mem(struct sbuf *b, const struct md_metrics_src *src, const char *lab)
+{
+	const struct md_engine_stats *e = src->engine;
+	if (!e->dev_forward)
+		return;
+	sb_printf(b, "moed:device_memory_bytes{%s,part=\"weights\"} %llu\n", lab,
+		  U(e->dev_mem_weights));
+	sb_printf(b, "moed:device_memory_bytes{%s,part=\"kv\"} %llu\n", lab, U(e->dev_mem_kv));
+	sb_printf(b, "moed:device_memory_bytes{%s,part=\"activations\"} %llu\n", lab,
+		  U(e->dev_mem_act));
+	sb_printf(b, "moed:device_memory_bytes{%s,part=\"experts\"} %llu\n", lab,
+		  U(e->experts_device ? e->dev_mem_bytes : 0));
+}
+
+static void fam_dev_total(struct sbuf *b, const struct md_metrics_src *src, const char *lab)
+{
+	const struct md_engine_stats *e = src->engine;
+	if (e->dev_forward)
+		sb_printf(b, "moed:device_memory_total_bytes{%s} %llu\n", lab, U(e->dev_mem_total));
+}
+
 static double ex_store(const struct md_metrics_src *src)
 {
 	return src->engine->experts_store ? 1.0 : 0.0;
@@ -324,6 +360,12 @@ static const struct row registry[] = {
 	COUNTER("moed:expert_prefetch_cancelled_total", "Prefetcher guesses their layer did not "
 		"use, taken off the queue before their read started.", SRC_ENGINE, ENG,
 		experts_prefetch_cancelled, V_U64),
+	FAMILY("moed:device_info", "gauge", "The device the forward pass runs on (absent on the "
+	       "CPU).", fam_dev_info),
+	FAMILY("moed:device_memory_bytes", "gauge", "Device memory the forward pass holds, by "
+	       "part: weights (dense, and the experts when resident), the KV cache's rows, "
+	       "activations, the expert store's device tier.", fam_dev_mem),
+	FAMILY("moed:device_memory_total_bytes", "gauge", "The device's memory.", fam_dev_total),
 	FAMILY("moed:expert_device_misses_computed_total", "counter", "Device misses by where "
 	       "the cost model ran them: copied up and on the device, or on the CPU from host "
 	       "RAM.", fam_ex_where),

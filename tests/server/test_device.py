@@ -1,0 +1,183 @@
+"""The forward pass on a device through the server (--device), on the simulated device so that
+it runs without a GPU: greedy completions (streamed and not, four at once, with n-gram and
+self speculation) identical to --device cpu on the default model and on generated models of
+other architectures; the start-up line and the device series of /metrics; a device too small
+for every expert serves through the expert store's device tier with the same completions; a
+device too small for the dense weights, a model the device cannot run (deepseek2) and --device
+cuda without a GPU fail at start with the reason when the device was asked for by name, and
+fall back to the CPU with the reason logged under auto.
+
+usage: test_device.py MOED DEFAULT_MODEL MOED_GGUF"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+
+from harness import Server, call, check, curl, finish, sse_events
+
+moed, default_model, moed_gguf = sys.argv[1:4]
+PROMPTS = ["And the LORD said unto Moses,", "The history of the city",
+           "1, 2, 3, 4, 5, 6, 7, 8,"]
+BASE = ["--max-seqs", "4", "--kv-memory-mb", "64"]
+
+
+def complete(srv, prompt, extra=None):
+    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    body.update(extra or {})
+    st, _, doc = call(srv, "POST", "/v1/completions", body)
+    check(st == 200, "completion 200", st, doc)
+    return doc["choices"][0]["text"] if st == 200 else None
+
+
+def streamed(srv, prompt):
+    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    st, _, raw = curl(srv, "POST", "/v1/completions", body)
+    check(st == 200, "stream 200", st)
+    text = ""
+    for ev in sse_events(raw)[0]:
+        if ev != "[DONE]":
+            text += json.loads(ev)["choices"][0].get("text", "")
+    return text
+
+
+def together(srv):
+    out = [None] * len(PROMPTS)
+
+    def one(i):
+        out[i] = complete(srv, PROMPTS[i])
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return out
+
+
+def metrics(srv):
+    _, _, body = curl(srv, "GET", "/metrics")
+    vals = {}
+    for line in body.decode().splitlines():
+        m = re.match(r'^(moed:device_[a-z_]+)\{[^}]*?(?:part|device)="([^"]*)"[^}]*\} (\S+)$', line)
+        if m:
+            vals[(m.group(1), m.group(2))] = float(m.group(3))
+        m = re.match(r'^(moed:device_memory_total_bytes)\{[^}]*\} (\S+)$', line)
+        if m:
+            vals[m.group(1)] = float(m.group(2))
+    return vals
+
+
+def serve(model, args, spec=False):
+    """Completions one by one, streamed, four at once, and (spec) with two drafters."""
+    srv = Server(moed, model, BASE + args)
+    try:
+        r = {"one": [complete(srv, p) for p in PROMPTS],
+             "stream": [streamed(srv, p) for p in PROMPTS[:2]],
+             "together": together(srv)}
+        if spec:
+            for d in ("ngram", "self"):
+                r[d] = [complete(srv, p, {"speculative": {"drafter": d, "max_k": 4}})
+                        for p in PROMPTS[:2]]
+        r["metrics"] = metrics(srv)
+    finally:
+        srv.stop()
+    r["log"] = srv.logtext()
+    return r
+
+
+def same(label, ref, got):
+    for k in ("one", "stream", "together", "ngram", "self"):
+        if k in ref:
+            check(got.get(k) == ref[k], "%s: %s completions equal the CPU's" % (label, k),
+                  got.get(k), ref[k])
+
+
+def start_fails(model, args, want):
+    p = subprocess.run([moed, "-m", model, "--port", "0"] + BASE + args, capture_output=True,
+                       text=True, timeout=120)
+    check(p.returncode != 0 and want in p.stderr, "%s: start fails naming '%s'" % (args, want),
+          p.returncode, p.stderr[-600:])
+
+
+def on_the_cpu_log(model, args, want):
+    srv = Server(moed, model, BASE + args)
+    try:
+        complete(srv, PROMPTS[0])
+    finally:
+        srv.stop()
+    log = srv.logtext()
+    check(re.search(r"device: cpu \(.*" + re.escape(want), log),
+          "%s: served on the CPU, the log says why (%s)" % (args, want), log[-900:])
+    return log
+
+
+# The default model: every weight resident on the simulated device.
+ref = serve(default_model, ["--device", "cpu"], spec=True)
+check("device: cpu (--device cpu)" in ref["log"], "cpu named in the log", ref["log"][-600:])
+check(not ref["metrics"], "no device series on the CPU", ref["metrics"])
+got = serve(default_model, ["--device", "sim"], spec=True)
+same("default model, sim", ref, got)
+check(re.search(r"device: sim simulated device .*every weight resident", got["log"]),
+      "start-up line: the device and the placement", got["log"][-900:])
+m = got["metrics"]
+check(m.get(("moed:device_info", "simulated device (host memory)")) == 1, "device_info", m)
+check(m.get(("moed:device_memory_bytes", "weights"), 0) > 0 and
+      m.get(("moed:device_memory_bytes", "kv"), 0) > 0 and
+      m.get(("moed:device_memory_bytes", "activations"), 0) > 0 and
+      m.get("moed:device_memory_total_bytes", 0) > 0, "device memory by part", m)
+
+# A device that holds the dense weights but not every expert: the store's device tier.
+need = re.search(r"every weight resident \((\d+) MiB with KV and activations, (\d+) MiB of it "
+                 r"the routed experts", got["log"])
+check(need, "start-up line: what the model needs", got["log"][-900:])
+size = int(need.group(1)) - int(need.group(2)) * 0.5 if need else 1
+small = serve(default_model, ["--device", "sim:%.2f" % size], spec=True)
+same("default model, device tier", ref, small)
+check(re.search(r"routed experts through the expert store with a \d+ MiB device tier",
+                small["log"]), "start-up line: experts through the store's device tier",
+      small["log"][-1200:])
+check(small["metrics"].get(("moed:device_memory_bytes", "experts"), 0) > 0,
+      "the tier's memory reported", small["metrics"])
+
+# Too small for the dense weights: refused when asked for, the CPU under auto is not
+# reachable with sim (named), so only the refusal.
+start_fails(default_model, ["--device", "sim:1"], "dense weights")
+# --device cuda: a GPU is required. Without one, start-up fails with the reason and auto
+# serves on the CPU, saying why.
+auto = Server(moed, default_model, BASE + ["--device", "auto"])
+try:
+    complete(auto, PROMPTS[0])
+finally:
+    auto.stop()
+if re.search(r"device: cpu \((no CUDA device|.*built without cuda)", auto.logtext()):
+    start_fails(default_model, ["--device", "cuda"], "no CUDA device")
+else:
+    print("a CUDA device is present: --device cuda not checked for refusal here")
+
+d = tempfile.mkdtemp(prefix="moed-dev-")
+try:
+    # Other architectures and weight types.
+    for name, args in (
+            ("gpt-oss q8_0", ["--arch", "gpt-oss", "--type", "q8_0", "--head-dim", "32",
+                              "--sliding-window", "8"]),
+            ("qwen2moe q4_0", ["--arch", "qwen2moe", "--type", "q4_0", "--head-dim", "32"]),
+            ("mixtral q4_k", ["--arch", "mixtral", "--type", "q4_k", "--n-embd", "256",
+                              "--n-ff-exp", "256", "--n-head", "8", "--head-dim", "32"])):
+        path = os.path.join(d, name.replace(" ", "-") + ".gguf")
+        subprocess.run([moed_gguf, "gen", "--seed", "3", "--n-layer", "3", "--n-expert", "8"] +
+                       args + [path], check=True, stdout=subprocess.DEVNULL)
+        r = serve(path, ["--device", "cpu"])
+        same(name + ", sim", r, serve(path, ["--device", "sim"]))
+    # deepseek2: no device path yet.
+    ds = os.path.join(d, "ds.gguf")
+    subprocess.run([moed_gguf, "gen", "--arch", "deepseek2", "--n-layer", "2", ds], check=True,
+                   stdout=subprocess.DEVNULL)
+    start_fails(ds, ["--device", "sim"], "latent attention")
+finally:
+    shutil.rmtree(d)
+finish()
