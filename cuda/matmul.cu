@@ -298,14 +298,18 @@ mm_kernel(const uint8_t *__restrict__ w, int64_t n_in, int64_t n_out, size_t nb1
 		a.rix[t] = t;
 	}
 	row_dot<TYPE>::run(w + r * (int64_t)nb1, a, lane, acc);
+	/* Reduce only the tile's tokens: a.nt is the same for the whole warp, so the shuffles
+	 * stay warp-uniform (a decode tile has one token: 5 shuffles, not 40). */
 #pragma unroll
 	for (int t = 0; t < MM_NT; t++) {
+		if (t >= a.nt)
+			break;
 		float v = acc[t];
 
 #pragma unroll
 		for (int off = 16; off > 0; off >>= 1)
 			v += __shfl_xor_sync(0xffffffffu, v, off);
-		if (lane == 0 && t < a.nt)
+		if (lane == 0)
 			y[(int64_t)(t0 + t) * n_out + r] = v;
 	}
 }
@@ -339,12 +343,14 @@ mmx_kernel(const void *const *__restrict__ wtab, int64_t n_in, int64_t n_out, si
 	row_dot<TYPE>::run((const uint8_t *)wtab[g] + r * (int64_t)nb1, a, lane, acc);
 #pragma unroll
 	for (int t = 0; t < MM_NT; t++) {
+		if (t >= a.nt) /* warp-uniform, as in mm_kernel */
+			break;
 		float v = acc[t];
 
 #pragma unroll
 		for (int o = 16; o > 0; o >>= 1)
 			v += __shfl_xor_sync(0xffffffffu, v, o);
-		if (lane == 0 && t < a.nt)
+		if (lane == 0)
 			y[(int64_t)(s0 + t) * n_out + r] = v;
 	}
 }

@@ -39,7 +39,7 @@ fi
 echo "ci-cuda: built in $(( $(date +%s) - start )) s"
 
 # Exit status 77 is meson's SKIP: expected here, without a GPU; meson test returns 0 for it.
-meson test -C "$bdir" --no-rebuild --print-errorlogs cuda
+meson test -C "$bdir" --no-rebuild --print-errorlogs cuda gpu
 rc=$?
 echo "ci-cuda: cuda test exit status $rc (0: passed or skipped), $(( $(date +%s) - start )) s in all"
 exit $rc
