@@ -16,9 +16,12 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "engine/backend_sim.h"
+#include "engine/expert_cost.h"
 #include "engine/experts.h"
 #include "engine/kern/cpu.h"
 #include "engine/forward.h"
+#include "engine/forward_dev.h"
 #include "engine/kv_cache.h"
 #include "engine/model.h"
 #include "engine/route_trace.h"
@@ -54,6 +57,12 @@ static void usage(void)
 		"      alternating; -n steps per size and round, -r rounds\n"
 		"  -i  N: with -v, N untimed one-token steps before each timed step (a verification\n"
 		"      step in serving follows plain decode steps; default 0: back to back)\n"
+		"  -D  cuda|sim: the forward pass on that device (engine/forward_dev.h), every weight\n"
+		"      resident; prints the device's measured copy bandwidth and each tg rate against\n"
+		"      the bound it sets (bytes read per token / bandwidth)\n"
+		"  -X  MiB: with -D, the routed experts through the expert store (host RAM holds them\n"
+		"      all) with a device tier of MiB; the cost model picks CPU or copy for misses\n"
+		"  -O  1: with -X, on-demand copying: every miss copied up and run on the device\n"
 		"  env MOED_KERNELS=ref|scalar|avx2|avx512 selects the kernels\n");
 }
 
@@ -261,11 +270,130 @@ static double run_tg(struct bench *b, int n, int n_seq)
 	return rc < 0 ? -1 : t;
 }
 
+/* -D: the forward pass on a device. */
+struct dev_run {
+	struct md_backend *b;     /* CUDA's (the process's) or a simulated one (owned) */
+	bool owned;
+	struct md_fwd_dev *fd;
+	struct md_expert_store *store; /* -X */
+	double bound;             /* the HBM bound of one stream, tok/s (0: unknown) */
+};
+
+/* Weight bytes one decode token reads: every weight but the token embedding (one row) and the
+ * routed experts (k of E per MoE layer). */
+static uint64_t bytes_per_token(const struct md_model *m)
+{
+	uint64_t sum = 0;
+	for (size_t i = 0; i < m->n_tensors; i++) {
+		const struct md_tensor *t = &m->tensors[i];
+		if (t == m->tok_embd && t != m->output)
+			continue;
+		uint64_t bytes = (uint64_t)t->ne[1] * t->nb1 * (uint64_t)(t->ne[2] > 1 ? t->ne[2] : 1);
+		if (t->ne[2] > 1 && m->hp.n_expert)
+			bytes = bytes / (uint64_t)t->ne[2] * m->hp.n_expert_used;
+		sum += bytes;
+	}
+	return sum;
+}
+
+/* The device's streaming bandwidth: device-to-device copies of 512 MiB, best of 5 (a copy
+ * reads and writes each byte). 0 when it cannot be measured. */
+static double dev_bandwidth(struct md_backend *d)
+{
+	const size_t n = (size_t)512 << 20;
+	void *a = NULL, *c = NULL;
+	double best = 0;
+	if (d->alloc(d, n, &a) || d->alloc(d, n, &c)) {
+		d->free(d, a);
+		return 0;
+	}
+	for (int r = 0; r < 6; r++) {
+		double t0 = now_s();
+		if (d->fwd->copy(d, c, a, n) || d->fwd->sync(d))
+			break;
+		double bw = 2.0 * (double)n / (now_s() - t0);
+		if (r > 0 && bw > best)
+			best = bw;
+	}
+	d->free(d, a);
+	d->free(d, c);
+	return best;
+}
+
+static int dev_setup(struct dev_run *dr, struct bench *b, const struct md_model *m,
+		     const char *name, double tier_mb, int on_demand, int max_tok)
+{
+	char err[512];
+	if (strcmp(name, "cuda") == 0) {
+		dr->b = md_backend_cuda();
+		if (!dr->b) {
+			fprintf(stderr, "moed-bench: no CUDA device: %s\n", md_backend_cuda_error());
+			return -1;
+		}
+	} else if (strcmp(name, "sim") == 0) {
+		dr->b = md_backend_sim_new((size_t)64 << 30, 0);
+		dr->owned = true;
+	} else {
+		fprintf(stderr, "moed-bench: -D cuda or sim\n");
+		return -1;
+	}
+	struct md_backend_device info;
+	if (dr->b->device_info(dr->b, 0, &info))
+		snprintf(info.name, sizeof(info.name), "%s", dr->b->name);
+	if (tier_mb > 0) {
+		static struct md_xcost fixed; /* on-demand copying: the CPU "costs" forever */
+		md_xcost_init(&fixed, 1.0, 0, 0);
+		struct md_expert_store_config sc = {
+			.host_bytes = md_expert_store_expert_bytes(m) + (size_t)64 * md_expert_store_slot_bytes(m),
+			.max_tokens = max_tok, .dev = dr->b, .dev_bytes = (size_t)(tier_mb * 1048576.0),
+			.rates = on_demand ? &fixed : NULL,
+		};
+		if (md_expert_store_new(&dr->store, m, &sc, err, sizeof(err))) {
+			fprintf(stderr, "moed-bench: %s\n", err);
+			return -1;
+		}
+		md_forward_set_expert_src(b->fw, md_expert_store_src(dr->store));
+	}
+	if (md_fwd_dev_new(m, dr->b, &b->kv, max_tok, tier_mb <= 0, &dr->fd, err, sizeof(err))) {
+		fprintf(stderr, "moed-bench: the forward pass on %s: %s\n", info.name, err);
+		return -1;
+	}
+	md_forward_set_device(b->fw, dr->fd);
+	uint64_t bpt = bytes_per_token(m);
+	double bw = dr->owned ? 0 : dev_bandwidth(dr->b);
+	dr->bound = bw > 0 ? bw / (double)bpt : 0;
+	printf("device: %s, %.0f MiB; %.1f MB read per token; device copy bandwidth %.0f GB/s; "
+	       "bound %.1f tok/s%s\n\n", info.name, info.mem_total / 1048576.0, bpt / 1e6, bw / 1e9,
+	       dr->bound, tier_mb > 0 ? (on_demand ? "; experts: device tier, misses copied "
+					 "up on demand" : "; experts: device tier, misses by the cost model")
+					 : "; every weight resident");
+	return 0;
+}
+
+static void dev_release(struct dev_run *dr)
+{
+	if (dr->store) {
+		struct md_expert_store_stats es;
+		md_expert_store_get_stats(dr->store, &es);
+		printf("\ndevice tier: %u experts, %llu hits, %llu misses (%llu on the device, %llu on "
+		       "the CPU), %.1f MiB copied up, stall %.2f s\n", es.dev_slots,
+		       (unsigned long long)es.dev_hits, (unsigned long long)es.dev_misses,
+		       (unsigned long long)es.dev_compute_dev, (unsigned long long)es.dev_compute_host,
+		       es.dev_bytes_uploaded / 1048576.0, es.dev_stall_ns / 1e9);
+	}
+	md_fwd_dev_free(dr->fd);
+	md_expert_store_free(dr->store);
+	if (dr->owned)
+		md_backend_sim_free(dr->b);
+}
+
 int main(int argc, char **argv)
 {
 	const char *path = NULL, *trace_path = NULL;
 	int n_threads = 2, n_prompt = 128, n_gen = 64, reps = 5, n_seq = 1;
-	double cache_mb = 0;
+	double cache_mb = 0, tier_mb = 0;
+	const char *dev_name = NULL;
+	int on_demand = 0;
 	int vks[64], nvk = 0, n_iso = 0;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
@@ -292,6 +420,12 @@ int main(int argc, char **argv)
 			cache_mb = atof(v);
 		else if (strcmp(a, "-i") == 0)
 			n_iso = atoi(v);
+		else if (strcmp(a, "-D") == 0)
+			dev_name = v;
+		else if (strcmp(a, "-X") == 0)
+			tier_mb = atof(v);
+		else if (strcmp(a, "-O") == 0)
+			on_demand = atoi(v);
 		else if (strcmp(a, "-v") == 0) {
 			for (char *p = (char *)v; *p && nvk < 64;) {
 				vks[nvk++] = (int)strtol(p, &p, 10);
@@ -368,6 +502,10 @@ int main(int argc, char **argv)
 		md_forward_set_expert_src(b.fw, md_expert_store_src(store));
 	}
 
+	struct dev_run dr = { 0 };
+	if (dev_name && dev_setup(&dr, &b, &model, dev_name, tier_mb, on_demand, max_tok))
+		return 1;
+
 	struct stat st;
 	double gib = stat(path, &st) == 0 ? (double)st.st_size / (1024.0 * 1024 * 1024) : 0;
 	const char *name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
@@ -417,8 +555,11 @@ int main(int argc, char **argv)
 			snprintf(tname, sizeof(tname), "tg%d x%d", n, n_seq);
 		else
 			snprintf(tname, sizeof(tname), "tg%d", n);
-		printf("| %s | %s | %.2f GiB | %d | %s | %s | %.2f | %.2f..%.2f |\n", name, wt, gib, n_threads,
-		       k ? k->name : "ref", tname, med, rate[0], rate[reps - 1]);
+		printf("| %s | %s | %.2f GiB | %d | %s | %s | %.2f | %.2f..%.2f |", name, wt, gib, n_threads,
+		       dr.b ? dr.b->name : k ? k->name : "ref", tname, med, rate[0], rate[reps - 1]);
+		if (dr.bound > 0 && test == 1 && n_seq == 1)
+			printf(" %.0f%% of the bound", 100.0 * med / dr.bound);
+		printf("\n");
 		fflush(stdout);
 	}
 	free(rate);
@@ -438,6 +579,7 @@ int main(int argc, char **argv)
 	free(b.seq);
 	free(b.pos);
 	md_forward_free(b.fw);
+	dev_release(&dr);
 	if (md_route_trace_close(b.trace) < 0) {
 		fprintf(stderr, "moed-bench: writing '%s' failed\n", trace_path);
 		return 1;

@@ -1,0 +1,114 @@
+#!/bin/bash
+# Everything GPU in one command, for a machine with an NVIDIA GPU (issue: GPU serving): builds
+# moed with CUDA, runs the GPU tests (every device op against its reference, forward-pass
+# parity with the CPU on every generated architecture and weight type, the device tier at 10%
+# to 100% of the expert bytes, out-of-memory at start-up), greedy parity of whole generations
+# through the server (--device cuda against --device cpu), start-up refusal when the model
+# cannot fit, and the benchmarks (decode tok/s at batch 1 against the HBM bound, aggregate
+# tok/s at 1 to 64 streams, experts at twice the device budget against on-demand copying, and
+# llama.cpp's CUDA build on the same files when MOED_LLAMA_CPP names its bin directory).
+# Each step has a time limit; the whole is meant to finish in under 8 minutes.
+#
+# usage: tests/gpu/run.sh [OUT_DIR]   (default: $OUT when set, else build-gpu/out)
+# Output: OUT_DIR/gpu.log (everything), OUT_DIR/summary.md (the tables). Exit 0 when every
+# test passed, 77 without a GPU, 1 otherwise.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${1:-${OUT:-build-gpu/out}}
+mkdir -p "$out"
+log="$out/gpu.log"
+sum="$out/summary.md"
+: > "$log"
+: > "$sum"
+start=$(date +%s)
+export PATH="${CUDA_HOME:-/usr/local/cuda}/bin:$PATH"
+say() { echo "$@" | tee -a "$log"; }
+step() { # step NAME SECONDS CMD...: run with a limit, output to the log, status returned
+	local name=$1 secs=$2
+	shift 2
+	say "== $name ($(( $(date +%s) - start )) s in)"
+	timeout "$secs" "$@" >> "$log" 2>&1
+	local rc=$?
+	say "== $name: exit $rc"
+	return $rc
+}
+fail=0
+
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version \
+	--format=csv,noheader | tee -a "$log" "$sum"
+if [ ! -f build-gpu/build.ninja ]; then
+	step "configure" 120 meson setup build-gpu -Dcuda=enabled --buildtype=release || exit 1
+fi
+step "build" 300 ninja -C build-gpu -j"$(nproc)" || { tail -40 "$log"; exit 1; }
+
+step "gpu tests" 240 build-gpu/tests/gpu/test_gpu build-gpu/tools/moed-gguf
+rc=$?
+if [ $rc -eq 77 ]; then
+	say "no usable GPU: $(grep 'gpu: skipped' "$log" | tail -1)"
+	exit 77
+fi
+[ $rc -ne 0 ] && fail=1
+{ echo; echo "## Forward-pass parity with the CPU (tests/gpu/test_gpu.c)"; echo
+  grep -E '^\|' "$log" | grep -v 'server\|t/s'; echo; grep '^gpu: ' "$log"; } >> "$sum"
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+step "server parity" 240 python3 tests/gpu/parity.py build-gpu/server/moed build-gpu/tools/moed-gguf \
+	models/moed-default-moe.gguf "$work" || fail=1
+{ echo; echo "## Greedy generations through the server, --device cuda against cpu"; echo
+  sed -n '/^| model | prompts equal/,/^[^|]/p' "$log" | grep '^|'; } >> "$sum"
+
+# A model that cannot fit: --device cuda refuses at start-up with the reason, exit non-zero.
+say "== refusal"
+timeout 60 build-gpu/server/moed -m models/moed-default-moe.gguf --port 0 --device cuda \
+	--ctx-size 131072 --max-seqs 4096 --kv-memory-mb 100000000 > "$work/refuse.log" 2>&1
+rc=$?
+cat "$work/refuse.log" >> "$log"
+if [ $rc -ne 0 ] && grep -q "need" "$work/refuse.log"; then
+	say "refusal: ok (exit $rc): $(grep -o -- '--device cuda:.*' "$work/refuse.log" | head -1)"
+else
+	say "refusal: FAILED (exit $rc)"
+	fail=1
+fi
+
+# Benchmarks: the default model inflated to ~4 GB (bench/make_models.sh) and a random-weight
+# 64-expert model, resident; experts at twice the device budget.
+bench="$work/models"
+step "bench models" 200 sh bench/make_models.sh -B build-gpu -o "$bench" build default-4g
+B=build-gpu/bench/moed-bench
+step "random model" 120 build-gpu/tools/moed-gguf gen --arch qwen3moe --type q8_0 --seed 1 \
+	--n-layer 8 --n-embd 1024 --n-head 16 --n-head-kv 4 --head-dim 64 --n-expert 64 \
+	--n-expert-used 8 --n-ff-exp 768 --n-vocab 32000 "$bench/random-1g.gguf"
+{ echo; echo "## Decode on the device (moed-bench -D cuda)"; echo; } >> "$sum"
+for f in "$bench/default-4g.gguf" "$bench/random-1g.gguf"; do
+	[ -f "$f" ] || continue
+	step "bench $(basename "$f") batch 1" 90 $B -m "$f" -D cuda -p 512 -n 128 -r 5
+	for s in 4 16 64; do
+		step "bench $(basename "$f") x$s" 90 $B -m "$f" -D cuda -p 0 -n 64 -r 3 -b $s
+	done
+	step "bench $(basename "$f") CPU" 90 $B -m "$f" -t "$(nproc)" -p 0 -n 32 -r 3
+done
+# Experts at twice the device tier: the cost model against copying every miss up.
+f="$bench/random-1g.gguf"
+if [ -f "$f" ]; then
+	half=$(( $(stat -c %s "$f") / 2 / 1048576 / 2 ))
+	for od in 0 1; do
+		step "bench tier half, on-demand $od" 120 $B -m "$f" -D cuda -X $half -O $od -p 0 -n 64 -r 3
+		step "bench tier half x16, on-demand $od" 120 $B -m "$f" -D cuda -X $half -O $od -p 0 -n 32 -r 3 -b 16
+	done
+fi
+grep -E '^(device:|\| |device tier:)' "$log" | grep -v 'prompts equal\|^| model | experts | rows' >> "$sum"
+
+if [ -n "${MOED_LLAMA_CPP:-}" ] && [ -x "$MOED_LLAMA_CPP/llama-bench" ]; then
+	{ echo; echo "## llama.cpp (CUDA) on the same files"; echo; } >> "$sum"
+	for f in "$bench/default-4g.gguf" "$bench/random-1g.gguf"; do
+		[ -f "$f" ] || continue
+		step "llama-bench $(basename "$f")" 120 "$MOED_LLAMA_CPP/llama-bench" -m "$f" -ngl 99 \
+			-p 512 -n 128 -r 5
+	done
+	grep -E '^\| .*(pp|tg)[0-9]' "$log" | grep -v moed >> "$sum"
+fi
+
+say "== done in $(( $(date +%s) - start )) s, $([ $fail -eq 0 ] && echo 'all passed' || echo 'FAILURES')"
+cat "$sum"
+exit $fail

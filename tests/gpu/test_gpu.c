@@ -1,0 +1,508 @@
+/* GPU tests of the device forward pass (tests/gpu/run.sh runs them on a machine with a GPU;
+ * without one they exit 77, skipped; every build compiles them).
+ *
+ *   ops:     every op of md_backend_fwd (engine/backend_fwd.h) on CUDA against the simulated
+ *            device's reference of the same op on the same inputs, every weight type for the
+ *            products;
+ *   parity:  the forward-pass scenario of tests/unit/fwd_scenario.h on CUDA against the CPU
+ *            pass, on every generated model there: the greedy choice of every row equal, the
+ *            log-probabilities of the CPU's top 5 within LOGP_TOL; experts resident, and
+ *            experts computed on the CPU from the mapping;
+ *   tier:    the expert store with CUDA as its device tier at 10% to 100% of the expert bytes:
+ *            the same greedy choices;
+ *   oom:     a device without room for the model: md_fwd_dev_new fails with -ENOMEM and the
+ *            reason, holds nothing, and works once the room is back.
+ * The CPU reference runs with MOED_KERNELS=ref (weights dequantized, dots in float, as the GPU
+ * computes them), so what differs is summation order. */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend.h"
+#include "engine/backend_sim.h"
+#include "engine/experts.h"
+#include "engine/forward.h"
+#include "engine/forward_dev.h"
+#include "engine/quant.h"
+#include "tests/check.h"
+#include "tests/unit/frand.h"
+#include "tests/unit/fwd_scenario.h"
+#include "tests/unit/gen_model.h"
+
+#define OP_TOL 1e-9   /* NMSE of the float ops against the reference */
+#define MM_TOL 1e-7   /* NMSE of the products (test_cuda.c's bound) */
+#define LOGP_TOL 2e-3 /* log-probabilities of the reference's top 5 */
+
+static struct md_backend *cu, *sim;
+
+/* ---- one buffer on both backends ---- */
+
+struct pair {
+	void *c, *s;
+	size_t n;
+};
+
+static struct pair pnew(const void *host, size_t n)
+{
+	struct pair p = { NULL, NULL, n };
+	CHECK_EQ_I(cu->alloc(cu, n, &p.c), 0);
+	CHECK_EQ_I(sim->alloc(sim, n, &p.s), 0);
+	if (host && p.c && p.s) {
+		CHECK_EQ_I(cu->upload(cu, p.c, host, n), 0);
+		CHECK_EQ_I(sim->upload(sim, p.s, host, n), 0);
+	}
+	return p;
+}
+
+static void pfree(struct pair *p)
+{
+	cu->free(cu, p->c);
+	sim->free(sim, p->s);
+}
+
+static float *frnd(size_t n, float scale)
+{
+	float *x = malloc(n * sizeof(float));
+	for (size_t i = 0; i < n; i++)
+		x[i] = frand() * scale;
+	return x;
+}
+
+/* NMSE of the CUDA copy of p against the simulated one (floats); NaN on either side fails. */
+static double pcmp(const struct pair *p, const char *what, double tol)
+{
+	size_t n = p->n / sizeof(float);
+	float *a = malloc(p->n), *b = malloc(p->n);
+	CHECK_EQ_I(cu->download(cu, a, p->c, p->n), 0);
+	CHECK_EQ_I(sim->download(sim, b, p->s, p->n), 0);
+	double err = 0, ref = 0;
+	int nan = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (isnan(a[i]) != isnan(b[i]))
+			nan++;
+		if (isnan(a[i]) || isnan(b[i]))
+			continue;
+		err += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+		ref += (double)b[i] * b[i];
+	}
+	double nmse = ref > 0 ? err / ref : err;
+	CHECK_MSG(nan == 0 && nmse <= tol, "%s: nmse %.3g (tolerance %.3g), %d NaN mismatches", what,
+		  nmse, tol, nan);
+	free(a);
+	free(b);
+	return nmse;
+}
+
+static void check_elementwise(void)
+{
+	const int rows = 7, n = 1000;
+	float *x = frnd((size_t)rows * n, 2.0f), *w = frnd(n, 1.0f), *g = frnd(rows, 3.0f);
+	int32_t idx[7] = { 3, 0, 2, 2, 1, 3, 0 };
+	float *bias = frnd((size_t)4 * n, 1.0f);
+	struct pair px = pnew(x, (size_t)rows * n * 4), pw = pnew(w, (size_t)n * 4);
+	struct pair py = pnew(NULL, (size_t)rows * n * 4), pb = pnew(bias, (size_t)4 * n * 4);
+	struct pair pi = pnew(idx, sizeof(idx)), pg = pnew(g, (size_t)rows * 4);
+	const struct md_backend_fwd *C = cu->fwd, *S = sim->fwd;
+
+	CHECK_EQ_I(C->rmsnorm(cu, py.c, px.c, pw.c, rows, n, 1e-6f), 0);
+	CHECK_EQ_I(S->rmsnorm(sim, py.s, px.s, pw.s, rows, n, 1e-6f), 0);
+	pcmp(&py, "rmsnorm", OP_TOL);
+	CHECK_EQ_I(C->rmsnorm(cu, px.c, px.c, pw.c, rows * 10, n / 10, 1e-5f), 0); /* in place */
+	CHECK_EQ_I(S->rmsnorm(sim, px.s, px.s, pw.s, rows * 10, n / 10, 1e-5f), 0);
+	pcmp(&px, "rmsnorm in place, short rows", OP_TOL);
+	CHECK_EQ_I(C->add(cu, py.c, px.c, (size_t)rows * n), 0);
+	CHECK_EQ_I(S->add(sim, py.s, px.s, (size_t)rows * n), 0);
+	pcmp(&py, "add", OP_TOL);
+	CHECK_EQ_I(C->add_rows(cu, py.c, pb.c, NULL, rows, n), 0);
+	CHECK_EQ_I(S->add_rows(sim, py.s, pb.s, NULL, rows, n), 0);
+	CHECK_EQ_I(C->add_rows(cu, py.c, pb.c, pi.c, rows, n), 0);
+	CHECK_EQ_I(S->add_rows(sim, py.s, pb.s, pi.s, rows, n), 0);
+	pcmp(&py, "add_rows (one bias, indexed biases)", OP_TOL);
+	for (int act = 0; act < 2; act++) {
+		CHECK_EQ_I(C->glu(cu, py.c, px.c, (size_t)rows * n, act ? MD_ACT_SWIGLU_OAI : MD_ACT_SWIGLU), 0);
+		CHECK_EQ_I(S->glu(sim, py.s, px.s, (size_t)rows * n, act ? MD_ACT_SWIGLU_OAI : MD_ACT_SWIGLU), 0);
+		pcmp(&py, act ? "glu (gpt-oss)" : "glu (silu)", OP_TOL);
+	}
+	CHECK_EQ_I(C->gate_add(cu, py.c, px.c, pg.c, rows, n), 0);
+	CHECK_EQ_I(S->gate_add(sim, py.s, px.s, pg.s, rows, n), 0);
+	CHECK_EQ_I(C->gate_add(cu, py.c, px.c, NULL, rows, n), 0);
+	CHECK_EQ_I(S->gate_add(sim, py.s, px.s, NULL, rows, n), 0);
+	pcmp(&py, "gate_add (gated, ungated)", 1e-8);
+	/* rows: store rows 3, 0, 2 of an 4-row table, gather them back in another order */
+	int32_t r3[3] = { 3, 0, 2 };
+	struct pair pr = pnew(r3, sizeof(r3)), pt = pnew(NULL, (size_t)4 * n * 4);
+	CHECK_EQ_I(C->copy(cu, pt.c, pb.c, (size_t)4 * n * 4), 0);
+	CHECK_EQ_I(S->copy(sim, pt.s, pb.s, (size_t)4 * n * 4), 0);
+	CHECK_EQ_I(C->rows_store(cu, pt.c, pr.c, px.c, 3, n), 0);
+	CHECK_EQ_I(S->rows_store(sim, pt.s, pr.s, px.s, 3, n), 0);
+	pcmp(&pt, "copy, rows_store", OP_TOL); /* px was normed in place by each backend */
+	CHECK_EQ_I(C->rows_gather(cu, py.c, pt.c, pi.c, rows, n), 0);
+	CHECK_EQ_I(S->rows_gather(sim, py.s, pt.s, pi.s, rows, n), 0);
+	pcmp(&py, "rows_gather", OP_TOL);
+	/* combine: 7 tokens, k 3, slots into 12 rows, some -1 */
+	int32_t slot[21];
+	float wt[21];
+	for (int i = 0; i < 21; i++) {
+		slot[i] = i % 5 == 4 ? -1 : (i * 7) % 12;
+		wt[i] = frand();
+	}
+	float *ye = frnd((size_t)12 * n, 1.0f);
+	struct pair ps = pnew(slot, sizeof(slot)), pwt = pnew(wt, sizeof(wt));
+	struct pair pye = pnew(ye, (size_t)12 * n * 4);
+	CHECK_EQ_I(C->combine(cu, py.c, pye.c, ps.c, pwt.c, rows, 3, n), 0);
+	CHECK_EQ_I(S->combine(sim, py.s, pye.s, ps.s, pwt.s, rows, 3, n), 0);
+	pcmp(&py, "combine", OP_TOL);
+	CHECK_EQ_I(C->sync(cu), 0);
+	struct pair *all[] = { &px, &pw, &py, &pb, &pi, &pg, &pr, &pt, &ps, &pwt, &pye };
+	for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+		pfree(all[i]);
+	free(x);
+	free(w);
+	free(g);
+	free(bias);
+	free(ye);
+	printf("gpu: elementwise ops, norms, rows, combine: ok\n");
+}
+
+static void check_rope(void)
+{
+	const int n_tok = 5, H = 6, D = 64;
+	for (int neox = 0; neox < 2; neox++)
+		for (int n_rot = 32; n_rot <= D; n_rot += 32) {
+			float *x = frnd((size_t)n_tok * H * D, 1.0f), *cs = frnd((size_t)n_tok * n_rot, 1.0f);
+			struct pair px = pnew(x, (size_t)n_tok * H * D * 4);
+			struct pair pc = pnew(cs, (size_t)n_tok * n_rot * 4);
+			CHECK_EQ_I(cu->fwd->rope(cu, px.c, n_tok, H, D, n_rot, neox, pc.c), 0);
+			CHECK_EQ_I(sim->fwd->rope(sim, px.s, n_tok, H, D, n_rot, neox, pc.s), 0);
+			char what[64];
+			snprintf(what, sizeof what, "rope %s n_rot %d", neox ? "neox" : "norm", n_rot);
+			pcmp(&px, what, OP_TOL);
+			pfree(&px);
+			pfree(&pc);
+			free(x);
+			free(cs);
+		}
+	printf("gpu: rope: ok\n");
+}
+
+/* Attention over a paged cache with a shuffled block table: GQA, a sliding window, sinks,
+ * head sizes that are and are not multiples of 32. */
+static void check_attention(void)
+{
+	const int n_blocks = 24, max_pos = 150;
+	const int dims[] = { 32, 64, 80, 128, 256 };
+	for (size_t di = 0; di < sizeof(dims) / sizeof(dims[0]); di++)
+		for (int variant = 0; variant < 3; variant++) {
+			const int D = dims[di], H = 8, K = variant == 2 ? 8 : 2, n_tok = 6;
+			const int KD = K * D;
+			float *kc = frnd((size_t)n_blocks * 16 * KD, 1.0f);
+			float *vc = frnd((size_t)n_blocks * 16 * KD, 1.0f);
+			float *q = frnd((size_t)n_tok * H * D, 1.0f), *sinks = frnd(H, 2.0f);
+			int32_t blocks[2 * 10], pos[6], tab[6];
+			for (int i = 0; i < 20; i++)
+				blocks[i] = (int32_t)((i * 7 + 3) % n_blocks);
+			for (int t = 0; t < n_tok; t++) { /* two sequences, three tokens each */
+				tab[t] = t < 3 ? 0 : 10;
+				pos[t] = t < 3 ? 140 + t : 20 + t;
+			}
+			struct pair pk = pnew(kc, (size_t)n_blocks * 16 * KD * 4);
+			struct pair pv = pnew(vc, (size_t)n_blocks * 16 * KD * 4);
+			struct pair pq = pnew(q, (size_t)n_tok * H * D * 4), ps = pnew(sinks, (size_t)H * 4);
+			struct pair pb = pnew(blocks, sizeof(blocks)), pp = pnew(pos, sizeof(pos));
+			struct pair pt = pnew(tab, sizeof(tab)), po = pnew(NULL, (size_t)n_tok * H * D * 4);
+			struct md_dev_attn a = { .n_tok = n_tok, .n_head = H, .n_head_kv = K, .head_dim = D,
+						 .swa = variant == 1 ? 16 : 0, .scale = 1.0f / sqrtf((float)D),
+						 .max_pos = max_pos };
+			a.out = po.c, a.q = pq.c, a.k = pk.c, a.v = pv.c, a.pos = pp.c, a.tab = pt.c;
+			a.blocks = pb.c, a.sinks = variant ? ps.c : NULL;
+			CHECK_EQ_I(cu->fwd->attention(cu, &a), 0);
+			a.out = po.s, a.q = pq.s, a.k = pk.s, a.v = pv.s, a.pos = pp.s, a.tab = pt.s;
+			a.blocks = pb.s, a.sinks = variant ? ps.s : NULL;
+			CHECK_EQ_I(sim->fwd->attention(sim, &a), 0);
+			char what[96];
+			snprintf(what, sizeof what, "attention D %d, %s", D,
+				 variant == 0 ? "GQA 8/2" : variant == 1 ? "sliding window 16, sinks" : "MHA, sinks");
+			pcmp(&po, what, OP_TOL);
+			struct pair *all[] = { &pk, &pv, &pq, &ps, &pb, &pp, &pt, &po };
+			for (size_t i = 0; i < 8; i++)
+				pfree(all[i]);
+			free(kc);
+			free(vc);
+			free(q);
+			free(sinks);
+		}
+	printf("gpu: attention: ok\n");
+}
+
+/* The products: mm with device activations, and mm_experts (5 groups, one of them empty,
+ * gathered input rows, one and two weights per group), every type CUDA reads. */
+static void check_products(void)
+{
+	const enum md_dtype types[] = { MD_DT_F32, MD_DT_F16, MD_DT_BF16, MD_DT_Q8_0, MD_DT_Q4_0,
+					MD_DT_Q4_K, MD_DT_Q5_K, MD_DT_Q6_K };
+	const int64_t n_in = 512, n_out = 96;
+	const int ng = 5, n_x = 9;
+	const int32_t off[6] = { 0, 3, 3, 7, 16, 19 }; /* group 1 empty, group 3 nine rows */
+	for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
+		enum md_dtype t = types[ti];
+		size_t rb = md_dtype_row_size(t, n_in);
+		size_t wbytes = rb * (size_t)n_out;
+		uint8_t *w = malloc(wbytes * 2 * ng);
+		float *src = frnd((size_t)n_in, 1.0f);
+		for (int m = 0; m < 2 * ng; m++)
+			for (int64_t r = 0; r < n_out; r++) {
+				for (int64_t i = 0; i < n_in; i++)
+					src[i] = frand() * (0.3f + 0.2f * (float)(r % 5));
+				md_quantize_row(t, src, w + (size_t)m * wbytes + rb * (size_t)r, n_in);
+			}
+		float *x = frnd((size_t)n_x * n_in, 1.0f);
+		int32_t gat[19];
+		for (int i = 0; i < 19; i++)
+			gat[i] = (i * 5 + 2) % n_x;
+		struct pair pw = pnew(w, wbytes * 2 * ng), px = pnew(x, (size_t)n_x * n_in * 4);
+		struct pair py = pnew(NULL, (size_t)19 * n_out * 4), py2 = pnew(NULL, (size_t)19 * n_out * 4);
+		struct pair po = pnew(off, sizeof(off)), pg = pnew(gat, sizeof(gat));
+		/* the pointer tables: weight-major, ng gate then ng up */
+		const void *tc[10], *ts[10];
+		for (int i = 0; i < 2 * ng; i++) {
+			tc[i] = (const char *)pw.c + (size_t)i * wbytes;
+			ts[i] = (const char *)pw.s + (size_t)i * wbytes;
+		}
+		struct pair ptab = pnew(NULL, sizeof(tc));
+		CHECK_EQ_I(cu->upload(cu, ptab.c, tc, sizeof(tc)), 0);
+		CHECK_EQ_I(sim->upload(sim, ptab.s, ts, sizeof(ts)), 0);
+		/* mm: weight 0, device x */
+		struct md_mat mc = { t, n_in, n_out, rb, pw.c }, ms = { t, n_in, n_out, rb, pw.s };
+		CHECK_EQ_I(cu->fwd->mm(cu, &mc, px.c, n_x, py.c), 0);
+		CHECK_EQ_I(sim->fwd->mm(sim, &ms, px.s, n_x, py.s), 0);
+		char what[96];
+		snprintf(what, sizeof what, "mm %s", md_dtype_info(t)->name);
+		pcmp(&py, what, MM_TOL);
+		for (int nw = 1; nw <= 2; nw++) {
+			struct md_dev_experts e = { .type = t, .n_in = n_in, .n_out = n_out, .nb1 = rb,
+						    .nw = nw, .ng = ng, .n_x = n_x, .n_slots = 19,
+						    .max_rows = 9 };
+			e.w = ptab.c, e.off = po.c, e.src = pg.c, e.x = px.c, e.y[0] = py.c, e.y[1] = py2.c;
+			CHECK_EQ_I(cu->fwd->mm_experts(cu, &e), 0);
+			e.w = ptab.s, e.off = po.s, e.src = pg.s, e.x = px.s, e.y[0] = py.s, e.y[1] = py2.s;
+			CHECK_EQ_I(sim->fwd->mm_experts(sim, &e), 0);
+			snprintf(what, sizeof what, "mm_experts %s, %d weight(s) per group", md_dtype_info(t)->name, nw);
+			pcmp(&py, what, MM_TOL);
+			if (nw == 2)
+				pcmp(&py2, what, MM_TOL);
+		}
+		struct pair *all[] = { &pw, &px, &py, &py2, &po, &pg, &ptab };
+		for (size_t i = 0; i < 7; i++)
+			pfree(all[i]);
+		free(w);
+		free(src);
+		free(x);
+	}
+	printf("gpu: products of every type: ok\n");
+}
+
+/* ---- whole passes ---- */
+
+/* Greedy choices equal, and the log-probabilities of the reference's top 5 within LOGP_TOL.
+ * Returns the largest difference. */
+static double cmp_rows(const char *what, const float *ref, const float *got, int rows, size_t V)
+{
+	int argmax_diff = 0;
+	double worst = 0;
+	for (int r = 0; r < rows; r++) {
+		const float *a = ref + (size_t)r * V, *b = got + (size_t)r * V;
+		double ma = -INFINITY, mb = -INFINITY, sa = 0, sb = 0;
+		size_t ia = 0, ib = 0;
+		for (size_t i = 0; i < V; i++) {
+			if (a[i] > ma)
+				ma = a[i], ia = i;
+			if (b[i] > mb)
+				mb = b[i], ib = i;
+		}
+		for (size_t i = 0; i < V; i++) {
+			sa += exp(a[i] - ma);
+			sb += exp(b[i] - mb);
+		}
+		argmax_diff += ia != ib;
+		uint8_t taken[4096] = { 0 };
+		for (int k = 0; k < 5 && V <= sizeof taken; k++) {
+			size_t best = 0;
+			double bv = -INFINITY;
+			for (size_t i = 0; i < V; i++)
+				if (!taken[i] && a[i] > bv)
+					bv = a[i], best = i;
+			taken[best] = 1;
+			double la = a[best] - ma - log(sa), lb = b[best] - mb - log(sb);
+			if (fabs(la - lb) > worst || isnan(lb))
+				worst = isnan(lb) ? INFINITY : fabs(la - lb);
+		}
+	}
+	CHECK_MSG(argmax_diff == 0, "%s: greedy choice differs in %d of %d rows", what, argmax_diff,
+		  rows);
+	CHECK_MSG(worst <= LOGP_TOL, "%s: top-5 log-probabilities differ by %.3g (tolerance %.3g)",
+		  what, worst, LOGP_TOL);
+	return worst;
+}
+
+static void check_parity(const char *moed_gguf)
+{
+	printf("| model | experts | rows | greedy equal | top-5 logprob max diff |\n| --- | --- | ---: | --- | ---: |\n");
+	for (size_t c = 0; c < fws_n_cases; c++) {
+		char dir[512], path[600], err[256];
+		if (gen_model(moed_gguf, fws_cases[c].args, "m.gguf", dir, sizeof dir, path, sizeof path)) {
+			failures++;
+			continue;
+		}
+		struct md_model m;
+		if (md_model_load(&m, path, err, sizeof err)) {
+			CHECK_MSG(0, "%s: %s", fws_cases[c].label, err);
+			gen_model_cleanup(dir, path);
+			continue;
+		}
+		size_t V = m.hp.n_vocab;
+		float *ref = calloc(FWS_MAX_ROWS * V, sizeof(float)), *got = calloc(FWS_MAX_ROWS * V, sizeof(float));
+		int n = fws_run(&m, NULL, NULL, NULL, NULL, ref);
+		CHECK_MSG(n > 0, "%s: CPU run %d", fws_cases[c].label, n);
+		for (int mode = 0; mode < 2 && n > 0; mode++) {
+			if (mode && !m.hp.n_expert)
+				break;
+			struct fws_dev fd = { .dev = cu, .resident = mode == 0 };
+			int g = fws_run(&m, &fd, NULL, NULL, NULL, got);
+			CHECK_MSG(g == n, "%s: CUDA run %d rows (%s)", fws_cases[c].label, g, fd.err);
+			char what[160];
+			snprintf(what, sizeof what, "%s, %s", fws_cases[c].label,
+				 mode ? "experts on the CPU" : "resident");
+			double d = g == n ? cmp_rows(what, ref, got, n, V) : INFINITY;
+			printf("| %s | %s | %d | %s | %.2g |\n", fws_cases[c].label,
+			       mode ? "CPU (mapping)" : "resident", n, failures ? "see above" : "yes", d);
+		}
+		free(ref);
+		free(got);
+		md_model_free(&m);
+		gen_model_cleanup(dir, path);
+	}
+}
+
+/* The store with CUDA as its device tier at 10% .. 100% of the expert bytes. */
+static void check_tier(const char *moed_gguf)
+{
+	static const char *const args[] = { "--arch", "qwen3moe", "--type", "q8_0", "--n-layer", "4",
+					    "--n-embd", "256", "--head-dim", "32", "--n-ff-exp", "256",
+					    "--n-expert", "32", "--n-expert-used", "4", NULL };
+	char dir[512], path[600], err[256];
+	if (gen_model(moed_gguf, args, "tier.gguf", dir, sizeof dir, path, sizeof path)) {
+		failures++;
+		return;
+	}
+	struct md_model m;
+	CHECK_EQ_I(md_model_load(&m, path, err, sizeof err), 0);
+	size_t V = m.hp.n_vocab, slot = md_expert_store_slot_bytes(&m);
+	uint32_t units = m.hp.n_layer * m.hp.n_expert;
+	float *ref = calloc(FWS_MAX_ROWS * V, sizeof(float)), *got = calloc(FWS_MAX_ROWS * V, sizeof(float));
+	int n = fws_run(&m, NULL, NULL, NULL, NULL, ref);
+	const int pct[] = { 10, 25, 50, 75, 100 };
+	for (size_t i = 0; i < sizeof(pct) / sizeof(pct[0]); i++) {
+		size_t dev_units = units * (size_t)pct[i] / 100;
+		size_t min_units = md_expert_store_min_bytes(&m, FWS_BATCH) / slot;
+		if (dev_units < min_units)
+			dev_units = min_units;
+		struct md_expert_store_config c = {
+			.host_bytes = (size_t)units * slot + 64 * slot, .policy = MD_EPOL_LRU,
+			.max_tokens = FWS_BATCH, .dev = cu, .dev_bytes = dev_units * slot,
+		};
+		struct md_expert_store *s = NULL;
+		CHECK_EQ_I(md_expert_store_new(&s, &m, &c, err, sizeof err), 0);
+		if (!s)
+			continue;
+		struct fws_dev fd = { .dev = cu, .resident = false, .src = md_expert_store_src(s) };
+		int g = fws_run(&m, &fd, NULL, NULL, NULL, got);
+		char what[96];
+		snprintf(what, sizeof what, "device tier at %d%% of the expert bytes", pct[i]);
+		CHECK_MSG(g == n, "%s: %d rows of %d (%s)", what, g, n, fd.err);
+		if (g == n)
+			cmp_rows(what, ref, got, n, V);
+		struct md_expert_store_stats st;
+		md_expert_store_get_stats(s, &st);
+		printf("gpu: %s: %llu device hits, %llu misses (%llu copied up, %llu on the CPU)\n", what,
+		       (unsigned long long)st.dev_hits, (unsigned long long)st.dev_misses,
+		       (unsigned long long)st.dev_compute_dev, (unsigned long long)st.dev_compute_host);
+		md_expert_store_free(s);
+	}
+	free(ref);
+	free(got);
+	md_model_free(&m);
+	gen_model_cleanup(dir, path);
+}
+
+/* No room on the device: a clear error, nothing held, and fine once the room is back. */
+static void check_oom(const char *moed_gguf)
+{
+	static const char *const args[] = { "--arch", "qwen3moe", "--type", "f32", "--head-dim", "32",
+					    "--n-embd", "512", "--n-ff-exp", "512", "--n-layer", "4", NULL };
+	char dir[512], path[600], err[256] = "";
+	if (gen_model(moed_gguf, args, "oom.gguf", dir, sizeof dir, path, sizeof path)) {
+		failures++;
+		return;
+	}
+	struct md_model m;
+	CHECK_EQ_I(md_model_load(&m, path, err, sizeof err), 0);
+	struct md_kv_cache kv;
+	CHECK_EQ_I(md_kv_init_rows(&kv, m.hp.n_layer, md_model_kv_rows(&m), 64, 4), 0);
+	/* Hold all but ~4 MiB of the device in 256 MiB, then 1 MiB pieces. */
+	void *hog[200000];
+	size_t nh = 0;
+	for (size_t piece = (size_t)256 << 20; piece >= ((size_t)1 << 20); piece /= 16)
+		while (nh < sizeof(hog) / sizeof(hog[0]) && cu->alloc(cu, piece, &hog[nh]) == 0)
+			nh++;
+	for (int i = 0; i < 4 && nh; i++)
+		cu->free(cu, hog[--nh]);
+	struct md_fwd_dev *d = NULL;
+	int rc = md_fwd_dev_new(&m, cu, &kv, 64, true, &d, err, sizeof err);
+	CHECK_MSG(rc == -ENOMEM && d == NULL && err[0], "no room: rc %d, '%s'", rc, err);
+	printf("gpu: no room on the device: %s\n", err);
+	while (nh)
+		cu->free(cu, hog[--nh]);
+	rc = md_fwd_dev_new(&m, cu, &kv, 64, true, &d, err, sizeof err);
+	CHECK_MSG(rc == 0, "room back: rc %d (%s)", rc, err);
+	md_fwd_dev_free(d);
+	md_kv_release(&kv);
+	md_model_free(&m);
+	gen_model_cleanup(dir, path);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		fprintf(stderr, "usage: test_gpu MOED_GGUF\n");
+		return 2;
+	}
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	setenv("MOED_KERNELS", "ref", 1); /* the CPU reference dequantizes as the GPU does */
+	cu = md_backend_cuda();
+	if (!cu) {
+		printf("gpu: skipped: %s\n", md_backend_cuda_error());
+		return 77;
+	}
+	struct md_backend_device info;
+	if (cu->device_info(cu, 0, &info) == 0)
+		printf("gpu: %s, cc %d.%d, %.1f GiB\n", info.name, info.cc_major, info.cc_minor,
+		       info.mem_total / 1073741824.0);
+	sim = md_backend_sim_new((size_t)8 << 30, 0);
+	check_elementwise();
+	check_rope();
+	check_attention();
+	check_products();
+	check_parity(argv[1]);
+	check_tier(argv[1]);
+	check_oom(argv[1]);
+	md_backend_sim_free(sim);
+	if (failures) {
+		fprintf(stderr, "gpu: %d failures\n", failures);
+		return 1;
+	}
+	printf("gpu: ok\n");
+	return 0;
+}
