@@ -7,7 +7,11 @@ device too small for the dense weights, a model the device cannot run (deepseek2
 cuda without a GPU fail at start with the reason when the device was asked for by name, and
 fall back to the CPU with the reason logged under auto.
 
-usage: test_device.py MOED DEFAULT_MODEL MOED_GGUF"""
+With DEVICE cuda-emu (MOED a build of moed on the CUDA emulator, tests/cuda_emu) the same with
+--device cuda: the real CUDA backend and kernels under a real server; the device's size is then
+the emulator's (MOED_CUDA_EMU_MB), and a GPU is present, so auto takes it.
+
+usage: test_device.py MOED DEFAULT_MODEL MOED_GGUF [sim|cuda-emu]"""
 
 import json
 import os
@@ -21,6 +25,16 @@ import threading
 from harness import Server, call, check, curl, finish, sse_events
 
 moed, default_model, moed_gguf = sys.argv[1:4]
+EMU = len(sys.argv) > 4 and sys.argv[4] == "cuda-emu"
+DEV = "cuda" if EMU else "sim"
+RESERVE = 256  # MiB dev_place keeps free on a real (here: emulated) device
+
+
+def device(mib=None):
+    """--device arguments and environment for a device of mib MiB (None: the default)."""
+    if EMU:
+        return ["--device", "cuda"], ({"MOED_CUDA_EMU_MB": "%.2f" % (mib + RESERVE)} if mib else {})
+    return ["--device", "sim" if mib is None else "sim:%.2f" % mib], {}
 PROMPTS = ["And the LORD said unto Moses,", "The history of the city",
            "1, 2, 3, 4, 5, 6, 7, 8,"]
 BASE = ["--max-seqs", "4", "--kv-memory-mb", "64"]
@@ -72,9 +86,15 @@ def metrics(srv):
     return vals
 
 
-def serve(model, args, spec=False):
-    """Completions one by one, streamed, four at once, and (spec) with two drafters."""
-    srv = Server(moed, model, BASE + args)
+def serve(model, args, spec=False, env=None):
+    """Completions one by one, streamed, four at once, and (spec) with two drafters. On the
+    emulated GPU every server (the CPU's reference too) computes with the float kernels
+    (MOED_KERNELS=ref), as the GPU does: the integer kernels quantize activations, which moves
+    near ties of random-weight models."""
+    env = dict(env or {})
+    if EMU:
+        env["MOED_KERNELS"] = "ref"
+    srv = Server(moed, model, BASE + args, env=env)
     try:
         r = {"one": [complete(srv, p) for p in PROMPTS],
              "stream": [streamed(srv, p) for p in PROMPTS[:2]],
@@ -92,20 +112,22 @@ def serve(model, args, spec=False):
 
 def same(label, ref, got):
     for k in ("one", "stream", "together", "ngram", "self"):
-        if k in ref:
+        if k in ref and k in got:
             check(got.get(k) == ref[k], "%s: %s completions equal the CPU's" % (label, k),
                   got.get(k), ref[k])
 
 
-def start_fails(model, args, want):
+def start_fails(model, args, want, env=None):
+    e = dict(os.environ)
+    e.update(env or {})
     p = subprocess.run([moed, "-m", model, "--port", "0"] + BASE + args, capture_output=True,
-                       text=True, timeout=120)
+                       text=True, timeout=120, env=e)
     check(p.returncode != 0 and want in p.stderr, "%s: start fails naming '%s'" % (args, want),
           p.returncode, p.stderr[-600:])
 
 
 def on_the_cpu_log(model, args, want):
-    srv = Server(moed, model, BASE + args)
+    srv = Server(moed, model, BASE + args, env={"MOED_KERNELS": "ref"} if EMU else None)
     try:
         complete(srv, PROMPTS[0])
     finally:
@@ -120,12 +142,14 @@ def on_the_cpu_log(model, args, want):
 ref = serve(default_model, ["--device", "cpu"], spec=True)
 check("device: cpu (--device cpu)" in ref["log"], "cpu named in the log", ref["log"][-600:])
 check(not ref["metrics"], "no device series on the CPU", ref["metrics"])
-got = serve(default_model, ["--device", "sim"], spec=True)
-same("default model, sim", ref, got)
-check(re.search(r"device: sim simulated device .*every weight resident", got["log"]),
+args, env = device()
+got = serve(default_model, args, spec=True, env=env)
+same("default model, " + DEV, ref, got)
+name = "moed CUDA emulator (host)" if EMU else "simulated device (host memory)"
+check(re.search(r"device: %s .*every weight resident" % re.escape(DEV + " " + name), got["log"]),
       "start-up line: the device and the placement", got["log"][-900:])
 m = got["metrics"]
-check(m.get(("moed:device_info", "simulated device (host memory)")) == 1, "device_info", m)
+check(m.get(("moed:device_info", name)) == 1, "device_info", m)
 check(m.get(("moed:device_memory_bytes", "weights"), 0) > 0 and
       m.get(("moed:device_memory_bytes", "kv"), 0) > 0 and
       m.get(("moed:device_memory_bytes", "activations"), 0) > 0 and
@@ -136,7 +160,8 @@ need = re.search(r"every weight resident \((\d+) MiB with KV and activations, (\
                  r"the routed experts", got["log"])
 check(need, "start-up line: what the model needs", got["log"][-900:])
 size = int(need.group(1)) - int(need.group(2)) * 0.5 if need else 1
-small = serve(default_model, ["--device", "sim:%.2f" % size], spec=True)
+args, env = device(size)
+small = serve(default_model, args, spec=True, env=env)
 same("default model, device tier", ref, small)
 check(re.search(r"routed experts through the expert store with a \d+ MiB device tier",
                 small["log"]), "start-up line: experts through the store's device tier",
@@ -144,20 +169,27 @@ check(re.search(r"routed experts through the expert store with a \d+ MiB device 
 check(small["metrics"].get(("moed:device_memory_bytes", "experts"), 0) > 0,
       "the tier's memory reported", small["metrics"])
 
-# Too small for the dense weights: refused when asked for, the CPU under auto is not
-# reachable with sim (named), so only the refusal.
-start_fails(default_model, ["--device", "sim:1"], "dense weights")
-# --device cuda: a GPU is required. Without one, start-up fails with the reason and auto
-# serves on the CPU, saying why.
-auto = Server(moed, default_model, BASE + ["--device", "auto"])
-try:
-    complete(auto, PROMPTS[0])
-finally:
-    auto.stop()
-if re.search(r"device: cpu \((no CUDA device|.*built without cuda)", auto.logtext()):
-    start_fails(default_model, ["--device", "cuda"], "no CUDA device")
+# Too small for the dense weights: refused, the device being named.
+args, env = device(1)
+start_fails(default_model, args, "dense weights", env)
+if not EMU:
+    # --device cuda: a GPU is required. Without one, start-up fails with the reason and auto
+    # serves on the CPU, saying why.
+    auto = Server(moed, default_model, BASE + ["--device", "auto"])
+    try:
+        complete(auto, PROMPTS[0])
+    finally:
+        auto.stop()
+    if re.search(r"device: cpu \((no CUDA device|.*built without cuda)", auto.logtext()):
+        start_fails(default_model, ["--device", "cuda"], "no CUDA device")
+    else:
+        print("a CUDA device is present: --device cuda not checked for refusal here")
 else:
-    print("a CUDA device is present: --device cuda not checked for refusal here")
+    # auto finds the (emulated) GPU and takes it; a model the device cannot run falls back to
+    # the CPU under auto with the reason (checked below with deepseek2).
+    auto = serve(default_model, ["--device", "auto"])
+    same("default model, auto", ref, auto)
+    check("forward pass on the device" in auto["log"], "auto takes the GPU", auto["log"][-600:])
 
 d = tempfile.mkdtemp(prefix="moed-dev-")
 try:
@@ -172,12 +204,15 @@ try:
         subprocess.run([moed_gguf, "gen", "--seed", "3", "--n-layer", "3", "--n-expert", "8"] +
                        args + [path], check=True, stdout=subprocess.DEVNULL)
         r = serve(path, ["--device", "cpu"])
-        same(name + ", sim", r, serve(path, ["--device", "sim"]))
+        args, env = device()
+        same(name + ", " + DEV, r, serve(path, args, env=env))
     # deepseek2: no device path yet.
     ds = os.path.join(d, "ds.gguf")
     subprocess.run([moed_gguf, "gen", "--arch", "deepseek2", "--n-layer", "2", ds], check=True,
                    stdout=subprocess.DEVNULL)
-    start_fails(ds, ["--device", "sim"], "latent attention")
+    start_fails(ds, device()[0], "latent attention")
+    if EMU:
+        on_the_cpu_log(ds, ["--device", "auto"], "latent attention")
 finally:
     shutil.rmtree(d)
 finish()
