@@ -61,9 +61,9 @@ struct md_fwd_dev {
 	void *drun;            /* per-run and per-layer tables */
 	size_t drun_cap;
 	/* host */
-	float *x_h;            /* (T, N) embeddings */
-	void *stage;           /* table staging */
-	size_t stage_cap;
+	void *pin;             /* staging of what goes up (tables, embeddings): pinned host memory,
+				* handed out from pin_off on; reset once stream 0 has drained */
+	size_t pin_cap, pin_off;
 	struct md_router router, pre_router;
 	int32_t *seq_tab;      /* (max_seqs) per pass: offset of the sequence's block table */
 	int32_t *seq_last;     /* (max_seqs) per pass: its last position in the batch */
@@ -322,8 +322,7 @@ void md_fwd_dev_free(struct md_fwd_dev *d)
 	b->free(b, d->dtab);
 	b->free(b, d->drun);
 	free(d->wdev);
-	free(d->x_h);
-	free(d->stage);
+	b->host_free(b, d->pin);
 	if (d->m->hp.n_expert) {
 		md_router_release(&d->router);
 		md_router_release(&d->pre_router);
@@ -426,7 +425,6 @@ int md_fwd_dev_new(const struct md_model *m, struct md_backend *b, struct md_kv_
 	}
 
 	/* Host side. */
-	d->x_h = xalloc(T * N * fs, &fail);
 	d->seq_tab = xalloc(kv->max_seqs * sizeof(int32_t), &fail);
 	d->seq_last = xalloc(kv->max_seqs * sizeof(int32_t), &fail);
 	if (hp->n_expert) {
@@ -476,20 +474,51 @@ void md_fwd_dev_mem(const struct md_fwd_dev *d, struct md_fwd_dev_mem *out)
 
 /* ---- per-pass tables ---- */
 
-/* Host staging of at least n bytes. */
+/* n bytes of pinned staging for an upload_async on stream 0 (or for the host executor to
+ * read). Taken pointers stay valid until stream 0 next drains: when the staging runs out, it
+ * drains stream 0 and starts over, and every download does (reset_stage). NULL: no memory. */
 static void *stage(struct md_fwd_dev *d, size_t n)
 {
-	if (n > d->stage_cap) {
-		size_t cap = d->stage_cap ? d->stage_cap : 4096;
+	n = (n + 63) & ~(size_t)63;
+	if (d->pin_off + n > d->pin_cap && d->pin_off > 0) {
+		if (d->op->sync(d->b))
+			return NULL;
+		d->pin_off = 0;
+	}
+	if (n > d->pin_cap) {
+		size_t cap = d->pin_cap ? 2 * d->pin_cap : (size_t)1 << 20;
 		while (cap < n)
 			cap *= 2;
-		void *p = realloc(d->stage, cap);
-		if (!p)
+		d->b->host_free(d->b, d->pin); /* waits for every stream */
+		d->pin = NULL;
+		d->pin_cap = 0;
+		if (d->b->host_alloc(d->b, cap, &d->pin))
 			return NULL;
-		d->stage = p;
-		d->stage_cap = cap;
+		d->pin_cap = cap;
 	}
-	return d->stage;
+	void *p = (char *)d->pin + d->pin_off;
+	d->pin_off += n;
+	return p;
+}
+
+/* Stream 0 has drained (a download or a sync): the staging is free again. */
+static void reset_stage(struct md_fwd_dev *d)
+{
+	d->pin_off = 0;
+}
+
+/* A download, which drains stream 0 first. */
+static int download(struct md_fwd_dev *d, void *dst, const void *src, size_t n)
+{
+	int rc = d->b->download(d->b, dst, src, n);
+	reset_stage(d);
+	return rc;
+}
+
+/* Enqueue an upload of staged bytes on stream 0. */
+static int upload(struct md_fwd_dev *d, void *dst, const void *staged, size_t n)
+{
+	return d->b->upload_async(d->b, dst, staged, n, MD_BACKEND_STREAM_COMPUTE);
 }
 
 /* Device buffer *buf of at least n bytes (contents not kept). */
@@ -500,6 +529,8 @@ static int dgrow(struct md_fwd_dev *d, void **buf, size_t *cap, size_t n)
 	size_t c = *cap ? *cap : 4096;
 	while (c < n)
 		c *= 2;
+	if (*buf && d->op->sync(d->b)) /* queued work may still read it */
+		return -EIO;
 	d->b->free(d->b, *buf);
 	*buf = NULL;
 	*cap = 0;
@@ -574,7 +605,7 @@ static int step_tables(struct md_fwd_dev *d, const struct md_kv_cache *kv, const
 	}
 	int rc = dgrow(d, &d->dtab, &d->dtab_cap, bytes);
 	if (!rc)
-		rc = d->b->upload(d->b, d->dtab, h, bytes);
+		rc = upload(d, d->dtab, h, bytes);
 	if (rc)
 		return rc;
 	const int32_t *dv = d->dtab;
@@ -739,7 +770,7 @@ static int run_experts(struct md_fwd_dev *d, uint32_t il, int l0, int l1, bool o
 	if (on_dev) {
 		rc = dgrow(d, &d->drun, &d->drun_cap, bytes);
 		if (!rc)
-			rc = B->upload(B, d->drun, h, bytes);
+			rc = upload(d, d->drun, h, bytes);
 		if (rc)
 			return rc;
 		t = d->drun;
@@ -802,8 +833,8 @@ static int run_range(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
 		while (h < l1 && (d->lay_w[h].dev != NULL) == dev && same_shape(&d->lay_w[h], &d->lay_w[l]))
 			h++;
 		if (!dev && !d->xn_h_valid) {
-			int rc = d->b->download(d->b, d->xn_h, d->xn,
-						(size_t)d->n_x * d->m->hp.n_embd * sizeof(float));
+			int rc = download(d, d->xn_h, d->xn,
+					  (size_t)d->n_x * d->m->hp.n_embd * sizeof(float));
 			if (rc)
 				return rc;
 			d->xn_h_valid = true;
@@ -931,8 +962,7 @@ static int prefetch_next(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
 	if (!rc)
 		rc = d->op->mm(d->b, &wr, d->tmp, n, d->rl);
 	if (!rc)
-		rc = d->b->download(d->b, d->pre_router.logits, d->rl,
-				    (size_t)n * hp->n_expert * sizeof(float));
+		rc = download(d, d->pre_router.logits, d->rl, (size_t)n * hp->n_expert * sizeof(float));
 	if (rc)
 		return rc;
 	if (L->gate_inp_b)
@@ -980,7 +1010,7 @@ static int moe(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p, struct md_
 	struct md_mat wr = dmat(d, L->gate_inp, 0);
 	int rc = op->mm(B, &wr, d->xn, n, d->rl);
 	if (!rc)
-		rc = B->download(B, d->router.logits, d->rl, (size_t)n * E * sizeof(float));
+		rc = download(d, d->router.logits, d->rl, (size_t)n * E * sizeof(float));
 	if (rc)
 		return rc;
 	if (L->gate_inp_b)
@@ -1029,7 +1059,7 @@ static int moe(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p, struct md_
 		}
 		rc = dgrow(d, &d->drun, &d->drun_cap, bytes);
 		if (!rc)
-			rc = B->upload(B, d->drun, h, bytes);
+			rc = upload(d, d->drun, h, bytes);
 		const int32_t *ts = d->drun;
 		if (!rc)
 			rc = op->combine(B, d->tmp, d->ye, ts, (const float *)(ts + (size_t)n * k), n,
@@ -1118,11 +1148,14 @@ int md_fwd_dev_forward(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
 	rc = step_tables(d, kv, b, &st);
 	if (rc)
 		return rc;
+	float *xh = stage(d, (size_t)n * N * sizeof(float));
+	if (!xh)
+		return -ENOMEM;
 	for (int t = 0; t < n; t++)
 		md_dequant_row(m->tok_embd->type,
 			       (const uint8_t *)m->tok_embd->data + (size_t)b->tokens[t] * m->tok_embd->nb1,
-			       d->x_h + (size_t)t * N, N);
-	rc = d->b->upload(d->b, d->x, d->x_h, (size_t)n * N * sizeof(float));
+			       xh + (size_t)t * N, N);
+	rc = upload(d, d->x, xh, (size_t)n * N * sizeof(float));
 	for (uint32_t il = 0; il < hp->n_layer && !rc; il++) {
 		if (p->draft && p->draft->skip && p->draft->skip[il])
 			continue;
@@ -1161,7 +1194,6 @@ int md_fwd_dev_forward(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
 	if (!rc)
 		rc = d->op->mm(d->b, &wout, d->xn, n_out, d->dlogits);
 	if (!rc)
-		rc = d->b->download(d->b, logits, d->dlogits,
-				    (size_t)n_out * hp->n_vocab * sizeof(float));
+		rc = download(d, logits, d->dlogits, (size_t)n_out * hp->n_vocab * sizeof(float));
 	return rc ? rc : n_out;
 }
