@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/forward_dev.h"
 #include "engine/spec.h"
 #include "engine/spec_ctl.h"
 
@@ -90,10 +91,20 @@ int md_draft_load(struct md_draft_model *dm, const char *path, const struct md_m
 	return 0;
 }
 
+int md_draft_set_device(struct md_draft_model *dm, struct md_backend *b, char *err, size_t errlen)
+{
+	int rc = md_fwd_dev_new(&dm->model, b, &dm->kv, (int)dm->budget, true, &dm->fdev, err,
+				errlen);
+	if (!rc)
+		md_forward_set_device(dm->fw, dm->fdev);
+	return rc;
+}
+
 void md_draft_release(struct md_draft_model *dm)
 {
 	if (dm->fw)
 		md_forward_free(dm->fw);
+	md_fwd_dev_free(dm->fdev);
 	if (dm->kv_ready)
 		md_kv_release(&dm->kv);
 	if (dm->loaded)

@@ -35,6 +35,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "engine/backend.h"
 #include "engine/forward.h"
 #include "engine/kv_cache.h"
 #include "engine/model.h"
@@ -48,6 +49,8 @@ struct md_draft_model {
 	struct md_model model;       /* owned */
 	bool loaded, kv_ready;
 	struct md_forward_ctx *fw;   /* owned; its pool borrowed from the target's context */
+	struct md_fwd_dev *fdev;     /* owned: its forward pass on the target's device, NULL:
+				      * on the CPU (md_draft_set_device) */
 	struct md_kv_cache kv;       /* owned: one slot per running sequence at most */
 	uint32_t n_vocab, budget;    /* budget: tokens in one draft forward pass */
 	float *logits;               /* owned (max_seqs, n_vocab) */
@@ -69,6 +72,10 @@ struct md_draft_model {
 int md_draft_load(struct md_draft_model *dm, const char *path, const struct md_model *target,
 		  struct md_forward_ctx *target_fw, int n_threads, uint32_t max_seqs,
 		  uint32_t n_ctx, uint32_t budget, uint32_t kv_mb, char *err, size_t errlen);
+/* Run the draft model's passes on device b too (its weights uploaded, its KV cache mirrored,
+ * engine/forward_dev.h), as the target's run there. Returns 0, or a negative code with the
+ * reason in err (the draft then stays on the CPU). */
+int md_draft_set_device(struct md_draft_model *dm, struct md_backend *b, char *err, size_t errlen);
 /* Free everything; sequences must have released their draft KV slots first. */
 void md_draft_release(struct md_draft_model *dm);
 

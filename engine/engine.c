@@ -1116,11 +1116,15 @@ static int spec_load_draft(struct md_engine *e, int threads)
 		return rc;
 	}
 	e->draft_ready = true;
+	char why[300] = "";
+	bool on_dev = e->fdev && !md_draft_set_device(&e->draft, e->place.b, why, sizeof(why));
+	if (e->fdev && !on_dev)
+		md_log(MD_LOG_WARN, "draft model '%s' stays on the CPU: %s", c->draft_model_path, why);
 	if (c->progress) {
 		const struct md_hparams *hp = &e->draft.model.hp;
-		md_log(MD_LOG_INFO, "draft model '%s': %s, %u layers, n_embd %u, %.1f MiB",
+		md_log(MD_LOG_INFO, "draft model '%s': %s, %u layers, n_embd %u, %.1f MiB, on the %s",
 		       c->draft_model_path, hp->arch_name, hp->n_layer, hp->n_embd,
-		       e->draft.model.gguf.size / 1048576.0);
+		       e->draft.model.gguf.size / 1048576.0, on_dev ? "device" : "CPU");
 	}
 	return 0;
 }

@@ -86,6 +86,10 @@ def metrics(srv):
     return vals
 
 
+DRAFT = default_model[:-len(".gguf")] + "-draft.gguf"
+HAS_DRAFT = os.path.exists(DRAFT)
+
+
 def serve(model, args, spec=False, env=None):
     """Completions one by one, streamed, four at once, and (spec) with two drafters. On the
     emulated GPU every server (the CPU's reference too) computes with the float kernels
@@ -94,13 +98,15 @@ def serve(model, args, spec=False, env=None):
     env = dict(env or {})
     if EMU:
         env["MOED_KERNELS"] = "ref"
+    if spec and HAS_DRAFT:
+        args = args + ["--draft-model", DRAFT]
     srv = Server(moed, model, BASE + args, env=env)
     try:
         r = {"one": [complete(srv, p) for p in PROMPTS],
              "stream": [streamed(srv, p) for p in PROMPTS[:2]],
              "together": together(srv)}
         if spec:
-            for d in ("ngram", "self"):
+            for d in ("ngram", "self") + (("draft",) if HAS_DRAFT else ()):
                 r[d] = [complete(srv, p, {"speculative": {"drafter": d, "max_k": 4}})
                         for p in PROMPTS[:2]]
         r["metrics"] = metrics(srv)
@@ -111,7 +117,7 @@ def serve(model, args, spec=False, env=None):
 
 
 def same(label, ref, got):
-    for k in ("one", "stream", "together", "ngram", "self"):
+    for k in ("one", "stream", "together", "ngram", "self", "draft"):
         if k in ref and k in got:
             check(got.get(k) == ref[k], "%s: %s completions equal the CPU's" % (label, k),
                   got.get(k), ref[k])
@@ -148,6 +154,8 @@ same("default model, " + DEV, ref, got)
 name = "moed CUDA emulator (host)" if EMU else "simulated device (host memory)"
 check(re.search(r"device: %s .*every weight resident" % re.escape(DEV + " " + name), got["log"]),
       "start-up line: the device and the placement", got["log"][-900:])
+check(not HAS_DRAFT or re.search(r"draft model .* on the device", got["log"]),
+      "the draft model runs on the device too", got["log"][-900:])
 m = got["metrics"]
 check(m.get(("moed:device_info", name)) == 1, "device_info", m)
 check(m.get(("moed:device_memory_bytes", "weights"), 0) > 0 and
