@@ -124,6 +124,22 @@ static int fwd_sync(struct md_backend *b)
 	return md_cuda__errno(cudaStreamSynchronize(st0(b)));
 }
 
+static int fwd_route(struct md_backend *b, const struct md_dev_route *r)
+{
+	if (r->fn != MD_ROUTE_SOFTMAX_TOPK && r->fn != MD_ROUTE_SOFTMAX_WEIGHT)
+		return -EINVAL;
+	return md_cuda__errno(md_cuda__route(r->logits, r->n, r->E, r->K,
+					     r->fn == MD_ROUTE_SOFTMAX_WEIGHT, r->norm_topk, r->ids,
+					     r->w, st0(b)));
+}
+
+static int fwd_moe_layout(struct md_backend *b, const struct md_dev_layout *l)
+{
+	return md_cuda__errno(md_cuda__moe_layout(l->ids, l->w, l->n, l->K, l->E, l->G, l->base,
+						  l->nb2, l->off, l->tok, l->eid, l->cslot, l->cw,
+						  l->wtab, st0(b)));
+}
+
 const struct md_backend_fwd md_cuda__fwd_ops = {
 	.mm = fwd_mm,
 	.mm_experts = fwd_mm_experts,
@@ -139,4 +155,6 @@ const struct md_backend_fwd md_cuda__fwd_ops = {
 	.gate_add = fwd_gate_add,
 	.copy = fwd_copy,
 	.sync = fwd_sync,
+	.route = fwd_route,
+	.moe_layout = fwd_moe_layout,
 };

@@ -348,3 +348,172 @@ extern "C" cudaError_t md_cuda__attention(float *out, const float *q, const floa
 							  n_head, n_head_kv, head_dim, swa, scale);
 	return cudaGetLastError();
 }
+
+/* ---- routing on the device ----
+ *
+ * route: one thread per token, the arithmetic of engine/router.c's plain routing functions
+ * (float exp, double sums, repeated arg-max with ties to the lower id), reading the logits
+ * row in place. layout: one thread for the whole batch (a decode step has a handful of
+ * tokens): router.c's counting sort by expert, over the active experts. */
+
+/* Probability of expert e under the row's softmax, as router.c rounds it. */
+__device__ __forceinline__ float soft_p(const float *l, int e, float mx, double sum)
+{
+	return (float)((double)expf(l[e] - mx) / sum);
+}
+
+__device__ __forceinline__ bool taken_in(const int32_t *ids, int k, int e)
+{
+	for (int j = 0; j < k; j++)
+		if (ids[j] == e)
+			return true;
+	return false;
+}
+
+__global__ void route_kernel(const float *logits, int n, int E, int K, int weight_fn, int norm,
+			     int32_t *ids_out, float *w_out)
+{
+	const int t = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+
+	if (t >= n)
+		return;
+	const float *l = logits + (size_t)t * E;
+	int32_t *ids = ids_out + (size_t)t * K;
+	float *w = w_out + (size_t)t * K;
+
+	if (weight_fn) { /* top-k of the logits, then a softmax over those k */
+		for (int k = 0; k < K; k++) {
+			int best = -1;
+
+			for (int e = 0; e < E; e++)
+				if (!taken_in(ids, k, e) && (best < 0 || l[e] > l[best]))
+					best = e;
+			ids[k] = best;
+		}
+		const float mx = l[ids[0]];
+		double sum = 0;
+
+		for (int k = 0; k < K; k++) {
+			w[k] = expf(l[ids[k]] - mx);
+			sum += w[k];
+		}
+		for (int k = 0; k < K; k++)
+			w[k] = (float)(w[k] / sum);
+		return;
+	}
+	float mx = l[0];
+
+	for (int e = 1; e < E; e++)
+		mx = l[e] > mx ? l[e] : mx;
+	double sum = 0;
+
+	for (int e = 0; e < E; e++)
+		sum += expf(l[e] - mx);
+	double wsum = 0;
+
+	for (int k = 0; k < K; k++) {
+		int best = -1;
+		float bp = 0;
+
+		for (int e = 0; e < E; e++) {
+			if (taken_in(ids, k, e))
+				continue;
+			const float pe = soft_p(l, e, mx, sum);
+
+			if (best < 0 || pe > bp) {
+				best = e;
+				bp = pe;
+			}
+		}
+		ids[k] = best;
+		w[k] = bp;
+		wsum += bp;
+	}
+	if (norm)
+		for (int k = 0; k < K; k++)
+			w[k] = (float)(w[k] / wsum);
+}
+
+extern "C" cudaError_t md_cuda__route(const float *logits, int n, int E, int K, int weight_fn,
+				      int norm, int32_t *ids, float *w, cudaStream_t st)
+{
+	if (n <= 0 || E <= 0 || K <= 0 || K > E)
+		return cudaErrorInvalidValue;
+	route_kernel<<<(unsigned)((n + 63) / 64), 64, 0, st>>>(logits, n, E, K, weight_fn, norm, ids,
+								 w);
+	return cudaGetLastError();
+}
+
+#define LAYOUT_MAX 1024 /* experts, and tokens, one layout kernel takes */
+
+__global__ void layout_kernel(const int32_t *ids, const float *w, int n, int K, int E, int G,
+			      const uint8_t *b0, const uint8_t *b1, const uint8_t *b2, size_t s0,
+			      size_t s1, size_t s2, int32_t *off, int32_t *tok, int32_t *eid,
+			      int32_t *cslot, float *cw, const void **wtab)
+{
+	int32_t start[LAYOUT_MAX + 1], fill[LAYOUT_MAX];
+	const int NK = n * K;
+	int g = 0;
+
+	for (int e = 0; e <= E; e++)
+		start[e] = 0;
+	for (int i = 0; i < NK; i++)
+		start[ids[i] + 1]++;
+	for (int e = 0; e < E; e++) {
+		if (start[e + 1]) {
+			off[g] = start[e];
+			wtab[g] = b0 + (size_t)e * s0;
+			wtab[G + g] = b1 + (size_t)e * s1;
+			wtab[2 * G + g] = b2 + (size_t)e * s2;
+			g++;
+		}
+		start[e + 1] += start[e];
+	}
+	for (; g <= G; g++) {
+		off[g] = NK;
+		if (g < G) {
+			wtab[g] = b0;
+			wtab[G + g] = b1;
+			wtab[2 * G + g] = b2;
+		}
+	}
+	for (int t = 0; t < n; t++)
+		for (int k = 0; k < K; k++) {
+			const int e = ids[t * K + k];
+			const int32_t sl = start[e]++;
+
+			tok[sl] = t;
+			eid[sl] = e;
+		}
+	for (int t = 0; t < n; t++)
+		fill[t] = 0;
+	for (int sl = 0; sl < NK; sl++) {
+		const int t = tok[sl];
+
+		cslot[t * K + fill[t]++] = sl;
+	}
+	for (int t = 0; t < n; t++)
+		for (int k = 0; k < K; k++) {
+			const int sl = cslot[t * K + k];
+
+			for (int j = 0; j < K; j++)
+				if (ids[t * K + j] == eid[sl]) {
+					cw[t * K + k] = w[t * K + j];
+					break;
+				}
+		}
+}
+
+extern "C" cudaError_t md_cuda__moe_layout(const int32_t *ids, const float *w, int n, int K, int E,
+					   int G, const void *const base[3], const size_t nb2[3],
+					   int32_t *off, int32_t *tok, int32_t *eid, int32_t *cslot,
+					   float *cw, const void **wtab, cudaStream_t st)
+{
+	if (n <= 0 || K <= 0 || E <= 0 || E > LAYOUT_MAX || n > LAYOUT_MAX || G < 1 || G > E ||
+	    G > n * K)
+		return cudaErrorInvalidValue;
+	layout_kernel<<<1, 1, 0, st>>>(ids, w, n, K, E, G, (const uint8_t *)base[0],
+				       (const uint8_t *)base[1], (const uint8_t *)base[2], nb2[0],
+				       nb2[1], nb2[2], off, tok, eid, cslot, cw, wtab);
+	return cudaGetLastError();
+}

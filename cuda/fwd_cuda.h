@@ -34,6 +34,16 @@ cudaError_t md_cuda__attention(float *out, const float *q, const float *k, const
 			       const float *sinks, int n_tok, int n_head, int n_head_kv,
 			       int head_dim, int swa, float scale, cudaStream_t st);
 
+/* Plain routing (engine/backend_fwd.h md_dev_route): weight_fn 1 for softmax over the top-k,
+ * 0 for softmax top-k (norm: renormalise). */
+cudaError_t md_cuda__route(const float *logits, int n, int E, int K, int weight_fn, int norm,
+			   int32_t *ids, float *w, cudaStream_t st);
+/* The expert layout (md_dev_layout); E and n up to 1024. */
+cudaError_t md_cuda__moe_layout(const int32_t *ids, const float *w, int n, int K, int E, int G,
+				const void *const base[3], const size_t nb2[3], int32_t *off,
+				int32_t *tok, int32_t *eid, int32_t *cslot, float *cw,
+				const void **wtab, cudaStream_t st);
+
 #ifdef __cplusplus
 }
 #endif

@@ -21,9 +21,12 @@
  * orchestration (weights, KV mirror, block tables, expert layouts) against the CPU pass, and a
  * GPU run check each CUDA kernel against the simulated op (tests/gpu/).
  *
- * Routing is not here: the forward pass downloads each MoE layer's router logits and routes on
- * the host (engine/router.c: every gating function of every architecture), then uploads the
- * expert layout. One synchronisation per MoE layer; the price of one code path for routing.
+ * Routing: for the routing functions that need only the logits (softmax top-k, gpt-oss's
+ * softmax over the top-k) and resident experts, route and moe_layout do it on the device, so a
+ * decode step runs from the embeddings to the logits without waiting for the host; otherwise
+ * the forward pass downloads each MoE layer's router logits, routes on the host
+ * (engine/router.c: every gating function of every architecture, draft restrictions,
+ * selection biases) and uploads the expert layout: one synchronisation per MoE layer.
  */
 #ifndef MD_BACKEND_FWD_H
 #define MD_BACKEND_FWD_H
@@ -35,6 +38,7 @@
 #include "engine/kern/matmul.h"
 #include "engine/model.h"
 #include "engine/quant.h"
+#include "engine/router.h"
 
 struct md_backend;
 
@@ -79,6 +83,37 @@ struct md_dev_attn {
 	int max_pos;           /* the largest pos[t] (bounds scratch) */
 };
 
+/* Routing on the device, for the routing functions that need only the logits
+ * (md_route_fn_plain: softmax top-k, softmax over the top-k): ids and w (n, K) of each row of
+ * logits (n, E), as md_route_select_plain computes them on the host (ties to the lower id). */
+struct md_dev_route {
+	const float *logits;
+	int n, E, K;
+	enum md_route_fn fn;
+	bool norm_topk;
+	int32_t *ids;
+	float *w;
+};
+
+/* The expert layout of a routing, on the device: what mm_experts and combine read, as
+ * engine/router.c groups a routing. Slots are expert-major (experts ascending, each one's
+ * tokens ascending); group g < G (G = min(E, n * K), the most experts n tokens can use) is the
+ * g-th active expert, and groups past the active ones are empty, at the end (off[g] =
+ * off[g + 1] = n * K). Out: off (G + 1); per slot its token (tok) and expert (eid); wtab (3 G):
+ * each group's gate, then up, then down weights, expert e's at base[i] + e * nb2[i] (an empty
+ * group points at expert 0's); the combine table cslot, cw (n, K): token t's slots in
+ * ascending order with their weights. */
+struct md_dev_layout {
+	const int32_t *ids;
+	const float *w;
+	int n, K, E, G;
+	const void *base[3];
+	size_t nb2[3];
+	int32_t *off, *tok, *eid, *cslot;
+	float *cw;
+	const void **wtab;
+};
+
 /* The forward pass's ops. All enqueued on stream 0; see the DESIGN note above. */
 struct md_backend_fwd {
 	/* y (n_tok, w->n_out) = w x for x (n_tok, w->n_in), as backend.h's matmul but with x and
@@ -119,6 +154,10 @@ struct md_backend_fwd {
 	int (*copy)(struct md_backend *b, void *dst, const void *src, size_t size);
 	/* Wait until everything enqueued on stream 0 is done. */
 	int (*sync)(struct md_backend *b);
+	/* Routing and its layout on the device (see above); NULL where a backend has none, and
+	 * the forward pass routes on the host. */
+	int (*route)(struct md_backend *b, const struct md_dev_route *r);
+	int (*moe_layout)(struct md_backend *b, const struct md_dev_layout *l);
 };
 
 #endif

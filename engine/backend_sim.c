@@ -518,6 +518,82 @@ static int fwd_sync(struct md_backend *b)
 	return 0;
 }
 
+/* Each row through the host router's own selection (md_route_select_plain). */
+static int fwd_route(struct md_backend *b, const struct md_dev_route *r)
+{
+	struct sim *s = S(b);
+	if (!md_route_fn_plain(r->fn) || r->K < 1 || r->K > r->E)
+		return -EINVAL;
+	if (scratch_need(s, (size_t)r->E * (sizeof(float) + 1)))
+		return -ENOMEM;
+	float *p = s->scratch;
+	uint8_t *taken = (uint8_t *)(p + r->E);
+	for (int t = 0; t < r->n; t++) {
+		memcpy(p, r->logits + (size_t)t * r->E, (size_t)r->E * sizeof(float));
+		md_route_select_plain(r->fn, r->norm_topk, r->E, r->K, p, taken,
+				      r->ids + (size_t)t * r->K, r->w + (size_t)t * r->K);
+	}
+	return 0;
+}
+
+/* router.c's grouping (a stable counting sort by expert), over the active experts. */
+static int fwd_moe_layout(struct md_backend *b, const struct md_dev_layout *l)
+{
+	struct sim *s = S(b);
+	const int E = l->E, NK = l->n * l->K;
+	if (l->G < 1 || l->G > E || l->G > NK)
+		return -EINVAL;
+	if (scratch_need(s, (size_t)(2 * E + 1) * sizeof(int32_t) + (size_t)l->n * sizeof(int32_t)))
+		return -ENOMEM;
+	int32_t *start = s->scratch, *cur = start + E + 1, *fill = cur + E;
+	memset(start, 0, (size_t)(E + 1) * sizeof(int32_t));
+	for (int i = 0; i < NK; i++)
+		start[l->ids[i] + 1]++;
+	int g = 0;
+	for (int e = 0; e < E; e++) {
+		if (start[e + 1]) {
+			l->off[g] = start[e];
+			l->wtab[g] = (const char *)l->base[0] + (size_t)e * l->nb2[0];
+			l->wtab[l->G + g] = (const char *)l->base[1] + (size_t)e * l->nb2[1];
+			l->wtab[2 * l->G + g] = (const char *)l->base[2] + (size_t)e * l->nb2[2];
+			g++;
+		}
+		start[e + 1] += start[e];
+	}
+	for (; g <= l->G; g++) {
+		l->off[g] = NK;
+		if (g < l->G)
+			for (int i = 0; i < 3; i++)
+				l->wtab[i * l->G + g] = l->base[i];
+	}
+	memcpy(cur, start, (size_t)E * sizeof(int32_t));
+	for (int t = 0; t < l->n; t++)
+		for (int k = 0; k < l->K; k++) {
+			int e = l->ids[t * l->K + k];
+			int32_t slot = cur[e]++;
+			l->tok[slot] = t;
+			l->eid[slot] = e;
+		}
+	/* combine: each token's slots ascending (the slots of a token run expert by expert) */
+	memset(fill, 0, (size_t)l->n * sizeof(int32_t));
+	for (int sl = 0; sl < NK; sl++) {
+		int t = l->tok[sl];
+		l->cslot[t * l->K + fill[t]] = sl;
+		fill[t]++;
+	}
+	for (int t = 0; t < l->n; t++)
+		for (int k = 0; k < l->K; k++) {
+			int sl = l->cslot[t * l->K + k];
+			/* the weight of token t's routing to eid[sl] */
+			for (int j = 0; j < l->K; j++)
+				if (l->ids[t * l->K + j] == l->eid[sl]) {
+					l->cw[t * l->K + k] = l->w[t * l->K + j];
+					break;
+				}
+		}
+	return 0;
+}
+
 static const struct md_backend_fwd sim_fwd = {
 	.mm = fwd_mm,
 	.mm_experts = fwd_mm_experts,
@@ -533,6 +609,8 @@ static const struct md_backend_fwd sim_fwd = {
 	.gate_add = fwd_gate_add,
 	.copy = fwd_copy,
 	.sync = fwd_sync,
+	.route = fwd_route,
+	.moe_layout = fwd_moe_layout,
 };
 
 struct md_backend *md_backend_sim_new(size_t capacity, double bytes_per_s)

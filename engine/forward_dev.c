@@ -86,9 +86,24 @@ struct md_fwd_dev {
 	struct md_rope rope[2];
 	struct dev_src res;    /* the resident source */
 	bool xn_h_valid;       /* xn_h holds this layer's normed input */
+	const struct md_routing *r_last; /* the host-routed layer's routing (its experts held) */
+	/* routing on the device (moe_fast) */
+	bool fast_ok;          /* resident experts, device ops for it, a plain routing function */
+	void *lay;             /* device: one layer's layout tables (FAST_MAX_TOK tokens) */
+	int32_t *rec_ids;      /* device: (n_layer, n, k) each layer's routing this pass */
+	float *rec_w;
+	int32_t *rec_ids_h;    /* host copies for the observers */
+	float *rec_w_h;
+	uint8_t *fast_layer;   /* (n_layer) routed on the device this pass */
+	uint64_t n_fast, n_host; /* MoE layer passes routed on the device / on the host */
 };
 
 enum { EX_RUN, EX_FAILED };
+
+/* Batches of up to this many tokens route on the device when they can (fast_route): the
+ * decode steps and verification steps the step time of a GPU depends on. Larger batches
+ * (prompt chunks) route on the host, whose synchronisation they amortise. */
+#define FAST_MAX_TOK 32
 
 static double now_s(void)
 {
@@ -321,6 +336,12 @@ void md_fwd_dev_free(struct md_fwd_dev *d)
 		b->free(b, bufs[i]);
 	b->free(b, d->dtab);
 	b->free(b, d->drun);
+	b->free(b, d->lay);
+	b->free(b, d->rec_ids);
+	b->free(b, d->rec_w);
+	free(d->rec_ids_h);
+	free(d->rec_w_h);
+	free(d->fast_layer);
 	free(d->wdev);
 	b->host_free(b, d->pin);
 	if (d->m->hp.n_expert) {
@@ -454,6 +475,24 @@ int md_fwd_dev_new(const struct md_model *m, struct md_backend *b, struct md_kv_
 	if (fail) {
 		md_fwd_dev_free(d);
 		return -ENOMEM;
+	}
+	/* Routing on the device. */
+	d->fast_ok = d->experts_resident && b->fwd->route && b->fwd->moe_layout &&
+		     md_route_fn_plain(md_route_fn_of(hp));
+	if (d->fast_ok) {
+		size_t FK = (size_t)FAST_MAX_TOK * K, rec = (size_t)hp->n_layer * T * K;
+		size_t lay = 3 * FK * sizeof(void *) + (FK + 1) * sizeof(int32_t) + 4 * FK * 4;
+		rc = dalloc(d, lay, &d->lay, 0);
+		rc = dalloc(d, rec * sizeof(int32_t), &d->rec_ids, rc);
+		rc = dalloc(d, rec * sizeof(float), &d->rec_w, rc);
+		d->rec_ids_h = xalloc(rec * sizeof(int32_t), &fail);
+		d->rec_w_h = xalloc(rec * sizeof(float), &fail);
+		d->fast_layer = xalloc(hp->n_layer, &fail);
+		if (rc || fail) {
+			snprintf(err, errlen, "cannot allocate the device routing's tables");
+			md_fwd_dev_free(d);
+			return rc ? rc : -ENOMEM;
+		}
 	}
 	md_rope_init(&d->rope[0], hp, false);
 	md_rope_init(&d->rope[1], hp, true);
@@ -996,9 +1035,10 @@ static void predict_exact(struct md_fwd_dev *d, int n, uint8_t *pred)
 	}
 }
 
-/* The MoE FFN of layer il on xn; output in tmp. */
-static int moe(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p, struct md_expert_src *src,
-	       int n, uint32_t il, int32_t *tok_err)
+/* Steps 1-4 routed on the host: the router's logits down, the routing and layout up. The
+ * routed experts' sum into tmp. */
+static int moe_host(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
+		    struct md_expert_src *src, int n, uint32_t il, int32_t *tok_err)
 {
 	const struct md_backend_fwd *op = d->op;
 	struct md_backend *B = d->b;
@@ -1065,6 +1105,111 @@ static int moe(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p, struct md_
 			rc = op->combine(B, d->tmp, d->ye, ts, (const float *)(ts + (size_t)n * k), n,
 					 k, N);
 	}
+	d->r_last = r;
+	return rc;
+}
+
+/* Whether layer il's routing can run on the device this pass (engine/backend_fwd.h route):
+ * experts resident, a routing function of the logits alone, an exact pass without a
+ * pre-gating observer, and a batch the layout buffers hold. */
+static bool fast_route(const struct md_fwd_dev *d, const struct md_fwd_dev_pass *p, int n,
+		       const struct md_layer *L)
+{
+	return d->fast_ok && !p->draft && !p->pregate_cb && n <= FAST_MAX_TOK && !L->exp_probs_b;
+}
+
+/* Steps 1-4 on the device: router, route, layout, the experts' grouped products, combine into
+ * tmp; the routing is kept in rec for the observers (fwd_observe, after the pass). */
+static int moe_fast(struct md_fwd_dev *d, int n, uint32_t il)
+{
+	const struct md_backend_fwd *op = d->op;
+	struct md_backend *B = d->b;
+	const struct md_hparams *hp = &d->m->hp;
+	const struct md_layer *L = &d->m->layers[il];
+	const int N = (int)hp->n_embd, E = (int)hp->n_expert, K = (int)hp->n_expert_used;
+	const int NK = n * K, G = NK < E ? NK : E;
+	struct md_mat wr = dmat(d, L->gate_inp, 0);
+	int rc = op->mm(B, &wr, d->xn, n, d->rl);
+	if (!rc && L->gate_inp_b)
+		rc = op->add_rows(B, d->rl, dptr(d, L->gate_inp_b), NULL, n, E);
+	int32_t *ids = d->rec_ids + (size_t)il * n * K;
+	float *w = d->rec_w + (size_t)il * n * K;
+	struct md_dev_route rt = { .logits = d->rl, .n = n, .E = E, .K = K, .fn = d->router.fn,
+				   .norm_topk = hp->norm_topk, .ids = ids, .w = w };
+	if (!rc)
+		rc = op->route(B, &rt);
+	/* the layout buffer: wtab (3 G pointers), off (G + 1), tok, eid, cslot (n K each), cw */
+	const void **wtab = d->lay;
+	int32_t *off = (int32_t *)(wtab + 3 * FAST_MAX_TOK * K), *tok = off + FAST_MAX_TOK * K + 1;
+	int32_t *eid = tok + NK, *cslot = eid + NK;
+	float *cw = (float *)(cslot + NK);
+	struct md_mat gm = dmat(d, L->gate_exps, 0), um = dmat(d, L->up_exps, 0);
+	struct md_mat dm = dmat(d, L->down_exps, 0);
+	struct md_dev_layout ly = {
+		.ids = ids, .w = w, .n = n, .K = K, .E = E, .G = G,
+		.base = { gm.data, um.data, dm.data },
+		.nb2 = { L->gate_exps->nb2, L->up_exps->nb2, L->down_exps->nb2 },
+		.off = off, .tok = tok, .eid = eid, .cslot = cslot, .cw = cw, .wtab = wtab,
+	};
+	if (!rc)
+		rc = op->moe_layout(B, &ly);
+	const int F = (int)gm.n_out;
+	struct md_dev_experts e = {
+		.type = gm.type, .n_in = gm.n_in, .n_out = F, .nb1 = gm.nb1, .nw = 2, .ng = G,
+		.w = wtab, .off = off, .src = tok, .x = d->xn, .n_x = n, .y = { d->ge, d->ue },
+		.n_slots = NK, .max_rows = n,
+	};
+	if (!rc && gm.type == um.type && gm.nb1 == um.nb1) {
+		rc = op->mm_experts(B, &e);
+	} else if (!rc) {
+		e.nw = 1;
+		rc = op->mm_experts(B, &e);
+		e.type = um.type;
+		e.nb1 = um.nb1;
+		e.w = wtab + G;
+		e.y[0] = d->ue;
+		if (!rc)
+			rc = op->mm_experts(B, &e);
+	}
+	if (!rc && L->gate_exps_b)
+		rc = op->add_rows(B, d->ge, dptr(d, L->gate_exps_b), eid, NK, F);
+	if (!rc && L->up_exps_b)
+		rc = op->add_rows(B, d->ue, dptr(d, L->up_exps_b), eid, NK, F);
+	if (!rc)
+		rc = op->glu(B, d->ge, d->ue, (size_t)NK * F, hp->ffn_act);
+	struct md_dev_experts dn = {
+		.type = dm.type, .n_in = dm.n_in, .n_out = N, .nb1 = dm.nb1, .nw = 1, .ng = G,
+		.w = wtab + 2 * G, .off = off, .src = NULL, .x = d->ge, .n_x = NK,
+		.y = { d->ye, NULL }, .n_slots = NK, .max_rows = n,
+	};
+	if (!rc)
+		rc = op->mm_experts(B, &dn);
+	if (!rc && L->down_exps_b)
+		rc = op->add_rows(B, d->ye, dptr(d, L->down_exps_b), eid, NK, N);
+	if (!rc)
+		rc = op->combine(B, d->tmp, d->ye, cslot, cw, n, K, N);
+	d->fast_layer[il] = 1;
+	d->n_fast++;
+	return rc;
+}
+
+/* The MoE FFN of layer il on xn; output in tmp. */
+static int moe(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p, struct md_expert_src *src,
+	       int n, uint32_t il, int32_t *tok_err)
+{
+	const struct md_backend_fwd *op = d->op;
+	struct md_backend *B = d->b;
+	const struct md_hparams *hp = &d->m->hp;
+	const struct md_layer *L = &d->m->layers[il];
+	const int N = (int)hp->n_embd;
+	int rc;
+	d->r_last = NULL;
+	if (fast_route(d, p, n, L)) {
+		rc = moe_fast(d, n, il);
+	} else {
+		rc = moe_host(d, p, src, n, il, tok_err);
+		d->n_host++;
+	}
 
 	/* The shared expert: with its sigmoid gate (Qwen2-MoE), or ungated (DeepSeek, GLM). */
 	if (!rc && L->gate_shexp) {
@@ -1087,7 +1232,7 @@ static int moe(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p, struct md_
 		if (!rc)
 			rc = op->gate_add(B, d->tmp, d->ye, gate, n, N);
 	}
-	int rr = experts_release(d, src, il, r, r->n_active);
+	int rr = d->r_last ? experts_release(d, src, il, d->r_last, d->r_last->n_active) : 0;
 	return rc ? rc : rr;
 }
 
@@ -1118,6 +1263,43 @@ static int ffn(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p, struct md_
 	if (!rc && hp->n_expert)
 		rc = prefetch_next(d, p, src, il, n);
 	return rc;
+}
+
+/* The route observer of the layers routed on the device this pass, in layer order, from one
+ * download of their routings. */
+static int observe_fast(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p, int n)
+{
+	const struct md_hparams *hp = &d->m->hp;
+	const int K = (int)hp->n_expert_used;
+	uint32_t last = 0;
+	bool any = false;
+	for (uint32_t il = 0; il < hp->n_layer; il++)
+		if (d->fast_layer[il]) {
+			last = il;
+			any = true;
+		}
+	if (!any || !p->route_cb)
+		return 0;
+	size_t cnt = (size_t)(last + 1) * n * K;
+	int rc = download(d, d->rec_ids_h, d->rec_ids, cnt * sizeof(int32_t));
+	if (!rc)
+		rc = download(d, d->rec_w_h, d->rec_w, cnt * sizeof(float));
+	for (uint32_t il = 0; il <= last && !rc; il++) {
+		if (!d->fast_layer[il])
+			continue;
+		const struct md_routing *r = md_router_from_ids(&d->router, n, K,
+								d->rec_ids_h + (size_t)il * n * K,
+								d->rec_w_h + (size_t)il * n * K);
+		if (r)
+			p->route_cb(p->route_ud, il, r);
+	}
+	return rc;
+}
+
+void md_fwd_dev_counts(const struct md_fwd_dev *d, uint64_t *fast, uint64_t *host)
+{
+	*fast = d->n_fast;
+	*host = d->n_host;
 }
 
 int md_fwd_dev_forward(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
@@ -1156,6 +1338,8 @@ int md_fwd_dev_forward(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
 			       (const uint8_t *)m->tok_embd->data + (size_t)b->tokens[t] * m->tok_embd->nb1,
 			       xh + (size_t)t * N, N);
 	rc = upload(d, d->x, xh, (size_t)n * N * sizeof(float));
+	if (d->fast_layer)
+		memset(d->fast_layer, 0, hp->n_layer);
 	for (uint32_t il = 0; il < hp->n_layer && !rc; il++) {
 		if (p->draft && p->draft->skip && p->draft->skip[il])
 			continue;
@@ -1163,6 +1347,8 @@ int md_fwd_dev_forward(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
 		if (!rc)
 			rc = ffn(d, p, src, n, il, b->tok_err);
 	}
+	if (!rc && d->fast_layer)
+		rc = observe_fast(d, p, n);
 	if (rc)
 		return rc;
 

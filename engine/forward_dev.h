@@ -83,4 +83,7 @@ struct md_fwd_dev_mem {
 };
 void md_fwd_dev_mem(const struct md_fwd_dev *d, struct md_fwd_dev_mem *out);
 
+/* MoE layer passes routed on the device (no host round trip) and on the host, since creation. */
+void md_fwd_dev_counts(const struct md_fwd_dev *d, uint64_t *fast, uint64_t *host);
+
 #endif

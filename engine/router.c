@@ -261,23 +261,15 @@ const struct md_routing *md_router_route(struct md_router *r, int n)
 	return md_router_route_bias(r, n, NULL);
 }
 
-const struct md_routing *md_router_route_bias(struct md_router *r, int n, const float *bias)
+/* Step 2 for the first n tokens of r->ids / r->w (k each): offsets, the active list, then the
+ * stable counting sort into expert-major slots (off[e] serves as expert e's write cursor, then
+ * is restored). */
+static const struct md_routing *group(struct md_router *r, int n, int K)
 {
-	r->bias = bias;
-	const int E = r->n_expert, K = r->n_used;
-	route_select_fn sel = route_fns[r->fn].select;
-
-	/* 1. Select per token; count routings per expert in off[e + 1]. */
+	const int E = r->n_expert;
 	memset(r->off, 0, (size_t)(E + 1) * sizeof(int32_t));
-	for (int t = 0; t < n; t++) {
-		int32_t *ids = r->ids + (size_t)t * K;
-		sel(r, r->logits + (size_t)t * E, ids, r->w + (size_t)t * K);
-		for (int k = 0; k < K; k++)
-			r->off[ids[k] + 1]++;
-	}
-
-	/* 2. Offsets, the active list, then the stable counting sort into expert-major slots
-	 * (off[e] serves as expert e's write cursor, then is restored). */
+	for (size_t i = 0; i < (size_t)n * K; i++)
+		r->off[r->ids[i] + 1]++;
 	r->r.n_active = 0;
 	for (int e = 0; e < E; e++) {
 		if (r->off[e + 1])
@@ -305,6 +297,41 @@ const struct md_routing *md_router_route_bias(struct md_router *r, int n, const 
 	r->r.tok = r->tok;
 	r->r.tok_w = r->tok_w;
 	r->r.active = r->active;
-	r->bias = NULL;
 	return &r->r;
+}
+
+const struct md_routing *md_router_route_bias(struct md_router *r, int n, const float *bias)
+{
+	r->bias = bias;
+	const int E = r->n_expert, K = r->n_used;
+	route_select_fn sel = route_fns[r->fn].select;
+
+	/* 1. Select per token. */
+	for (int t = 0; t < n; t++)
+		sel(r, r->logits + (size_t)t * E, r->ids + (size_t)t * K, r->w + (size_t)t * K);
+	r->bias = NULL;
+	return group(r, n, K);
+}
+
+const struct md_routing *md_router_from_ids(struct md_router *r, int n, int k,
+					    const int32_t *ids, const float *w)
+{
+	if (n < 1 || n > r->max_tokens || k < 1 || k > r->n_used_model)
+		return NULL;
+	memcpy(r->ids, ids, (size_t)n * k * sizeof(int32_t));
+	memcpy(r->w, w, (size_t)n * k * sizeof(float));
+	return group(r, n, k);
+}
+
+bool md_route_fn_plain(enum md_route_fn fn)
+{
+	return fn == MD_ROUTE_SOFTMAX_TOPK || fn == MD_ROUTE_SOFTMAX_WEIGHT;
+}
+
+void md_route_select_plain(enum md_route_fn fn, bool norm_topk, int E, int K, float *p,
+			   uint8_t *taken, int32_t *ids, float *w)
+{
+	struct md_router t = { .fn = fn, .n_expert = E, .n_used = K, .norm_topk = norm_topk,
+			       .taken = taken, .w_scale = 1.0f };
+	route_fns[fn].select(&t, p, ids, w);
 }

@@ -90,4 +90,18 @@ const struct md_routing *md_router_route(struct md_router *r, int n);
  * which only MD_ROUTE_SCORED_TOPK uses: it moves the choice, not the weights. */
 const struct md_routing *md_router_route_bias(struct md_router *r, int n, const float *bias);
 
+/* The grouping of a routing already chosen elsewhere (the device forward pass routes on the
+ * device): n tokens of k experts each (ids, w: (n, k)), k at most the model's. Returns the
+ * routing as md_router_route would have grouped those choices, or NULL for bad sizes. */
+const struct md_routing *md_router_from_ids(struct md_router *r, int n, int k,
+					    const int32_t *ids, const float *w);
+
+/* The routing functions that need nothing but the logits (no selection bias, no groups):
+ * softmax top-k and softmax over the top-k. For them, md_route_select_plain is one token's
+ * selection exactly as md_router_route computes it: p (E) logits in (overwritten), ids and w
+ * (K) out, taken (E) scratch. A device implements the same (engine/backend_fwd.h route). */
+bool md_route_fn_plain(enum md_route_fn fn);
+void md_route_select_plain(enum md_route_fn fn, bool norm_topk, int E, int K, float *p,
+			   uint8_t *taken, int32_t *ids, float *w);
+
 #endif

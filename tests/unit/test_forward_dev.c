@@ -118,6 +118,14 @@ static void check_model(const char *moed_gguf, const char *label, const char *co
 		else
 			CHECK_MSG(worst <= 1e-5, "%s, %s: logits differ by %.3g of the row's scale",
 				  label, mode_name[mode], worst);
+		/* Resident experts and a routing function of the logits alone: every exact pass
+		 * routes on the device (the draft passes on the host); otherwise on the host. */
+		if (mode == RESIDENT && m.hp.n_expert && md_route_fn_plain(md_route_fn_of(&m.hp)))
+			CHECK_MSG(fd.n_fast > 0 && fd.n_host > 0, "%s: %llu layer passes routed on the "
+				  "device, %llu on the host", label, (unsigned long long)fd.n_fast,
+				  (unsigned long long)fd.n_host);
+		else if (m.hp.n_expert)
+			CHECK_MSG(fd.n_fast == 0, "%s, %s: routed on the device", label, mode_name[mode]);
 		CHECK_EQ_U(rc_dev.calls, rc_cpu.calls);
 		CHECK_MSG(rc_dev.hash == rc_cpu.hash, "%s, %s: the route observer saw other routings",
 			  label, mode_name[mode]);
@@ -129,8 +137,10 @@ static void check_model(const char *moed_gguf, const char *label, const char *co
 				  (unsigned long long)st.dev_hits, (unsigned long long)st.hits);
 			md_expert_store_free(store);
 		}
-		printf("%s, %s: %d rows, %d bit-identical, greedy equal in %d, worst %.2g\n", label,
-		       mode_name[mode], n_got, n_exact, n_argmax, worst);
+		printf("%s, %s: %d rows, %d bit-identical, greedy equal in %d, worst %.2g; MoE layer "
+		       "passes routed on the device %llu, on the host %llu\n", label, mode_name[mode],
+		       n_got, n_exact, n_argmax, worst, (unsigned long long)fd.n_fast,
+		       (unsigned long long)fd.n_host);
 		md_backend_sim_free(dev);
 	}
 	free(ref);
