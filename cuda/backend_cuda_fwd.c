@@ -140,6 +140,44 @@ static int fwd_moe_layout(struct md_backend *b, const struct md_dev_layout *l)
 						  l->wtab, st0(b)));
 }
 
+/* Graphs: stream 0 captured in thread-local mode (other threads, the expert store's copies
+ * say, may go on using CUDA meanwhile), instantiated once, launched on stream 0. */
+static int fwd_capture_begin(struct md_backend *b)
+{
+	return md_cuda__errno(cudaStreamBeginCapture(st0(b), cudaStreamCaptureModeThreadLocal));
+}
+
+static int fwd_capture_end(struct md_backend *b, void **graph)
+{
+	cudaGraph_t g = NULL;
+	cudaGraphExec_t x = NULL;
+	cudaError_t e = cudaStreamEndCapture(st0(b), &g);
+
+	*graph = NULL;
+	if (e == cudaSuccess)
+		e = cudaGraphInstantiate(&x, g, 0);
+	if (g != NULL)
+		cudaGraphDestroy(g);
+	if (e != cudaSuccess) {
+		cudaGetLastError(); /* a failed capture is not sticky */
+		return md_cuda__errno(e);
+	}
+	*graph = x;
+	return 0;
+}
+
+static int fwd_graph_launch(struct md_backend *b, void *graph)
+{
+	return md_cuda__errno(cudaGraphLaunch((cudaGraphExec_t)graph, st0(b)));
+}
+
+static void fwd_graph_free(struct md_backend *b, void *graph)
+{
+	(void)b;
+	if (graph != NULL)
+		cudaGraphExecDestroy((cudaGraphExec_t)graph);
+}
+
 const struct md_backend_fwd md_cuda__fwd_ops = {
 	.mm = fwd_mm,
 	.mm_experts = fwd_mm_experts,
@@ -157,4 +195,8 @@ const struct md_backend_fwd md_cuda__fwd_ops = {
 	.sync = fwd_sync,
 	.route = fwd_route,
 	.moe_layout = fwd_moe_layout,
+	.capture_begin = fwd_capture_begin,
+	.capture_end = fwd_capture_end,
+	.graph_launch = fwd_graph_launch,
+	.graph_free = fwd_graph_free,
 };

@@ -158,6 +158,15 @@ struct md_backend_fwd {
 	 * the forward pass routes on the host. */
 	int (*route)(struct md_backend *b, const struct md_dev_route *r);
 	int (*moe_layout)(struct md_backend *b, const struct md_dev_layout *l);
+	/* Graphs (CUDA Graphs): between capture_begin and capture_end the ops above are recorded,
+	 * not run, into a graph that graph_launch enqueues on stream 0 as one unit, as often as
+	 * wanted, with the arguments captured (pointers and sizes: whatever changes between
+	 * launches must be in device memory the graph reads). Nothing may wait for stream 0
+	 * during a capture (no download, no sync). NULL where a backend has no graphs. */
+	int (*capture_begin)(struct md_backend *b);
+	int (*capture_end)(struct md_backend *b, void **graph);
+	int (*graph_launch)(struct md_backend *b, void *graph);
+	void (*graph_free)(struct md_backend *b, void *graph);
 };
 
 #endif

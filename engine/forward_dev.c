@@ -32,8 +32,14 @@
 #include <time.h>
 
 #include "common/assert.h"
+#include "common/log.h"
 #include "engine/backend_sim.h"
 #include "engine/rope.h"
+
+/* Batches of up to this many tokens route on the device when they can (fast_route): the
+ * decode steps and verification steps the step time of a GPU depends on. Larger batches
+ * (prompt chunks) route on the host, whose synchronisation they amortise. */
+#define FAST_MAX_TOK 32
 
 /* The resident experts: a source over the device copies of the model's expert tensors. */
 struct dev_src {
@@ -96,14 +102,17 @@ struct md_fwd_dev {
 	float *rec_w_h;
 	uint8_t *fast_layer;   /* (n_layer) routed on the device this pass */
 	uint64_t n_fast, n_host; /* MoE layer passes routed on the device / on the host */
+	/* graphs (backend_fwd.h capture): one per batch size up to FAST_MAX_TOK, captured the
+	 * first time that size runs, again after a buffer it reads moved (gen) */
+	void *graph[FAST_MAX_TOK + 1];
+	uint64_t graph_gen[FAST_MAX_TOK + 1];
+	uint64_t gen;          /* bumped when dtab or dlogits is reallocated */
+	bool no_graphs;        /* a capture failed (or MOED_NO_GRAPHS): run op by op */
+	uint64_t n_graph_launches, n_captures;
 };
 
 enum { EX_RUN, EX_FAILED };
 
-/* Batches of up to this many tokens route on the device when they can (fast_route): the
- * decode steps and verification steps the step time of a GPU depends on. Larger batches
- * (prompt chunks) route on the host, whose synchronisation they amortise. */
-#define FAST_MAX_TOK 32
 
 static double now_s(void)
 {
@@ -337,6 +346,9 @@ void md_fwd_dev_free(struct md_fwd_dev *d)
 	b->free(b, d->dtab);
 	b->free(b, d->drun);
 	b->free(b, d->lay);
+	for (int i = 0; i <= FAST_MAX_TOK; i++)
+		if (d->graph[i])
+			b->fwd->graph_free(b, d->graph[i]);
 	b->free(b, d->rec_ids);
 	b->free(b, d->rec_w);
 	free(d->rec_ids_h);
@@ -496,6 +508,7 @@ int md_fwd_dev_new(const struct md_model *m, struct md_backend *b, struct md_kv_
 	}
 	md_rope_init(&d->rope[0], hp, false);
 	md_rope_init(&d->rope[1], hp, true);
+	d->no_graphs = getenv("MOED_NO_GRAPHS") != NULL; /* A/B measurements */
 	d->kv = kv;
 	md_kv_set_copy_hook(kv, on_kv_copy, d);
 	*out = d;
@@ -608,13 +621,18 @@ static int step_tables(struct md_fwd_dev *d, const struct md_kv_cache *kv, const
 			d->seq_tab[b->seq[t]] = -2 - (int32_t)n_blocks; /* placed: offset */
 			n_blocks += (size_t)d->seq_last[b->seq[t]] / MD_KV_BLOCK_TOKENS + 1;
 		}
-	size_t ni = 4 * (size_t)n + n_blocks, nf = (two ? 2 : 1) * (size_t)n * (size_t)R;
-	size_t bytes = (ni + nf) * 4;
+	/* Fixed places for a given stride S (the graphs of batches up to FAST_MAX_TOK read them
+	 * at the same addresses every step): per-token tables of S entries, the rope tables of
+	 * S rows each, then the block tables. */
+	const size_t S = n > FAST_MAX_TOK ? (size_t)n : FAST_MAX_TOK;
+	const size_t ni = 4 * S, nf = 2 * S * (size_t)R;
+	size_t bytes = (ni + nf + n_blocks) * 4;
 	int32_t *h = stage(d, bytes);
 	if (!h)
 		return -ENOMEM;
-	int32_t *pos = h, *wrow = h + n, *tab = h + 2 * n, *outr = h + 3 * n, *blk = h + 4 * n;
-	float *cs0 = (float *)(h + ni), *cs1 = cs0 + (size_t)n * R;
+	int32_t *pos = h, *wrow = h + S, *tab = h + 2 * S, *outr = h + 3 * S;
+	float *cs0 = (float *)(h + ni), *cs1 = cs0 + S * R;
+	int32_t *blk = h + ni + nf;
 	st->max_pos = 0;
 	st->n_out = 0;
 	for (int t = 0; t < n; t++) {
@@ -642,19 +660,22 @@ static int step_tables(struct md_fwd_dev *d, const struct md_kv_cache *kv, const
 				md_rope_table(&d->rope[1], b->pos[t], cs1 + (size_t)t * R);
 		}
 	}
+	void *old_tab = d->dtab;
 	int rc = dgrow(d, &d->dtab, &d->dtab_cap, bytes);
+	if (!rc && d->dtab != old_tab)
+		d->gen++; /* graphs read the old tables: capture again */
 	if (!rc)
 		rc = upload(d, d->dtab, h, bytes);
 	if (rc)
 		return rc;
 	const int32_t *dv = d->dtab;
 	st->pos = dv;
-	st->wrow = dv + n;
-	st->tab = dv + 2 * n;
-	st->out_rows = dv + 3 * n;
-	st->blocks = dv + 4 * n;
+	st->wrow = dv + S;
+	st->tab = dv + 2 * S;
+	st->out_rows = dv + 3 * S;
 	st->cs[0] = (const float *)(dv + ni);
-	st->cs[1] = two ? st->cs[0] + (size_t)n * R : st->cs[0];
+	st->cs[1] = two ? st->cs[0] + S * R : st->cs[0];
+	st->blocks = dv + ni + nf;
 	return 0;
 }
 
@@ -1302,6 +1323,103 @@ void md_fwd_dev_counts(const struct md_fwd_dev *d, uint64_t *fast, uint64_t *hos
 	*host = d->n_host;
 }
 
+void md_fwd_dev_graphs(const struct md_fwd_dev *d, uint64_t *captures, uint64_t *launches)
+{
+	*captures = d->n_captures;
+	*launches = d->n_graph_launches;
+}
+
+/* Enqueue every layer, then the final norm and the logits of the wanted rows (no waiting
+ * unless a layer routes on the host). */
+static int enqueue_pass(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
+			struct md_expert_src *src, const struct md_batch *b,
+			const struct step_tab *st)
+{
+	const struct md_model *m = d->m;
+	const struct md_hparams *hp = &m->hp;
+	const int n = b->n_tokens, N = (int)hp->n_embd;
+	int rc = 0;
+	for (uint32_t il = 0; il < hp->n_layer && !rc; il++) {
+		if (p->draft && p->draft->skip && p->draft->skip[il])
+			continue;
+		rc = attention(d, b, st, il);
+		if (!rc)
+			rc = ffn(d, p, src, n, il, b->tok_err);
+	}
+	if (rc || st->n_out == 0)
+		return rc;
+	struct md_mat wout = dmat(d, m->output, 0);
+	rc = d->op->rows_gather(d->b, d->xn, d->x, st->out_rows, st->n_out, N);
+	if (!rc)
+		rc = d->op->rmsnorm(d->b, d->xn, d->xn, dptr(d, m->output_norm), st->n_out, N,
+				    hp->rms_eps);
+	if (!rc)
+		rc = d->op->mm(d->b, &wout, d->xn, st->n_out, d->dlogits);
+	return rc;
+}
+
+/* Whether this pass can run as a graph: every layer on the device without a host round trip
+ * (dense, or routed on the device: fast_route), a batch the graphs cover, logits for every
+ * row (the graph's sizes are those of n alone). */
+static bool graph_ok(const struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
+		     const struct md_batch *b, const struct step_tab *st)
+{
+	const struct md_hparams *hp = &d->m->hp;
+	if (d->no_graphs || !d->op->capture_begin || b->n_tokens > FAST_MAX_TOK ||
+	    st->n_out != b->n_tokens || p->draft || p->pregate_cb)
+		return false;
+	if (!hp->n_expert)
+		return true;
+	if (!d->fast_ok)
+		return false;
+	for (uint32_t il = 0; il < hp->n_layer; il++)
+		if (d->m->layers[il].gate_inp && !fast_route(d, p, b->n_tokens, &d->m->layers[il]))
+			return false;
+	return true;
+}
+
+/* The pass as the graph of its batch size: captured the first time (nothing runs during a
+ * capture), launched every time. A capture that fails turns graphs off for good (rc 1: run
+ * the pass op by op instead). */
+static int run_graph(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
+		     struct md_expert_src *src, const struct md_batch *b, const struct step_tab *st)
+{
+	const struct md_hparams *hp = &d->m->hp;
+	const int n = b->n_tokens;
+	void **g = &d->graph[n];
+	if (*g && d->graph_gen[n] != d->gen) {
+		d->op->graph_free(d->b, *g);
+		*g = NULL;
+	}
+	if (!*g) {
+		int rc = d->op->capture_begin(d->b);
+		if (rc) {
+			d->no_graphs = true;
+			return 1;
+		}
+		uint64_t fast = d->n_fast;
+		rc = enqueue_pass(d, p, src, b, st);
+		int rc2 = d->op->capture_end(d->b, g);
+		d->n_fast = fast; /* counted below, for the launch */
+		if (rc || rc2) {
+			d->no_graphs = true;
+			*g = NULL;
+			md_log(MD_LOG_WARN, "device: graphs off: capturing a pass of %d tokens failed "
+			       "(%d, %d); passes run op by op", n, rc, rc2);
+			return 1;
+		}
+		d->graph_gen[n] = d->gen;
+		d->n_captures++;
+	}
+	for (uint32_t il = 0; il < hp->n_layer; il++)
+		if (d->m->layers[il].gate_inp) {
+			d->fast_layer[il] = 1;
+			d->n_fast++;
+		}
+	d->n_graph_launches++;
+	return d->op->graph_launch(d->b, *g);
+}
+
 int md_fwd_dev_forward(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
 		       struct md_kv_cache *kv, const struct md_batch *b, float *logits)
 {
@@ -1330,6 +1448,18 @@ int md_fwd_dev_forward(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
 	rc = step_tables(d, kv, b, &st);
 	if (rc)
 		return rc;
+	/* the logits rows (before any capture: allocation is no stream operation) */
+	size_t rows = (size_t)st.n_out > FAST_MAX_TOK ? (size_t)st.n_out : FAST_MAX_TOK;
+	if ((size_t)st.n_out > d->dlogits_rows || !d->dlogits) {
+		d->b->free(d->b, d->dlogits);
+		d->dlogits = NULL;
+		d->dlogits_rows = 0;
+		rc = d->b->alloc(d->b, rows * hp->n_vocab * sizeof(float), (void **)&d->dlogits);
+		if (rc)
+			return rc;
+		d->dlogits_rows = rows;
+		d->gen++;
+	}
 	float *xh = stage(d, (size_t)n * N * sizeof(float));
 	if (!xh)
 		return -ENOMEM;
@@ -1340,13 +1470,18 @@ int md_fwd_dev_forward(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
 	rc = upload(d, d->x, xh, (size_t)n * N * sizeof(float));
 	if (d->fast_layer)
 		memset(d->fast_layer, 0, hp->n_layer);
-	for (uint32_t il = 0; il < hp->n_layer && !rc; il++) {
-		if (p->draft && p->draft->skip && p->draft->skip[il])
-			continue;
-		rc = attention(d, b, &st, il);
-		if (!rc)
-			rc = ffn(d, p, src, n, il, b->tok_err);
+	bool graphed = false;
+	if (!rc && graph_ok(d, p, b, &st)) {
+		rc = run_graph(d, p, src, b, &st);
+		graphed = rc == 0;
+		if (rc == 1) { /* capture refused: op by op */
+			rc = 0;
+			if (d->fast_layer)
+				memset(d->fast_layer, 0, hp->n_layer);
+		}
 	}
+	if (!rc && !graphed)
+		rc = enqueue_pass(d, p, src, b, &st);
 	if (!rc && d->fast_layer)
 		rc = observe_fast(d, p, n);
 	if (rc)
@@ -1357,29 +1492,9 @@ int md_fwd_dev_forward(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
 		rc = md_kv_commit(kv, b->seq[t], (uint32_t)b->pos[t] + 1);
 		MD_ASSERT(rc == 0);
 	}
-
-	/* Final norm and logits for the wanted rows only. */
 	const int n_out = st.n_out;
 	if (n_out == 0)
 		return 0;
-	if ((size_t)n_out > d->dlogits_rows) {
-		d->b->free(d->b, d->dlogits);
-		d->dlogits = NULL;
-		d->dlogits_rows = 0;
-		rc = d->b->alloc(d->b, (size_t)n_out * hp->n_vocab * sizeof(float),
-				 (void **)&d->dlogits);
-		if (rc)
-			return rc;
-		d->dlogits_rows = (size_t)n_out;
-	}
-	struct md_mat wout = dmat(d, m->output, 0);
-	rc = d->op->rows_gather(d->b, d->xn, d->x, st.out_rows, n_out, (int)N);
-	if (!rc)
-		rc = d->op->rmsnorm(d->b, d->xn, d->xn, dptr(d, m->output_norm), n_out, (int)N,
-				    hp->rms_eps);
-	if (!rc)
-		rc = d->op->mm(d->b, &wout, d->xn, n_out, d->dlogits);
-	if (!rc)
-		rc = download(d, logits, d->dlogits, (size_t)n_out * hp->n_vocab * sizeof(float));
+	rc = download(d, logits, d->dlogits, (size_t)n_out * hp->n_vocab * sizeof(float));
 	return rc ? rc : n_out;
 }

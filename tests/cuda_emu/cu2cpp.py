@@ -1,6 +1,10 @@
 """Rewrite a CUDA source for the CUDA emulator (tests/cuda_emu): every kernel launch
-KERNEL<<<GRID, BLOCK, SHMEM, STREAM>>>(ARGS); becomes emu_launch(GRID, BLOCK, [=]() {
-KERNEL(ARGS); }); everything else is kept as it is (the emulator's headers supply the rest).
+KERNEL<<<GRID, BLOCK, SHMEM, STREAM>>>(ARGS); becomes
+  { auto emu_a = std::make_tuple(ARGS);
+    emu_launch(GRID, BLOCK, [emu_a]() { std::apply(KERNEL, emu_a); }); }
+so that, as in CUDA, the arguments are evaluated at the launch (a graph replays the values
+captured then, not whatever the expressions would read later); everything else is kept as it
+is (the emulator's headers supply the rest).
 
 usage: cu2cpp.py IN.cu OUT.cpp"""
 
@@ -28,7 +32,8 @@ def split_args(text):
 
 def rewrite(m):
     cfg = split_args(m.group(2))
-    return "emu_launch(%s, %s, [=]() { %s(%s); });" % (cfg[0], cfg[1], m.group(1), m.group(3))
+    return ("{ auto emu_a = std::make_tuple(%s); emu_launch(%s, %s, [emu_a]() { "
+            "std::apply(%s, emu_a); }); }" % (m.group(3), cfg[0], cfg[1], m.group(1)))
 
 
 out, n = launch.subn(rewrite, src)

@@ -10,7 +10,10 @@
  * run until it finishes or reaches a collective: __syncthreads waits for every live thread
  * of the block, __shfl_xor_sync for every live lane of the warp, then each reads its partner's
  * value. That is enough to execute kernels whose threads meet only at those points, as
- * moed's do; it does not model memory ordering between blocks or races. x86-64 only (its
+ * moed's do; it does not model memory ordering between blocks or races. Graphs: while a stream
+ * is captured, launches and copies are recorded (a kernel's arguments as captured, a copy's
+ * pointers) instead of run, and a graph launch runs the record again; waiting for a stream
+ * under capture is an error, as on a GPU. x86-64 only (its
  * context switch is a few instructions of assembly). Test use only. */
 #include <errno.h>
 #include <stdio.h>
@@ -18,6 +21,7 @@
 #include <string.h>
 
 #include <map>
+#include <vector>
 
 #include <sys/mman.h>
 
@@ -167,7 +171,26 @@ static void run_block(int n)
 			}
 }
 
+/* The graph being captured (NULL: none), and what it records. */
+struct emu_graph {
+	std::vector<std::function<void()>> ops;
+};
+static struct emu_graph *capturing;
+static unsigned long graph_launches;
+
+static void run_launch(dim3 grid, dim3 block, const std::function<void()> &fn);
+
 void emu_launch(dim3 grid, dim3 block, const std::function<void()> &fn)
+{
+	if (capturing) {
+		std::function<void()> body_copy = fn;
+		capturing->ops.push_back([grid, block, body_copy]() { run_launch(grid, block, body_copy); });
+		return;
+	}
+	run_launch(grid, block, fn);
+}
+
+static void run_launch(dim3 grid, dim3 block, const std::function<void()> &fn)
 {
 	unsigned long threads = (unsigned long)block.x * block.y * block.z;
 	if (threads == 0 || threads > MAX_THREADS || block.z > 64 || grid.x == 0 || grid.y == 0 ||
@@ -321,7 +344,58 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
 	}
 	if (!ok)
 		return fail(cudaErrorInvalidValue);
+	if (capturing) {
+		capturing->ops.push_back([dst, src, n]() { memmove(dst, src, n); });
+		return cudaSuccess;
+	}
 	memmove(dst, src, n);
+	return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t st, enum cudaStreamCaptureMode mode)
+{
+	(void)mode;
+	if (!st || capturing)
+		return fail(cudaErrorInvalidValue);
+	capturing = new emu_graph;
+	return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t st, cudaGraph_t *g)
+{
+	if (!st || !capturing)
+		return fail(cudaErrorInvalidValue);
+	*g = capturing;
+	capturing = NULL;
+	return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *x, cudaGraph_t g, unsigned long long flags)
+{
+	(void)flags;
+	*x = new emu_graph(*g);
+	return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t st)
+{
+	if (!st || capturing)
+		return fail(cudaErrorInvalidValue);
+	for (auto &op : x->ops)
+		op();
+	graph_launches++;
+	return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x)
+{
+	delete x;
+	return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t g)
+{
+	delete g;
 	return cudaSuccess;
 }
 
@@ -340,6 +414,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t st)
 
 cudaError_t cudaStreamSynchronize(cudaStream_t st)
 {
+	if (capturing) /* waiting for a stream under capture: illegal on a GPU too */
+		return fail(cudaErrorInvalidValue);
 	return st ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
 }
 
@@ -401,6 +477,11 @@ size_t emu_cuda_used(void)
 unsigned long emu_cuda_launches(void)
 {
 	return launches;
+}
+
+unsigned long emu_cuda_graph_launches(void)
+{
+	return graph_launches;
 }
 
 } /* extern "C" */

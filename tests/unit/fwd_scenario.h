@@ -39,6 +39,7 @@ struct fws_dev {
 	struct md_expert_src *src;
 	char err[256];
 	uint64_t n_fast, n_host; /* out: MoE layer passes routed on the device / on the host */
+	uint64_t n_captures, n_graphs; /* out: passes captured as graphs, graph launches */
 };
 
 struct fws {
@@ -207,8 +208,10 @@ static int fws_run(const struct md_model *m, struct fws_dev *dev, struct md_expe
 		fws_step(&w, n, tok, seq, pos);
 	}
 	md_forward_free(w.f);
-	if (d)
+	if (d) {
 		md_fwd_dev_counts(d, &dev->n_fast, &dev->n_host);
+		md_fwd_dev_graphs(d, &dev->n_captures, &dev->n_graphs);
+	}
 	md_fwd_dev_free(d);
 	md_kv_release(&w.kv);
 	return w.rc < 0 ? w.rc : w.rows;

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include <functional>
+#include <tuple>
 
 #include "cuda_runtime_api.h"
 

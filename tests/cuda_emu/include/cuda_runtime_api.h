@@ -34,6 +34,14 @@ enum cudaMemcpyKind {
 
 typedef struct emu_stream *cudaStream_t;
 typedef struct emu_event *cudaEvent_t;
+typedef struct emu_graph *cudaGraph_t;
+typedef struct emu_graph *cudaGraphExec_t;
+
+enum cudaStreamCaptureMode {
+	cudaStreamCaptureModeGlobal = 0,
+	cudaStreamCaptureModeThreadLocal = 1,
+	cudaStreamCaptureModeRelaxed = 2,
+};
 
 #define cudaStreamNonBlocking 0x01
 #define cudaEventDisableTiming 0x02
@@ -68,12 +76,19 @@ cudaError_t cudaEventDestroy(cudaEvent_t ev);
 cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t st);
 cudaError_t cudaEventQuery(cudaEvent_t ev);
 cudaError_t cudaEventSynchronize(cudaEvent_t ev);
+cudaError_t cudaStreamBeginCapture(cudaStream_t st, enum cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t st, cudaGraph_t *g);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *x, cudaGraph_t g, unsigned long long flags);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t st);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x);
+cudaError_t cudaGraphDestroy(cudaGraph_t g);
 cudaError_t cudaGetLastError(void);
 const char *cudaGetErrorString(cudaError_t e);
 
 /* The emulator's own: device memory allocated now, and launches so far (tests). */
 size_t emu_cuda_used(void);
 unsigned long emu_cuda_launches(void);
+unsigned long emu_cuda_graph_launches(void);
 
 #ifdef __cplusplus
 }
