@@ -83,6 +83,8 @@ step "random model" 120 build-gpu/tools/moed-gguf gen --arch qwen3moe --type q8_
 for f in "$bench/default-4g.gguf" "$bench/random-1g.gguf"; do
 	[ -f "$f" ] || continue
 	step "bench $(basename "$f") batch 1" 90 $B -m "$f" -D cuda -p 512 -n 128 -r 5
+	step "bench $(basename "$f") batch 1, no graphs" 90 env MOED_NO_GRAPHS=1 $B -m "$f" \
+		-D cuda -p 0 -n 128 -r 5
 	for s in 4 16 64; do
 		step "bench $(basename "$f") x$s" 90 $B -m "$f" -D cuda -p 0 -n 64 -r 3 -b $s
 	done
