@@ -61,7 +61,7 @@ step "server parity" 240 python3 tests/gpu/parity.py build-gpu/server/moed build
 # A model that cannot fit: --device cuda refuses at start-up with the reason, exit non-zero.
 say "== refusal"
 timeout 60 build-gpu/server/moed -m models/moed-default-moe.gguf --port 0 --device cuda \
-	--ctx-size 131072 --max-seqs 4096 --kv-memory-mb 100000000 > "$work/refuse.log" 2>&1
+	--ctx-size 131072 --max-seqs 4096 --kv-memory-mb 16000000 > "$work/refuse.log" 2>&1
 rc=$?
 cat "$work/refuse.log" >> "$log"
 if [ $rc -ne 0 ] && grep -q "need" "$work/refuse.log"; then
