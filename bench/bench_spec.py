@@ -66,6 +66,8 @@ ap.add_argument("--drafters", default=None)
 ap.add_argument("--llama", default=os.environ.get("MOED_LLAMA_CPP"))
 ap.add_argument("--svg")
 ap.add_argument("--no-bound", action="store_true")
+ap.add_argument("--args", default="", help="more arguments for moed (e.g. '--device cuda'; "
+                "the bound is from CPU step times, so add --no-bound on a device)")
 args = ap.parse_args()
 
 drafters = (args.drafters or ("off,ngram,draft,self" if args.draft else "off,ngram,self")).split(",")
@@ -145,6 +147,7 @@ moed_cmd = [args.moed, "-m", args.model, "--threads", str(args.threads), "--spec
             "--spec-k", str(args.max_k), "--max-seqs", str(max(streams)), "--ctx-size", "1024"]
 if args.draft:
     moed_cmd += ["--draft-model", args.draft]
+moed_cmd += args.args.split()
 moed = Srv(moed_cmd, "moed")
 servers.append(moed)
 

@@ -101,6 +101,18 @@ if [ -f "$f" ]; then
 fi
 grep -E '^(device:|\| |device tier:)' "$log" | grep -v 'prompts equal\|^| model | experts | rows' >> "$sum"
 
+# Speculative decoding on the device (a verification step of k tokens costs about one token's
+# there): each drafter against plain decode at 1 and 4 streams on the default model inflated to
+# ~1 GB with its draft.
+step "spec models" 120 sh bench/make_models.sh -B build-gpu -o "$bench" build default-1g default-1g-draft
+if [ -f "$bench/default-1g.gguf" ]; then
+	step "spec bench" 200 python3 bench/bench_spec.py build-gpu/server/moed "$bench/default-1g.gguf" \
+		--draft "$bench/default-1g-draft.gguf" --streams 1,4 --rounds 2 --max-tokens 64 \
+		--workloads verses,free --args "--device cuda" --no-bound
+	{ echo; echo "## Speculative decoding on the device (bench/bench_spec.py)"; echo '```'
+	  sed -n '/^work  *S /,/outputs differing/p' "$log"; echo '```'; } >> "$sum"
+fi
+
 if [ -n "${MOED_LLAMA_CPP:-}" ] && [ -x "$MOED_LLAMA_CPP/llama-bench" ]; then
 	{ echo; echo "## llama.cpp (CUDA) on the same files"; echo; } >> "$sum"
 	for f in "$bench/default-4g.gguf" "$bench/random-1g.gguf"; do
