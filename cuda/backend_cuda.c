@@ -260,6 +260,15 @@ void md_cuda__type_layout(enum md_dtype t, int64_t *blck, size_t *bytes, size_t 
 	case MD_DT_Q4_K: *blck = 256; *bytes = 144; *align = 4; break;
 	case MD_DT_Q5_K: *blck = 256; *bytes = 176; *align = 4; break;
 	case MD_DT_Q6_K: *blck = 256; *bytes = 210; *align = 2; break;
+	/* read byte by byte (matmul.cu): any alignment */
+	case MD_DT_Q4_1: *blck = 32; *bytes = 20; break;
+	case MD_DT_Q5_0: *blck = 32; *bytes = 22; break;
+	case MD_DT_Q5_1: *blck = 32; *bytes = 24; break;
+	case MD_DT_IQ4_NL: *blck = 32; *bytes = 18; break;
+	case MD_DT_MXFP4: *blck = 32; *bytes = 17; break;
+	case MD_DT_IQ4_XS: *blck = 256; *bytes = 136; break;
+	case MD_DT_Q2_K: *blck = 256; *bytes = 84; break;
+	case MD_DT_Q3_K: *blck = 256; *bytes = 110; break;
 	default: break;
 	}
 }

@@ -273,6 +273,214 @@ template <> struct row_dot<MD_DT_Q6_K> {
 	}
 };
 
+/*
+ * The other 32-element types (q4_1, q5_0, q5_1, iq4_nl, mxfp4): the q4_0 walk (8 lanes per
+ * block, lane k takes qs[2k], qs[2k+1]: elements 2k, 2k+1 from the low nibbles and 2k+16,
+ * 2k+17 from the high ones), every byte loaded on its own (these blocks are 17 to 24 bytes,
+ * so rows keep no alignment a wider load could use). val(b, q, j) is element j's value from
+ * its nibble q, in engine/quant.c's expressions.
+ */
+__device__ __forceinline__ float ld_f16b(const uint8_t *p) /* any alignment */
+{
+	return __half2float(__ushort_as_half((unsigned short)(p[0] | (p[1] << 8))));
+}
+
+__device__ __forceinline__ uint32_t ld_u32b(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* 2^(e - 128) (engine/quant.c md_e8m0_half). */
+__device__ __forceinline__ float e8m0_half(uint8_t e)
+{
+	return __uint_as_float(e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23);
+}
+
+__constant__ int8_t c_iq4nl[16] = { -127, -104, -83, -65, -49, -35, -22, -10,
+				     1, 13, 25, 38, 53, 69, 89, 113 };
+__constant__ int8_t c_mxfp4[16] = { 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12 };
+
+template <int TYPE> struct blk32;
+
+template <> struct blk32<MD_DT_Q4_1> {
+	static constexpr int bytes = 20, qs = 4;
+	static __device__ float val(const uint8_t *b, int q, int j)
+	{
+		(void)j;
+		return (float)q * ld_f16b(b) + ld_f16b(b + 2);
+	}
+};
+
+template <> struct blk32<MD_DT_Q5_0> {
+	static constexpr int bytes = 22, qs = 6;
+	static __device__ float val(const uint8_t *b, int q, int j)
+	{
+		const int v = q | (int)((ld_u32b(b + 2) >> j) & 1) << 4;
+		return (float)(v - 16) * ld_f16b(b);
+	}
+};
+
+template <> struct blk32<MD_DT_Q5_1> {
+	static constexpr int bytes = 24, qs = 8;
+	static __device__ float val(const uint8_t *b, int q, int j)
+	{
+		const int v = q | (int)((ld_u32b(b + 4) >> j) & 1) << 4;
+		return (float)v * ld_f16b(b) + ld_f16b(b + 2);
+	}
+};
+
+template <> struct blk32<MD_DT_IQ4_NL> {
+	static constexpr int bytes = 18, qs = 2;
+	static __device__ float val(const uint8_t *b, int q, int j)
+	{
+		(void)j;
+		return ld_f16b(b) * (float)c_iq4nl[q];
+	}
+};
+
+template <> struct blk32<MD_DT_MXFP4> {
+	static constexpr int bytes = 17, qs = 1;
+	static __device__ float val(const uint8_t *b, int q, int j)
+	{
+		(void)j;
+		return e8m0_half(b[0]) * (float)c_mxfp4[q];
+	}
+};
+
+template <int TYPE> __device__ __forceinline__ void blk32_run(const uint8_t *row, const act &a,
+							       int lane, float acc[MM_NT])
+{
+	typedef blk32<TYPE> B;
+	const int64_t nb = a.n_in / 32;
+	const int k = lane & 7;
+
+	for (int64_t ib = lane >> 3; ib < nb; ib += 4) {
+		const uint8_t *b = row + ib * B::bytes;
+		const uint8_t q0 = b[B::qs + 2 * k], q1 = b[B::qs + 2 * k + 1];
+		const int64_t e = ib * 32 + 2 * k;
+
+		fma2(acc, a, e, B::val(b, q0 & 0xf, 2 * k), B::val(b, q1 & 0xf, 2 * k + 1));
+		fma2(acc, a, e + 16, B::val(b, q0 >> 4, 2 * k + 16), B::val(b, q1 >> 4, 2 * k + 17));
+	}
+}
+
+template <> struct row_dot<MD_DT_Q4_1> {
+	static __device__ void run(const uint8_t *r, const act &a, int l, float acc[MM_NT])
+	{
+		blk32_run<MD_DT_Q4_1>(r, a, l, acc);
+	}
+};
+template <> struct row_dot<MD_DT_Q5_0> {
+	static __device__ void run(const uint8_t *r, const act &a, int l, float acc[MM_NT])
+	{
+		blk32_run<MD_DT_Q5_0>(r, a, l, acc);
+	}
+};
+template <> struct row_dot<MD_DT_Q5_1> {
+	static __device__ void run(const uint8_t *r, const act &a, int l, float acc[MM_NT])
+	{
+		blk32_run<MD_DT_Q5_1>(r, a, l, acc);
+	}
+};
+template <> struct row_dot<MD_DT_IQ4_NL> {
+	static __device__ void run(const uint8_t *r, const act &a, int l, float acc[MM_NT])
+	{
+		blk32_run<MD_DT_IQ4_NL>(r, a, l, acc);
+	}
+};
+template <> struct row_dot<MD_DT_MXFP4> {
+	static __device__ void run(const uint8_t *r, const act &a, int l, float acc[MM_NT])
+	{
+		blk32_run<MD_DT_MXFP4>(r, a, l, acc);
+	}
+};
+
+/* iq4_xs (136 B: f16 d | u16 scales_h | u8 scales_l[4] | qs[128]) super-blocks of 256, one per
+ * step: lane l takes sub-block l / 4 and its qs bytes 4 (l % 4) .. +3 (elements 4 (l % 4) ..
+ * +3 from the low nibbles, +16 from the high ones). */
+template <> struct row_dot<MD_DT_IQ4_XS> {
+	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
+	{
+		const int64_t nb = a.n_in / 256;
+		const int ib = lane >> 2, j = 4 * (lane & 3);
+
+		for (int64_t s = 0; s < nb; s++) {
+			const uint8_t *b = row + s * 136;
+			const unsigned sh = (unsigned)(b[2] | b[3] << 8);
+			const int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 15) |
+				       (int)((sh >> (2 * ib)) & 3) << 4;
+			const float dl = ld_f16b(b) * (float)(ls - 32);
+			const uint8_t *q = b + 8 + 16 * ib + j;
+			const int64_t e = s * 256 + 32 * ib + j;
+
+			fma4(acc, a, e, dl * (float)c_iq4nl[q[0] & 0xf], dl * (float)c_iq4nl[q[1] & 0xf],
+			     dl * (float)c_iq4nl[q[2] & 0xf], dl * (float)c_iq4nl[q[3] & 0xf]);
+			fma4(acc, a, e + 16, dl * (float)c_iq4nl[q[0] >> 4], dl * (float)c_iq4nl[q[1] >> 4],
+			     dl * (float)c_iq4nl[q[2] >> 4], dl * (float)c_iq4nl[q[3] >> 4]);
+		}
+	}
+};
+
+/* q2_K (84 B: scales[16] | qs[64] | f16 d | f16 dmin) and q3_K (110 B: hmask[32] | qs[64] |
+ * scales[12] | f16 d): element e = 128 h + 32 j + l has its two low bits at qs[32 h + l] >> 2j;
+ * lane l takes l and all eight (h, j), so each load instruction of the warp reads 32
+ * consecutive bytes and its activations are 32 consecutive floats. */
+template <> struct row_dot<MD_DT_Q2_K> {
+	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
+	{
+		const int64_t nb = a.n_in / 256;
+
+		for (int64_t s = 0; s < nb; s++) {
+			const uint8_t *b = row + s * 84;
+			const float d = ld_f16b(b + 80), dmin = ld_f16b(b + 82);
+
+#pragma unroll
+			for (int h = 0; h < 2; h++) {
+				const int qb = b[16 + 32 * h + lane];
+
+#pragma unroll
+				for (int j = 0; j < 4; j++) {
+					const int e = 128 * h + 32 * j + lane;
+					const int sc = b[e / 16];
+					const float dl = d * (float)(sc & 15), ml = dmin * (float)(sc >> 4);
+
+					fma1(acc, a, s * 256 + e, dl * (float)((qb >> (2 * j)) & 3) - ml);
+				}
+			}
+		}
+	}
+};
+
+template <> struct row_dot<MD_DT_Q3_K> {
+	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
+	{
+		const int64_t nb = a.n_in / 256;
+
+		for (int64_t s = 0; s < nb; s++) {
+			const uint8_t *b = row + s * 110;
+			const float d = ld_f16b(b + 108);
+			const uint8_t *sc = b + 96;
+			const int hm = b[lane];
+
+#pragma unroll
+			for (int h = 0; h < 2; h++) {
+				const int qb = b[32 + 32 * h + lane];
+
+#pragma unroll
+				for (int j = 0; j < 4; j++) {
+					const int e = 128 * h + 32 * j + lane, i = e / 16;
+					const int lo = i < 8 ? sc[i] & 15 : sc[i - 8] >> 4;
+					const int hi = (sc[8 + i % 4] >> (2 * (i / 4))) & 3;
+					const int q = ((qb >> (2 * j)) & 3) | ((hm >> (e / 32)) & 1) << 2;
+
+					fma1(acc, a, s * 256 + e,
+					     d * (float)((lo | hi << 4) - 32) * (float)(q - 4));
+				}
+			}
+		}
+	}
+};
+
 /* One warp per output row (blockIdx.x * MM_WARPS + warp), one tile of MM_NT tokens per
  * blockIdx.y. The whole warp leaves together when its row is past the end, so the full-mask
  * shuffles below always see 32 lanes. */
@@ -386,6 +594,14 @@ extern "C" cudaError_t md_cuda__matmul_experts(int type, const void *const *wtab
 	case MD_DT_Q4_K: return launch_x<MD_DT_Q4_K>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
 	case MD_DT_Q5_K: return launch_x<MD_DT_Q5_K>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
 	case MD_DT_Q6_K: return launch_x<MD_DT_Q6_K>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
+	case MD_DT_Q4_1: return launch_x<MD_DT_Q4_1>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
+	case MD_DT_Q5_0: return launch_x<MD_DT_Q5_0>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
+	case MD_DT_Q5_1: return launch_x<MD_DT_Q5_1>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
+	case MD_DT_IQ4_NL: return launch_x<MD_DT_IQ4_NL>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
+	case MD_DT_IQ4_XS: return launch_x<MD_DT_IQ4_XS>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
+	case MD_DT_MXFP4: return launch_x<MD_DT_MXFP4>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
+	case MD_DT_Q2_K: return launch_x<MD_DT_Q2_K>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
+	case MD_DT_Q3_K: return launch_x<MD_DT_Q3_K>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
 	default: return cudaErrorInvalidValue;
 	}
 }
@@ -419,6 +635,14 @@ extern "C" cudaError_t md_cuda__matmul(int type, const void *w, int64_t n_in, in
 	case MD_DT_Q4_K: return launch<MD_DT_Q4_K>(w, n_in, n_out, nb1, x, n_tok, y, stream);
 	case MD_DT_Q5_K: return launch<MD_DT_Q5_K>(w, n_in, n_out, nb1, x, n_tok, y, stream);
 	case MD_DT_Q6_K: return launch<MD_DT_Q6_K>(w, n_in, n_out, nb1, x, n_tok, y, stream);
+	case MD_DT_Q4_1: return launch<MD_DT_Q4_1>(w, n_in, n_out, nb1, x, n_tok, y, stream);
+	case MD_DT_Q5_0: return launch<MD_DT_Q5_0>(w, n_in, n_out, nb1, x, n_tok, y, stream);
+	case MD_DT_Q5_1: return launch<MD_DT_Q5_1>(w, n_in, n_out, nb1, x, n_tok, y, stream);
+	case MD_DT_IQ4_NL: return launch<MD_DT_IQ4_NL>(w, n_in, n_out, nb1, x, n_tok, y, stream);
+	case MD_DT_IQ4_XS: return launch<MD_DT_IQ4_XS>(w, n_in, n_out, nb1, x, n_tok, y, stream);
+	case MD_DT_MXFP4: return launch<MD_DT_MXFP4>(w, n_in, n_out, nb1, x, n_tok, y, stream);
+	case MD_DT_Q2_K: return launch<MD_DT_Q2_K>(w, n_in, n_out, nb1, x, n_tok, y, stream);
+	case MD_DT_Q3_K: return launch<MD_DT_Q3_K>(w, n_in, n_out, nb1, x, n_tok, y, stream);
 	default: return cudaErrorInvalidValue;
 	}
 }

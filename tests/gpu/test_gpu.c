@@ -242,7 +242,9 @@ static void check_attention(void)
 static void check_products(void)
 {
 	const enum md_dtype types[] = { MD_DT_F32, MD_DT_F16, MD_DT_BF16, MD_DT_Q8_0, MD_DT_Q4_0,
-					MD_DT_Q4_K, MD_DT_Q5_K, MD_DT_Q6_K };
+					MD_DT_Q4_K, MD_DT_Q5_K, MD_DT_Q6_K, MD_DT_Q4_1, MD_DT_Q5_0,
+					MD_DT_Q5_1, MD_DT_IQ4_NL, MD_DT_IQ4_XS, MD_DT_MXFP4, MD_DT_Q2_K,
+					MD_DT_Q3_K };
 	const int64_t n_in = 512, n_out = 96;
 	const int ng = 5, n_x = 9;
 	const int32_t off[6] = { 0, 3, 3, 7, 16, 19 }; /* group 1 empty, group 3 nine rows */

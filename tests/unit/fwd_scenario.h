@@ -247,6 +247,12 @@ static const char *const fws_a9[] = { "--arch", "qwen3moe", "--type", "q5_k", FW
 static const char *const fws_a10[] = { "--arch", "qwen3moe", "--type", "q6_k", FWS_K, NULL };
 static const char *const fws_a11[] = { "--arch", "qwen2", "--type", "q8_0", "--n-layer", "2",
 				       "--head-dim", "32", "--bias", NULL };
+static const char *const fws_a12[] = { "--arch", "gpt-oss", "--type", "q8_0", "--exp-type", "mxfp4",
+				       FWS_SMALL, "--sliding-window", "8", NULL };
+static const char *const fws_a13[] = { "--arch", "qwen3moe", "--type", "q3_k", FWS_K, NULL };
+static const char *const fws_a14[] = { "--arch", "mixtral", "--type", "q2_k", FWS_K, NULL };
+static const char *const fws_a15[] = { "--arch", "olmoe", "--type", "iq4_xs", FWS_K, NULL };
+static const char *const fws_a16[] = { "--arch", "qwen2moe", "--type", "q5_0", FWS_SMALL, NULL };
 
 static const struct fws_case fws_cases[] = {
 	{ "qwen3moe f32", fws_a0, true },
@@ -261,6 +267,11 @@ static const struct fws_case fws_cases[] = {
 	{ "qwen3moe q5_k", fws_a9, true },
 	{ "qwen3moe q6_k", fws_a10, true },
 	{ "qwen2 dense q8_0, q/k/v biases", fws_a11, true },
+	{ "gpt-oss, mxfp4 experts", fws_a12, true },
+	{ "qwen3moe q3_k", fws_a13, true },
+	{ "mixtral q2_k", fws_a14, true },
+	{ "olmoe iq4_xs", fws_a15, true },
+	{ "qwen2moe q5_0 (gated shared expert)", fws_a16, false },
 };
 static const size_t fws_n_cases = sizeof(fws_cases) / sizeof(fws_cases[0]);
 

@@ -136,16 +136,18 @@ static void check_api(struct md_backend *b)
 	CHECK_MSG(rc == 0, "download: %d", rc);
 	CHECK_MEM_EQ(back, host + 100, sizeof(host) - 100);
 
-	const enum md_dtype yes[] = { MD_DT_F32, MD_DT_F16, MD_DT_BF16, MD_DT_Q8_0,
-				      MD_DT_Q4_0, MD_DT_Q4_K, MD_DT_Q5_K, MD_DT_Q6_K };
-	for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++)
-		CHECK_MSG(b->supports(b, yes[i]), "supports(%s) false", md_dtype_info(yes[i])->name);
-	CHECK_MSG(!b->supports(b, MD_DT_Q2_K), "supports(q2_K) true");
+	/* every type the engine reads */
+	for (int t = 0; t < MD_DT_COUNT; t++)
+		if (md_dtype_info((uint32_t)t) && md_dtype_info((uint32_t)t)->supported)
+			CHECK_MSG(b->supports(b, (enum md_dtype)t), "supports(%s) false",
+				  md_dtype_info((uint32_t)t)->name);
+	CHECK_MSG(!b->supports(b, (enum md_dtype)MD_DT_COUNT), "supports(MD_DT_COUNT) true");
 
 	/* Invalid calls fail with -EINVAL and leave the backend usable. */
-	struct md_mat m = { .type = MD_DT_Q2_K, .n_in = 256, .n_out = 1, .nb1 = 84, .data = d };
+	struct md_mat m = { .type = (enum md_dtype)MD_DT_COUNT, .n_in = 256, .n_out = 1, .nb1 = 84,
+			    .data = d };
 	rc = b->matmul(b, &m, x, 1, y);
-	CHECK_MSG(rc == -EINVAL, "unsupported type: got %d want %d", rc, -EINVAL);
+	CHECK_MSG(rc == -EINVAL, "unknown type: got %d want %d", rc, -EINVAL);
 	m = (struct md_mat){ .type = MD_DT_Q8_0, .n_in = 48, .n_out = 1, .nb1 = 68, .data = d };
 	rc = b->matmul(b, &m, x, 1, y);
 	CHECK_MSG(rc == -EINVAL, "n_in not a block multiple: got %d want %d", rc, -EINVAL);
@@ -348,7 +350,9 @@ int main(void)
 	check_async(b);
 
 	const enum md_dtype types[] = { MD_DT_F32, MD_DT_F16, MD_DT_BF16, MD_DT_Q8_0,
-					MD_DT_Q4_0, MD_DT_Q4_K, MD_DT_Q5_K, MD_DT_Q6_K };
+					MD_DT_Q4_0, MD_DT_Q4_K, MD_DT_Q5_K, MD_DT_Q6_K,
+					MD_DT_Q4_1, MD_DT_Q5_0, MD_DT_Q5_1, MD_DT_IQ4_NL,
+					MD_DT_IQ4_XS, MD_DT_MXFP4, MD_DT_Q2_K, MD_DT_Q3_K };
 	/* Shapes: two rows, row counts that leave a partial thread block, wide rows; token
 	 * counts below, at and above the kernel's 8-token tile. Float types also get a row
 	 * length that is no multiple of 32. */

@@ -47,6 +47,7 @@ extern dim3 emu_block_dim, emu_grid_dim;
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static
+#define __constant__ static const
 
 float __shfl_xor_sync(unsigned mask, float v, int lane_mask);
 void __syncthreads(void);
