@@ -52,9 +52,9 @@ static int fwd_mm_experts(struct md_backend *b, const struct md_dev_experts *e)
 }
 
 static int fwd_rmsnorm(struct md_backend *b, float *y, const float *x, const float *w, int rows,
-		       int n, float eps)
+		       int n, int stride, float eps)
 {
-	return md_cuda__errno(md_cuda__rmsnorm(y, x, w, rows, n, eps, st0(b)));
+	return md_cuda__errno(md_cuda__rmsnorm(y, x, w, rows, n, stride, eps, st0(b)));
 }
 
 static int fwd_add(struct md_backend *b, float *y, const float *x, size_t n)
@@ -93,6 +93,25 @@ static int fwd_attention(struct md_backend *b, const struct md_dev_attn *a)
 	return md_cuda__errno(md_cuda__attention(a->out, a->q, a->k, a->v, a->pos, a->tab, a->blocks,
 						 a->sinks, a->n_tok, a->n_head, a->n_head_kv,
 						 a->head_dim, a->swa, a->scale, st0(b)));
+}
+
+static int fwd_attention_mla(struct md_backend *b, const struct md_dev_mla_attn *a)
+{
+	return md_cuda__errno(md_cuda__attention_mla(a->out, a->q, a->rows, a->half, a->pos, a->tab,
+						     a->blocks, a->n_tok, a->n_head, a->w, a->c,
+						     a->scale, st0(b)));
+}
+
+static int fwd_copy2d(struct md_backend *b, float *dst, size_t ds0, size_t ds1, const float *src,
+		      size_t ss0, size_t ss1, int n0, int n1, int w)
+{
+	return md_cuda__errno(md_cuda__copy2d(dst, ds0, ds1, src, ss0, ss1, n0, n1, w, st0(b)));
+}
+
+static int fwd_rows_store_f16(struct md_backend *b, uint16_t *dst, const int32_t *rows,
+			      const float *src, int n, int dim)
+{
+	return md_cuda__errno(md_cuda__rows_store_f16(dst, rows, src, n, dim, st0(b)));
 }
 
 static int fwd_glu(struct md_backend *b, float *g, const float *u, size_t n, enum md_ffn_act act)
@@ -188,6 +207,9 @@ const struct md_backend_fwd md_cuda__fwd_ops = {
 	.rows_store = fwd_rows_store,
 	.rows_gather = fwd_rows_gather,
 	.attention = fwd_attention,
+	.attention_mla = fwd_attention_mla,
+	.copy2d = fwd_copy2d,
+	.rows_store_f16 = fwd_rows_store_f16,
 	.glu = fwd_glu,
 	.combine = fwd_combine,
 	.gate_add = fwd_gate_add,

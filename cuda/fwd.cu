@@ -1,6 +1,7 @@
 /* CUDA kernels of the device forward pass's ops (engine/backend_fwd.h), other than the
  * products (matmul.cu). Each mirrors its reference in engine/backend_sim.c; where the
  * reference fixes a summation order (combine: slots in order) the kernel keeps it. */
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -17,11 +18,12 @@ static unsigned blocks_for(size_t n, unsigned per)
 
 /* ---- RMSNorm: one block of 256 threads per row ---- */
 
-__global__ void rmsnorm_kernel(float *y, const float *x, const float *w, int n, float eps)
+__global__ void rmsnorm_kernel(float *y, const float *x, const float *w, int n, int stride,
+			       float eps)
 {
 	__shared__ float part[8];
-	const float *xr = x + (int64_t)blockIdx.x * n;
-	float *yr = y + (int64_t)blockIdx.x * n;
+	const float *xr = x + (int64_t)blockIdx.x * stride;
+	float *yr = y + (int64_t)blockIdx.x * stride;
 	float s = 0.0f;
 
 	for (int i = threadIdx.x; i < n; i += blockDim.x)
@@ -46,11 +48,11 @@ __global__ void rmsnorm_kernel(float *y, const float *x, const float *w, int n, 
 }
 
 extern "C" cudaError_t md_cuda__rmsnorm(float *y, const float *x, const float *w, int rows, int n,
-					float eps, cudaStream_t st)
+					int stride, float eps, cudaStream_t st)
 {
 	if (rows <= 0)
 		return cudaSuccess;
-	rmsnorm_kernel<<<rows, 256, 0, st>>>(y, x, w, n, eps);
+	rmsnorm_kernel<<<rows, 256, 0, st>>>(y, x, w, n, stride, eps);
 	return cudaGetLastError();
 }
 
@@ -515,5 +517,166 @@ extern "C" cudaError_t md_cuda__moe_layout(const int32_t *ids, const float *w, i
 	layout_kernel<<<1, 1, 0, st>>>(ids, w, n, K, E, G, (const uint8_t *)base[0],
 				       (const uint8_t *)base[1], (const uint8_t *)base[2], nb2[0],
 				       nb2[1], nb2[2], off, tok, eid, cslot, cw, wtab);
+	return cudaGetLastError();
+}
+
+/* ---- latent attention (deepseek2) ----
+ *
+ * As attention_kernel: one block of ATT_WARPS warps per (head, token), each warp an online
+ * softmax over its share of the positions, merged at the end; here every head reads the same
+ * cache rows (w = C + R halves or floats: scores over all w, values the first c), and the
+ * output is head-major. */
+#define MLA_WMAX 1024
+
+__device__ __forceinline__ float row_at(const void *rows, int half, size_t i)
+{
+	return half ? __half2float(__ushort_as_half(((const unsigned short *)rows)[i]))
+		    : ((const float *)rows)[i];
+}
+
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+attention_mla_kernel(float *out, const float *q, const void *rows, int half, const int32_t *pos,
+		     const int32_t *tab, const int32_t *blocks, int n_tok, int n_head, int W, int C,
+		     float scale)
+{
+	__shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
+	__shared__ float sm_acc[ATT_WARPS][MLA_WMAX];
+	const int h = (int)blockIdx.x, t = (int)blockIdx.y;
+	const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);
+	const int nw = (W + 31) / 32, nc = (C + 31) / 32;
+	const int P = pos[t];
+	const int32_t *bt = blocks + tab[t];
+	const float *qh = q + ((size_t)t * n_head + h) * W;
+	float qr[MLA_WMAX / 32], acc[MLA_WMAX / 32];
+	float m = -INFINITY, l = 0.0f;
+
+#pragma unroll
+	for (int j = 0; j < MLA_WMAX / 32; j++) {
+		const int d = lane + 32 * j;
+
+		qr[j] = j < nw && d < W ? qh[d] : 0.0f;
+		acc[j] = 0.0f;
+	}
+	for (int p = warp; p <= P; p += ATT_WARPS) {
+		const size_t row = ((size_t)bt[p / KV_BLOCK] * KV_BLOCK + (size_t)(p % KV_BLOCK)) * W;
+		float s = 0.0f;
+
+#pragma unroll
+		for (int j = 0; j < MLA_WMAX / 32; j++) {
+			const int d = lane + 32 * j;
+
+			if (j < nw && d < W)
+				s += qr[j] * row_at(rows, half, row + d);
+		}
+		for (int o = 16; o > 0; o >>= 1)
+			s += __shfl_xor_sync(0xffffffffu, s, o);
+		s *= scale;
+		const float mn = fmaxf(m, s);
+		const float corr = m == -INFINITY ? 0.0f : expf(m - mn);
+		const float e = expf(s - mn);
+
+		l = l * corr + e;
+#pragma unroll
+		for (int j = 0; j < MLA_WMAX / 32; j++) {
+			const int d = lane + 32 * j;
+
+			if (j < nc && d < C)
+				acc[j] = acc[j] * corr + e * row_at(rows, half, row + d);
+		}
+		m = mn;
+	}
+	if (lane == 0) {
+		sm_m[warp] = m;
+		sm_l[warp] = l;
+	}
+#pragma unroll
+	for (int j = 0; j < MLA_WMAX / 32; j++) {
+		const int d = lane + 32 * j;
+
+		if (j < nc && d < C)
+			sm_acc[warp][d] = acc[j];
+	}
+	__syncthreads();
+	float M = -INFINITY;
+
+	for (int w = 0; w < ATT_WARPS; w++)
+		M = fmaxf(M, sm_m[w]);
+	float L = 0.0f, f[ATT_WARPS];
+
+	for (int w = 0; w < ATT_WARPS; w++) {
+		f[w] = sm_m[w] == -INFINITY ? 0.0f : expf(sm_m[w] - M);
+		L += sm_l[w] * f[w];
+	}
+	float *oh = out + ((size_t)h * n_tok + t) * C;
+
+	for (int d = threadIdx.x; d < C; d += ATT_WARPS * 32) {
+		float o = 0.0f;
+
+		for (int w = 0; w < ATT_WARPS; w++)
+			o += sm_acc[w][d] * f[w];
+		oh[d] = o / L;
+	}
+}
+
+extern "C" cudaError_t md_cuda__attention_mla(float *out, const float *q, const void *rows,
+					      int half, const int32_t *pos, const int32_t *tab,
+					      const int32_t *blocks, int n_tok, int n_head, int w,
+					      int c, float scale, cudaStream_t st)
+{
+	if (w <= 0 || w > MLA_WMAX || c <= 0 || c > w || n_head <= 0 || n_tok > 65535)
+		return cudaErrorInvalidValue;
+	if (n_tok <= 0)
+		return cudaSuccess;
+	const dim3 grid((unsigned)n_head, (unsigned)n_tok);
+
+	attention_mla_kernel<<<grid, ATT_WARPS * 32, 0, st>>>(out, q, rows, half, pos, tab, blocks,
+							      n_tok, n_head, w, c, scale);
+	return cudaGetLastError();
+}
+
+__global__ void copy2d_kernel(float *dst, size_t ds0, size_t ds1, const float *src, size_t ss0,
+			      size_t ss1, int n1, int w, size_t total)
+{
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		const size_t e = i % (size_t)w, ij = i / (size_t)w;
+		const size_t j = ij % (size_t)n1, a = ij / (size_t)n1;
+
+		dst[a * ds0 + j * ds1 + e] = src[a * ss0 + j * ss1 + e];
+	}
+}
+
+extern "C" cudaError_t md_cuda__copy2d(float *dst, size_t ds0, size_t ds1, const float *src,
+				       size_t ss0, size_t ss1, int n0, int n1, int w,
+				       cudaStream_t st)
+{
+	const size_t total = (size_t)n0 * (size_t)n1 * (size_t)w;
+
+	if (n0 <= 0 || n1 <= 0 || w <= 0)
+		return cudaSuccess;
+	copy2d_kernel<<<blocks_for(total, 256), 256, 0, st>>>(dst, ds0, ds1, src, ss0, ss1, n1, w,
+							      total);
+	return cudaGetLastError();
+}
+
+__global__ void rows_f16_kernel(unsigned short *dst, const int32_t *rows, const float *src, int n,
+				int dim)
+{
+	const size_t total = (size_t)n * dim;
+
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+	     i += (size_t)gridDim.x * blockDim.x) {
+		const int r = (int)(i / dim), c = (int)(i % dim);
+
+		dst[(size_t)rows[r] * dim + c] = __half_as_ushort(__float2half_rn(src[i]));
+	}
+}
+
+extern "C" cudaError_t md_cuda__rows_store_f16(unsigned short *dst, const int32_t *rows,
+					       const float *src, int n, int dim, cudaStream_t st)
+{
+	if (n <= 0 || dim <= 0)
+		return cudaSuccess;
+	rows_f16_kernel<<<blocks_for((size_t)n * dim, 256), 256, 0, st>>>(dst, rows, src, n, dim);
 	return cudaGetLastError();
 }

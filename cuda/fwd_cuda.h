@@ -13,8 +13,8 @@
 extern "C" {
 #endif
 
-cudaError_t md_cuda__rmsnorm(float *y, const float *x, const float *w, int rows, int n, float eps,
-			     cudaStream_t st);
+cudaError_t md_cuda__rmsnorm(float *y, const float *x, const float *w, int rows, int n, int stride,
+			     float eps, cudaStream_t st);
 cudaError_t md_cuda__add(float *y, const float *x, size_t n, cudaStream_t st);
 cudaError_t md_cuda__add_rows(float *y, const float *bias, const int32_t *idx, int rows, int n,
 			      cudaStream_t st);
@@ -34,6 +34,15 @@ cudaError_t md_cuda__attention(float *out, const float *q, const float *k, const
 			       const float *sinks, int n_tok, int n_head, int n_head_kv,
 			       int head_dim, int swa, float scale, cudaStream_t st);
 
+/* Latent attention (md_dev_mla_attn): rows of w halves (half) or floats, w up to 1024. */
+cudaError_t md_cuda__attention_mla(float *out, const float *q, const void *rows, int half,
+				   const int32_t *pos, const int32_t *tab, const int32_t *blocks,
+				   int n_tok, int n_head, int w, int c, float scale,
+				   cudaStream_t st);
+cudaError_t md_cuda__copy2d(float *dst, size_t ds0, size_t ds1, const float *src, size_t ss0,
+			    size_t ss1, int n0, int n1, int w, cudaStream_t st);
+cudaError_t md_cuda__rows_store_f16(unsigned short *dst, const int32_t *rows, const float *src,
+				    int n, int dim, cudaStream_t st);
 /* Plain routing (engine/backend_fwd.h md_dev_route): weight_fn 1 for softmax over the top-k,
  * 0 for softmax top-k (norm: renormalise). */
 cudaError_t md_cuda__route(const float *logits, int n, int E, int K, int weight_fn, int norm,

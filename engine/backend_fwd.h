@@ -83,6 +83,22 @@ struct md_dev_attn {
 	int max_pos;           /* the largest pos[t] (bounds scratch) */
 };
 
+/* Latent attention (engine/attn_mla.h) over a paged cache of one layer whose rows (one per
+ * position, found as md_dev_attn finds them) are w = C + R elements, IEEE halves (half) or
+ * floats: for token t and head h, the scores scale * q[t][h] . row (q (n_tok, n_head, w)), their
+ * softmax, and out[h][t] = the weighted sum of the rows' first c elements (out head-major,
+ * (n_head, n_tok, c)). */
+struct md_dev_mla_attn {
+	float *out;
+	const float *q;
+	const void *rows;
+	bool half;
+	const int32_t *pos, *tab, *blocks;
+	int n_tok, n_head, w, c;
+	float scale;
+	int max_pos;
+};
+
 /* Routing on the device, for the routing functions that need only the logits
  * (md_route_fn_plain: softmax top-k, softmax over the top-k): ids and w (n, K) of each row of
  * logits (n, E), as md_route_select_plain computes them on the host (ties to the lower id). */
@@ -121,9 +137,10 @@ struct md_backend_fwd {
 	int (*mm)(struct md_backend *b, const struct md_mat *w, const float *x, int n_tok, float *y);
 	/* The grouped expert products above. */
 	int (*mm_experts)(struct md_backend *b, const struct md_dev_experts *e);
-	/* y[r] = rmsnorm(x[r]) * w for rows of n floats (y may be x). */
+	/* y[r] = rmsnorm(x[r]) * w for rows of n floats, stride floats apart in x and y (y may
+	 * be x; the floats between rows are left alone). */
 	int (*rmsnorm)(struct md_backend *b, float *y, const float *x, const float *w, int rows,
-		       int n, float eps);
+		       int n, int stride, float eps);
 	/* y[i] += x[i] for i < n. */
 	int (*add)(struct md_backend *b, float *y, const float *x, size_t n);
 	/* y[r][i] += bias[idx[r] * n + i] for r < rows, i < n; idx NULL: bias[i] (one row). */
@@ -141,6 +158,16 @@ struct md_backend_fwd {
 	int (*rows_gather)(struct md_backend *b, float *dst, const float *src, const int32_t *rows,
 			   int n, int dim);
 	int (*attention)(struct md_backend *b, const struct md_dev_attn *a);
+	int (*attention_mla)(struct md_backend *b, const struct md_dev_mla_attn *a);
+	/* dst[i ds0 + j ds1 + e] = src[i ss0 + j ss1 + e] for i < n0, j < n1, e < w (floats, the
+	 * strides in floats; dst and src do not overlap): heads between token-major and
+	 * head-major layouts. */
+	int (*copy2d)(struct md_backend *b, float *dst, size_t ds0, size_t ds1, const float *src,
+		      size_t ss0, size_t ss1, int n0, int n1, int w);
+	/* dst row rows[i] = src row i rounded to IEEE half (to nearest even, as md_f32_to_f16),
+	 * rows of dim elements. */
+	int (*rows_store_f16)(struct md_backend *b, uint16_t *dst, const int32_t *rows,
+			      const float *src, int n, int dim);
 	/* g[i] = act(g[i], u[i]) for i < n (engine/forward.c glu: silu(g) u, or gpt-oss's). */
 	int (*glu)(struct md_backend *b, float *g, const float *u, size_t n, enum md_ffn_act act);
 	/* out[t] = sum over j < k, in order, of w[t * k + j] * ye[slot[t * k + j]] (rows of n

@@ -322,11 +322,11 @@ static int fwd_mm_experts(struct md_backend *b, const struct md_dev_experts *e)
 }
 
 static int fwd_rmsnorm(struct md_backend *b, float *y, const float *x, const float *w, int rows,
-		       int n, float eps)
+		       int n, int stride, float eps)
 {
 	(void)b;
 	for (int r = 0; r < rows; r++)
-		md_rmsnorm(y + (size_t)r * n, x + (size_t)r * n, w, n, eps);
+		md_rmsnorm(y + (size_t)r * stride, x + (size_t)r * stride, w, n, eps);
 	return 0;
 }
 
@@ -462,6 +462,122 @@ static int fwd_attention(struct md_backend *b, const struct md_dev_attn *a)
 	}
 	struct sim_att_job j = { a, s->att, s->att_cap };
 	md_pool_run(s->pool, sim_att_worker, &j);
+	return 0;
+}
+
+struct sim_mla_job {
+	const struct md_dev_mla_attn *a;
+	float *sc;
+	size_t cap;
+};
+
+/* The CPU pass's score_worker (engine/attn_mla.c) over rows found through the block table. */
+static void sim_mla_worker(void *ctx, int ith, int nth)
+{
+	const struct sim_mla_job *j = ctx;
+	const struct md_dev_mla_attn *a = j->a;
+	const int H = a->n_head, W = a->w, C = a->c;
+	const struct md_kern *kn = md_kern_active();
+	float *sc = j->sc + j->cap * (size_t)ith;
+	int total = a->n_tok * H;
+	int per = (total + nth - 1) / nth;
+	int i0 = per * ith, i1 = i0 + per < total ? i0 + per : total;
+	for (int i = i0; i < i1; i++) {
+		int t = i / H, h = i % H, pos = a->pos[t];
+		const int32_t *tab = a->blocks + a->tab[t];
+		const float *q = a->q + ((size_t)t * H + h) * W;
+		float mx = -INFINITY;
+		for (int p = 0; p <= pos; p++) {
+			size_t row = (size_t)tab[p / MD_KV_BLOCK_TOKENS] * MD_KV_BLOCK_TOKENS +
+				     (size_t)(p % MD_KV_BLOCK_TOKENS);
+			float s = 0;
+			if (a->half) {
+				const uint16_t *r = (const uint16_t *)a->rows + row * W;
+				if (kn)
+					s = kn->dot_f32_f16(q, r, W);
+				else
+					for (int d = 0; d < W; d++)
+						s += q[d] * md_f16_to_f32(r[d]);
+			} else {
+				const float *r = (const float *)a->rows + row * W;
+				if (kn)
+					s = kn->dot_f32(q, r, W);
+				else
+					for (int d = 0; d < W; d++)
+						s += q[d] * r[d];
+			}
+			s *= a->scale;
+			sc[p] = s;
+			if (s > mx)
+				mx = s;
+		}
+		double sum = 0;
+		for (int p = 0; p <= pos; p++) {
+			sc[p] = expf(sc[p] - mx);
+			sum += sc[p];
+		}
+		float inv = (float)(1.0 / sum);
+		float *o = a->out + ((size_t)h * a->n_tok + t) * C;
+		memset(o, 0, (size_t)C * sizeof(float));
+		for (int p = 0; p <= pos; p++) {
+			size_t row = (size_t)tab[p / MD_KV_BLOCK_TOKENS] * MD_KV_BLOCK_TOKENS +
+				     (size_t)(p % MD_KV_BLOCK_TOKENS);
+			float w = sc[p] * inv;
+			if (a->half) {
+				const uint16_t *r = (const uint16_t *)a->rows + row * W;
+				if (kn)
+					kn->axpy_f16(o, w, r, C);
+				else
+					for (int d = 0; d < C; d++)
+						o[d] += w * md_f16_to_f32(r[d]);
+			} else {
+				const float *r = (const float *)a->rows + row * W;
+				if (kn)
+					kn->axpy_f32(o, w, r, C);
+				else
+					for (int d = 0; d < C; d++)
+						o[d] += w * r[d];
+			}
+		}
+	}
+}
+
+static int fwd_attention_mla(struct md_backend *b, const struct md_dev_mla_attn *a)
+{
+	struct sim *s = S(b);
+	if (a->c > a->w)
+		return -EINVAL;
+	size_t need = ((size_t)a->max_pos + 16) & ~(size_t)15;
+	if (need > s->att_cap) {
+		float *p = realloc(s->att, need * (size_t)md_pool_size(s->pool) * sizeof(float));
+		if (!p)
+			return -ENOMEM;
+		s->att = p;
+		s->att_cap = need;
+	}
+	struct sim_mla_job j = { a, s->att, s->att_cap };
+	md_pool_run(s->pool, sim_mla_worker, &j);
+	return 0;
+}
+
+static int fwd_copy2d(struct md_backend *b, float *dst, size_t ds0, size_t ds1, const float *src,
+		      size_t ss0, size_t ss1, int n0, int n1, int w)
+{
+	(void)b;
+	for (int i = 0; i < n0; i++)
+		for (int j = 0; j < n1; j++)
+			memcpy(dst + i * ds0 + j * ds1, src + i * ss0 + j * ss1,
+			       (size_t)w * sizeof(float));
+	return 0;
+}
+
+static int fwd_rows_store_f16(struct md_backend *b, uint16_t *dst, const int32_t *rows,
+			      const float *src, int n, int dim)
+{
+	(void)b;
+	for (int i = 0; i < n; i++)
+		for (int e = 0; e < dim; e++)
+			dst[(size_t)rows[i] * dim + e] = md_f32_to_f16(src[(size_t)i * dim + e]);
 	return 0;
 }
 
@@ -604,6 +720,9 @@ static const struct md_backend_fwd sim_fwd = {
 	.rows_store = fwd_rows_store,
 	.rows_gather = fwd_rows_gather,
 	.attention = fwd_attention,
+	.attention_mla = fwd_attention_mla,
+	.copy2d = fwd_copy2d,
+	.rows_store_f16 = fwd_rows_store_f16,
 	.glu = fwd_glu,
 	.combine = fwd_combine,
 	.gate_add = fwd_gate_add,

@@ -56,8 +56,13 @@ struct md_fwd_dev {
 	bool experts_resident;
 	void **wdev;           /* (n_tensors) device copy of m->tensors[i], NULL: none */
 	uint64_t w_bytes, kv_bytes, act_bytes;
-	float *kc, *vc;        /* the KV mirror: (n_layer, n_blocks * BLOCK, kv_dim / v_dim) */
-	size_t k_layer, v_layer; /* floats per layer */
+	void *kc;              /* the KV mirror: K rows (n_layer, n_blocks * BLOCK, kv_dim) of
+				* kv->k_bytes each (floats, or latent attention's halves) */
+	float *vc;             /* V rows (n_layer, n_blocks * BLOCK, v_dim), NULL when v_dim 0 */
+	size_t k_layer, v_layer; /* elements per layer */
+	/* latent attention (deepseek2) */
+	float *qa, *kva, *qn, *qabs, *qcat, *olat, *ov, *matt; /* attention_mla's buffers */
+	const void **mla_tab;  /* device: (n_layer, 2 H) each layer's wk_b heads, then wv_b's */
 	/* device activations */
 	float *x, *xn, *q, *k, *v, *att, *tmp, *ge, *ue, *ye, *rl, *gsh;
 	float *dlogits;
@@ -147,6 +152,7 @@ static void each_tensor(const struct md_model *m, bool experts,
 			L->ffn_down, L->gate_inp, L->gate_inp_b, L->gate_exps_b, L->up_exps_b,
 			L->down_exps_b, L->gate_inp_shexp, L->gate_shexp, L->up_shexp,
 			L->down_shexp, L->gate_exps, L->up_exps, L->down_exps,
+			L->wq_a, L->q_a_norm, L->wq_b, L->wkv_a_mqa, L->kv_a_norm, L->wk_b, L->wv_b,
 		};
 		for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++)
 			if (ts[i] && (experts || !is_expert_tensor(L, ts[i])))
@@ -178,8 +184,14 @@ static uint64_t act_floats(const struct md_hparams *hp, int max_tokens, size_t *
 		F = hp->n_ff;
 	if (F_out)
 		*F_out = F;
+	uint64_t mla = 0;
+	if (hp->kv_lora_rank) { /* attention_mla's buffers */
+		size_t H = hp->n_head, C = hp->kv_lora_rank, W = C + hp->n_rot;
+		mla = T * (hp->q_lora_rank + W + H * (hp->head_dim_nope + 2 * C + W +
+						      2 * (size_t)hp->head_dim_v));
+	}
 	return 3 * T * N + 2 * T * QD + 2 * T * KD + 2 * T * K * F + T * K * N + T * E + T +
-	       T * N /* xn */;
+	       T * N /* xn */ + mla;
 }
 
 uint64_t md_fwd_dev_need(const struct md_model *m, bool with_experts, uint64_t kv_bytes,
@@ -278,11 +290,15 @@ static void on_kv_copy(void *ud, int32_t dst, int32_t src)
 {
 	struct md_fwd_dev *d = ud;
 	const struct md_kv_cache *kv = d->kv;
-	size_t kb = (size_t)MD_KV_BLOCK_TOKENS * kv->kv_dim, vb = (size_t)MD_KV_BLOCK_TOKENS * kv->v_dim;
+	size_t kb = (size_t)MD_KV_BLOCK_TOKENS * kv->kv_dim * kv->k_bytes;
+	size_t vb = (size_t)MD_KV_BLOCK_TOKENS * kv->v_dim * sizeof(float);
 	for (uint32_t l = 0; l < kv->n_layer; l++) {
-		float *k = d->kc + (size_t)l * d->k_layer, *v = d->vc + (size_t)l * d->v_layer;
-		d->op->copy(d->b, k + (size_t)dst * kb, k + (size_t)src * kb, kb * sizeof(float));
-		d->op->copy(d->b, v + (size_t)dst * vb, v + (size_t)src * vb, vb * sizeof(float));
+		char *k = (char *)d->kc + (size_t)l * d->k_layer * kv->k_bytes;
+		d->op->copy(d->b, k + (size_t)dst * kb, k + (size_t)src * kb, kb);
+		if (vb) {
+			char *v = (char *)(d->vc + (size_t)l * d->v_layer);
+			d->op->copy(d->b, v + (size_t)dst * vb, v + (size_t)src * vb, vb);
+		}
 	}
 }
 
@@ -304,15 +320,18 @@ const char *md_fwd_dev_unsupported(const struct md_model *m, struct md_kv_rows r
 	const struct md_hparams *hp = &m->hp;
 	if (!b->fwd)
 		snprintf(buf, len, "the %s backend has no device forward ops", b->name);
-	else if (hp->kv_lora_rank)
-		snprintf(buf, len, "latent attention (deepseek2) has no device path yet");
-	else if (rows.k_half || rows.v_dim != rows.k_dim)
+	else if (hp->kv_lora_rank && (!b->fwd->attention_mla || rows.v_dim ||
+				      rows.k_dim != hp->kv_lora_rank + hp->n_rot))
+		snprintf(buf, len, "the %s backend has no latent attention", b->name);
+	else if (hp->kv_lora_rank && rows.k_dim > 1024)
+		snprintf(buf, len, "latent rows of %u are over the device's 1024", rows.k_dim);
+	else if (!hp->kv_lora_rank && (rows.k_half || rows.v_dim != rows.k_dim))
 		snprintf(buf, len, "the KV cache is not float K and V rows");
-	else if (hp->head_dim > 256)
+	else if (!hp->kv_lora_rank && hp->head_dim > 256)
 		snprintf(buf, len, "head_dim %u is over the device attention's 256", hp->head_dim);
 	else if (hp->n_rot % 2 || hp->n_rot > hp->head_dim)
 		snprintf(buf, len, "rotary dims out of range");
-	else if (hp->n_head_kv == 0 || hp->n_head % hp->n_head_kv)
+	else if (!hp->kv_lora_rank && (hp->n_head_kv == 0 || hp->n_head % hp->n_head_kv))
 		snprintf(buf, len, "query heads are not a multiple of KV heads");
 	else
 		buf[0] = '\0';
@@ -339,8 +358,11 @@ void md_fwd_dev_free(struct md_fwd_dev *d)
 	if (d->wdev)
 		for (size_t i = 0; i < d->m->n_tensors; i++)
 			b->free(b, d->wdev[i]);
-	float *bufs[] = { d->kc, d->vc, d->x, d->xn, d->q, d->k, d->v, d->att, d->tmp, d->ge,
-			  d->ue, d->ye, d->rl, d->gsh, d->dlogits };
+	b->free(b, d->kc);
+	b->free(b, (void *)d->mla_tab);
+	float *bufs[] = { d->vc, d->x, d->xn, d->q, d->k, d->v, d->att, d->tmp, d->ge,
+			  d->ue, d->ye, d->rl, d->gsh, d->dlogits, d->qa, d->kva, d->qn, d->qabs,
+			  d->qcat, d->olat, d->ov, d->matt };
 	for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
 		b->free(b, bufs[i]);
 	b->free(b, d->dtab);
@@ -432,11 +454,11 @@ int md_fwd_dev_new(const struct md_model *m, struct md_backend *b, struct md_kv_
 	act_floats(hp, max_tokens, &F);
 	d->k_layer = (size_t)kv->n_blocks * MD_KV_BLOCK_TOKENS * kv->kv_dim;
 	d->v_layer = (size_t)kv->n_blocks * MD_KV_BLOCK_TOKENS * kv->v_dim;
-	int rc = b->alloc(b, d->k_layer * kv->n_layer * sizeof(float), (void **)&d->kc);
-	if (!rc)
+	int rc = b->alloc(b, d->k_layer * kv->n_layer * kv->k_bytes, &d->kc);
+	if (!rc && d->v_layer)
 		rc = b->alloc(b, d->v_layer * kv->n_layer * sizeof(float), (void **)&d->vc);
 	if (!rc)
-		d->kv_bytes = (d->k_layer + d->v_layer) * kv->n_layer * sizeof(float);
+		d->kv_bytes = (d->k_layer * kv->k_bytes + d->v_layer * sizeof(float)) * kv->n_layer;
 	const size_t fs = sizeof(float);
 	rc = dalloc(d, T * N * fs, &d->x, rc);
 	rc = dalloc(d, T * N * fs, &d->xn, rc);
@@ -450,6 +472,35 @@ int md_fwd_dev_new(const struct md_model *m, struct md_backend *b, struct md_kv_
 	rc = dalloc(d, T * K * N * fs, &d->ye, rc);
 	rc = dalloc(d, T * E * fs, &d->rl, rc);
 	rc = dalloc(d, T * fs, &d->gsh, rc);
+	if (hp->kv_lora_rank) {
+		const size_t H = hp->n_head, C = hp->kv_lora_rank, W = C + hp->n_rot;
+		const size_t Dn = hp->head_dim_nope, Dv = hp->head_dim_v;
+		rc = dalloc(d, T * (hp->q_lora_rank ? hp->q_lora_rank : 1) * fs, &d->qa, rc);
+		rc = dalloc(d, T * W * fs, &d->kva, rc);
+		rc = dalloc(d, H * T * Dn * fs, &d->qn, rc);
+		rc = dalloc(d, H * T * C * fs, &d->qabs, rc);
+		rc = dalloc(d, T * H * W * fs, &d->qcat, rc);
+		rc = dalloc(d, H * T * C * fs, &d->olat, rc);
+		rc = dalloc(d, H * T * Dv * fs, &d->ov, rc);
+		rc = dalloc(d, T * H * Dv * fs, &d->matt, rc);
+		/* the heads of each layer's wk_b and wv_b, for the per-head grouped products */
+		const void **tab = calloc((size_t)hp->n_layer * 2 * H, sizeof(void *));
+		size_t tb = (size_t)hp->n_layer * 2 * H * sizeof(void *);
+		if (!tab && !rc)
+			rc = -ENOMEM;
+		for (uint32_t il = 0; il < hp->n_layer && tab; il++) {
+			const struct md_layer *L = &m->layers[il];
+			for (size_t h = 0; h < H && L->wk_b; h++) {
+				tab[(size_t)il * 2 * H + h] = (const char *)dptr(d, L->wk_b) + h * L->wk_b->nb2;
+				tab[(size_t)il * 2 * H + H + h] = (const char *)dptr(d, L->wv_b) +
+								  h * L->wv_b->nb2;
+			}
+		}
+		rc = dalloc(d, tb, &d->mla_tab, rc);
+		if (!rc)
+			rc = b->upload(b, (void *)d->mla_tab, tab, tb);
+		free(tab);
+	}
 	if (rc) {
 		snprintf(err, errlen, "cannot allocate the KV mirror and activations (%.1f MiB of "
 			 "weights uploaded): %s", d->w_bytes / 1048576.0, strerror(-rc));
@@ -595,6 +646,7 @@ static int dgrow(struct md_fwd_dev *d, void **buf, size_t *cap, size_t n)
 /* Per-step tables on the device (int32 and float elements of one buffer). */
 struct step_tab {
 	const int32_t *pos, *wrow, *tab, *out_rows, *blocks;
+	const int32_t *hoff;   /* (n_head + 1) h * n: latent attention's per-head groups */
 	const float *cs[2];
 	int n_out, max_pos;
 };
@@ -625,14 +677,17 @@ static int step_tables(struct md_fwd_dev *d, const struct md_kv_cache *kv, const
 	 * at the same addresses every step): per-token tables of S entries, the rope tables of
 	 * S rows each, then the block tables. */
 	const size_t S = n > FAST_MAX_TOK ? (size_t)n : FAST_MAX_TOK;
-	const size_t ni = 4 * S, nf = 2 * S * (size_t)R;
+	const size_t nh = hp->kv_lora_rank ? hp->n_head + 1 : 0;
+	const size_t ni = 4 * S + nh, nf = 2 * S * (size_t)R;
 	size_t bytes = (ni + nf + n_blocks) * 4;
 	int32_t *h = stage(d, bytes);
 	if (!h)
 		return -ENOMEM;
 	int32_t *pos = h, *wrow = h + S, *tab = h + 2 * S, *outr = h + 3 * S;
 	float *cs0 = (float *)(h + ni), *cs1 = cs0 + S * R;
-	int32_t *blk = h + ni + nf;
+	int32_t *blk = h + ni + nf, *hoff = h + 4 * S;
+	for (size_t i = 0; i < nh; i++)
+		hoff[i] = (int32_t)i * n;
 	st->max_pos = 0;
 	st->n_out = 0;
 	for (int t = 0; t < n; t++) {
@@ -673,6 +728,7 @@ static int step_tables(struct md_fwd_dev *d, const struct md_kv_cache *kv, const
 	st->wrow = dv + S;
 	st->tab = dv + 2 * S;
 	st->out_rows = dv + 3 * S;
+	st->hoff = dv + 4 * S;
 	st->cs[0] = (const float *)(dv + ni);
 	st->cs[1] = two ? st->cs[0] + S * R : st->cs[0];
 	st->blocks = dv + ni + nf;
@@ -681,9 +737,108 @@ static int step_tables(struct md_fwd_dev *d, const struct md_kv_cache *kv, const
 
 /* ---- attention ---- */
 
+/* A per-head grouped product (engine/attn_mla.c per_head): y (H, n, w.n_out) = head h's matrix
+ * of t (one per head, tab (H) its device pointers) times x (H, n, w.n_in). */
+static int per_head(struct md_fwd_dev *d, const struct md_tensor *t, const void *const *tab,
+		    const int32_t *hoff, const float *x, int n, float *y)
+{
+	const int H = (int)d->m->hp.n_head;
+	struct md_mat w = md_mat_of(t, 0);
+	struct md_dev_experts e = {
+		.type = w.type, .n_in = w.n_in, .n_out = w.n_out, .nb1 = w.nb1, .nw = 1, .ng = H,
+		.w = tab, .off = hoff, .src = NULL, .x = x, .n_x = H * n, .y = { y, NULL },
+		.n_slots = H * n, .max_rows = n,
+	};
+	return d->op->mm_experts(d->b, &e);
+}
+
+/* Latent attention (engine/attn_mla.h), op for op as engine/attn_mla.c: products, the latent
+ * and rope key cached (halves, or floats with kv-cache-type f32), the nope queries absorbed
+ * into the latent space per head, scores against the cached rows, the values per head, the
+ * output projection; residual. */
+static int attention_mla(struct md_fwd_dev *d, const struct md_batch *b,
+			 const struct step_tab *st, uint32_t il)
+{
+	const struct md_backend_fwd *op = d->op;
+	struct md_backend *B = d->b;
+	const struct md_hparams *hp = &d->m->hp;
+	const struct md_layer *L = &d->m->layers[il];
+	const int n = b->n_tokens, N = (int)hp->n_embd, H = (int)hp->n_head;
+	const int C = (int)hp->kv_lora_rank, R = (int)hp->n_rot, Dn = (int)hp->head_dim_nope;
+	const int Dv = (int)hp->head_dim_v, QL = (int)hp->q_lora_rank, QW = Dn + R, W = C + R;
+	const float eps = hp->rms_eps;
+	const bool neox = hp->rope_type == MD_ROPE_NEOX;
+	int rc = op->rmsnorm(B, d->xn, d->x, dptr(d, L->attn_norm), n, N, N, eps);
+	struct md_mat wkv = dmat(d, L->wkv_a_mqa, 0);
+	if (L->wq_a) {
+		struct md_mat wqa = dmat(d, L->wq_a, 0), wqb = dmat(d, L->wq_b, 0);
+		if (!rc)
+			rc = op->mm(B, &wqa, d->xn, n, d->qa);
+		if (!rc)
+			rc = op->mm(B, &wkv, d->xn, n, d->kva);
+		if (!rc)
+			rc = op->rmsnorm(B, d->qa, d->qa, dptr(d, L->q_a_norm), n, QL, QL, eps);
+		if (!rc)
+			rc = op->mm(B, &wqb, d->qa, n, d->q);
+	} else {
+		struct md_mat wq = dmat(d, L->wq, 0);
+		if (!rc)
+			rc = op->mm(B, &wq, d->xn, n, d->q);
+		if (!rc)
+			rc = op->mm(B, &wkv, d->xn, n, d->kva);
+	}
+	/* the cache row: the normed latent and the roped key; the roped queries */
+	if (!rc)
+		rc = op->rmsnorm(B, d->kva, d->kva, dptr(d, L->kv_a_norm), n, C, W, eps);
+	if (!rc && R)
+		rc = op->rope(B, d->kva + C, n, 1, W, R, neox, st->cs[0]);
+	if (!rc && R)
+		rc = op->rope(B, d->q + Dn, n, H, QW, R, neox, st->cs[0]);
+	void *rows = (char *)d->kc + (size_t)il * d->k_layer * d->kv->k_bytes;
+	const bool half = d->kv->k_bytes == 2;
+	if (!rc)
+		rc = half ? op->rows_store_f16(B, rows, st->wrow, d->kva, n, W)
+			  : op->rows_store(B, rows, st->wrow, d->kva, n, W);
+	/* the nope queries head-major, absorbed into the latent space */
+	const void *const *tab = d->mla_tab + (size_t)il * 2 * H;
+	if (!rc)
+		rc = op->copy2d(B, d->qn, (size_t)Dn, (size_t)n * Dn, d->q, (size_t)H * QW,
+				(size_t)QW, n, H, Dn);
+	if (!rc)
+		rc = per_head(d, L->wk_b, tab, st->hoff, d->qn, n, d->qabs);
+	/* [q_abs, q_pe] token-major, the scores and latent outputs */
+	if (!rc)
+		rc = op->copy2d(B, d->qcat, (size_t)H * W, (size_t)W, d->qabs, (size_t)C,
+				(size_t)n * C, n, H, C);
+	if (!rc)
+		rc = op->copy2d(B, d->qcat + C, (size_t)H * W, (size_t)W, d->q + Dn, (size_t)H * QW,
+				(size_t)QW, n, H, R);
+	struct md_dev_mla_attn a = {
+		.out = d->olat, .q = d->qcat, .rows = rows, .half = half, .pos = st->pos,
+		.tab = st->tab, .blocks = st->blocks, .n_tok = n, .n_head = H, .w = W, .c = C,
+		.scale = hp->attn_scale, .max_pos = st->max_pos,
+	};
+	if (!rc)
+		rc = op->attention_mla(B, &a);
+	/* values per head, heads interleaved back, the output projection */
+	if (!rc)
+		rc = per_head(d, L->wv_b, tab + H, st->hoff, d->olat, n, d->ov);
+	if (!rc)
+		rc = op->copy2d(B, d->matt, (size_t)H * Dv, (size_t)Dv, d->ov, (size_t)Dv,
+				(size_t)n * Dv, n, H, Dv);
+	struct md_mat wo = dmat(d, L->wo, 0);
+	if (!rc)
+		rc = op->mm(B, &wo, d->matt, n, d->tmp);
+	if (!rc)
+		rc = op->add(B, d->x, d->tmp, (size_t)n * N);
+	return rc;
+}
+
 static int attention(struct md_fwd_dev *d, const struct md_batch *b, const struct step_tab *st,
 		     uint32_t il)
 {
+	if (d->m->hp.kv_lora_rank)
+		return attention_mla(d, b, st, il);
 	const struct md_backend_fwd *op = d->op;
 	struct md_backend *B = d->b;
 	const struct md_hparams *hp = &d->m->hp;
@@ -691,7 +846,7 @@ static int attention(struct md_fwd_dev *d, const struct md_batch *b, const struc
 	const int n = b->n_tokens, N = (int)hp->n_embd, H = (int)hp->n_head;
 	const int K = (int)hp->n_head_kv, D = (int)hp->head_dim;
 	const float eps = hp->rms_eps;
-	int rc = op->rmsnorm(B, d->xn, d->x, dptr(d, L->attn_norm), n, N, eps);
+	int rc = op->rmsnorm(B, d->xn, d->x, dptr(d, L->attn_norm), n, N, N, eps);
 	struct md_mat wq = dmat(d, L->wq, 0), wk = dmat(d, L->wk, 0), wv = dmat(d, L->wv, 0);
 	if (!rc)
 		rc = op->mm(B, &wq, d->xn, n, d->q);
@@ -706,13 +861,13 @@ static int attention(struct md_fwd_dev *d, const struct md_batch *b, const struc
 	if (!rc && L->bv)
 		rc = op->add_rows(B, d->v, dptr(d, L->bv), NULL, n, K * D);
 	if (!rc && hp->qk_norm == MD_QK_NORM_FULL) {
-		rc = op->rmsnorm(B, d->q, d->q, dptr(d, L->q_norm), n, H * D, eps);
+		rc = op->rmsnorm(B, d->q, d->q, dptr(d, L->q_norm), n, H * D, H * D, eps);
 		if (!rc)
-			rc = op->rmsnorm(B, d->k, d->k, dptr(d, L->k_norm), n, K * D, eps);
+			rc = op->rmsnorm(B, d->k, d->k, dptr(d, L->k_norm), n, K * D, K * D, eps);
 	} else if (!rc && hp->qk_norm == MD_QK_NORM_HEAD) {
-		rc = op->rmsnorm(B, d->q, d->q, dptr(d, L->q_norm), n * H, D, eps);
+		rc = op->rmsnorm(B, d->q, d->q, dptr(d, L->q_norm), n * H, D, D, eps);
 		if (!rc)
-			rc = op->rmsnorm(B, d->k, d->k, dptr(d, L->k_norm), n * K, D, eps);
+			rc = op->rmsnorm(B, d->k, d->k, dptr(d, L->k_norm), n * K, D, D, eps);
 	}
 	const bool swa = md_layer_is_swa(hp, il);
 	const bool neox = hp->rope_type == MD_ROPE_NEOX;
@@ -721,7 +876,7 @@ static int attention(struct md_fwd_dev *d, const struct md_batch *b, const struc
 		if (!rc)
 			rc = op->rope(B, d->k, n, K, D, (int)hp->n_rot, neox, st->cs[swa]);
 	}
-	float *kc = d->kc + (size_t)il * d->k_layer, *vc = d->vc + (size_t)il * d->v_layer;
+	float *kc = (float *)d->kc + (size_t)il * d->k_layer, *vc = d->vc + (size_t)il * d->v_layer;
 	if (!rc)
 		rc = op->rows_store(B, kc, st->wrow, d->k, n, K * D);
 	if (!rc)
@@ -1017,7 +1172,7 @@ static int prefetch_next(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
 	if (!L->gate_inp)
 		return 0;
 	struct md_mat wr = dmat(d, L->gate_inp, 0);
-	int rc = d->op->rmsnorm(d->b, d->tmp, d->x, dptr(d, L->ffn_norm), n, (int)hp->n_embd,
+	int rc = d->op->rmsnorm(d->b, d->tmp, d->x, dptr(d, L->ffn_norm), n, (int)hp->n_embd, (int)hp->n_embd,
 				hp->rms_eps);
 	if (!rc)
 		rc = d->op->mm(d->b, &wr, d->tmp, n, d->rl);
@@ -1263,7 +1418,7 @@ static int ffn(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p, struct md_
 	const struct md_hparams *hp = &d->m->hp;
 	const struct md_layer *L = &d->m->layers[il];
 	const int N = (int)hp->n_embd;
-	int rc = d->op->rmsnorm(d->b, d->xn, d->x, dptr(d, L->ffn_norm), n, N, hp->rms_eps);
+	int rc = d->op->rmsnorm(d->b, d->xn, d->x, dptr(d, L->ffn_norm), n, N, N, hp->rms_eps);
 	if (rc)
 		return rc;
 	if (L->gate_inp) {
@@ -1351,7 +1506,7 @@ static int enqueue_pass(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
 	struct md_mat wout = dmat(d, m->output, 0);
 	rc = d->op->rows_gather(d->b, d->xn, d->x, st->out_rows, st->n_out, N);
 	if (!rc)
-		rc = d->op->rmsnorm(d->b, d->xn, d->xn, dptr(d, m->output_norm), st->n_out, N,
+		rc = d->op->rmsnorm(d->b, d->xn, d->xn, dptr(d, m->output_norm), st->n_out, N, N,
 				    hp->rms_eps);
 	if (!rc)
 		rc = d->op->mm(d->b, &wout, d->xn, st->n_out, d->dlogits);

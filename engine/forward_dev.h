@@ -24,10 +24,11 @@
  * Everything else (norms, projections, rope, attention over the paged mirror, the experts'
  * grouped products, the shared expert, the logits) runs on the device.
  *
- * Not supported here (md_fwd_dev_new refuses with the reason): latent attention (deepseek2),
- * KV rows in half, a head_dim the backend's attention cannot take, and weight types the
- * backend cannot read. The engine then serves on the CPU (--device auto) or refuses to start
- * (--device cuda). Engine thread only. */
+ * Latent attention (deepseek2) runs op for op as engine/attn_mla.c, over a mirror of its
+ * half (or float) latent rows. Not supported (md_fwd_dev_new refuses with the reason): a
+ * head_dim over 256 or latent rows over 1024 elements, weight types the backend cannot read.
+ * The engine then serves on the CPU (--device auto) or refuses to start (--device cuda).
+ * Engine thread only. */
 #ifndef MD_FORWARD_DEV_H
 #define MD_FORWARD_DEV_H
 

@@ -96,6 +96,81 @@ static double pcmp(const struct pair *p, const char *what, double tol)
 	return nmse;
 }
 
+/* The bytes of p equal on both sides. */
+static void pcmp_bytes(const struct pair *p, const char *what)
+{
+	unsigned char *a = malloc(p->n), *b = malloc(p->n);
+	CHECK_EQ_I(cu->download(cu, a, p->c, p->n), 0);
+	CHECK_EQ_I(sim->download(sim, b, p->s, p->n), 0);
+	size_t bad = 0;
+	for (size_t i = 0; i < p->n; i++)
+		bad += a[i] != b[i];
+	CHECK_MSG(bad == 0, "%s: %zu of %zu bytes differ", what, bad, p->n);
+	free(a);
+	free(b);
+}
+
+/* Latent attention's ops: the strided copy between layouts, cache rows stored as halves, and
+ * the attention over half and float rows (DeepSeek-V3's widths, and a small one). */
+static void check_mla(void)
+{
+	const int n0 = 5, n1 = 7, w = 13;
+	float *src = frnd((size_t)n0 * n1 * 20, 1.0f);
+	struct pair ps = pnew(src, (size_t)n0 * n1 * 20 * 4), pd = pnew(NULL, (size_t)n1 * n0 * w * 4);
+	CHECK_EQ_I(cu->fwd->copy2d(cu, pd.c, w, (size_t)n0 * w, ps.c, (size_t)n1 * 20, 20, n0, n1, w), 0);
+	CHECK_EQ_I(sim->fwd->copy2d(sim, pd.s, w, (size_t)n0 * w, ps.s, (size_t)n1 * 20, 20, n0, n1, w), 0);
+	pcmp(&pd, "copy2d", 0);
+	int32_t rows[5] = { 7, 2, 9, 0, 4 };
+	struct pair pr = pnew(rows, sizeof(rows)), ph = pnew(NULL, (size_t)10 * 40 * 2);
+	CHECK_EQ_I(cu->fwd->rows_store_f16(cu, ph.c, pr.c, ps.c, 5, 40), 0);
+	CHECK_EQ_I(sim->fwd->rows_store_f16(sim, ph.s, pr.s, ps.s, 5, 40), 0);
+	pcmp_bytes(&ph, "rows_store_f16");
+	struct pair *all0[] = { &ps, &pd, &pr, &ph };
+	for (size_t i = 0; i < 4; i++)
+		pfree(all0[i]);
+	free(src);
+
+	const struct { int C, R, H; } shapes[] = { { 512, 64, 4 }, { 32, 8, 3 } };
+	for (size_t si = 0; si < 2; si++)
+		for (int half = 0; half < 2; half++) {
+			const int C = shapes[si].C, W = C + shapes[si].R, H = shapes[si].H, n_tok = 4;
+			const int n_blocks = 12, eb = half ? 2 : 4;
+			float *rf = frnd((size_t)n_blocks * 16 * W, 1.0f), *q = frnd((size_t)n_tok * H * W, 0.2f);
+			void *rows_h = rf;
+			uint16_t *r16 = NULL;
+			if (half) {
+				r16 = malloc((size_t)n_blocks * 16 * W * 2);
+				for (size_t i = 0; i < (size_t)n_blocks * 16 * W; i++)
+					r16[i] = md_f32_to_f16(rf[i]);
+				rows_h = r16;
+			}
+			int32_t blocks[20], pos[4] = { 70, 71, 3, 150 }, tab[4] = { 0, 0, 10, 10 };
+			for (int i = 0; i < 20; i++)
+				blocks[i] = (int32_t)((i * 5 + 1) % n_blocks);
+			struct pair pk = pnew(rows_h, (size_t)n_blocks * 16 * W * eb);
+			struct pair pq = pnew(q, (size_t)n_tok * H * W * 4), pb = pnew(blocks, sizeof(blocks));
+			struct pair pp = pnew(pos, sizeof(pos)), pt = pnew(tab, sizeof(tab));
+			struct pair po = pnew(NULL, (size_t)H * n_tok * C * 4);
+			struct md_dev_mla_attn a = { .half = half, .n_tok = n_tok, .n_head = H, .w = W,
+						     .c = C, .scale = 0.07f, .max_pos = 150 };
+			a.out = po.c, a.q = pq.c, a.rows = pk.c, a.pos = pp.c, a.tab = pt.c, a.blocks = pb.c;
+			CHECK_EQ_I(cu->fwd->attention_mla(cu, &a), 0);
+			a.out = po.s, a.q = pq.s, a.rows = pk.s, a.pos = pp.s, a.tab = pt.s, a.blocks = pb.s;
+			CHECK_EQ_I(sim->fwd->attention_mla(sim, &a), 0);
+			char what[80];
+			snprintf(what, sizeof what, "attention_mla C %d R %d, %s rows", C, shapes[si].R,
+				 half ? "half" : "float");
+			pcmp(&po, what, OP_TOL);
+			struct pair *all[] = { &pk, &pq, &pb, &pp, &pt, &po };
+			for (size_t i = 0; i < 6; i++)
+				pfree(all[i]);
+			free(rf);
+			free(q);
+			free(r16);
+		}
+	printf("gpu: latent attention, strided copies, half rows: ok\n");
+}
+
 static void check_elementwise(void)
 {
 	const int rows = 7, n = 1000;
@@ -107,12 +182,12 @@ static void check_elementwise(void)
 	struct pair pi = pnew(idx, sizeof(idx)), pg = pnew(g, (size_t)rows * 4);
 	const struct md_backend_fwd *C = cu->fwd, *S = sim->fwd;
 
-	CHECK_EQ_I(C->rmsnorm(cu, py.c, px.c, pw.c, rows, n, 1e-6f), 0);
-	CHECK_EQ_I(S->rmsnorm(sim, py.s, px.s, pw.s, rows, n, 1e-6f), 0);
+	CHECK_EQ_I(C->rmsnorm(cu, py.c, px.c, pw.c, rows, n, n, 1e-6f), 0);
+	CHECK_EQ_I(S->rmsnorm(sim, py.s, px.s, pw.s, rows, n, n, 1e-6f), 0);
 	pcmp(&py, "rmsnorm", OP_TOL);
-	CHECK_EQ_I(C->rmsnorm(cu, px.c, px.c, pw.c, rows * 10, n / 10, 1e-5f), 0); /* in place */
-	CHECK_EQ_I(S->rmsnorm(sim, px.s, px.s, pw.s, rows * 10, n / 10, 1e-5f), 0);
-	pcmp(&px, "rmsnorm in place, short rows", OP_TOL);
+	CHECK_EQ_I(C->rmsnorm(cu, px.c, px.c, pw.c, rows * 10, n / 20, n / 10, 1e-5f), 0); /* in place */
+	CHECK_EQ_I(S->rmsnorm(sim, px.s, px.s, pw.s, rows * 10, n / 20, n / 10, 1e-5f), 0);
+	pcmp(&px, "rmsnorm in place, strided rows", OP_TOL);
 	CHECK_EQ_I(C->add(cu, py.c, px.c, (size_t)rows * n), 0);
 	CHECK_EQ_I(S->add(sim, py.s, px.s, (size_t)rows * n), 0);
 	pcmp(&py, "add", OP_TOL);
@@ -584,6 +659,7 @@ int main(int argc, char **argv)
 	check_attention();
 	check_products();
 	check_routing();
+	check_mla();
 	check_parity(argv[1]);
 	check_tier(argv[1]);
 	check_oom(argv[1]);
