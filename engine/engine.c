@@ -744,6 +744,11 @@ static void publish_stats(struct md_engine *e)
 	e->stats.prefill_selections = ss->prefill_selections;
 	if (e->store)
 		experts_stats(e);
+	if (e->fdev) {
+		md_fwd_dev_counts(e->fdev, &e->stats.dev_layers_routed_dev,
+				  &e->stats.dev_layers_routed_host);
+		md_fwd_dev_graphs(e->fdev, &e->stats.dev_graph_captures, &e->stats.dev_graph_launches);
+	}
 	e->stats.spec_drafted = e->sp.drafted;
 	e->stats.spec_accepted = e->sp.accepted;
 	e->stats.spec_verify_steps = e->sp.verify_steps;

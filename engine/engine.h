@@ -189,6 +189,8 @@ struct md_engine_stats {
 	char dev_name[128];
 	uint64_t dev_mem_total;             /* the device's memory */
 	uint64_t dev_mem_weights, dev_mem_kv, dev_mem_act; /* what the forward pass holds there */
+	uint64_t dev_layers_routed_dev, dev_layers_routed_host; /* MoE layer passes routed where */
+	uint64_t dev_graph_captures, dev_graph_launches;   /* passes captured / run as graphs */
 	uint64_t spec_drafted, spec_accepted; /* drafted tokens verified, and accepted */
 	uint64_t spec_verify_steps;         /* sequence-steps that verified drafts */
 	uint64_t spec_emitted;              /* tokens those sequence-steps emitted */

@@ -238,6 +238,33 @@ static void fam_dev_mem(struct sbuf *b, const struct md_metrics_src *src, const 
 		  U(e->experts_device ? e->dev_mem_bytes : 0));
 }
 
+static void fam_dev_routed(struct sbuf *b, const struct md_metrics_src *src, const char *lab)
+{
+	const struct md_engine_stats *e = src->engine;
+	if (!e->dev_forward)
+		return;
+	sb_printf(b, "moed:device_moe_layers_routed_total{%s,on=\"device\"} %llu\n", lab,
+		  U(e->dev_layers_routed_dev));
+	sb_printf(b, "moed:device_moe_layers_routed_total{%s,on=\"host\"} %llu\n", lab,
+		  U(e->dev_layers_routed_host));
+}
+
+static void fam_dev_graphs(struct sbuf *b, const struct md_metrics_src *src, const char *lab)
+{
+	const struct md_engine_stats *e = src->engine;
+	if (!e->dev_forward)
+		return;
+	sb_printf(b, "moed:device_graph_launches_total{%s} %llu\n", lab, U(e->dev_graph_launches));
+}
+
+static void fam_dev_captures(struct sbuf *b, const struct md_metrics_src *src, const char *lab)
+{
+	const struct md_engine_stats *e = src->engine;
+	if (e->dev_forward)
+		sb_printf(b, "moed:device_graph_captures_total{%s} %llu\n", lab,
+			  U(e->dev_graph_captures));
+}
+
 static void fam_dev_total(struct sbuf *b, const struct md_metrics_src *src, const char *lab)
 {
 	const struct md_engine_stats *e = src->engine;
@@ -366,6 +393,14 @@ static const struct row registry[] = {
 	       "part: weights (dense, and the experts when resident), the KV cache's rows, "
 	       "activations, the expert store's device tier.", fam_dev_mem),
 	FAMILY("moed:device_memory_total_bytes", "gauge", "The device's memory.", fam_dev_total),
+	FAMILY("moed:device_moe_layers_routed_total", "counter", "MoE layer passes on the device "
+	       "by where they were routed: on the device (no host round trip) or on the host.",
+	       fam_dev_routed),
+	FAMILY("moed:device_graph_launches_total", "counter", "Forward passes run as one CUDA "
+	       "graph (decode and verification steps up to 32 tokens that need no host round "
+	       "trip).", fam_dev_graphs),
+	FAMILY("moed:device_graph_captures_total", "counter", "Graphs captured (one per batch "
+	       "size, again when a buffer it reads moved).", fam_dev_captures),
 	FAMILY("moed:expert_device_misses_computed_total", "counter", "Device misses by where "
 	       "the cost model ran them: copied up and on the device, or on the CPU from host "
 	       "RAM.", fam_ex_where),

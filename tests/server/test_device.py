@@ -77,10 +77,12 @@ def metrics(srv):
     _, _, body = curl(srv, "GET", "/metrics")
     vals = {}
     for line in body.decode().splitlines():
-        m = re.match(r'^(moed:device_[a-z_]+)\{[^}]*?(?:part|device)="([^"]*)"[^}]*\} (\S+)$', line)
+        m = re.match(r'^(moed:device_[a-z_]+)\{[^}]*?(?:part|device|on)="([^"]*)"[^}]*\} (\S+)$',
+                     line)
         if m:
             vals[(m.group(1), m.group(2))] = float(m.group(3))
-        m = re.match(r'^(moed:device_memory_total_bytes)\{[^}]*\} (\S+)$', line)
+        m = re.match(r'^(moed:device_(?:memory_total_bytes|graph_launches_total|'
+                     r'graph_captures_total))\{[^}]*\} (\S+)$', line)
         if m:
             vals[m.group(1)] = float(m.group(2))
     return vals
@@ -150,6 +152,13 @@ check(m.get(("moed:device_memory_bytes", "weights"), 0) > 0 and
       m.get(("moed:device_memory_bytes", "kv"), 0) > 0 and
       m.get(("moed:device_memory_bytes", "activations"), 0) > 0 and
       m.get("moed:device_memory_total_bytes", 0) > 0, "device memory by part", m)
+check(m.get(("moed:device_moe_layers_routed_total", "device"), 0) > 0,
+      "MoE layers routed on the device", m)
+if EMU:  # graphs where the backend has them (CUDA; the simulated device has none)
+    check(m.get("moed:device_graph_launches_total", 0) > 0 and
+          0 < m.get("moed:device_graph_captures_total", 0) <= 32, "decode steps as graphs", m)
+else:
+    check(m.get("moed:device_graph_launches_total", -1) == 0, "no graphs on sim", m)
 
 # A device that holds the dense weights but not every expert: the store's device tier.
 need = re.search(r"every weight resident \((\d+) MiB with KV and activations, (\d+) MiB of it "
