@@ -243,13 +243,53 @@ extern "C" cudaError_t md_cuda__gate_add(float *y, const float *x, const float *
 #define ATT_WARPS 4
 #define ATT_DMAX 256
 
+/* The end of an online softmax split over ATT_WARPS warps: every warp's running max m, sum l
+ * and output acc (lane's dims lane + 32 j, j < DMAX / 32, below D) merged through shared memory;
+ * out[d] = sum over warps of acc[d] e^(m - M) / sum of l e^(m - M), M the largest m. Every
+ * thread of the block calls it. */
+template <int DMAX>
+__device__ void merge_warps(float m, float l, const float acc[DMAX / 32], int D, float *out)
+{
+	__shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
+	__shared__ float sm_acc[ATT_WARPS][DMAX];
+	const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);
+
+	if (lane == 0) {
+		sm_m[warp] = m;
+		sm_l[warp] = l;
+	}
+#pragma unroll
+	for (int j = 0; j < DMAX / 32; j++) {
+		const int d = lane + 32 * j;
+
+		if (d < D)
+			sm_acc[warp][d] = acc[j];
+	}
+	__syncthreads();
+	float M = -INFINITY;
+
+	for (int w = 0; w < ATT_WARPS; w++)
+		M = fmaxf(M, sm_m[w]);
+	float L = 0.0f, f[ATT_WARPS];
+
+	for (int w = 0; w < ATT_WARPS; w++) {
+		f[w] = sm_m[w] == -INFINITY ? 0.0f : expf(sm_m[w] - M);
+		L += sm_l[w] * f[w];
+	}
+	for (int d = threadIdx.x; d < D; d += ATT_WARPS * 32) {
+		float o = 0.0f;
+
+		for (int w = 0; w < ATT_WARPS; w++)
+			o += sm_acc[w][d] * f[w];
+		out[d] = o / L;
+	}
+}
+
 __global__ void __launch_bounds__(ATT_WARPS * 32)
 attention_kernel(float *out, const float *q, const float *kc, const float *vc, const int32_t *pos,
 		 const int32_t *tab, const int32_t *blocks, const float *sinks, int n_head,
 		 int n_head_kv, int D, int swa, float scale)
 {
-	__shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
-	__shared__ float sm_acc[ATT_WARPS][ATT_DMAX];
 	const int h = (int)blockIdx.x, t = (int)blockIdx.y;
 	const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);
 	const int kvh = h / (n_head / n_head_kv), KD = n_head_kv * D, nd = (D + 31) / 32;
@@ -300,37 +340,7 @@ attention_kernel(float *out, const float *q, const float *kc, const float *vc, c
 		}
 		m = mn;
 	}
-	if (lane == 0) {
-		sm_m[warp] = m;
-		sm_l[warp] = l;
-	}
-#pragma unroll
-	for (int j = 0; j < ATT_DMAX / 32; j++) {
-		const int d = lane + 32 * j;
-
-		if (j < nd && d < D)
-			sm_acc[warp][d] = acc[j];
-	}
-	__syncthreads();
-	float M = -INFINITY;
-
-	for (int w = 0; w < ATT_WARPS; w++)
-		M = fmaxf(M, sm_m[w]);
-	float L = 0.0f, f[ATT_WARPS];
-
-	for (int w = 0; w < ATT_WARPS; w++) {
-		f[w] = sm_m[w] == -INFINITY ? 0.0f : expf(sm_m[w] - M);
-		L += sm_l[w] * f[w];
-	}
-	float *oh = out + ((size_t)t * n_head + h) * D;
-
-	for (int d = threadIdx.x; d < D; d += ATT_WARPS * 32) {
-		float o = 0.0f;
-
-		for (int w = 0; w < ATT_WARPS; w++)
-			o += sm_acc[w][d] * f[w];
-		oh[d] = o / L;
-	}
+	merge_warps<ATT_DMAX>(m, l, acc, D, out + ((size_t)t * n_head + h) * D);
 }
 
 extern "C" cudaError_t md_cuda__attention(float *out, const float *q, const float *k,
@@ -539,8 +549,6 @@ attention_mla_kernel(float *out, const float *q, const void *rows, int half, con
 		     const int32_t *tab, const int32_t *blocks, int n_tok, int n_head, int W, int C,
 		     float scale)
 {
-	__shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
-	__shared__ float sm_acc[ATT_WARPS][MLA_WMAX];
 	const int h = (int)blockIdx.x, t = (int)blockIdx.y;
 	const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);
 	const int nw = (W + 31) / 32, nc = (C + 31) / 32;
@@ -585,37 +593,7 @@ attention_mla_kernel(float *out, const float *q, const void *rows, int half, con
 		}
 		m = mn;
 	}
-	if (lane == 0) {
-		sm_m[warp] = m;
-		sm_l[warp] = l;
-	}
-#pragma unroll
-	for (int j = 0; j < MLA_WMAX / 32; j++) {
-		const int d = lane + 32 * j;
-
-		if (j < nc && d < C)
-			sm_acc[warp][d] = acc[j];
-	}
-	__syncthreads();
-	float M = -INFINITY;
-
-	for (int w = 0; w < ATT_WARPS; w++)
-		M = fmaxf(M, sm_m[w]);
-	float L = 0.0f, f[ATT_WARPS];
-
-	for (int w = 0; w < ATT_WARPS; w++) {
-		f[w] = sm_m[w] == -INFINITY ? 0.0f : expf(sm_m[w] - M);
-		L += sm_l[w] * f[w];
-	}
-	float *oh = out + ((size_t)h * n_tok + t) * C;
-
-	for (int d = threadIdx.x; d < C; d += ATT_WARPS * 32) {
-		float o = 0.0f;
-
-		for (int w = 0; w < ATT_WARPS; w++)
-			o += sm_acc[w][d] * f[w];
-		oh[d] = o / L;
-	}
+	merge_warps<MLA_WMAX>(m, l, acc, C, out + ((size_t)h * n_tok + t) * C);
 }
 
 extern "C" cudaError_t md_cuda__attention_mla(float *out, const float *q, const void *rows,

@@ -753,28 +753,6 @@ static int moe_experts(struct md_forward_ctx *f, uint32_t il, const struct md_ro
 	return 0;
 }
 
-/* A draft pass's note of the exact pass's likely experts: the model's top-k of each token's
- * router probabilities (md_router_route left them in the logits rows), ORed into pred (E).
- * f->allow is scratch here (routing is done with it). For scored routing (deepseek2, glm4moe)
- * these are the unbiased scores, without selection bias and group limit: a prefetch hint. */
-static void predict_exact(struct md_forward_ctx *f, int n, uint8_t *pred)
-{
-	const int E = (int)f->m->hp.n_expert, K = (int)f->m->hp.n_expert_used;
-	uint8_t *taken = f->allow;
-	for (int t = 0; t < n; t++) {
-		const float *p = f->router.logits + (size_t)t * E;
-		memset(taken, 0, (size_t)E);
-		for (int k = 0; k < K; k++) {
-			int best = -1;
-			for (int e = 0; e < E; e++)
-				if (!taken[e] && (best < 0 || p[e] > p[best]))
-					best = e;
-			taken[best] = 1;
-			pred[best] = 1;
-		}
-	}
-}
-
 /* The MoE FFN of layer il on f->xn (n, N); output in f->tmp (n, N). Returns 0 or an expert
  * source's error. */
 static int moe(struct md_forward_ctx *f, int n, uint32_t il)
@@ -801,7 +779,7 @@ static int moe(struct md_forward_ctx *f, int n, uint32_t il)
 	const struct md_routing *r = md_router_route_bias(&f->router, n,
 							  L->exp_probs_b ? L->exp_probs_b->data : NULL);
 	if (dp && dp->predict)
-		predict_exact(f, n, dp->predict + (size_t)il * hp->n_expert);
+		md_router_note_topk(&f->router, n, f->allow, dp->predict + (size_t)il * hp->n_expert);
 	if (f->route_cb && !dp)
 		f->route_cb(f->route_ud, il, r);
 

@@ -1191,26 +1191,6 @@ static int prefetch_next(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
 	return 0;
 }
 
-/* The CPU pass's predict_exact: the model's own top-k of each token's scores (left in the
- * router's logits rows by the route), ORed into pred (E). */
-static void predict_exact(struct md_fwd_dev *d, int n, uint8_t *pred)
-{
-	const int E = (int)d->m->hp.n_expert, K = (int)d->m->hp.n_expert_used;
-	uint8_t *taken = d->allow;
-	for (int t = 0; t < n; t++) {
-		const float *s = d->router.logits + (size_t)t * E;
-		memset(taken, 0, (size_t)E);
-		for (int k = 0; k < K; k++) {
-			int best = -1;
-			for (int e = 0; e < E; e++)
-				if (!taken[e] && (best < 0 || s[e] > s[best]))
-					best = e;
-			taken[best] = 1;
-			pred[best] = 1;
-		}
-	}
-}
-
 /* Steps 1-4 routed on the host: the router's logits down, the routing and layout up. The
  * routed experts' sum into tmp. */
 static int moe_host(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
@@ -1244,7 +1224,7 @@ static int moe_host(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
 	const struct md_routing *r = md_router_route_bias(&d->router, n,
 							  L->exp_probs_b ? L->exp_probs_b->data : NULL);
 	if (dp && dp->predict)
-		predict_exact(d, n, dp->predict + (size_t)il * E);
+		md_router_note_topk(&d->router, n, d->allow, dp->predict + (size_t)il * E);
 	if (dp)
 		md_router_set_draft(&d->router, 0, NULL);
 	if (p->route_cb && !dp)

@@ -335,3 +335,20 @@ void md_route_select_plain(enum md_route_fn fn, bool norm_topk, int E, int K, fl
 			       .taken = taken, .w_scale = 1.0f };
 	route_fns[fn].select(&t, p, ids, w);
 }
+
+void md_router_note_topk(const struct md_router *r, int n, uint8_t *taken, uint8_t *pred)
+{
+	const int E = r->n_expert, K = r->n_used_model;
+	for (int t = 0; t < n; t++) {
+		const float *p = r->logits + (size_t)t * E;
+		memset(taken, 0, (size_t)E);
+		for (int k = 0; k < K; k++) {
+			int best = -1;
+			for (int e = 0; e < E; e++)
+				if (!taken[e] && (best < 0 || p[e] > p[best]))
+					best = e;
+			taken[best] = 1;
+			pred[best] = 1;
+		}
+	}
+}

@@ -96,6 +96,13 @@ const struct md_routing *md_router_route_bias(struct md_router *r, int n, const 
 const struct md_routing *md_router_from_ids(struct md_router *r, int n, int k,
 					    const int32_t *ids, const float *w);
 
+/* After a route of n tokens (a draft pass's, say: fewer experts, or only some allowed), OR
+ * into pred (E) the model's own top-k (its k, ties to the lower id) of each token's scores,
+ * which md_router_route left in the logits rows: what the exact pass would likely route to
+ * (for scored routing the unbiased scores, without selection bias or group limit: a prefetch
+ * hint). taken (E) is scratch. */
+void md_router_note_topk(const struct md_router *r, int n, uint8_t *taken, uint8_t *pred);
+
 /* The routing functions that need nothing but the logits (no selection bias, no groups):
  * softmax top-k and softmax over the top-k. For them, md_route_select_plain is one token's
  * selection exactly as md_router_route computes it: p (E) logits in (overwritten), ids and w
