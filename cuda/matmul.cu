@@ -523,8 +523,10 @@ mm_kernel(const uint8_t *__restrict__ w, int64_t n_in, int64_t n_out, size_t nb1
 }
 
 /* The expert-grouped variant (md_backend_fwd.mm_experts): blockIdx.y is the group g, whose
- * weight is wtab[g] and whose slots are off[g] .. off[g+1]-1; blockIdx.z the tile of MM_NT of
- * those slots. Slot s reads input row src[s] (s when src is NULL) and writes y[s * n_out + r]. */
+ * weight is wtab[g] and whose slots are off[g] .. off[g+1]-1, taken MM_NT at a time in a loop
+ * (a grid dimension per token tile would be sized for the largest group a routing on the
+ * device may produce, and most of its blocks would find nothing to do). Slot s reads input row
+ * src[s] (s when src is NULL) and writes y[s * n_out + r]. */
 template <int TYPE>
 __global__ void __launch_bounds__(MM_WARPS * 32)
 mmx_kernel(const void *const *__restrict__ wtab, int64_t n_in, int64_t n_out, size_t nb1,
@@ -534,32 +536,37 @@ mmx_kernel(const void *const *__restrict__ wtab, int64_t n_in, int64_t n_out, si
 	const int lane = (int)(threadIdx.x & 31);
 	const int64_t r = (int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
 	const int g = (int)blockIdx.y;
-	const int s0 = off[g] + (int)blockIdx.z * MM_NT, s1 = off[g + 1];
-	float acc[MM_NT];
+	const int s1 = off[g + 1];
 
-	if (r >= n_out || s0 >= s1)
+	if (r >= n_out || off[g] >= s1)
 		return;
-	act a;
-	a.x = x;
-	a.n_in = n_in;
-	a.nt = min(MM_NT, s1 - s0);
+	const uint8_t *row = (const uint8_t *)wtab[g] + r * (int64_t)nb1;
+
+	for (int s0 = off[g]; s0 < s1; s0 += MM_NT) {
+		float acc[MM_NT];
+		act a;
+
+		a.x = x;
+		a.n_in = n_in;
+		a.nt = min(MM_NT, s1 - s0);
 #pragma unroll
-	for (int t = 0; t < MM_NT; t++) {
-		acc[t] = 0.0f;
-		a.rix[t] = t < a.nt ? (src != NULL ? src[s0 + t] : s0 + t) : 0;
-	}
-	row_dot<TYPE>::run((const uint8_t *)wtab[g] + r * (int64_t)nb1, a, lane, acc);
+		for (int t = 0; t < MM_NT; t++) {
+			acc[t] = 0.0f;
+			a.rix[t] = t < a.nt ? (src != NULL ? src[s0 + t] : s0 + t) : 0;
+		}
+		row_dot<TYPE>::run(row, a, lane, acc);
 #pragma unroll
-	for (int t = 0; t < MM_NT; t++) {
-		if (t >= a.nt) /* warp-uniform, as in mm_kernel */
-			break;
-		float v = acc[t];
+		for (int t = 0; t < MM_NT; t++) {
+			if (t >= a.nt) /* warp-uniform, as in mm_kernel */
+				break;
+			float v = acc[t];
 
 #pragma unroll
-		for (int o = 16; o > 0; o >>= 1)
-			v += __shfl_xor_sync(0xffffffffu, v, o);
-		if (lane == 0)
-			y[(int64_t)(s0 + t) * n_out + r] = v;
+			for (int o = 16; o > 0; o >>= 1)
+				v += __shfl_xor_sync(0xffffffffu, v, o);
+			if (lane == 0)
+				y[(int64_t)(s0 + t) * n_out + r] = v;
+		}
 	}
 }
 
@@ -568,9 +575,9 @@ static cudaError_t launch_x(const void *const *wtab, int64_t n_in, int64_t n_out
 			    int ng, const int32_t *off, const int32_t *src, const float *x,
 			    int max_rows, float *y, cudaStream_t stream)
 {
-	const dim3 grid((unsigned)((n_out + MM_WARPS - 1) / MM_WARPS), (unsigned)ng,
-			(unsigned)((max_rows + MM_NT - 1) / MM_NT));
+	const dim3 grid((unsigned)((n_out + MM_WARPS - 1) / MM_WARPS), (unsigned)ng, 1);
 
+	(void)max_rows;
 	mmx_kernel<TYPE><<<grid, MM_WARPS * 32, 0, stream>>>(wtab, n_in, n_out, nb1, off, src, x,
 							     y);
 	return cudaGetLastError();
@@ -583,7 +590,7 @@ extern "C" cudaError_t md_cuda__matmul_experts(int type, const void *const *wtab
 					       cudaStream_t stream)
 {
 	if (n_out <= 0 || ng <= 0 || max_rows <= 0 || ng > 65535 ||
-	    (n_out + MM_WARPS - 1) / MM_WARPS > 0x7fffffff || (max_rows + MM_NT - 1) / MM_NT > 65535)
+	    (n_out + MM_WARPS - 1) / MM_WARPS > 0x7fffffff)
 		return cudaErrorInvalidValue;
 	switch (type) {
 	case MD_DT_F32: return launch_x<MD_DT_F32>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);

@@ -26,7 +26,8 @@ cudaError_t md_cuda__matmul(int type, const void *w, int64_t n_in, int64_t n_out
  * one weight per group: group g < ng reads weight wtab[g] (a device array of device pointers;
  * all of type, n_in, n_out and nb1 as given) and owns slots off[g] .. off[g+1]-1; slot s reads
  * input row src[s] of x (row s when src is NULL) and writes y[s * n_out + r]. max_rows bounds
- * off[g+1] - off[g] (the grid). Same checks and alignment as md_cuda__matmul.
+ * off[g+1] - off[g] (checked only: a block loops over its group's rows). Same checks and
+ * alignment as md_cuda__matmul.
  */
 cudaError_t md_cuda__matmul_experts(int type, const void *const *wtab, int64_t n_in,
 				    int64_t n_out, size_t nb1, int ng, const int32_t *off,

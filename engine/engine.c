@@ -1614,13 +1614,13 @@ void md_engine_free(struct md_engine *e)
 	md_gvocab_free(e->gvocab);
 	if (e->text_loaded)
 		md_text_release(&e->text);
-	md_dev_place_release(&e->place);
 	if (e->model_loaded)
 		md_model_free(&e->model);
 	free(e->logits);
 	free(e->tok_err);
 	free(e->item_err);
-	spec_release(e);
+	spec_release(e); /* the draft's device memory first */
+	md_dev_place_release(&e->place);
 	free((char *)e->cfg.model_path);
 	free((char *)e->cfg.chat_template);
 	free((char *)e->cfg.trace_routing);

@@ -36,10 +36,11 @@
 #include "engine/backend_sim.h"
 #include "engine/rope.h"
 
-/* Batches of up to this many tokens route on the device when they can (fast_route): the
- * decode steps and verification steps the step time of a GPU depends on. Larger batches
- * (prompt chunks) route on the host, whose synchronisation they amortise. */
-#define FAST_MAX_TOK 32
+/* Batches of up to this many tokens route on the device when they can (fast_route) and run as
+ * graphs: the decode and verification steps of up to 64 streams, whose step time a GPU's
+ * throughput depends on. Larger batches (prompt chunks) route on the host, whose
+ * synchronisation they amortise. */
+#define FAST_MAX_TOK 64
 
 /* The resident experts: a source over the device copies of the model's expert tensors. */
 struct dev_src {

@@ -87,7 +87,7 @@ void md_fwd_dev_mem(const struct md_fwd_dev *d, struct md_fwd_dev_mem *out);
 /* MoE layer passes routed on the device (no host round trip) and on the host, since creation. */
 void md_fwd_dev_counts(const struct md_fwd_dev *d, uint64_t *fast, uint64_t *host);
 /* Passes captured as graphs, and graph launches (each a whole pass), since creation. Where the
- * backend has graphs, a pass of up to 32 tokens that routes on the device (or a dense model's)
+ * backend has graphs, a pass of up to 64 tokens that routes on the device (or a dense model's)
  * with every row's logits runs as its size's graph; MOED_NO_GRAPHS=1 in the environment turns
  * them off (for measuring what they save). */
 void md_fwd_dev_graphs(const struct md_fwd_dev *d, uint64_t *captures, uint64_t *launches);

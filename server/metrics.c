@@ -397,7 +397,7 @@ static const struct row registry[] = {
 	       "by where they were routed: on the device (no host round trip) or on the host.",
 	       fam_dev_routed),
 	FAMILY("moed:device_graph_launches_total", "counter", "Forward passes run as one CUDA "
-	       "graph (decode and verification steps up to 32 tokens that need no host round "
+	       "graph (decode and verification steps up to 64 tokens that need no host round "
 	       "trip).", fam_dev_graphs),
 	FAMILY("moed:device_graph_captures_total", "counter", "Graphs captured (one per batch "
 	       "size, again when a buffer it reads moved).", fam_dev_captures),

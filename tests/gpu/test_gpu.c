@@ -532,7 +532,7 @@ static void check_parity(const char *moed_gguf)
 			int f0 = failures;
 			double d = g == n ? cmp_rows(what, ref, got, n, V) : INFINITY;
 			/* Resident, routed by a function of the logits alone (or dense): decode and
-			 * prefill chunks of up to 32 tokens run as graphs where the backend has them. */
+			 * prefill chunks of up to 64 tokens run as graphs where the backend has them. */
 			bool plain = !m.hp.n_expert || md_route_fn_plain(md_route_fn_of(&m.hp));
 			if (mode == 0 && plain && cu->fwd->capture_begin)
 				CHECK_MSG(fd.n_graphs > 0 && fd.n_captures > 0, "%s: no graph launched", what);
