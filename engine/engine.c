@@ -540,6 +540,7 @@ static int setup_fwd_dev(struct md_engine *e)
 		return 0;
 	}
 	md_forward_set_device(e->fw, e->fdev);
+	md_spec_ctl_use_wall_clock(true);
 	struct md_fwd_dev_mem mem;
 	md_fwd_dev_mem(e->fdev, &mem);
 	md_log(MD_LOG_INFO, "device: %s, %.1f MiB of weights, %.1f MiB KV mirror, %.1f MiB of "

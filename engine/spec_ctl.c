@@ -37,10 +37,17 @@
 #define REF_STEPS 32    /* a speculating engine runs a plain step at least this often */
 #define SHAPE_GAIN 0.2  /* running mean of a size's times */
 
+static _Atomic int wall_clock; /* md_spec_ctl_use_wall_clock */
+
+void md_spec_ctl_use_wall_clock(bool on)
+{
+	wall_clock = on;
+}
+
 double md_spec_ctl_clock(void)
 {
 	struct timespec ts;
-	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+	clock_gettime(wall_clock ? CLOCK_MONOTONIC : CLOCK_PROCESS_CPUTIME_ID, &ts);
 	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 

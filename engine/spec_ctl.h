@@ -25,7 +25,8 @@
  *
  * Measuring. The clock is the process's CPU time (md_spec_ctl_clock), not the wall clock:
  * on a machine shared with other processes the wall time of a step varies 2x with what the
- * scheduler does, its CPU time (memory stalls included) with the work. Each size keeps a
+ * scheduler does, its CPU time (memory stalls included) with the work. (With the forward pass
+ * on a device the work is the device's, so there the clock is the wall clock.) Each size keeps a
  * running mean of its own times; sizes are compared only while each was measured lately
  * (RECENT_STEPS), and a speculating engine still runs a plain step every REF_STEPS steps, so
  * the two times a decision weighs are never far apart in time. Between measured sizes the
@@ -118,8 +119,12 @@ void md_spec_ctl_observe(struct md_spec_ctl *c, uint32_t n, double dt);
  * for a size not measured lately itself; only n = 1 is also observed as above (calibration
  * times and serving times are compared only through their ratios). */
 void md_spec_ctl_calibrate(struct md_spec_ctl *c, uint32_t n, double dt);
-/* The clock step costs are measured on: the process's CPU seconds (see DESIGN). */
+/* The clock step costs are measured on: the process's CPU seconds (see DESIGN), or the wall
+ * clock after md_spec_ctl_use_wall_clock(true): with the forward pass on a device the host
+ * waits for the device, asleep or spinning as the runtime likes, so its CPU time says nothing
+ * of the step's cost (the engine turns it on when its forward pass runs on a device). */
 double md_spec_ctl_clock(void);
+void md_spec_ctl_use_wall_clock(bool on);
 
 /* The acceptance estimate of a sequence. */
 double md_spec_ctl_alpha(const struct md_spec_seq *ss);
