@@ -95,8 +95,10 @@ int md_draft_set_device(struct md_draft_model *dm, struct md_backend *b, char *e
 {
 	int rc = md_fwd_dev_new(&dm->model, b, &dm->kv, (int)dm->budget, true, &dm->fdev, err,
 				errlen);
-	if (!rc)
+	if (!rc) {
 		md_forward_set_device(dm->fw, dm->fdev);
+		md_kv_drop_rows(&dm->kv); /* its rows live in the device's mirror */
+	}
 	return rc;
 }
 

@@ -540,6 +540,7 @@ static int setup_fwd_dev(struct md_engine *e)
 		return 0;
 	}
 	md_forward_set_device(e->fw, e->fdev);
+	md_kv_drop_rows(&e->kv); /* every pass runs on the device, on its mirror */
 	md_spec_ctl_use_wall_clock(true);
 	struct md_fwd_dev_mem mem;
 	md_fwd_dev_mem(e->fdev, &mem);

@@ -168,7 +168,7 @@ static void block_copy(struct md_kv_cache *kv, int32_t dst, int32_t src)
 	const size_t kbytes = (size_t)MD_KV_BLOCK_TOKENS * kv->kv_dim * kv->k_bytes;
 	const size_t vrows = (size_t)MD_KV_BLOCK_TOKENS * kv->v_dim;
 	char *k = kv->k;
-	for (uint32_t l = 0; l < kv->n_layer; l++) {
+	for (uint32_t l = 0; l < kv->n_layer && k; l++) { /* no rows here: md_kv_drop_rows */
 		size_t base = (size_t)l * kv->n_blocks;
 		memcpy(k + (base + (size_t)dst) * kbytes, k + (base + (size_t)src) * kbytes, kbytes);
 		if (vrows)
@@ -177,6 +177,14 @@ static void block_copy(struct md_kv_cache *kv, int32_t dst, int32_t src)
 	}
 	if (kv->copy_hook)
 		kv->copy_hook(kv->copy_ud, dst, src);
+}
+
+void md_kv_drop_rows(struct md_kv_cache *kv)
+{
+	free(kv->k);
+	free(kv->v);
+	kv->k = NULL;
+	kv->v = NULL;
 }
 
 void md_kv_set_copy_hook(struct md_kv_cache *kv, void (*fn)(void *ud, int32_t dst, int32_t src),

@@ -162,6 +162,12 @@ uint64_t md_kv_prefix_evictions(const struct md_kv_cache *kv);
 void md_kv_set_copy_hook(struct md_kv_cache *kv, void (*fn)(void *ud, int32_t dst, int32_t src),
 			 void *ud);
 
+/* Free the pool's rows, keeping its bookkeeping (block tables, counts, the prefix cache): the
+ * rows live in a mirror elsewhere (the device forward pass's, told of every block copy by
+ * the copy hook). Afterwards nothing may read or write rows through this cache (md_kv_k,
+ * md_kv_write_rows ...). */
+void md_kv_drop_rows(struct md_kv_cache *kv);
+
 /* Distinct blocks held by any sequence (a block shared by three counts once). */
 uint32_t md_kv_blocks_used(const struct md_kv_cache *kv);
 /* Blocks free in the pool (registered blocks no sequence holds included), and its size. */

@@ -123,6 +123,7 @@ static int fws_run(const struct md_model *m, struct fws_dev *dev, struct md_expe
 			return rc;
 		}
 		md_forward_set_device(w.f, d);
+		md_kv_drop_rows(&w.kv); /* as the engine does: the device's mirror holds the rows */
 		if (dev->src)
 			md_forward_set_expert_src(w.f, dev->src);
 	}
