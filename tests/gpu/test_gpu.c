@@ -23,6 +23,7 @@
 
 #include "engine/backend.h"
 #include "engine/backend_sim.h"
+#include "engine/expert_cost.h"
 #include "engine/experts.h"
 #include "engine/forward.h"
 #include "engine/forward_dev.h"
@@ -566,8 +567,13 @@ static void check_tier(const char *moed_gguf)
 	uint32_t units = m.hp.n_layer * m.hp.n_expert;
 	float *ref = calloc(FWS_MAX_ROWS * V, sizeof(float)), *got = calloc(FWS_MAX_ROWS * V, sizeof(float));
 	int n = fws_run(&m, NULL, NULL, NULL, NULL, ref);
-	const int pct[] = { 10, 25, 50, 75, 100 };
+	/* the budgets, then 25% again with every device miss copied up (on-demand copying: the
+	 * cost model's CPU rate fixed at nothing), so that path runs too */
+	const int pct[] = { 10, 25, 50, 75, 100, 25 };
+	static struct md_xcost copy_up;
+	md_xcost_init(&copy_up, 1.0, 0, 0);
 	for (size_t i = 0; i < sizeof(pct) / sizeof(pct[0]); i++) {
+		const bool up = i == sizeof(pct) / sizeof(pct[0]) - 1;
 		size_t dev_units = units * (size_t)pct[i] / 100;
 		size_t min_units = md_expert_store_min_bytes(&m, FWS_BATCH) / slot;
 		if (dev_units < min_units)
@@ -575,6 +581,7 @@ static void check_tier(const char *moed_gguf)
 		struct md_expert_store_config c = {
 			.host_bytes = (size_t)units * slot + 64 * slot, .policy = MD_EPOL_LRU,
 			.max_tokens = FWS_BATCH, .dev = cu, .dev_bytes = dev_units * slot,
+			.rates = up ? &copy_up : NULL,
 		};
 		struct md_expert_store *s = NULL;
 		CHECK_EQ_I(md_expert_store_new(&s, &m, &c, err, sizeof err), 0);
@@ -583,12 +590,15 @@ static void check_tier(const char *moed_gguf)
 		struct fws_dev fd = { .dev = cu, .resident = false, .src = md_expert_store_src(s) };
 		int g = fws_run(&m, &fd, NULL, NULL, NULL, got);
 		char what[96];
-		snprintf(what, sizeof what, "device tier at %d%% of the expert bytes", pct[i]);
+		snprintf(what, sizeof what, "device tier at %d%% of the expert bytes%s", pct[i],
+			 up ? ", misses copied up" : "");
 		CHECK_MSG(g == n, "%s: %d rows of %d (%s)", what, g, n, fd.err);
 		if (g == n)
 			cmp_rows(what, ref, got, n, V);
 		struct md_expert_store_stats st;
 		md_expert_store_get_stats(s, &st);
+		if (up)
+			CHECK_MSG(st.dev_compute_dev > 0, "%s: nothing copied up", what);
 		printf("gpu: %s: %llu device hits, %llu misses (%llu copied up, %llu on the CPU)\n", what,
 		       (unsigned long long)st.dev_hits, (unsigned long long)st.dev_misses,
 		       (unsigned long long)st.dev_compute_dev, (unsigned long long)st.dev_compute_host);

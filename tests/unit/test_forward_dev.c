@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "engine/backend_sim.h"
+#include "engine/expert_cost.h"
 #include "engine/experts.h"
 #include "engine/forward.h"
 #include "engine/forward_dev.h"
@@ -44,9 +45,10 @@ static void on_route(void *ud, uint32_t layer, const struct md_routing *r)
 		c->hash = c->hash * 31u + (uint64_t)r->active[a];
 }
 
-enum mode { RESIDENT, HOST_EXPERTS, STORE_DEVICE };
+enum mode { RESIDENT, HOST_EXPERTS, STORE_DEVICE, STORE_COPY };
 static const char *const mode_name[] = { "experts resident", "experts on the CPU (mapping)",
-					  "expert store with a device tier" };
+					  "expert store with a device tier",
+					  "expert store, every device miss copied up" };
 
 /* One model through the scenario on the CPU and on the simulated device in each mode. */
 static void check_model(const char *moed_gguf, const char *label, const char *const *args,
@@ -70,18 +72,21 @@ static void check_model(const char *moed_gguf, const char *label, const char *co
 	struct route_count rc_cpu = { 0 }, rc_dev = { 0 };
 	int n_ref = fws_run(&m, NULL, NULL, on_route, &rc_cpu, ref);
 	CHECK_MSG(n_ref > 0, "%s: CPU scenario failed (%d)", label, n_ref);
-	for (int mode = RESIDENT; mode <= STORE_DEVICE && n_ref > 0; mode++) {
+	for (int mode = RESIDENT; mode <= STORE_COPY && n_ref > 0; mode++) {
 		if (mode != RESIDENT && !m.hp.n_expert)
 			break;
 		struct md_backend *dev = md_backend_sim_new((size_t)1 << 32, 0);
 		struct md_expert_store *store = NULL;
-		if (mode == STORE_DEVICE) {
+		static struct md_xcost copy_up; /* the CPU "costs" forever: misses go up */
+		md_xcost_init(&copy_up, 1.0, 0, 0);
+		if (mode >= STORE_DEVICE) {
 			size_t slot = md_expert_store_slot_bytes(&m);
 			uint32_t units = m.hp.n_layer * m.hp.n_expert;
 			struct md_expert_store_config c = {
 				.host_bytes = (units / 2 + 8) * slot, .policy = MD_EPOL_LRU,
 				.io_threads = 2, .max_tokens = FWS_BATCH, .dev = dev,
 				.dev_bytes = (units / 4 + 4) * slot,
+				.rates = mode == STORE_COPY ? &copy_up : NULL,
 			};
 			CHECK_EQ_I(md_expert_store_new(&store, &m, &c, err, sizeof err), 0);
 		}
@@ -135,6 +140,10 @@ static void check_model(const char *moed_gguf, const char *label, const char *co
 			/* both kinds ran: device hits on the device, misses on the CPU or copied up */
 			CHECK_MSG(st.dev_hits > 0 && st.hits > 0, "%s: device hits %llu, hits %llu", label,
 				  (unsigned long long)st.dev_hits, (unsigned long long)st.hits);
+			if (mode == STORE_COPY)
+				CHECK_MSG(st.dev_compute_dev > 0, "%s: %llu device misses copied up, %llu "
+					  "on the CPU", label, (unsigned long long)st.dev_compute_dev,
+					  (unsigned long long)st.dev_compute_host);
 			md_expert_store_free(store);
 		}
 		printf("%s, %s: %d rows, %d bit-identical, greedy equal in %d, worst %.2g; MoE layer "
