@@ -18,7 +18,7 @@ from harness import Server  # noqa: E402
 moed, moed_gguf, default_model, work = sys.argv[1:5]
 PROMPTS = ["And the LORD said unto Moses,", "The history of the city", "Once upon a time,",
            "1, 2, 3, 4, 5, 6, 7, 8,", "In the beginning", "The quick brown fox"]
-N_TOK = 64
+N_TOK = 48
 
 
 def complete(srv, prompt):
@@ -30,7 +30,8 @@ def complete(srv, prompt):
 
 
 def serve(model, device):
-    srv = Server(moed, model, ["--device", device, "--max-seqs", "4", "--kv-memory-mb", "256"],
+    srv = Server(moed, model, ["--device", device, "--max-seqs", "4", "--kv-memory-mb", "256",
+                               "--threads", str(os.cpu_count() or 2)],
                  env={"MOED_KERNELS": "ref"})
     try:
         out = [complete(srv, p) for p in PROMPTS]
@@ -44,15 +45,13 @@ def serve(model, device):
 models = [("default model (trained, f16)", default_model)]
 for name, args in (("qwen3moe q4_k", ["--arch", "qwen3moe", "--type", "q4_k", "--n-embd", "512",
                                       "--n-ff-exp", "512", "--n-head", "8", "--head-dim", "64"]),
-                   ("mixtral q4_0", ["--arch", "mixtral", "--type", "q4_0", "--head-dim", "64"]),
-                   ("gpt-oss q8_0", ["--arch", "gpt-oss", "--type", "q8_0", "--head-dim", "64"]),
+                   ("gpt-oss, mxfp4 experts", ["--arch", "gpt-oss", "--type", "q8_0",
+                                               "--exp-type", "mxfp4", "--head-dim", "64"]),
                    ("qwen2moe q6_k", ["--arch", "qwen2moe", "--type", "q6_k", "--n-embd", "256",
                                       "--n-ff-exp", "256", "--n-ff-shexp", "256", "--n-head", "4",
                                       "--head-dim", "64"]),
-                   ("glm4moe q5_k", ["--arch", "glm4moe", "--type", "q5_k", "--n-embd", "256",
-                                     "--n-ff-exp", "256", "--n-ff", "256", "--n-head", "4",
-                                     "--head-dim", "64"]),
-                   ("qwen3 dense bf16", ["--arch", "qwen3", "--type", "bf16", "--head-dim", "64"])):
+                   ("deepseek2 q8_0", ["--arch", "deepseek2", "--type", "q8_0", "--head-dim", "32",
+                                       "--kv-lora-rank", "64"])):
     path = os.path.join(work, name.replace(" ", "-") + ".gguf")
     subprocess.run([moed_gguf, "gen", "--seed", "7", "--n-layer", "4", "--n-expert", "16",
                     "--n-vocab", "2048"] + args + [path], check=True, stdout=subprocess.DEVNULL,
