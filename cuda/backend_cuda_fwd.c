@@ -145,11 +145,15 @@ static int fwd_sync(struct md_backend *b)
 
 static int fwd_route(struct md_backend *b, const struct md_dev_route *r)
 {
-	if (r->fn != MD_ROUTE_SOFTMAX_TOPK && r->fn != MD_ROUTE_SOFTMAX_WEIGHT)
+	const struct md_route_params *p = &r->p;
+	int fn = p->fn == MD_ROUTE_SOFTMAX_TOPK ? 0 : p->fn == MD_ROUTE_SOFTMAX_WEIGHT ? 1
+	       : p->fn == MD_ROUTE_SCORED_TOPK ? 2 : -1;
+
+	if (fn < 0)
 		return -EINVAL;
-	return md_cuda__errno(md_cuda__route(r->logits, r->n, r->E, r->K,
-					     r->fn == MD_ROUTE_SOFTMAX_WEIGHT, r->norm_topk, r->ids,
-					     r->w, st0(b)));
+	return md_cuda__errno(md_cuda__route(r->logits, r->n, p->E, p->K, fn, p->norm_topk,
+					     p->gating == MD_GATING_SIGMOID, p->w_scale, p->n_groups,
+					     p->n_group_used, r->bias, r->ids, r->w, st0(b)));
 }
 
 static int fwd_moe_layout(struct md_backend *b, const struct md_dev_layout *l)

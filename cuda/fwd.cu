@@ -382,8 +382,26 @@ __device__ __forceinline__ bool taken_in(const int32_t *ids, int k, int e)
 	return false;
 }
 
-__global__ void route_kernel(const float *logits, int n, int E, int K, int weight_fn, int norm,
-			     int32_t *ids_out, float *w_out)
+#define ROUTE_EMAX 512 /* experts a scored route kernel thread keeps its scores for */
+
+/* The k largest of v (n) among those not in ids[0, k0): repeated arg-max, strictly greater
+ * wins (ties: the lower index), as engine/router.c's topk. */
+__device__ void topk_dev(const float *v, int n, int k, int32_t *ids)
+{
+	for (int j = 0; j < k; j++) {
+		int best = -1;
+
+		for (int e = 0; e < n; e++)
+			if (!taken_in(ids, j, e) && (best < 0 || v[e] > v[best]))
+				best = e;
+		ids[j] = best;
+	}
+}
+
+/* fn: 0 softmax top-k, 1 softmax over the top-k, 2 scored top-k (sigmoid: its gating). */
+__global__ void route_kernel(const float *logits, int n, int E, int K, int fn, int norm,
+			     int sigmoid, float w_scale, int n_groups, int n_group_used,
+			     const float *bias, int32_t *ids_out, float *w_out)
 {
 	const int t = (int)(blockIdx.x * blockDim.x + threadIdx.x);
 
@@ -393,15 +411,8 @@ __global__ void route_kernel(const float *logits, int n, int E, int K, int weigh
 	int32_t *ids = ids_out + (size_t)t * K;
 	float *w = w_out + (size_t)t * K;
 
-	if (weight_fn) { /* top-k of the logits, then a softmax over those k */
-		for (int k = 0; k < K; k++) {
-			int best = -1;
-
-			for (int e = 0; e < E; e++)
-				if (!taken_in(ids, k, e) && (best < 0 || l[e] > l[best]))
-					best = e;
-			ids[k] = best;
-		}
+	if (fn == 1) { /* top-k of the logits, then a softmax over those k */
+		topk_dev(l, E, K, ids);
 		const float mx = l[ids[0]];
 		double sum = 0;
 
@@ -413,46 +424,110 @@ __global__ void route_kernel(const float *logits, int n, int E, int K, int weigh
 			w[k] = (float)(w[k] / sum);
 		return;
 	}
-	float mx = l[0];
+	if (fn == 0) {
+		float mx = l[0];
 
-	for (int e = 1; e < E; e++)
-		mx = l[e] > mx ? l[e] : mx;
-	double sum = 0;
+		for (int e = 1; e < E; e++)
+			mx = l[e] > mx ? l[e] : mx;
+		double sum = 0;
 
-	for (int e = 0; e < E; e++)
-		sum += expf(l[e] - mx);
-	double wsum = 0;
+		for (int e = 0; e < E; e++)
+			sum += expf(l[e] - mx);
+		double wsum = 0;
 
-	for (int k = 0; k < K; k++) {
-		int best = -1;
-		float bp = 0;
+		for (int k = 0; k < K; k++) {
+			int best = -1;
+			float bp = 0;
+
+			for (int e = 0; e < E; e++) {
+				if (taken_in(ids, k, e))
+					continue;
+				const float pe = soft_p(l, e, mx, sum);
+
+				if (best < 0 || pe > bp) {
+					best = e;
+					bp = pe;
+				}
+			}
+			ids[k] = best;
+			w[k] = bp;
+			wsum += bp;
+		}
+		if (norm)
+			for (int k = 0; k < K; k++)
+				w[k] = (float)(w[k] / wsum);
+		return;
+	}
+	/* scored top-k: scores, the biased selection within the best groups, weights from the
+	 * unbiased scores (router.c select_scored_topk) */
+	float p[ROUTE_EMAX], sel[ROUTE_EMAX];
+
+	if (sigmoid) {
+		for (int e = 0; e < E; e++)
+			p[e] = 1.0f / (1.0f + expf(-l[e]));
+	} else {
+		float mx = l[0];
+
+		for (int e = 1; e < E; e++)
+			mx = l[e] > mx ? l[e] : mx;
+		double sum = 0;
 
 		for (int e = 0; e < E; e++) {
-			if (taken_in(ids, k, e))
-				continue;
-			const float pe = soft_p(l, e, mx, sum);
-
-			if (best < 0 || pe > bp) {
-				best = e;
-				bp = pe;
-			}
+			p[e] = expf(l[e] - mx);
+			sum += p[e];
 		}
-		ids[k] = best;
-		w[k] = bp;
-		wsum += bp;
+		for (int e = 0; e < E; e++)
+			p[e] = (float)(p[e] / sum);
 	}
-	if (norm)
+	for (int e = 0; e < E; e++)
+		sel[e] = bias != NULL ? p[e] + bias[e] : p[e];
+	if (n_groups > 1) {
+		const int per = E / n_groups, two = per < 2 ? per : 2;
+		float gs[64];
+		int32_t top2[2], gid[64];
+
+		for (int g = 0; g < n_groups; g++) {
+			topk_dev(sel + g * per, per, two, top2);
+			gs[g] = 0.0f;
+			for (int j = 0; j < two; j++)
+				gs[g] += sel[g * per + top2[j]];
+		}
+		topk_dev(gs, n_groups, n_group_used, gid);
+		for (int g = 0; g < n_groups; g++)
+			if (!taken_in(gid, n_group_used, g))
+				for (int e = g * per; e < (g + 1) * per; e++)
+					sel[e] = -INFINITY;
+	}
+	topk_dev(sel, E, K, ids);
+	float wsum = 0.0f;
+
+	for (int k = 0; k < K; k++) {
+		w[k] = p[ids[k]];
+		wsum += w[k];
+	}
+	if (norm) {
+		if (wsum < 6.103515625e-5f)
+			wsum = 6.103515625e-5f;
 		for (int k = 0; k < K; k++)
-			w[k] = (float)(w[k] / wsum);
+			w[k] /= wsum;
+	}
+	if (w_scale != 1.0f)
+		for (int k = 0; k < K; k++)
+			w[k] *= w_scale;
 }
 
-extern "C" cudaError_t md_cuda__route(const float *logits, int n, int E, int K, int weight_fn,
-				      int norm, int32_t *ids, float *w, cudaStream_t st)
+extern "C" cudaError_t md_cuda__route(const float *logits, int n, int E, int K, int fn, int norm,
+				      int sigmoid, float w_scale, int n_groups, int n_group_used,
+				      const float *bias, int32_t *ids, float *w, cudaStream_t st)
 {
-	if (n <= 0 || E <= 0 || K <= 0 || K > E)
+	if (n <= 0 || E <= 0 || K <= 0 || K > E || fn < 0 || fn > 2 ||
+	    (fn == 2 && (E > ROUTE_EMAX || n_groups > 64 ||
+			 (n_groups > 1 && (E % n_groups || n_group_used < 1 ||
+					   n_group_used > n_groups)))))
 		return cudaErrorInvalidValue;
-	route_kernel<<<(unsigned)((n + 63) / 64), 64, 0, st>>>(logits, n, E, K, weight_fn, norm, ids,
-								 w);
+	route_kernel<<<(unsigned)((n + 63) / 64), 64, 0, st>>>(logits, n, E, K, fn, norm, sigmoid,
+								 w_scale, n_groups, n_group_used,
+								 bias, ids, w);
 	return cudaGetLastError();
 }
 

@@ -43,9 +43,11 @@ cudaError_t md_cuda__copy2d(float *dst, size_t ds0, size_t ds1, const float *src
 			    size_t ss1, int n0, int n1, int w, cudaStream_t st);
 cudaError_t md_cuda__rows_store_f16(unsigned short *dst, const int32_t *rows, const float *src,
 				    int n, int dim, cudaStream_t st);
-/* Plain routing (engine/backend_fwd.h md_dev_route): weight_fn 1 for softmax over the top-k,
- * 0 for softmax top-k (norm: renormalise). */
-cudaError_t md_cuda__route(const float *logits, int n, int E, int K, int weight_fn, int norm,
+/* Routing (engine/backend_fwd.h md_dev_route): fn 0 softmax top-k, 1 softmax over the top-k,
+ * 2 scored top-k (sigmoid or softmax scores, bias NULL or E floats, n_groups > 1: group
+ * limited; E up to 512); norm: renormalise. */
+cudaError_t md_cuda__route(const float *logits, int n, int E, int K, int fn, int norm, int sigmoid,
+			   float w_scale, int n_groups, int n_group_used, const float *bias,
 			   int32_t *ids, float *w, cudaStream_t st);
 /* The expert layout (md_dev_layout); E and n up to 1024. */
 cudaError_t md_cuda__moe_layout(const int32_t *ids, const float *w, int n, int K, int E, int G,

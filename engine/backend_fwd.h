@@ -21,12 +21,12 @@
  * orchestration (weights, KV mirror, block tables, expert layouts) against the CPU pass, and a
  * GPU run check each CUDA kernel against the simulated op (tests/gpu/).
  *
- * Routing: for the routing functions that need only the logits (softmax top-k, gpt-oss's
- * softmax over the top-k) and resident experts, route and moe_layout do it on the device, so a
- * decode step runs from the embeddings to the logits without waiting for the host; otherwise
- * the forward pass downloads each MoE layer's router logits, routes on the host
- * (engine/router.c: every gating function of every architecture, draft restrictions,
- * selection biases) and uploads the expert layout: one synchronisation per MoE layer.
+ * Routing: with resident experts, route and moe_layout do it on the device (every routing
+ * function: softmax top-k, gpt-oss's softmax over the top-k, DeepSeek's and GLM's scored
+ * top-k with selection bias and expert groups), so a decode step runs from the embeddings to
+ * the logits without waiting for the host; otherwise (experts got from a source, draft
+ * restrictions) the forward pass downloads each MoE layer's router logits, routes on the host
+ * (engine/router.c) and uploads the expert layout: one synchronisation per MoE layer.
  */
 #ifndef MD_BACKEND_FWD_H
 #define MD_BACKEND_FWD_H
@@ -99,14 +99,15 @@ struct md_dev_mla_attn {
 	int max_pos;
 };
 
-/* Routing on the device, for the routing functions that need only the logits
- * (md_route_fn_plain: softmax top-k, softmax over the top-k): ids and w (n, K) of each row of
- * logits (n, E), as md_route_select_plain computes them on the host (ties to the lower id). */
+/* Routing on the device: ids and w (n, K) of each row of router logits (n, E), as
+ * md_route_select computes them on the host for every routing function (softmax top-k,
+ * softmax over the top-k, scored top-k with a selection bias and expert groups; ties to the
+ * lower id). bias: the selection bias (E floats, device) or NULL. */
 struct md_dev_route {
 	const float *logits;
-	int n, E, K;
-	enum md_route_fn fn;
-	bool norm_topk;
+	int n;
+	struct md_route_params p;
+	const float *bias;
 	int32_t *ids;
 	float *w;
 };

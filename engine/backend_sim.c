@@ -634,20 +634,21 @@ static int fwd_sync(struct md_backend *b)
 	return 0;
 }
 
-/* Each row through the host router's own selection (md_route_select_plain). */
+/* Each row through the host router's own selection (md_route_select). */
 static int fwd_route(struct md_backend *b, const struct md_dev_route *r)
 {
 	struct sim *s = S(b);
-	if (!md_route_fn_plain(r->fn) || r->K < 1 || r->K > r->E)
+	const int E = r->p.E, K = r->p.K;
+	if (K < 1 || K > E || (unsigned)r->p.fn >= MD_ROUTE_FN_COUNT)
 		return -EINVAL;
-	if (scratch_need(s, (size_t)r->E * (sizeof(float) + 1)))
+	if (scratch_need(s, (size_t)E * (2 * sizeof(float) + 1)))
 		return -ENOMEM;
-	float *p = s->scratch;
-	uint8_t *taken = (uint8_t *)(p + r->E);
+	float *p = s->scratch, *sel = p + E;
+	uint8_t *taken = (uint8_t *)(sel + E);
 	for (int t = 0; t < r->n; t++) {
-		memcpy(p, r->logits + (size_t)t * r->E, (size_t)r->E * sizeof(float));
-		md_route_select_plain(r->fn, r->norm_topk, r->E, r->K, p, taken,
-				      r->ids + (size_t)t * r->K, r->w + (size_t)t * r->K);
+		memcpy(p, r->logits + (size_t)t * E, (size_t)E * sizeof(float));
+		md_route_select(&r->p, r->bias, p, sel, taken, r->ids + (size_t)t * K,
+				r->w + (size_t)t * K);
 	}
 	return 0;
 }

@@ -154,6 +154,7 @@ static void each_tensor(const struct md_model *m, bool experts,
 			L->down_exps_b, L->gate_inp_shexp, L->gate_shexp, L->up_shexp,
 			L->down_shexp, L->gate_exps, L->up_exps, L->down_exps,
 			L->wq_a, L->q_a_norm, L->wq_b, L->wkv_a_mqa, L->kv_a_norm, L->wk_b, L->wv_b,
+			L->exp_probs_b,
 		};
 		for (size_t i = 0; i < sizeof(ts) / sizeof(ts[0]); i++)
 			if (ts[i] && (experts || !is_expert_tensor(L, ts[i])))
@@ -541,8 +542,7 @@ int md_fwd_dev_new(const struct md_model *m, struct md_backend *b, struct md_kv_
 		return -ENOMEM;
 	}
 	/* Routing on the device. */
-	d->fast_ok = d->experts_resident && b->fwd->route && b->fwd->moe_layout &&
-		     md_route_fn_plain(md_route_fn_of(hp));
+	d->fast_ok = d->experts_resident && b->fwd->route && b->fwd->moe_layout;
 	if (d->fast_ok) {
 		size_t FK = (size_t)FAST_MAX_TOK * K, rec = (size_t)hp->n_layer * T * K;
 		size_t lay = 3 * FK * sizeof(void *) + (FK + 1) * sizeof(int32_t) + 4 * FK * 4;
@@ -1267,12 +1267,13 @@ static int moe_host(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
 }
 
 /* Whether layer il's routing can run on the device this pass (engine/backend_fwd.h route):
- * experts resident, a routing function of the logits alone, an exact pass without a
- * pre-gating observer, and a batch the layout buffers hold. */
+ * experts resident, an exact pass without a pre-gating observer, and a batch the layout
+ * buffers hold. */
 static bool fast_route(const struct md_fwd_dev *d, const struct md_fwd_dev_pass *p, int n,
 		       const struct md_layer *L)
 {
-	return d->fast_ok && !p->draft && !p->pregate_cb && n <= FAST_MAX_TOK && !L->exp_probs_b;
+	(void)L;
+	return d->fast_ok && !p->draft && !p->pregate_cb && n <= FAST_MAX_TOK;
 }
 
 /* Steps 1-4 on the device: router, route, layout, the experts' grouped products, combine into
@@ -1291,8 +1292,9 @@ static int moe_fast(struct md_fwd_dev *d, int n, uint32_t il)
 		rc = op->add_rows(B, d->rl, dptr(d, L->gate_inp_b), NULL, n, E);
 	int32_t *ids = d->rec_ids + (size_t)il * n * K;
 	float *w = d->rec_w + (size_t)il * n * K;
-	struct md_dev_route rt = { .logits = d->rl, .n = n, .E = E, .K = K, .fn = d->router.fn,
-				   .norm_topk = hp->norm_topk, .ids = ids, .w = w };
+	struct md_dev_route rt = { .logits = d->rl, .n = n, .bias = dptr(d, L->exp_probs_b),
+				   .ids = ids, .w = w };
+	md_route_params_of(hp, &rt.p);
 	if (!rc)
 		rc = op->route(B, &rt);
 	/* the layout buffer: wtab (3 G pointers), off (G + 1), tok, eid, cslot (n K each), cw */

@@ -12,9 +12,10 @@
  *     device whenever the host cache copies one (md_kv_set_copy_hook);
  *   - token embeddings (one row per token: dequantized on the host and uploaded; the table
  *     stays in host memory);
- *   - routing: each MoE layer's router logits are downloaded and routed by engine/router.c,
- *     so every architecture's gating, the draft restrictions and the route observers work as
- *     on the CPU; the expert layout is uploaded back;
+ *   - routing, where experts come from a source or a draft pass restricts them: each MoE
+ *     layer's router logits are downloaded and routed by engine/router.c, the expert layout
+ *     uploaded back (with resident experts the device routes, as router.c does, and passes of
+ *     up to 64 tokens run as graphs; the route observers get the routings after the pass);
  *   - experts that live in host memory: with experts_resident the context uploads every
  *     expert at creation and needs nothing else; without, experts come from the pass's
  *     expert source (the mapping, or the expert store whose device tier holds the hot ones),

@@ -323,17 +323,28 @@ const struct md_routing *md_router_from_ids(struct md_router *r, int n, int k,
 	return group(r, n, k);
 }
 
-bool md_route_fn_plain(enum md_route_fn fn)
+void md_route_params_of(const struct md_hparams *hp, struct md_route_params *p)
 {
-	return fn == MD_ROUTE_SOFTMAX_TOPK || fn == MD_ROUTE_SOFTMAX_WEIGHT;
+	p->fn = md_route_fn_of(hp);
+	p->E = (int)hp->n_expert;
+	p->K = (int)hp->n_expert_used;
+	p->norm_topk = hp->norm_topk;
+	p->gating = hp->gating;
+	p->w_scale = hp->expert_weights_scale != 0.0f ? hp->expert_weights_scale : 1.0f;
+	p->n_groups = (int)hp->n_expert_groups;
+	p->n_group_used = (int)hp->n_group_used;
 }
 
-void md_route_select_plain(enum md_route_fn fn, bool norm_topk, int E, int K, float *p,
-			   uint8_t *taken, int32_t *ids, float *w)
+void md_route_select(const struct md_route_params *p, const float *bias, float *logits,
+		     float *sel, uint8_t *taken, int32_t *ids, float *w)
 {
-	struct md_router t = { .fn = fn, .n_expert = E, .n_used = K, .norm_topk = norm_topk,
-			       .taken = taken, .w_scale = 1.0f };
-	route_fns[fn].select(&t, p, ids, w);
+	struct md_router t = {
+		.fn = p->fn, .n_expert = p->E, .n_used = p->K, .n_used_model = p->K,
+		.norm_topk = p->norm_topk, .gating = p->gating, .w_scale = p->w_scale,
+		.n_groups = p->n_groups, .n_group_used = p->n_group_used, .bias = bias,
+		.sel = sel, .taken = taken,
+	};
+	route_fns[p->fn].select(&t, logits, ids, w);
 }
 
 void md_router_note_topk(const struct md_router *r, int n, uint8_t *taken, uint8_t *pred)

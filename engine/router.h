@@ -103,12 +103,22 @@ const struct md_routing *md_router_from_ids(struct md_router *r, int n, int k,
  * hint). taken (E) is scratch. */
 void md_router_note_topk(const struct md_router *r, int n, uint8_t *taken, uint8_t *pred);
 
-/* The routing functions that need nothing but the logits (no selection bias, no groups):
- * softmax top-k and softmax over the top-k. For them, md_route_select_plain is one token's
- * selection exactly as md_router_route computes it: p (E) logits in (overwritten), ids and w
- * (K) out, taken (E) scratch. A device implements the same (engine/backend_fwd.h route). */
-bool md_route_fn_plain(enum md_route_fn fn);
-void md_route_select_plain(enum md_route_fn fn, bool norm_topk, int E, int K, float *p,
-			   uint8_t *taken, int32_t *ids, float *w);
+/* A routing as plain numbers (what a device needs to route as md_router_route does). */
+struct md_route_params {
+	enum md_route_fn fn;
+	int E, K;              /* experts, and used per token */
+	bool norm_topk;
+	enum md_gating gating;
+	float w_scale;         /* 1: none */
+	int n_groups, n_group_used; /* n_groups <= 1: no group limit */
+};
+void md_route_params_of(const struct md_hparams *hp, struct md_route_params *p);
+
+/* One token's selection exactly as md_router_route computes it (every routing function, the
+ * selection bias, expert groups): logits (E) in (overwritten with the scores), ids and w (K)
+ * out; bias (E) or NULL; sel (E floats) and taken (E) scratch. A device implements the same
+ * (engine/backend_fwd.h route). */
+void md_route_select(const struct md_route_params *p, const float *bias, float *logits,
+		     float *sel, uint8_t *taken, int32_t *ids, float *w);
 
 #endif

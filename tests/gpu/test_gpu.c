@@ -388,21 +388,35 @@ static void check_products(void)
 static void check_routing(void)
 {
 	const int E = 64, K = 8;
-	for (int fn = 0; fn < 2; fn++)
+	float *bias = frnd(E, 0.3f);
+	struct pair pbias = pnew(bias, (size_t)E * 4);
+	/* softmax top-k, softmax over the top-k, then scored top-k: GLM's (sigmoid, a selection
+	 * bias), DeepSeek-V3's (sigmoid, bias, 8 groups of which 4, weights scaled 2.5) and
+	 * DeepSeek-V2's (softmax, no bias, not renormalised) */
+	for (int fn = 0; fn < 5; fn++)
 		for (int n = 1; n <= 32; n += 15) {
 			float *lg = frnd((size_t)n * E, 3.0f);
 			if (n > 1) /* a tie: the lower id must win on both */
 				lg[E + 5] = lg[E + 9] = 50.0f;
 			struct pair pl = pnew(lg, (size_t)n * E * 4), pi = pnew(NULL, (size_t)n * K * 4);
 			struct pair pw = pnew(NULL, (size_t)n * K * 4);
-			struct md_dev_route r = { .n = n, .E = E, .K = K, .norm_topk = true,
-						  .fn = fn ? MD_ROUTE_SOFTMAX_WEIGHT : MD_ROUTE_SOFTMAX_TOPK };
-			r.logits = pl.c, r.ids = pi.c, r.w = pw.c;
+			struct md_dev_route r = { .n = n };
+			r.p = (struct md_route_params){
+				.fn = fn == 0 ? MD_ROUTE_SOFTMAX_TOPK : fn == 1 ? MD_ROUTE_SOFTMAX_WEIGHT
+								  : MD_ROUTE_SCORED_TOPK,
+				.E = E, .K = K, .norm_topk = fn != 4, .w_scale = fn == 3 ? 2.5f : 1.0f,
+				.gating = fn == 4 ? MD_GATING_SOFTMAX : MD_GATING_SIGMOID,
+				.n_groups = fn == 3 ? 8 : 0, .n_group_used = fn == 3 ? 4 : 0,
+			};
+			r.logits = pl.c, r.ids = pi.c, r.w = pw.c, r.bias = fn == 2 || fn == 3 ? pbias.c : NULL;
 			CHECK_EQ_I(cu->fwd->route(cu, &r), 0);
-			r.logits = pl.s, r.ids = pi.s, r.w = pw.s;
+			r.logits = pl.s, r.ids = pi.s, r.w = pw.s, r.bias = fn == 2 || fn == 3 ? pbias.s : NULL;
 			CHECK_EQ_I(sim->fwd->route(sim, &r), 0);
+			static const char *const names[] = { "softmax_topk", "softmax_weight",
+							     "scored (GLM)", "scored (DeepSeek-V3)",
+							     "scored (DeepSeek-V2)" };
 			char what[96];
-			snprintf(what, sizeof what, "route %s, %d tokens", fn ? "softmax_weight" : "softmax_topk", n);
+			snprintf(what, sizeof what, "route %s, %d tokens", names[fn], n);
 			pcmp(&pi, what, 0); /* the ids' bits as floats: exact */
 			pcmp(&pw, what, 1e-10);
 			/* the layout of the (common) routing, weights from the simulated one */
@@ -455,6 +469,8 @@ static void check_routing(void)
 			for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
 				pfree(all[i]);
 		}
+	pfree(&pbias);
+	free(bias);
 	printf("gpu: routing and expert layout: ok\n");
 }
 
@@ -534,10 +550,9 @@ static void check_parity(const char *moed_gguf, bool emulated)
 				 mode ? "experts on the CPU" : "resident");
 			int f0 = failures;
 			double d = g == n ? cmp_rows(what, ref, got, n, V) : INFINITY;
-			/* Resident, routed by a function of the logits alone (or dense): decode and
-			 * prefill chunks of up to 64 tokens run as graphs where the backend has them. */
-			bool plain = !m.hp.n_expert || md_route_fn_plain(md_route_fn_of(&m.hp));
-			if (mode == 0 && plain && cu->fwd->capture_begin)
+			/* Resident experts (or dense): decode and prefill chunks of up to 64 tokens run
+			 * as graphs where the backend has them. */
+			if (mode == 0 && cu->fwd->capture_begin)
 				CHECK_MSG(fd.n_graphs > 0 && fd.n_captures > 0, "%s: no graph launched", what);
 			printf("| %s | %s | %d | %s | %.2g | %llu / %llu | %llu (%llu) |\n",
 			       fws_cases[c].label, mode ? "CPU (mapping)" : "resident", n,

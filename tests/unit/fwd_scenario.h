@@ -255,7 +255,8 @@ static const char *const fws_a14[] = { "--arch", "mixtral", "--type", "q2_k", FW
 static const char *const fws_a15[] = { "--arch", "olmoe", "--type", "iq4_xs", FWS_K, NULL };
 static const char *const fws_a16[] = { "--arch", "qwen2moe", "--type", "q5_0", FWS_SMALL, NULL };
 static const char *const fws_a17[] = { "--arch", "deepseek2", "--type", "f32", "--n-layer", "3",
-				       "--n-expert", "8", "--n-expert-used", "2", NULL };
+				       "--n-expert", "8", "--n-expert-used", "2", "--n-expert-groups", "4",
+				       "--n-group-used", "2", NULL };
 static const char *const fws_a18[] = { "--arch", "deepseek2", "--type", "q8_0", "--n-layer", "3",
 				       "--n-expert", "8", "--n-expert-used", "2", "--q-lora-rank", "0",
 				       "--kv-b", "merged", "--head-dim", "32", "--kv-lora-rank", "64",
@@ -279,7 +280,7 @@ static const struct fws_case fws_cases[] = {
 	{ "mixtral q2_k", fws_a14, true },
 	{ "olmoe iq4_xs", fws_a15, true },
 	{ "qwen2moe q5_0 (gated shared expert)", fws_a16, false },
-	{ "deepseek2 f32 (latent attention, q lora)", fws_a17, true },
+	{ "deepseek2 f32 (latent attention, q lora, expert groups)", fws_a17, true },
 	{ "deepseek2 q8_0 (V2-Lite layout: no q lora, merged kv_b)", fws_a18, true },
 };
 static const size_t fws_n_cases = sizeof(fws_cases) / sizeof(fws_cases[0]);

@@ -123,9 +123,9 @@ static void check_model(const char *moed_gguf, const char *label, const char *co
 		else
 			CHECK_MSG(worst <= 1e-5, "%s, %s: logits differ by %.3g of the row's scale",
 				  label, mode_name[mode], worst);
-		/* Resident experts and a routing function of the logits alone: every exact pass
-		 * routes on the device (the draft passes on the host); otherwise on the host. */
-		if (mode == RESIDENT && m.hp.n_expert && md_route_fn_plain(md_route_fn_of(&m.hp)))
+		/* Resident experts: every exact pass routes on the device (the draft passes on the
+		 * host); experts from a source: on the host. */
+		if (mode == RESIDENT && m.hp.n_expert)
 			CHECK_MSG(fd.n_fast > 0 && fd.n_host > 0, "%s: %llu layer passes routed on the "
 				  "device, %llu on the host", label, (unsigned long long)fd.n_fast,
 				  (unsigned long long)fd.n_host);
