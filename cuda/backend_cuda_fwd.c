@@ -9,6 +9,8 @@
 #include "cuda/fwd_cuda.h"
 #include "cuda/matmul_cuda.h"
 
+_Static_assert(MD_CUDA_ROUTE_EMAX == MD_DEV_ROUTE_EMAX, "fwd_cuda.h mirrors backend_fwd.h");
+
 static cudaStream_t st0(const struct md_backend *b)
 {
 	const struct cuda_ctx *c = b->_ctx;

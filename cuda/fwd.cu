@@ -363,142 +363,191 @@ extern "C" cudaError_t md_cuda__attention(float *out, const float *q, const floa
 
 /* ---- routing on the device ----
  *
- * route: one thread per token, the arithmetic of engine/router.c's plain routing functions
- * (float exp, double sums, repeated arg-max with ties to the lower id), reading the logits
- * row in place. layout: one thread for the whole batch (a decode step has a handful of
- * tokens): router.c's counting sort by expert, over the active experts. */
+ * route: one warp per token, with engine/router.c's arithmetic (float exp, double sums taken
+ * in expert order, repeated arg-max with ties to the lower id): the lanes share the per-expert
+ * work and each arg-max is a warp reduction, so a decode step's routing costs a few
+ * microseconds, not the tens a single thread took over 128 experts. layout: one block for the
+ * whole batch: counts by expert with shared-memory atomics, a block scan for each expert's
+ * first slot and group, and each slot placed by its rank among its expert's entries (the
+ * entries before it with the same expert), which is router.c's stable counting sort. */
+#define ROUTE_EMAX MD_CUDA_ROUTE_EMAX
 
-/* Probability of expert e under the row's softmax, as router.c rounds it. */
-__device__ __forceinline__ float soft_p(const float *l, int e, float mx, double sum)
+/* The better of two (value, id) candidates: the greater value, ties to the lower id; id < 0
+ * is no candidate. */
+__device__ __forceinline__ bool cand_better(float v, int i, float bv, int bi)
 {
-	return (float)((double)expf(l[e] - mx) / sum);
+	return i >= 0 && (bi < 0 || v > bv || (v == bv && i < bi));
 }
 
-__device__ __forceinline__ bool taken_in(const int32_t *ids, int k, int e)
+/* The k largest of v (n, shared) not yet taken, into ids[0, k) (global; lane 0 writes), as
+ * router.c's topk: each round the lanes scan their experts in ascending order, keeping the
+ * first of equal maxima, then the warp keeps the better across lanes. taken (shared, n) is
+ * cleared here. One warp; block = that warp. */
+__device__ void warp_topk(const float *v, uint8_t *taken, int n, int k, int32_t *ids, int lane)
 {
-	for (int j = 0; j < k; j++)
-		if (ids[j] == e)
-			return true;
-	return false;
-}
-
-#define ROUTE_EMAX 512 /* experts a scored route kernel thread keeps its scores for */
-
-/* The k largest of v (n) among those not in ids[0, k0): repeated arg-max, strictly greater
- * wins (ties: the lower index), as engine/router.c's topk. */
-__device__ void topk_dev(const float *v, int n, int k, int32_t *ids)
-{
+	for (int e = lane; e < n; e += 32)
+		taken[e] = 0;
+	__syncthreads();
 	for (int j = 0; j < k; j++) {
-		int best = -1;
+		float bv = 0.0f;
+		int bi = -1;
 
-		for (int e = 0; e < n; e++)
-			if (!taken_in(ids, j, e) && (best < 0 || v[e] > v[best]))
-				best = e;
-		ids[j] = best;
+		for (int e = lane; e < n; e += 32)
+			if (!taken[e] && (bi < 0 || v[e] > bv)) {
+				bv = v[e];
+				bi = e;
+			}
+		for (int o = 16; o > 0; o >>= 1) {
+			const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+			const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+
+			if (cand_better(ov, oi, bv, bi)) {
+				bv = ov;
+				bi = oi;
+			}
+		}
+		if (lane == 0) {
+			ids[j] = bi;
+			taken[bi] = 1;
+		}
+		__syncthreads();
 	}
 }
 
-/* fn: 0 softmax top-k, 1 softmax over the top-k, 2 scored top-k (sigmoid: its gating). */
-__global__ void route_kernel(const float *logits, int n, int E, int K, int fn, int norm,
-			     int sigmoid, float w_scale, int n_groups, int n_group_used,
-			     const float *bias, int32_t *ids_out, float *w_out)
+/* Largest of the row's logits, every lane holding it. */
+__device__ float warp_row_max(const float *l, int E, int lane)
 {
-	const int t = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+	float mx = l[0];
 
-	if (t >= n)
-		return;
+	for (int e = lane; e < E; e += 32)
+		mx = l[e] > mx ? l[e] : mx;
+	for (int o = 16; o > 0; o >>= 1) {
+		const float om = __shfl_xor_sync(0xffffffffu, mx, o);
+
+		mx = om > mx ? om : mx;
+	}
+	return mx;
+}
+
+/* p (shared, E) = the row's softmax as router.c rounds it: float exp(l - max), their double
+ * sum in expert order (lane 0: the order is what makes it router.c's), each quotient rounded
+ * to float. */
+__device__ void warp_softmax(const float *l, int E, float *p, int lane)
+{
+	__shared__ double s_sum;
+	const float mx = warp_row_max(l, E, lane);
+
+	for (int e = lane; e < E; e += 32)
+		p[e] = expf(l[e] - mx);
+	__syncthreads();
+	if (lane == 0) {
+		double sum = 0;
+
+		for (int e = 0; e < E; e++)
+			sum += p[e];
+		s_sum = sum;
+	}
+	__syncthreads();
+	const double sum = s_sum;
+
+	for (int e = lane; e < E; e += 32)
+		p[e] = (float)((double)p[e] / sum);
+	__syncthreads();
+}
+
+/* fn: 0 softmax top-k, 1 softmax over the top-k, 2 scored top-k (sigmoid: its gating).
+ * Block: one warp, for token blockIdx.x. */
+__global__ void __launch_bounds__(32)
+route_kernel(const float *logits, int E, int K, int fn, int norm, int sigmoid, float w_scale,
+	     int n_groups, int n_group_used, const float *bias, int32_t *ids_out, float *w_out)
+{
+	__shared__ float p[ROUTE_EMAX], sel[ROUTE_EMAX], gs[64];
+	__shared__ uint8_t taken[ROUTE_EMAX];
+	__shared__ int32_t gid[64];
+	const int t = (int)blockIdx.x, lane = (int)threadIdx.x;
 	const float *l = logits + (size_t)t * E;
 	int32_t *ids = ids_out + (size_t)t * K;
 	float *w = w_out + (size_t)t * K;
 
 	if (fn == 1) { /* top-k of the logits, then a softmax over those k */
-		topk_dev(l, E, K, ids);
-		const float mx = l[ids[0]];
-		double sum = 0;
+		for (int e = lane; e < E; e += 32)
+			sel[e] = l[e];
+		__syncthreads();
+		warp_topk(sel, taken, E, K, ids, lane);
+		if (lane == 0) {
+			const float mx = sel[ids[0]];
+			double sum = 0;
 
-		for (int k = 0; k < K; k++) {
-			w[k] = expf(l[ids[k]] - mx);
-			sum += w[k];
+			for (int k = 0; k < K; k++) {
+				w[k] = expf(sel[ids[k]] - mx);
+				sum += w[k];
+			}
+			for (int k = 0; k < K; k++)
+				w[k] = (float)(w[k] / sum);
 		}
-		for (int k = 0; k < K; k++)
-			w[k] = (float)(w[k] / sum);
 		return;
 	}
 	if (fn == 0) {
-		float mx = l[0];
+		warp_softmax(l, E, p, lane);
+		warp_topk(p, taken, E, K, ids, lane);
+		if (lane == 0) {
+			double wsum = 0;
 
-		for (int e = 1; e < E; e++)
-			mx = l[e] > mx ? l[e] : mx;
-		double sum = 0;
-
-		for (int e = 0; e < E; e++)
-			sum += expf(l[e] - mx);
-		double wsum = 0;
-
-		for (int k = 0; k < K; k++) {
-			int best = -1;
-			float bp = 0;
-
-			for (int e = 0; e < E; e++) {
-				if (taken_in(ids, k, e))
-					continue;
-				const float pe = soft_p(l, e, mx, sum);
-
-				if (best < 0 || pe > bp) {
-					best = e;
-					bp = pe;
-				}
+			for (int k = 0; k < K; k++) {
+				w[k] = p[ids[k]];
+				wsum += w[k];
 			}
-			ids[k] = best;
-			w[k] = bp;
-			wsum += bp;
+			if (norm)
+				for (int k = 0; k < K; k++)
+					w[k] = (float)(w[k] / wsum);
 		}
-		if (norm)
-			for (int k = 0; k < K; k++)
-				w[k] = (float)(w[k] / wsum);
 		return;
 	}
 	/* scored top-k: scores, the biased selection within the best groups, weights from the
 	 * unbiased scores (router.c select_scored_topk) */
-	float p[ROUTE_EMAX], sel[ROUTE_EMAX];
-
 	if (sigmoid) {
-		for (int e = 0; e < E; e++)
+		for (int e = lane; e < E; e += 32)
 			p[e] = 1.0f / (1.0f + expf(-l[e]));
+		__syncthreads();
 	} else {
-		float mx = l[0];
-
-		for (int e = 1; e < E; e++)
-			mx = l[e] > mx ? l[e] : mx;
-		double sum = 0;
-
-		for (int e = 0; e < E; e++) {
-			p[e] = expf(l[e] - mx);
-			sum += p[e];
-		}
-		for (int e = 0; e < E; e++)
-			p[e] = (float)(p[e] / sum);
+		warp_softmax(l, E, p, lane);
 	}
-	for (int e = 0; e < E; e++)
+	for (int e = lane; e < E; e += 32)
 		sel[e] = bias != NULL ? p[e] + bias[e] : p[e];
+	__syncthreads();
 	if (n_groups > 1) {
 		const int per = E / n_groups, two = per < 2 ? per : 2;
-		float gs[64];
-		int32_t top2[2], gid[64];
 
-		for (int g = 0; g < n_groups; g++) {
-			topk_dev(sel + g * per, per, two, top2);
-			gs[g] = 0.0f;
-			for (int j = 0; j < two; j++)
-				gs[g] += sel[g * per + top2[j]];
+		/* each group's score: the sum of its two best selection values, in rank order */
+		for (int g = lane; g < n_groups; g += 32) {
+			const float *sg = sel + g * per;
+			int b0 = -1, b1 = -1;
+
+			for (int e = 0; e < per; e++)
+				if (b0 < 0 || sg[e] > sg[b0])
+					b0 = e;
+			for (int e = 0; e < per && two > 1; e++)
+				if (e != b0 && (b1 < 0 || sg[e] > sg[b1]))
+					b1 = e;
+			gs[g] = 0.0f + sg[b0];
+			if (two > 1)
+				gs[g] += sg[b1];
 		}
-		topk_dev(gs, n_groups, n_group_used, gid);
-		for (int g = 0; g < n_groups; g++)
-			if (!taken_in(gid, n_group_used, g))
-				for (int e = g * per; e < (g + 1) * per; e++)
-					sel[e] = -INFINITY;
+		__syncthreads();
+		warp_topk(gs, taken, n_groups, n_group_used, gid, lane);
+		for (int e = lane; e < E; e += 32) {
+			bool kept = false;
+
+			for (int j = 0; j < n_group_used; j++)
+				kept |= gid[j] == e / per;
+			if (!kept)
+				sel[e] = -INFINITY;
+		}
+		__syncthreads();
 	}
-	topk_dev(sel, E, K, ids);
+	warp_topk(sel, taken, E, K, ids, lane);
+	if (lane != 0)
+		return;
 	float wsum = 0.0f;
 
 	for (int k = 0; k < K; k++) {
@@ -520,43 +569,79 @@ extern "C" cudaError_t md_cuda__route(const float *logits, int n, int E, int K, 
 				      int sigmoid, float w_scale, int n_groups, int n_group_used,
 				      const float *bias, int32_t *ids, float *w, cudaStream_t st)
 {
-	if (n <= 0 || E <= 0 || K <= 0 || K > E || fn < 0 || fn > 2 ||
-	    (fn == 2 && (E > ROUTE_EMAX || n_groups > 64 ||
+	if (n <= 0 || E <= 0 || E > ROUTE_EMAX || K <= 0 || K > E || fn < 0 || fn > 2 ||
+	    (fn == 2 && (n_groups > 64 ||
 			 (n_groups > 1 && (E % n_groups || n_group_used < 1 ||
 					   n_group_used > n_groups)))))
 		return cudaErrorInvalidValue;
-	route_kernel<<<(unsigned)((n + 63) / 64), 64, 0, st>>>(logits, n, E, K, fn, norm, sigmoid,
-								 w_scale, n_groups, n_group_used,
-								 bias, ids, w);
+	route_kernel<<<(unsigned)n, 32, 0, st>>>(logits, E, K, fn, norm, sigmoid, w_scale,
+						  n_groups, n_group_used, bias, ids, w);
 	return cudaGetLastError();
 }
 
-#define LAYOUT_MAX 1024 /* experts, and tokens, one layout kernel takes */
+#define LAYOUT_THREADS 256
+#define LAYOUT_PER (MD_CUDA_ROUTE_EMAX / LAYOUT_THREADS) /* experts a thread scans */
 
-__global__ void layout_kernel(const int32_t *ids, const float *w, int n, int K, int E, int G,
-			      const uint8_t *b0, const uint8_t *b1, const uint8_t *b2, size_t s0,
-			      size_t s1, size_t s2, int32_t *off, int32_t *tok, int32_t *eid,
-			      int32_t *cslot, float *cw, const void **wtab)
+__global__ void __launch_bounds__(LAYOUT_THREADS)
+layout_kernel(const int32_t *ids, const float *w, int n, int K, int E, int G, const uint8_t *b0,
+	      const uint8_t *b1, const uint8_t *b2, size_t s0, size_t s1, size_t s2, int32_t *off,
+	      int32_t *tok, int32_t *eid, int32_t *cslot, float *cw, const void **wtab)
 {
-	int32_t start[LAYOUT_MAX + 1], fill[LAYOUT_MAX];
-	const int NK = n * K;
-	int g = 0;
+	/* cnt: each expert's entries, then its first slot; sc, sg: the block scan's partial sums
+	 * of the threads' shares (entries, and active experts) */
+	__shared__ int32_t cnt[MD_CUDA_ROUTE_EMAX];
+	__shared__ int32_t sc[2][LAYOUT_THREADS], sg[2][LAYOUT_THREADS];
+	const int tid = (int)threadIdx.x, NK = n * K;
 
-	for (int e = 0; e <= E; e++)
-		start[e] = 0;
-	for (int i = 0; i < NK; i++)
-		start[ids[i] + 1]++;
-	for (int e = 0; e < E; e++) {
-		if (start[e + 1]) {
-			off[g] = start[e];
-			wtab[g] = b0 + (size_t)e * s0;
-			wtab[G + g] = b1 + (size_t)e * s1;
-			wtab[2 * G + g] = b2 + (size_t)e * s2;
-			g++;
-		}
-		start[e + 1] += start[e];
+	for (int e = tid; e < E; e += LAYOUT_THREADS)
+		cnt[e] = 0;
+	__syncthreads();
+	for (int i = tid; i < NK; i += LAYOUT_THREADS)
+		atomicAdd(&cnt[ids[i]], 1);
+	__syncthreads();
+	/* inclusive scan of the threads' shares (experts [tid LAYOUT_PER, + LAYOUT_PER)) */
+	const int e0 = tid * LAYOUT_PER;
+	int c = 0, a = 0;
+
+	for (int e = e0; e < e0 + LAYOUT_PER && e < E; e++) {
+		c += cnt[e];
+		a += cnt[e] != 0;
 	}
-	for (; g <= G; g++) {
+	int cur = 0;
+
+	sc[0][tid] = c;
+	sg[0][tid] = a;
+	__syncthreads();
+	for (int d = 1; d < LAYOUT_THREADS; d <<= 1) {
+		int vc = sc[cur][tid], vg = sg[cur][tid];
+
+		if (tid >= d) {
+			vc += sc[cur][tid - d];
+			vg += sg[cur][tid - d];
+		}
+		sc[cur ^ 1][tid] = vc;
+		sg[cur ^ 1][tid] = vg;
+		cur ^= 1;
+		__syncthreads();
+	}
+	const int n_act = sg[cur][LAYOUT_THREADS - 1];
+
+	c = sc[cur][tid] - c; /* exclusive: slots before the share */
+	a = sg[cur][tid] - a;
+	for (int e = e0; e < e0 + LAYOUT_PER && e < E; e++) {
+		const int k = cnt[e];
+
+		if (k) {
+			off[a] = c;
+			wtab[a] = b0 + (size_t)e * s0;
+			wtab[G + a] = b1 + (size_t)e * s1;
+			wtab[2 * G + a] = b2 + (size_t)e * s2;
+		}
+		cnt[e] = c;
+		c += k;
+		a += k != 0;
+	}
+	for (int g = n_act + tid; g <= G; g += LAYOUT_THREADS) {
 		off[g] = NK;
 		if (g < G) {
 			wtab[g] = b0;
@@ -564,31 +649,25 @@ __global__ void layout_kernel(const int32_t *ids, const float *w, int n, int K, 
 			wtab[2 * G + g] = b2;
 		}
 	}
-	for (int t = 0; t < n; t++)
-		for (int k = 0; k < K; k++) {
-			const int e = ids[t * K + k];
-			const int32_t sl = start[e]++;
+	__syncthreads();
+	/* entry i = (token t, choice j): its slot is its expert's first plus the entries before
+	 * it with the same expert; token t's combine row lists its slots ascending, and a
+	 * token's experts are distinct, so the position is the number of its experts below e */
+	for (int i = tid; i < NK; i += LAYOUT_THREADS) {
+		const int e = ids[i], t = i / K;
+		int r = 0, pos = 0;
 
-			tok[sl] = t;
-			eid[sl] = e;
-		}
-	for (int t = 0; t < n; t++)
-		fill[t] = 0;
-	for (int sl = 0; sl < NK; sl++) {
-		const int t = tok[sl];
+		for (int j = 0; j < i; j++)
+			r += ids[j] == e;
+		for (int j = t * K; j < t * K + K; j++)
+			pos += ids[j] < e;
+		const int sl = cnt[e] + r;
 
-		cslot[t * K + fill[t]++] = sl;
+		tok[sl] = t;
+		eid[sl] = e;
+		cslot[t * K + pos] = sl;
+		cw[t * K + pos] = w[i];
 	}
-	for (int t = 0; t < n; t++)
-		for (int k = 0; k < K; k++) {
-			const int sl = cslot[t * K + k];
-
-			for (int j = 0; j < K; j++)
-				if (ids[t * K + j] == eid[sl]) {
-					cw[t * K + k] = w[t * K + j];
-					break;
-				}
-		}
 }
 
 extern "C" cudaError_t md_cuda__moe_layout(const int32_t *ids, const float *w, int n, int K, int E,
@@ -596,12 +675,12 @@ extern "C" cudaError_t md_cuda__moe_layout(const int32_t *ids, const float *w, i
 					   int32_t *off, int32_t *tok, int32_t *eid, int32_t *cslot,
 					   float *cw, const void **wtab, cudaStream_t st)
 {
-	if (n <= 0 || K <= 0 || E <= 0 || E > LAYOUT_MAX || n > LAYOUT_MAX || G < 1 || G > E ||
-	    G > n * K)
+	if (n <= 0 || K <= 0 || E <= 0 || E > MD_CUDA_ROUTE_EMAX || G < 1 || G > E || G > n * K)
 		return cudaErrorInvalidValue;
-	layout_kernel<<<1, 1, 0, st>>>(ids, w, n, K, E, G, (const uint8_t *)base[0],
-				       (const uint8_t *)base[1], (const uint8_t *)base[2], nb2[0],
-				       nb2[1], nb2[2], off, tok, eid, cslot, cw, wtab);
+	layout_kernel<<<1, LAYOUT_THREADS, 0, st>>>(ids, w, n, K, E, G, (const uint8_t *)base[0],
+						    (const uint8_t *)base[1],
+						    (const uint8_t *)base[2], nb2[0], nb2[1], nb2[2],
+						    off, tok, eid, cslot, cw, wtab);
 	return cudaGetLastError();
 }
 

@@ -9,6 +9,9 @@
 
 #include <cuda_runtime_api.h>
 
+/* Experts route and moe_layout take at most: MD_DEV_ROUTE_EMAX (engine/backend_fwd.h). */
+#define MD_CUDA_ROUTE_EMAX 1024
+
 #ifdef __cplusplus
 extern "C" {
 #endif

@@ -99,6 +99,10 @@ struct md_dev_mla_attn {
 	int max_pos;
 };
 
+/* The most experts route and moe_layout take; the forward pass routes larger models on the
+ * host. */
+#define MD_DEV_ROUTE_EMAX 1024
+
 /* Routing on the device: ids and w (n, K) of each row of router logits (n, E), as
  * md_route_select computes them on the host for every routing function (softmax top-k,
  * softmax over the top-k, scored top-k with a selection bias and expert groups; ties to the

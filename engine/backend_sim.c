@@ -639,7 +639,7 @@ static int fwd_route(struct md_backend *b, const struct md_dev_route *r)
 {
 	struct sim *s = S(b);
 	const int E = r->p.E, K = r->p.K;
-	if (K < 1 || K > E || (unsigned)r->p.fn >= MD_ROUTE_FN_COUNT)
+	if (K < 1 || K > E || E > MD_DEV_ROUTE_EMAX || (unsigned)r->p.fn >= MD_ROUTE_FN_COUNT)
 		return -EINVAL;
 	if (scratch_need(s, (size_t)E * (2 * sizeof(float) + 1)))
 		return -ENOMEM;
@@ -658,7 +658,7 @@ static int fwd_moe_layout(struct md_backend *b, const struct md_dev_layout *l)
 {
 	struct sim *s = S(b);
 	const int E = l->E, NK = l->n * l->K;
-	if (l->G < 1 || l->G > E || l->G > NK)
+	if (l->G < 1 || l->G > E || l->G > NK || E > MD_DEV_ROUTE_EMAX)
 		return -EINVAL;
 	if (scratch_need(s, (size_t)(2 * E + 1) * sizeof(int32_t) + (size_t)l->n * sizeof(int32_t)))
 		return -ENOMEM;

@@ -442,7 +442,8 @@ int md_fwd_dev_new(const struct md_model *m, struct md_backend *b, struct md_kv_
 		return -ENOMEM;
 	}
 	/* Routing on the device. */
-	d->fast_ok = d->experts_resident && b->fwd->route && b->fwd->moe_layout;
+	d->fast_ok = d->experts_resident && b->fwd->route && b->fwd->moe_layout &&
+		     hp->n_expert <= MD_DEV_ROUTE_EMAX;
 	if (d->fast_ok) {
 		size_t FK = (size_t)FAST_MAX_TOK * K, rec = (size_t)hp->n_layer * T * K;
 		size_t lay = 3 * FK * sizeof(void *) + (FK + 1) * sizeof(int32_t) + 4 * FK * 4;

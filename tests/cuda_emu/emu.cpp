@@ -138,6 +138,15 @@ float __shfl_xor_sync(unsigned mask, float v, int lane_mask)
 	return w->vals[g & 1][lane ^ lane_mask];
 }
 
+int __shfl_xor_sync(unsigned mask, int v, int lane_mask)
+{
+	float f, r;
+	memcpy(&f, &v, sizeof f); /* carried as bits: the exchange only copies them */
+	r = __shfl_xor_sync(mask, f, lane_mask);
+	memcpy(&v, &r, sizeof v);
+	return v;
+}
+
 static void run_block(int n)
 {
 	for (int i = 0; i < n / 32 + 1; i++)

@@ -387,88 +387,91 @@ static void check_products(void)
  * the same layout tables. */
 static void check_routing(void)
 {
-	const int E = 64, K = 8;
-	float *bias = frnd(E, 0.3f);
-	struct pair pbias = pnew(bias, (size_t)E * 4);
+	const int K = 8;
+	float *bias = frnd(384, 0.3f);
+	struct pair pbias = pnew(bias, (size_t)384 * 4);
 	/* softmax top-k, softmax over the top-k, then scored top-k: GLM's (sigmoid, a selection
 	 * bias), DeepSeek-V3's (sigmoid, bias, 8 groups of which 4, weights scaled 2.5) and
 	 * DeepSeek-V2's (softmax, no bias, not renormalised) */
-	for (int fn = 0; fn < 5; fn++)
-		for (int n = 1; n <= 32; n += 15) {
-			float *lg = frnd((size_t)n * E, 3.0f);
-			if (n > 1) /* a tie: the lower id must win on both */
-				lg[E + 5] = lg[E + 9] = 50.0f;
-			struct pair pl = pnew(lg, (size_t)n * E * 4), pi = pnew(NULL, (size_t)n * K * 4);
-			struct pair pw = pnew(NULL, (size_t)n * K * 4);
-			struct md_dev_route r = { .n = n };
-			r.p = (struct md_route_params){
-				.fn = fn == 0 ? MD_ROUTE_SOFTMAX_TOPK : fn == 1 ? MD_ROUTE_SOFTMAX_WEIGHT
-								  : MD_ROUTE_SCORED_TOPK,
-				.E = E, .K = K, .norm_topk = fn != 4, .w_scale = fn == 3 ? 2.5f : 1.0f,
-				.gating = fn == 4 ? MD_GATING_SOFTMAX : MD_GATING_SIGMOID,
-				.n_groups = fn == 3 ? 8 : 0, .n_group_used = fn == 3 ? 4 : 0,
-			};
-			r.logits = pl.c, r.ids = pi.c, r.w = pw.c, r.bias = fn == 2 || fn == 3 ? pbias.c : NULL;
-			CHECK_EQ_I(cu->fwd->route(cu, &r), 0);
-			r.logits = pl.s, r.ids = pi.s, r.w = pw.s, r.bias = fn == 2 || fn == 3 ? pbias.s : NULL;
-			CHECK_EQ_I(sim->fwd->route(sim, &r), 0);
-			static const char *const names[] = { "softmax_topk", "softmax_weight",
-							     "scored (GLM)", "scored (DeepSeek-V3)",
-							     "scored (DeepSeek-V2)" };
-			char what[96];
-			snprintf(what, sizeof what, "route %s, %d tokens", names[fn], n);
-			pcmp(&pi, what, 0); /* the ids' bits as floats: exact */
-			pcmp(&pw, what, 1e-10);
-			/* the layout of the (common) routing, weights from the simulated one */
-			const int NK = n * K, G = NK < E ? NK : E;
-			size_t nb2[3] = { 4096, 8192, 4096 };
-			struct pair pb = pnew(NULL, (size_t)E * 8192), po = pnew(NULL, (size_t)(G + 1) * 4);
-			struct pair pt = pnew(NULL, (size_t)NK * 4), pe = pnew(NULL, (size_t)NK * 4);
-			struct pair ps = pnew(NULL, (size_t)NK * 4), pc = pnew(NULL, (size_t)NK * 4);
-			struct pair pt3 = pnew(NULL, (size_t)3 * G * sizeof(void *));
-			int32_t *ids = malloc((size_t)NK * 4);
-			float *w = malloc((size_t)NK * 4);
-			CHECK_EQ_I(sim->download(sim, ids, pi.s, (size_t)NK * 4), 0);
-			CHECK_EQ_I(sim->download(sim, w, pw.s, (size_t)NK * 4), 0);
-			CHECK_EQ_I(cu->upload(cu, pi.c, ids, (size_t)NK * 4), 0);
-			CHECK_EQ_I(cu->upload(cu, pw.c, w, (size_t)NK * 4), 0);
-			struct md_dev_layout l = { .n = n, .K = K, .E = E, .G = G };
-			memcpy(l.nb2, nb2, sizeof nb2);
-			void *tabs[2][3];
-			for (int side = 0; side < 2; side++) {
-				struct md_backend *b = side ? sim : cu;
-				char *base = side ? pb.s : pb.c;
-				l.ids = side ? pi.s : pi.c, l.w = side ? pw.s : pw.c;
-				l.base[0] = base, l.base[1] = base + 1000, l.base[2] = base + 2000;
-				l.off = side ? po.s : po.c, l.tok = side ? pt.s : pt.c;
-				l.eid = side ? pe.s : pe.c, l.cslot = side ? ps.s : ps.c;
-				l.cw = side ? pc.s : pc.c, l.wtab = side ? pt3.s : pt3.c;
-				CHECK_EQ_I(b->fwd->moe_layout(b, &l), 0);
-				tabs[side][0] = base;
-			}
-			snprintf(what, sizeof what, "moe_layout, %d tokens", n);
-			pcmp(&po, what, 0);
-			pcmp(&pt, what, 0);
-			pcmp(&pe, what, 0);
-			pcmp(&ps, what, 0);
-			pcmp(&pc, what, 0);
-			/* the pointer tables, as offsets from each side's base */
-			uintptr_t *a = malloc((size_t)3 * G * sizeof(void *)), *c = malloc((size_t)3 * G * sizeof(void *));
-			CHECK_EQ_I(cu->download(cu, a, pt3.c, (size_t)3 * G * sizeof(void *)), 0);
-			CHECK_EQ_I(sim->download(sim, c, pt3.s, (size_t)3 * G * sizeof(void *)), 0);
-			int bad = 0;
-			for (int i = 0; i < 3 * G; i++)
-				bad += a[i] - (uintptr_t)tabs[0][0] != c[i] - (uintptr_t)tabs[1][0];
-			CHECK_MSG(bad == 0, "%s: %d pointer table entries differ", what, bad);
-			free(a);
-			free(c);
-			free(ids);
-			free(w);
-			free(lg);
-			struct pair *all[] = { &pl, &pi, &pw, &pb, &po, &pt, &pe, &ps, &pc, &pt3 };
-			for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
-				pfree(all[i]);
+	static const int ns[4] = { 1, 16, 31, 64 };
+	/* 64 experts, and Kimi-K2's 384 (several per thread in the layout's scan); 5 functions;
+	 * 4 batch sizes */
+	for (int ci = 0; ci < 2 * 5 * 4; ci++) {
+		const int E = ci >= 20 ? 384 : 64, fn = ci / 4 % 5, n = ns[ci % 4];
+		float *lg = frnd((size_t)n * E, 3.0f);
+		if (n > 1) /* a tie: the lower id must win on both */
+			lg[E + 5] = lg[E + 9] = 50.0f;
+		struct pair pl = pnew(lg, (size_t)n * E * 4), pi = pnew(NULL, (size_t)n * K * 4);
+		struct pair pw = pnew(NULL, (size_t)n * K * 4);
+		struct md_dev_route r = { .n = n };
+		r.p = (struct md_route_params){
+			.fn = fn == 0 ? MD_ROUTE_SOFTMAX_TOPK : fn == 1 ? MD_ROUTE_SOFTMAX_WEIGHT
+							  : MD_ROUTE_SCORED_TOPK,
+			.E = E, .K = K, .norm_topk = fn != 4, .w_scale = fn == 3 ? 2.5f : 1.0f,
+			.gating = fn == 4 ? MD_GATING_SOFTMAX : MD_GATING_SIGMOID,
+			.n_groups = fn == 3 ? 8 : 0, .n_group_used = fn == 3 ? 4 : 0,
+		};
+		r.logits = pl.c, r.ids = pi.c, r.w = pw.c, r.bias = fn == 2 || fn == 3 ? pbias.c : NULL;
+		CHECK_EQ_I(cu->fwd->route(cu, &r), 0);
+		r.logits = pl.s, r.ids = pi.s, r.w = pw.s, r.bias = fn == 2 || fn == 3 ? pbias.s : NULL;
+		CHECK_EQ_I(sim->fwd->route(sim, &r), 0);
+		static const char *const names[] = { "softmax_topk", "softmax_weight",
+						     "scored (GLM)", "scored (DeepSeek-V3)",
+						     "scored (DeepSeek-V2)" };
+		char what[96];
+		snprintf(what, sizeof what, "route %s, %d experts, %d tokens", names[fn], E, n);
+		pcmp(&pi, what, 0); /* the ids' bits as floats: exact */
+		pcmp(&pw, what, 1e-10);
+		/* the layout of the (common) routing, weights from the simulated one */
+		const int NK = n * K, G = NK < E ? NK : E;
+		size_t nb2[3] = { 4096, 8192, 4096 };
+		struct pair pb = pnew(NULL, (size_t)E * 8192), po = pnew(NULL, (size_t)(G + 1) * 4);
+		struct pair pt = pnew(NULL, (size_t)NK * 4), pe = pnew(NULL, (size_t)NK * 4);
+		struct pair ps = pnew(NULL, (size_t)NK * 4), pc = pnew(NULL, (size_t)NK * 4);
+		struct pair pt3 = pnew(NULL, (size_t)3 * G * sizeof(void *));
+		int32_t *ids = malloc((size_t)NK * 4);
+		float *w = malloc((size_t)NK * 4);
+		CHECK_EQ_I(sim->download(sim, ids, pi.s, (size_t)NK * 4), 0);
+		CHECK_EQ_I(sim->download(sim, w, pw.s, (size_t)NK * 4), 0);
+		CHECK_EQ_I(cu->upload(cu, pi.c, ids, (size_t)NK * 4), 0);
+		CHECK_EQ_I(cu->upload(cu, pw.c, w, (size_t)NK * 4), 0);
+		struct md_dev_layout l = { .n = n, .K = K, .E = E, .G = G };
+		memcpy(l.nb2, nb2, sizeof nb2);
+		void *tabs[2][3];
+		for (int side = 0; side < 2; side++) {
+			struct md_backend *b = side ? sim : cu;
+			char *base = side ? pb.s : pb.c;
+			l.ids = side ? pi.s : pi.c, l.w = side ? pw.s : pw.c;
+			l.base[0] = base, l.base[1] = base + 1000, l.base[2] = base + 2000;
+			l.off = side ? po.s : po.c, l.tok = side ? pt.s : pt.c;
+			l.eid = side ? pe.s : pe.c, l.cslot = side ? ps.s : ps.c;
+			l.cw = side ? pc.s : pc.c, l.wtab = side ? pt3.s : pt3.c;
+			CHECK_EQ_I(b->fwd->moe_layout(b, &l), 0);
+			tabs[side][0] = base;
 		}
+		snprintf(what, sizeof what, "moe_layout, %d experts, %d tokens", E, n);
+		pcmp(&po, what, 0);
+		pcmp(&pt, what, 0);
+		pcmp(&pe, what, 0);
+		pcmp(&ps, what, 0);
+		pcmp(&pc, what, 0);
+		/* the pointer tables, as offsets from each side's base */
+		uintptr_t *a = malloc((size_t)3 * G * sizeof(void *)), *c = malloc((size_t)3 * G * sizeof(void *));
+		CHECK_EQ_I(cu->download(cu, a, pt3.c, (size_t)3 * G * sizeof(void *)), 0);
+		CHECK_EQ_I(sim->download(sim, c, pt3.s, (size_t)3 * G * sizeof(void *)), 0);
+		int bad = 0;
+		for (int i = 0; i < 3 * G; i++)
+			bad += a[i] - (uintptr_t)tabs[0][0] != c[i] - (uintptr_t)tabs[1][0];
+		CHECK_MSG(bad == 0, "%s: %d pointer table entries differ", what, bad);
+		free(a);
+		free(c);
+		free(ids);
+		free(w);
+		free(lg);
+		struct pair *all[] = { &pl, &pi, &pw, &pb, &po, &pt, &pe, &ps, &pc, &pt3 };
+		for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+			pfree(all[i]);
+	}
 	pfree(&pbias);
 	free(bias);
 	printf("gpu: routing and expert layout: ok\n");

@@ -50,7 +50,17 @@ extern dim3 emu_block_dim, emu_grid_dim;
 #define __constant__ static const
 
 float __shfl_xor_sync(unsigned mask, float v, int lane_mask);
+int __shfl_xor_sync(unsigned mask, int v, int lane_mask);
 void __syncthreads(void);
+
+/* A thread runs until it reaches a collective, so no other thread of the block can come
+ * between the read and the write. */
+static inline int atomicAdd(int *p, int v)
+{
+	int old = *p;
+	*p = old + v;
+	return old;
+}
 
 static inline int min(int a, int b)
 {
