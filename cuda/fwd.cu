@@ -234,24 +234,28 @@ extern "C" cudaError_t md_cuda__gate_add(float *y, const float *x, const float *
 
 /* ---- attention ----
  *
- * One block of ATT_WARPS warps per (head, token). Warp w takes positions p0 + w, p0 + w +
- * ATT_WARPS, ...; lane l holds dims l, l + 32, ... (up to ATT_DMAX / 32 of them) of the query
- * and of its running output. Each warp keeps an online softmax (running max m, sum l, output
+ * One block of ATT_WARPS warps per (head, token). Warp w takes the runs of ATT_RUN positions
+ * starting at p0 + ATT_RUN w, p0 + ATT_RUN (w + ATT_WARPS), ...; lane l holds dims l, l + 32,
+ * ... (up to ATT_DMAX / 32 of them) of the query and of its running output. A run's key and
+ * value rows are all loaded before any of its arithmetic, so a warp waits on memory once per
+ * run, not once per position: a decode step is one block per head, and its positions are
+ * what keeps the memory busy. Each warp keeps an online softmax (running max m, sum l, output
  * scaled to m); the sink logit, when there is one, starts warp 0 at m = sink, l = 1. At the
  * end the warps' states are merged through shared memory. Positions are read through the
  * token's block table, rows of n_head_kv * head_dim floats. */
-#define ATT_WARPS 4
+#define ATT_WARPS 16
+#define ATT_RUN 4
 #define ATT_DMAX 256
 
-/* The end of an online softmax split over ATT_WARPS warps: every warp's running max m, sum l
- * and output acc (lane's dims lane + 32 j, j < DMAX / 32, below D) merged through shared memory;
+/* The end of an online softmax split over NW warps: every warp's running max m, sum l and
+ * output acc (lane's dims lane + 32 j, j < DMAX / 32, below D) merged through shared memory;
  * out[d] = sum over warps of acc[d] e^(m - M) / sum of l e^(m - M), M the largest m. Every
  * thread of the block calls it. */
-template <int DMAX>
+template <int DMAX, int NW>
 __device__ void merge_warps(float m, float l, const float acc[DMAX / 32], int D, float *out)
 {
-	__shared__ float sm_m[ATT_WARPS], sm_l[ATT_WARPS];
-	__shared__ float sm_acc[ATT_WARPS][DMAX];
+	__shared__ float sm_m[NW], sm_l[NW];
+	__shared__ float sm_acc[NW][DMAX];
 	const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);
 
 	if (lane == 0) {
@@ -268,18 +272,18 @@ __device__ void merge_warps(float m, float l, const float acc[DMAX / 32], int D,
 	__syncthreads();
 	float M = -INFINITY;
 
-	for (int w = 0; w < ATT_WARPS; w++)
+	for (int w = 0; w < NW; w++)
 		M = fmaxf(M, sm_m[w]);
-	float L = 0.0f, f[ATT_WARPS];
+	float L = 0.0f, f[NW];
 
-	for (int w = 0; w < ATT_WARPS; w++) {
+	for (int w = 0; w < NW; w++) {
 		f[w] = sm_m[w] == -INFINITY ? 0.0f : expf(sm_m[w] - M);
 		L += sm_l[w] * f[w];
 	}
-	for (int d = threadIdx.x; d < D; d += ATT_WARPS * 32) {
+	for (int d = threadIdx.x; d < D; d += NW * 32) {
 		float o = 0.0f;
 
-		for (int w = 0; w < ATT_WARPS; w++)
+		for (int w = 0; w < NW; w++)
 			o += sm_acc[w][d] * f[w];
 		out[d] = o / L;
 	}
@@ -310,37 +314,55 @@ attention_kernel(float *out, const float *q, const float *kc, const float *vc, c
 		m = sinks[h];
 		l = 1.0f;
 	}
-	for (int p = p0 + warp; p <= P; p += ATT_WARPS) {
-		const size_t row = (size_t)bt[p / KV_BLOCK] * KV_BLOCK + (size_t)(p % KV_BLOCK);
-		const float *kr = kc + row * KD + (size_t)kvh * D;
-		const float *vr = vc + row * KD + (size_t)kvh * D;
-		float s = 0.0f;
+	for (int pr = p0 + ATT_RUN * warp; pr <= P; pr += ATT_RUN * ATT_WARPS) {
+		const int nr = P - pr + 1 < ATT_RUN ? P - pr + 1 : ATT_RUN; /* warp-uniform */
+		float kv[ATT_RUN][ATT_DMAX / 32], vv[ATT_RUN][ATT_DMAX / 32], s[ATT_RUN];
 
 #pragma unroll
-		for (int j = 0; j < ATT_DMAX / 32; j++) {
-			const int d = lane + 32 * j;
+		for (int u = 0; u < ATT_RUN; u++) {
+			const int p = pr + (u < nr ? u : 0);
+			const size_t row = (size_t)bt[p / KV_BLOCK] * KV_BLOCK + (size_t)(p % KV_BLOCK);
+			const float *kr = kc + row * KD + (size_t)kvh * D;
+			const float *vr = vc + row * KD + (size_t)kvh * D;
 
-			if (j < nd && d < D)
-				s += qr[j] * kr[d];
+#pragma unroll
+			for (int j = 0; j < ATT_DMAX / 32; j++) {
+				const int d = lane + 32 * j;
+				const bool in = j < nd && d < D;
+
+				kv[u][j] = in ? kr[d] : 0.0f;
+				vv[u][j] = in ? vr[d] : 0.0f;
+			}
 		}
+#pragma unroll
+		for (int u = 0; u < ATT_RUN; u++) {
+			s[u] = 0.0f;
+#pragma unroll
+			for (int j = 0; j < ATT_DMAX / 32; j++)
+				s[u] += qr[j] * kv[u][j];
+		}
+#pragma unroll
 		for (int o = 16; o > 0; o >>= 1)
-			s += __shfl_xor_sync(0xffffffffu, s, o);
-		s *= scale;
-		const float mn = fmaxf(m, s);
-		const float corr = m == -INFINITY ? 0.0f : expf(m - mn);
-		const float e = expf(s - mn);
-
-		l = l * corr + e;
 #pragma unroll
-		for (int j = 0; j < ATT_DMAX / 32; j++) {
-			const int d = lane + 32 * j;
+			for (int u = 0; u < ATT_RUN; u++)
+				s[u] += __shfl_xor_sync(0xffffffffu, s[u], o);
+#pragma unroll
+		for (int u = 0; u < ATT_RUN; u++) {
+			if (u >= nr)
+				break;
+			const float su = s[u] * scale;
+			const float mn = fmaxf(m, su);
+			const float corr = m == -INFINITY ? 0.0f : expf(m - mn);
+			const float e = expf(su - mn);
 
-			if (j < nd && d < D)
-				acc[j] = acc[j] * corr + e * vr[d];
+			l = l * corr + e;
+#pragma unroll
+			for (int j = 0; j < ATT_DMAX / 32; j++)
+				acc[j] = acc[j] * corr + e * vv[u][j];
+			m = mn;
 		}
-		m = mn;
 	}
-	merge_warps<ATT_DMAX>(m, l, acc, D, out + ((size_t)t * n_head + h) * D);
+	merge_warps<ATT_DMAX, ATT_WARPS>(m, l, acc, D, out + ((size_t)t * n_head + h) * D);
 }
 
 extern "C" cudaError_t md_cuda__attention(float *out, const float *q, const float *k,
@@ -686,11 +708,13 @@ extern "C" cudaError_t md_cuda__moe_layout(const int32_t *ids, const float *w, i
 
 /* ---- latent attention (deepseek2) ----
  *
- * As attention_kernel: one block of ATT_WARPS warps per (head, token), each warp an online
- * softmax over its share of the positions, merged at the end; here every head reads the same
+ * As attention_kernel: one block of MLA_WARPS warps per (head, token), each warp an online
+ * softmax over every MLA_WARPS-th position (one at a time: a latent row is already W = C + R
+ * values, 18 a lane for DeepSeek's 576), merged at the end; here every head reads the same
  * cache rows (w = C + R halves or floats: scores over all w, values the first c), and the
  * output is head-major. */
 #define MLA_WMAX 1024
+#define MLA_WARPS 4 /* its merge keeps MLA_WARPS rows of MLA_WMAX floats in shared memory */
 
 __device__ __forceinline__ float row_at(const void *rows, int half, size_t i)
 {
@@ -698,7 +722,7 @@ __device__ __forceinline__ float row_at(const void *rows, int half, size_t i)
 		    : ((const float *)rows)[i];
 }
 
-__global__ void __launch_bounds__(ATT_WARPS * 32)
+__global__ void __launch_bounds__(MLA_WARPS * 32)
 attention_mla_kernel(float *out, const float *q, const void *rows, int half, const int32_t *pos,
 		     const int32_t *tab, const int32_t *blocks, int n_tok, int n_head, int W, int C,
 		     float scale)
@@ -719,7 +743,7 @@ attention_mla_kernel(float *out, const float *q, const void *rows, int half, con
 		qr[j] = j < nw && d < W ? qh[d] : 0.0f;
 		acc[j] = 0.0f;
 	}
-	for (int p = warp; p <= P; p += ATT_WARPS) {
+	for (int p = warp; p <= P; p += MLA_WARPS) {
 		const size_t row = ((size_t)bt[p / KV_BLOCK] * KV_BLOCK + (size_t)(p % KV_BLOCK)) * W;
 		float s = 0.0f;
 
@@ -747,7 +771,7 @@ attention_mla_kernel(float *out, const float *q, const void *rows, int half, con
 		}
 		m = mn;
 	}
-	merge_warps<MLA_WMAX>(m, l, acc, C, out + ((size_t)h * n_tok + t) * C);
+	merge_warps<MLA_WMAX, MLA_WARPS>(m, l, acc, C, out + ((size_t)h * n_tok + t) * C);
 }
 
 extern "C" cudaError_t md_cuda__attention_mla(float *out, const float *q, const void *rows,
@@ -761,7 +785,7 @@ extern "C" cudaError_t md_cuda__attention_mla(float *out, const float *q, const 
 		return cudaSuccess;
 	const dim3 grid((unsigned)n_head, (unsigned)n_tok);
 
-	attention_mla_kernel<<<grid, ATT_WARPS * 32, 0, st>>>(out, q, rows, half, pos, tab, blocks,
+	attention_mla_kernel<<<grid, MLA_WARPS * 32, 0, st>>>(out, q, rows, half, pos, tab, blocks,
 							      n_tok, n_head, w, c, scale);
 	return cudaGetLastError();
 }
