@@ -29,16 +29,6 @@ extern "C" {
 #define MM_WARPS 4 /* warps (= output rows) per thread block */
 #define MM_NT 8    /* tokens per warp */
 
-__device__ __forceinline__ float ld_f16(const uint8_t *p) /* p 2-byte aligned */
-{
-	return __half2float(__ushort_as_half(*(const uint16_t *)p));
-}
-
-__device__ __forceinline__ float ld_bf16(const uint8_t *p) /* p 2-byte aligned */
-{
-	return __uint_as_float((uint32_t)(*(const uint16_t *)p) << 16);
-}
-
 /* Activation tile: token t's row starts at x + rix[t] * n_in (rix[t] = t for a plain matmul,
  * the gathered input row for expert groups); rows beyond nt are never read. */
 struct act {
@@ -86,89 +76,169 @@ __device__ __forceinline__ void fma1(float acc[MM_NT], const act &a, int64_t idx
 /*
  * Per-type row walkers: add lane's share of dot(row, x_t) to acc[t]. row is the row's first
  * byte, n the row length in elements.
+ *
+ * Loads in flight: a walker goes through its row in steps (a block, a super-block, an
+ * element) and reads MM_RUN steps (predicated to a step in range) before any of their
+ * arithmetic, so a warp waits on memory once per MM_RUN steps, not once per step. A decode
+ * product is one warp per row over a few hundred rows per matrix: the bytes the warps have in
+ * flight, not arithmetic, bound it. The steps are then used in order, so each lane's sums are
+ * those of a plain loop over the steps.
  */
 template <int TYPE> struct row_dot;
 
+#define MM_RUN 4
+
+/* S: raw (what one step loads), run (steps loaded together), load(row, i, lane) and
+ * use(raw, i, a, lane, acc) for step i. The lane's steps are first, first + step, ... below n. */
+template <class S>
+__device__ __forceinline__ void walk(const uint8_t *row, const act &a, int lane, float acc[MM_NT],
+				     int64_t first, int64_t step, int64_t n)
+{
+	for (int64_t i0 = first; i0 < n; i0 += step * S::run) {
+		typename S::raw r[S::run];
+
+#pragma unroll
+		for (int u = 0; u < S::run; u++) {
+			const int64_t i = i0 + u * step;
+
+			r[u] = S::load(row, i < n ? i : i0, lane);
+		}
+#pragma unroll
+		for (int u = 0; u < S::run; u++) {
+			const int64_t i = i0 + u * step;
+
+			if (i < n)
+				S::use(r[u], i, a, lane, acc);
+		}
+	}
+}
+
 /* Float types: lane takes elements lane, lane + 32, ... (consecutive lanes, consecutive
- * elements). */
+ * elements); raw is the element's bits. */
+template <int TYPE> struct float_step {
+	typedef uint32_t raw;
+	static constexpr int run = 2 * MM_RUN;
+	static __device__ raw load(const uint8_t *row, int64_t i, int lane)
+	{
+		return TYPE == MD_DT_F32 ? ((const uint32_t *)row)[i] : ((const uint16_t *)row)[i];
+	}
+	static __device__ void use(raw w, int64_t i, const act &a, int lane, float acc[MM_NT])
+	{
+		const float v = TYPE == MD_DT_F32 ? __uint_as_float(w)
+				: TYPE == MD_DT_F16 ? __half2float(__ushort_as_half((unsigned short)w))
+						    : __uint_as_float(w << 16);
+
+		fma1(acc, a, i, v);
+	}
+};
+
 template <> struct row_dot<MD_DT_F32> {
 	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
 	{
-		const float *w = (const float *)row;
-
-		for (int64_t i = lane; i < a.n_in; i += 32)
-			fma1(acc, a, i, w[i]);
+		walk<float_step<MD_DT_F32> >(row, a, lane, acc, lane, 32, a.n_in);
 	}
 };
 
 template <> struct row_dot<MD_DT_F16> {
 	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
 	{
-		for (int64_t i = lane; i < a.n_in; i += 32)
-			fma1(acc, a, i, ld_f16(row + 2 * i));
+		walk<float_step<MD_DT_F16> >(row, a, lane, acc, lane, 32, a.n_in);
 	}
 };
 
 template <> struct row_dot<MD_DT_BF16> {
 	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
 	{
-		for (int64_t i = lane; i < a.n_in; i += 32)
-			fma1(acc, a, i, ld_bf16(row + 2 * i));
+		walk<float_step<MD_DT_BF16> >(row, a, lane, acc, lane, 32, a.n_in);
 	}
 };
 
 /* q8_0 (34-byte blocks of 32): 8 lanes per block, 4 blocks per step; lane k of a block takes
  * elements 4k .. 4k+3 (two 16-bit loads; blocks are only 2-byte aligned). */
+struct q8_0_step {
+	struct raw {
+		uint16_t d, lo, hi;
+	};
+	static constexpr int run = MM_RUN;
+	static __device__ raw load(const uint8_t *row, int64_t ib, int lane)
+	{
+		const uint8_t *b = row + ib * 34;
+		const uint16_t *q = (const uint16_t *)(b + 2 + 4 * (lane & 7));
+		raw r;
+
+		r.d = *(const uint16_t *)b;
+		r.lo = q[0];
+		r.hi = q[1];
+		return r;
+	}
+	static __device__ void use(raw r, int64_t ib, const act &a, int lane, float acc[MM_NT])
+	{
+		const float d = __half2float(__ushort_as_half(r.d));
+		const uint32_t lo = r.lo, hi = r.hi;
+
+		fma4(acc, a, ib * 32 + 4 * (lane & 7), (float)(int8_t)(lo & 0xff) * d,
+		     (float)(int8_t)(lo >> 8) * d, (float)(int8_t)(hi & 0xff) * d,
+		     (float)(int8_t)(hi >> 8) * d);
+	}
+};
+
 template <> struct row_dot<MD_DT_Q8_0> {
 	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
 	{
-		const int64_t nb = a.n_in / 32;
-		const int k = lane & 7;
-
-		for (int64_t ib = lane >> 3; ib < nb; ib += 4) {
-			const uint8_t *b = row + ib * 34;
-			const float d = ld_f16(b);
-			const uint16_t *q = (const uint16_t *)(b + 2 + 4 * k);
-			const uint32_t lo = q[0], hi = q[1];
-
-			fma4(acc, a, ib * 32 + 4 * k, (float)(int8_t)(lo & 0xff) * d,
-			     (float)(int8_t)(lo >> 8) * d, (float)(int8_t)(hi & 0xff) * d,
-			     (float)(int8_t)(hi >> 8) * d);
-		}
+		walk<q8_0_step>(row, a, lane, acc, lane >> 3, 4, a.n_in / 32);
 	}
 };
 
 /* q4_0 (18-byte blocks of 32): 8 lanes per block, 4 blocks per step; lane k reads qs[2k],
  * qs[2k+1]: elements 2k, 2k+1 (low nibbles) and 2k+16, 2k+17 (high nibbles). */
-template <> struct row_dot<MD_DT_Q4_0> {
-	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
+struct q4_0_step {
+	struct raw {
+		uint16_t d, q;
+	};
+	static constexpr int run = MM_RUN;
+	static __device__ raw load(const uint8_t *row, int64_t ib, int lane)
 	{
-		const int64_t nb = a.n_in / 32;
-		const int k = lane & 7;
+		const uint8_t *b = row + ib * 18;
+		raw r;
 
-		for (int64_t ib = lane >> 3; ib < nb; ib += 4) {
-			const uint8_t *b = row + ib * 18;
-			const float d = ld_f16(b);
-			const uint32_t q = *(const uint16_t *)(b + 2 + 2 * k);
-			const int64_t e = ib * 32 + 2 * k;
+		r.d = *(const uint16_t *)b;
+		r.q = *(const uint16_t *)(b + 2 + 2 * (lane & 7));
+		return r;
+	}
+	static __device__ void use(raw r, int64_t ib, const act &a, int lane, float acc[MM_NT])
+	{
+		const float d = __half2float(__ushort_as_half(r.d));
+		const uint32_t q = r.q;
+		const int64_t e = ib * 32 + 2 * (lane & 7);
 
-			fma2(acc, a, e, (float)((int)(q & 0xf) - 8) * d,
-			     (float)((int)((q >> 8) & 0xf) - 8) * d);
-			fma2(acc, a, e + 16, (float)((int)((q >> 4) & 0xf) - 8) * d,
-			     (float)((int)(q >> 12) - 8) * d);
-		}
+		fma2(acc, a, e, (float)((int)(q & 0xf) - 8) * d, (float)((int)((q >> 8) & 0xf) - 8) * d);
+		fma2(acc, a, e + 16, (float)((int)((q >> 4) & 0xf) - 8) * d,
+		     (float)((int)(q >> 12) - 8) * d);
 	}
 };
 
-/* The 6-bit scale and min of sub-block j of a q4_K / q5_K super-block (scales at s). */
-__device__ __forceinline__ void k_scale_min(const uint8_t *s, int j, int *sc, int *m)
+template <> struct row_dot<MD_DT_Q4_0> {
+	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
+	{
+		walk<q4_0_step>(row, a, lane, acc, lane >> 3, 4, a.n_in / 32);
+	}
+};
+
+/* Byte k < 12 of a q4_K / q5_K super-block's packed scales, held as three words. */
+__device__ __forceinline__ int k_byte(const uint32_t s[3], int k)
+{
+	return (int)(((k < 4 ? s[0] : k < 8 ? s[1] : s[2]) >> (8 * (k & 3))) & 0xff);
+}
+
+/* The 6-bit scale and min of sub-block j of a q4_K / q5_K super-block (scales in s). */
+__device__ __forceinline__ void k_scale_min(const uint32_t s[3], int j, int *sc, int *m)
 {
 	if (j < 4) {
-		*sc = s[j] & 63;
-		*m = s[j + 4] & 63;
+		*sc = k_byte(s, j) & 63;
+		*m = k_byte(s, j + 4) & 63;
 	} else {
-		*sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4);
-		*m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+		*sc = (k_byte(s, j + 4) & 0xf) | ((k_byte(s, j - 4) >> 6) << 4);
+		*m = (k_byte(s, j + 4) >> 4) | ((k_byte(s, j) >> 6) << 4);
 	}
 }
 
@@ -177,36 +247,48 @@ __device__ __forceinline__ void k_scale_min(const uint8_t *s, int j, int *sc, in
  * the 4 bytes qs[4l .. 4l+3]; they hold pair p = l / 8 at offsets j = 4 (l % 8) .. +3: low
  * nibbles are sub-block 2p, high nibbles 2p+1. For q5_K the fifth bit of element j of
  * sub-block s is bit s of qh[j]. Blocks are 4-byte aligned when the row is (checked by the
- * host).
+ * host), so d and dmin come as one word and the 12 scale bytes as three.
  */
-template <bool Q5> __device__ __forceinline__ void q45_k_run(const uint8_t *row, const act &a,
-							     int lane, float acc[MM_NT])
-{
-	const int64_t nb = a.n_in / 256;
-	const int p = lane >> 3;
-	const int j = 4 * (lane & 7);
-
-	for (int64_t ib = 0; ib < nb; ib++) {
+template <bool Q5> struct q45_k_step {
+	struct raw {
+		uint32_t dm, s[3], q, h;
+	};
+	static constexpr int run = MM_RUN;
+	static __device__ raw load(const uint8_t *row, int64_t ib, int lane)
+	{
 		const uint8_t *b = row + ib * (Q5 ? 176 : 144);
-		const float d = ld_f16(b);
-		const float dmin = ld_f16(b + 2);
-		const uint32_t q = *(const uint32_t *)(b + (Q5 ? 48 : 16) + 4 * lane);
-		const uint32_t h = Q5 ? *(const uint32_t *)(b + 16 + j) : 0;
+		raw r;
+
+		r.dm = *(const uint32_t *)b;
+#pragma unroll
+		for (int i = 0; i < 3; i++)
+			r.s[i] = *(const uint32_t *)(b + 4 + 4 * i);
+		r.q = *(const uint32_t *)(b + (Q5 ? 48 : 16) + 4 * lane);
+		r.h = Q5 ? *(const uint32_t *)(b + 16 + 4 * (lane & 7)) : 0;
+		return r;
+	}
+	static __device__ void use(const raw &r, int64_t ib, const act &a, int lane,
+				   float acc[MM_NT])
+	{
+		const int p = lane >> 3;
+		const int j = 4 * (lane & 7);
+		const float d = __half2float(__ushort_as_half((unsigned short)(r.dm & 0xffff)));
+		const float dmin = __half2float(__ushort_as_half((unsigned short)(r.dm >> 16)));
 		int sc0, m0, sc1, m1;
 
-		k_scale_min(b + 4, 2 * p, &sc0, &m0);
-		k_scale_min(b + 4, 2 * p + 1, &sc1, &m1);
+		k_scale_min(r.s, 2 * p, &sc0, &m0);
+		k_scale_min(r.s, 2 * p + 1, &sc1, &m1);
 		const float ds0 = d * (float)sc0, ms0 = dmin * (float)m0;
 		const float ds1 = d * (float)sc1, ms1 = dmin * (float)m1;
 		float w0[4], w1[4];
 
 #pragma unroll
 		for (int i = 0; i < 4; i++) {
-			int v0 = (q >> (8 * i)) & 0xf;
-			int v1 = (q >> (8 * i + 4)) & 0xf;
+			int v0 = (r.q >> (8 * i)) & 0xf;
+			int v1 = (r.q >> (8 * i + 4)) & 0xf;
 
 			if (Q5) {
-				const uint32_t hb = h >> (8 * i);
+				const uint32_t hb = r.h >> (8 * i);
 
 				v0 |= (int)((hb >> (2 * p)) & 1) << 4;
 				v1 |= (int)((hb >> (2 * p + 1)) & 1) << 4;
@@ -219,19 +301,19 @@ template <bool Q5> __device__ __forceinline__ void q45_k_run(const uint8_t *row,
 		fma4(acc, a, e, w0[0], w0[1], w0[2], w0[3]);
 		fma4(acc, a, e + 32, w1[0], w1[1], w1[2], w1[3]);
 	}
-}
+};
 
 template <> struct row_dot<MD_DT_Q4_K> {
 	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
 	{
-		q45_k_run<false>(row, a, lane, acc);
+		walk<q45_k_step<false> >(row, a, lane, acc, 0, 1, a.n_in / 256);
 	}
 };
 
 template <> struct row_dot<MD_DT_Q5_K> {
 	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
 	{
-		q45_k_run<true>(row, a, lane, acc);
+		walk<q45_k_step<true> >(row, a, lane, acc, 0, 1, a.n_in / 256);
 	}
 };
 
@@ -240,36 +322,55 @@ template <> struct row_dot<MD_DT_Q5_K> {
  * Element e = 128h + 32k + l (h < 2, k < 4, l < 32) has low bits in ql[64h + l + 32(k & 1)]
  * (low nibble for k < 2, high for k >= 2) and high bits (qh[32h + l] >> 2k) & 3. Lane takes
  * h = lane / 16 and l = 2 (lane % 16) + {0, 1}, all four k: three 16-bit loads (blocks are
- * only 2-byte aligned) give its 8 elements.
+ * only 2-byte aligned) give its 8 elements, and it needs 4 of the 16 scales.
  */
+struct q6_k_step {
+	struct raw {
+		uint16_t d, qa, qb, qh;
+		int8_t sc[4];
+	};
+	static constexpr int run = MM_RUN;
+	static __device__ raw load(const uint8_t *row, int64_t ib, int lane)
+	{
+		const uint8_t *b = row + ib * 210;
+		const int h = lane >> 4, l = 2 * (lane & 15);
+		const int8_t *sc = (const int8_t *)(b + 192) + 8 * h + (l >> 4);
+		raw r;
+
+		r.d = *(const uint16_t *)(b + 208);
+		r.qa = *(const uint16_t *)(b + 64 * h + l);
+		r.qb = *(const uint16_t *)(b + 64 * h + 32 + l);
+		r.qh = *(const uint16_t *)(b + 128 + 32 * h + l);
+#pragma unroll
+		for (int k = 0; k < 4; k++)
+			r.sc[k] = sc[2 * k];
+		return r;
+	}
+	static __device__ void use(const raw &r, int64_t ib, const act &a, int lane,
+				   float acc[MM_NT])
+	{
+		const int h = lane >> 4, l = 2 * (lane & 15);
+		const float d = __half2float(__ushort_as_half(r.d));
+		const uint32_t qa = r.qa, qb = r.qb, qh = r.qh;
+
+#pragma unroll
+		for (int k = 0; k < 4; k++) {
+			const uint32_t lo = (k & 1) ? qb : qa;
+			const int shift = (k < 2) ? 0 : 4;
+			const float ds = d * (float)r.sc[k];
+			const int q0 = (int)(((lo >> shift) & 0xf) | (((qh >> (2 * k)) & 3) << 4));
+			const int q1 = (int)(((lo >> (8 + shift)) & 0xf) | (((qh >> (8 + 2 * k)) & 3) << 4));
+
+			fma2(acc, a, ib * 256 + 128 * h + 32 * k + l, ds * (float)(q0 - 32),
+			     ds * (float)(q1 - 32));
+		}
+	}
+};
+
 template <> struct row_dot<MD_DT_Q6_K> {
 	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
 	{
-		const int64_t nb = a.n_in / 256;
-		const int h = lane >> 4;
-		const int l = 2 * (lane & 15);
-
-		for (int64_t ib = 0; ib < nb; ib++) {
-			const uint8_t *b = row + ib * 210;
-			const float d = ld_f16(b + 208);
-			const int8_t *sc = (const int8_t *)(b + 192);
-			const uint32_t qa = *(const uint16_t *)(b + 64 * h + l);
-			const uint32_t qb = *(const uint16_t *)(b + 64 * h + 32 + l);
-			const uint32_t qh = *(const uint16_t *)(b + 128 + 32 * h + l);
-
-#pragma unroll
-			for (int k = 0; k < 4; k++) {
-				const uint32_t lo = (k & 1) ? qb : qa;
-				const int shift = (k < 2) ? 0 : 4;
-				const float ds = d * (float)sc[8 * h + 2 * k + (l >> 4)];
-				const int q0 = (int)(((lo >> shift) & 0xf) | (((qh >> (2 * k)) & 3) << 4));
-				const int q1 = (int)(((lo >> (8 + shift)) & 0xf) |
-						     (((qh >> (8 + 2 * k)) & 3) << 4));
-
-				fma2(acc, a, ib * 256 + 128 * h + 32 * k + l, ds * (float)(q0 - 32),
-				     ds * (float)(q1 - 32));
-			}
-		}
+		walk<q6_k_step>(row, a, lane, acc, 0, 1, a.n_in / 256);
 	}
 };
 
@@ -277,8 +378,9 @@ template <> struct row_dot<MD_DT_Q6_K> {
  * The other 32-element types (q4_1, q5_0, q5_1, iq4_nl, mxfp4): the q4_0 walk (8 lanes per
  * block, lane k takes qs[2k], qs[2k+1]: elements 2k, 2k+1 from the low nibbles and 2k+16,
  * 2k+17 from the high ones), every byte loaded on its own (these blocks are 17 to 24 bytes,
- * so rows keep no alignment a wider load could use). val(b, q, j) is element j's value from
- * its nibble q, in engine/quant.c's expressions.
+ * so rows keep no alignment a wider load could use). val(h, q, j) is element j's value from
+ * its nibble q and the block's header h (its first qs bytes), in engine/quant.c's
+ * expressions.
  */
 __device__ __forceinline__ float ld_f16b(const uint8_t *p) /* any alignment */
 {
@@ -347,21 +449,43 @@ template <> struct blk32<MD_DT_MXFP4> {
 	}
 };
 
+/* One block of a 32-element type: its header (the bytes before qs, at most 8) and the lane's
+ * two qs bytes, val() reading the header from registers. */
+template <int TYPE> struct blk32_step {
+	typedef blk32<TYPE> B;
+	struct raw {
+		uint8_t h[8], q0, q1;
+	};
+	static constexpr int run = MM_RUN;
+	static __device__ raw load(const uint8_t *row, int64_t ib, int lane)
+	{
+		const uint8_t *b = row + ib * B::bytes;
+		const int k = lane & 7;
+		raw r;
+
+#pragma unroll
+		for (int i = 0; i < 8; i++)
+			r.h[i] = i < B::qs ? b[i] : 0;
+		r.q0 = b[B::qs + 2 * k];
+		r.q1 = b[B::qs + 2 * k + 1];
+		return r;
+	}
+	static __device__ void use(const raw &r, int64_t ib, const act &a, int lane,
+				   float acc[MM_NT])
+	{
+		const int k = lane & 7;
+		const int64_t e = ib * 32 + 2 * k;
+
+		fma2(acc, a, e, B::val(r.h, r.q0 & 0xf, 2 * k), B::val(r.h, r.q1 & 0xf, 2 * k + 1));
+		fma2(acc, a, e + 16, B::val(r.h, r.q0 >> 4, 2 * k + 16),
+		     B::val(r.h, r.q1 >> 4, 2 * k + 17));
+	}
+};
+
 template <int TYPE> __device__ __forceinline__ void blk32_run(const uint8_t *row, const act &a,
 							       int lane, float acc[MM_NT])
 {
-	typedef blk32<TYPE> B;
-	const int64_t nb = a.n_in / 32;
-	const int k = lane & 7;
-
-	for (int64_t ib = lane >> 3; ib < nb; ib += 4) {
-		const uint8_t *b = row + ib * B::bytes;
-		const uint8_t q0 = b[B::qs + 2 * k], q1 = b[B::qs + 2 * k + 1];
-		const int64_t e = ib * 32 + 2 * k;
-
-		fma2(acc, a, e, B::val(b, q0 & 0xf, 2 * k), B::val(b, q1 & 0xf, 2 * k + 1));
-		fma2(acc, a, e + 16, B::val(b, q0 >> 4, 2 * k + 16), B::val(b, q1 >> 4, 2 * k + 17));
-	}
+	walk<blk32_step<TYPE> >(row, a, lane, acc, lane >> 3, 4, a.n_in / 32);
 }
 
 template <> struct row_dot<MD_DT_Q4_1> {
