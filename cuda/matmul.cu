@@ -11,8 +11,8 @@ extern "C" {
 }
 
 /*
- * Work split: a thread block is MM_WARPS warps, each warp owns one output row and MM_NT
- * tokens (blockIdx.y picks the token tile). The 32 lanes of a warp walk the row together so
+ * Work split: a thread block is MM_WARPS warps, each warp owns one output row and a tile of
+ * NT tokens (blockIdx.y picks the tile; NT is MM_NT, or 1 where every tile has one token). The 32 lanes of a warp walk the row together so
  * each load instruction reads a contiguous run of the row (coalesced), each lane
  * dequantizes its few elements into registers, multiplies them with the matching activations
  * of every token of the tile, and the per-lane partial sums meet in a shuffle reduction.
@@ -31,19 +31,20 @@ extern "C" {
 
 /* Activation tile: token t's row starts at x + rix[t] * n_in (rix[t] = t for a plain matmul,
  * the gathered input row for expert groups); rows beyond nt are never read. */
-struct act {
+template <int NT> struct act {
 	const float *x;
 	int64_t n_in;
 	int nt;
-	int32_t rix[MM_NT];
+	int32_t rix[NT];
 };
 
 /* acc[t] += sum_i w[i] * x_t[idx + i] for i < 4, idx a multiple of 4 (16-byte aligned). */
-__device__ __forceinline__ void fma4(float acc[MM_NT], const act &a, int64_t idx, float w0,
+template <int NT>
+__device__ __forceinline__ void fma4(float *acc, const act<NT> &a, int64_t idx, float w0,
 				     float w1, float w2, float w3)
 {
 #pragma unroll
-	for (int t = 0; t < MM_NT; t++) {
+	for (int t = 0; t < NT; t++) {
 		if (t < a.nt) {
 			float4 v = *(const float4 *)(a.x + (int64_t)a.rix[t] * a.n_in + idx);
 			acc[t] += w0 * v.x + w1 * v.y + w2 * v.z + w3 * v.w;
@@ -52,11 +53,12 @@ __device__ __forceinline__ void fma4(float acc[MM_NT], const act &a, int64_t idx
 }
 
 /* acc[t] += w0 * x_t[idx] + w1 * x_t[idx + 1], idx even (8-byte aligned). */
-__device__ __forceinline__ void fma2(float acc[MM_NT], const act &a, int64_t idx, float w0,
+template <int NT>
+__device__ __forceinline__ void fma2(float *acc, const act<NT> &a, int64_t idx, float w0,
 				     float w1)
 {
 #pragma unroll
-	for (int t = 0; t < MM_NT; t++) {
+	for (int t = 0; t < NT; t++) {
 		if (t < a.nt) {
 			float2 v = *(const float2 *)(a.x + (int64_t)a.rix[t] * a.n_in + idx);
 			acc[t] += w0 * v.x + w1 * v.y;
@@ -64,10 +66,11 @@ __device__ __forceinline__ void fma2(float acc[MM_NT], const act &a, int64_t idx
 	}
 }
 
-__device__ __forceinline__ void fma1(float acc[MM_NT], const act &a, int64_t idx, float w0)
+template <int NT>
+__device__ __forceinline__ void fma1(float *acc, const act<NT> &a, int64_t idx, float w0)
 {
 #pragma unroll
-	for (int t = 0; t < MM_NT; t++) {
+	for (int t = 0; t < NT; t++) {
 		if (t < a.nt)
 			acc[t] += w0 * a.x[(int64_t)a.rix[t] * a.n_in + idx];
 	}
@@ -90,8 +93,8 @@ template <int TYPE> struct row_dot;
 
 /* S: raw (what one step loads), run (steps loaded together), load(row, i, lane) and
  * use(raw, i, a, lane, acc) for step i. The lane's steps are first, first + step, ... below n. */
-template <class S>
-__device__ __forceinline__ void walk(const uint8_t *row, const act &a, int lane, float acc[MM_NT],
+template <class S, int NT>
+__device__ __forceinline__ void walk(const uint8_t *row, const act<NT> &a, int lane, float *acc,
 				     int64_t first, int64_t step, int64_t n)
 {
 	for (int64_t i0 = first; i0 < n; i0 += step * S::run) {
@@ -122,7 +125,8 @@ template <int TYPE> struct float_step {
 	{
 		return TYPE == MD_DT_F32 ? ((const uint32_t *)row)[i] : ((const uint16_t *)row)[i];
 	}
-	static __device__ void use(raw w, int64_t i, const act &a, int lane, float acc[MM_NT])
+	template <int NT>
+	static __device__ void use(raw w, int64_t i, const act<NT> &a, int lane, float *acc)
 	{
 		const float v = TYPE == MD_DT_F32 ? __uint_as_float(w)
 				: TYPE == MD_DT_F16 ? __half2float(__ushort_as_half((unsigned short)w))
@@ -133,21 +137,24 @@ template <int TYPE> struct float_step {
 };
 
 template <> struct row_dot<MD_DT_F32> {
-	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
+	template <int NT>
+	static __device__ void run(const uint8_t *row, const act<NT> &a, int lane, float *acc)
 	{
 		walk<float_step<MD_DT_F32> >(row, a, lane, acc, lane, 32, a.n_in);
 	}
 };
 
 template <> struct row_dot<MD_DT_F16> {
-	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
+	template <int NT>
+	static __device__ void run(const uint8_t *row, const act<NT> &a, int lane, float *acc)
 	{
 		walk<float_step<MD_DT_F16> >(row, a, lane, acc, lane, 32, a.n_in);
 	}
 };
 
 template <> struct row_dot<MD_DT_BF16> {
-	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
+	template <int NT>
+	static __device__ void run(const uint8_t *row, const act<NT> &a, int lane, float *acc)
 	{
 		walk<float_step<MD_DT_BF16> >(row, a, lane, acc, lane, 32, a.n_in);
 	}
@@ -171,7 +178,8 @@ struct q8_0_step {
 		r.hi = q[1];
 		return r;
 	}
-	static __device__ void use(raw r, int64_t ib, const act &a, int lane, float acc[MM_NT])
+	template <int NT>
+	static __device__ void use(raw r, int64_t ib, const act<NT> &a, int lane, float *acc)
 	{
 		const float d = __half2float(__ushort_as_half(r.d));
 		const uint32_t lo = r.lo, hi = r.hi;
@@ -183,7 +191,8 @@ struct q8_0_step {
 };
 
 template <> struct row_dot<MD_DT_Q8_0> {
-	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
+	template <int NT>
+	static __device__ void run(const uint8_t *row, const act<NT> &a, int lane, float *acc)
 	{
 		walk<q8_0_step>(row, a, lane, acc, lane >> 3, 4, a.n_in / 32);
 	}
@@ -205,7 +214,8 @@ struct q4_0_step {
 		r.q = *(const uint16_t *)(b + 2 + 2 * (lane & 7));
 		return r;
 	}
-	static __device__ void use(raw r, int64_t ib, const act &a, int lane, float acc[MM_NT])
+	template <int NT>
+	static __device__ void use(raw r, int64_t ib, const act<NT> &a, int lane, float *acc)
 	{
 		const float d = __half2float(__ushort_as_half(r.d));
 		const uint32_t q = r.q;
@@ -218,7 +228,8 @@ struct q4_0_step {
 };
 
 template <> struct row_dot<MD_DT_Q4_0> {
-	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
+	template <int NT>
+	static __device__ void run(const uint8_t *row, const act<NT> &a, int lane, float *acc)
 	{
 		walk<q4_0_step>(row, a, lane, acc, lane >> 3, 4, a.n_in / 32);
 	}
@@ -267,8 +278,9 @@ template <bool Q5> struct q45_k_step {
 		r.h = Q5 ? *(const uint32_t *)(b + 16 + 4 * (lane & 7)) : 0;
 		return r;
 	}
-	static __device__ void use(const raw &r, int64_t ib, const act &a, int lane,
-				   float acc[MM_NT])
+	template <int NT>
+	static __device__ void use(const raw &r, int64_t ib, const act<NT> &a, int lane,
+				   float *acc)
 	{
 		const int p = lane >> 3;
 		const int j = 4 * (lane & 7);
@@ -304,14 +316,16 @@ template <bool Q5> struct q45_k_step {
 };
 
 template <> struct row_dot<MD_DT_Q4_K> {
-	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
+	template <int NT>
+	static __device__ void run(const uint8_t *row, const act<NT> &a, int lane, float *acc)
 	{
 		walk<q45_k_step<false> >(row, a, lane, acc, 0, 1, a.n_in / 256);
 	}
 };
 
 template <> struct row_dot<MD_DT_Q5_K> {
-	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
+	template <int NT>
+	static __device__ void run(const uint8_t *row, const act<NT> &a, int lane, float *acc)
 	{
 		walk<q45_k_step<true> >(row, a, lane, acc, 0, 1, a.n_in / 256);
 	}
@@ -346,8 +360,9 @@ struct q6_k_step {
 			r.sc[k] = sc[2 * k];
 		return r;
 	}
-	static __device__ void use(const raw &r, int64_t ib, const act &a, int lane,
-				   float acc[MM_NT])
+	template <int NT>
+	static __device__ void use(const raw &r, int64_t ib, const act<NT> &a, int lane,
+				   float *acc)
 	{
 		const int h = lane >> 4, l = 2 * (lane & 15);
 		const float d = __half2float(__ushort_as_half(r.d));
@@ -368,7 +383,8 @@ struct q6_k_step {
 };
 
 template <> struct row_dot<MD_DT_Q6_K> {
-	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
+	template <int NT>
+	static __device__ void run(const uint8_t *row, const act<NT> &a, int lane, float *acc)
 	{
 		walk<q6_k_step>(row, a, lane, acc, 0, 1, a.n_in / 256);
 	}
@@ -470,8 +486,9 @@ template <int TYPE> struct blk32_step {
 		r.q1 = b[B::qs + 2 * k + 1];
 		return r;
 	}
-	static __device__ void use(const raw &r, int64_t ib, const act &a, int lane,
-				   float acc[MM_NT])
+	template <int NT>
+	static __device__ void use(const raw &r, int64_t ib, const act<NT> &a, int lane,
+				   float *acc)
 	{
 		const int k = lane & 7;
 		const int64_t e = ib * 32 + 2 * k;
@@ -482,38 +499,44 @@ template <int TYPE> struct blk32_step {
 	}
 };
 
-template <int TYPE> __device__ __forceinline__ void blk32_run(const uint8_t *row, const act &a,
-							       int lane, float acc[MM_NT])
+template <int TYPE, int NT>
+__device__ __forceinline__ void blk32_run(const uint8_t *row, const act<NT> &a, int lane,
+					  float *acc)
 {
 	walk<blk32_step<TYPE> >(row, a, lane, acc, lane >> 3, 4, a.n_in / 32);
 }
 
 template <> struct row_dot<MD_DT_Q4_1> {
-	static __device__ void run(const uint8_t *r, const act &a, int l, float acc[MM_NT])
+	template <int NT>
+	static __device__ void run(const uint8_t *r, const act<NT> &a, int l, float *acc)
 	{
 		blk32_run<MD_DT_Q4_1>(r, a, l, acc);
 	}
 };
 template <> struct row_dot<MD_DT_Q5_0> {
-	static __device__ void run(const uint8_t *r, const act &a, int l, float acc[MM_NT])
+	template <int NT>
+	static __device__ void run(const uint8_t *r, const act<NT> &a, int l, float *acc)
 	{
 		blk32_run<MD_DT_Q5_0>(r, a, l, acc);
 	}
 };
 template <> struct row_dot<MD_DT_Q5_1> {
-	static __device__ void run(const uint8_t *r, const act &a, int l, float acc[MM_NT])
+	template <int NT>
+	static __device__ void run(const uint8_t *r, const act<NT> &a, int l, float *acc)
 	{
 		blk32_run<MD_DT_Q5_1>(r, a, l, acc);
 	}
 };
 template <> struct row_dot<MD_DT_IQ4_NL> {
-	static __device__ void run(const uint8_t *r, const act &a, int l, float acc[MM_NT])
+	template <int NT>
+	static __device__ void run(const uint8_t *r, const act<NT> &a, int l, float *acc)
 	{
 		blk32_run<MD_DT_IQ4_NL>(r, a, l, acc);
 	}
 };
 template <> struct row_dot<MD_DT_MXFP4> {
-	static __device__ void run(const uint8_t *r, const act &a, int l, float acc[MM_NT])
+	template <int NT>
+	static __device__ void run(const uint8_t *r, const act<NT> &a, int l, float *acc)
 	{
 		blk32_run<MD_DT_MXFP4>(r, a, l, acc);
 	}
@@ -523,7 +546,8 @@ template <> struct row_dot<MD_DT_MXFP4> {
  * step: lane l takes sub-block l / 4 and its qs bytes 4 (l % 4) .. +3 (elements 4 (l % 4) ..
  * +3 from the low nibbles, +16 from the high ones). */
 template <> struct row_dot<MD_DT_IQ4_XS> {
-	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
+	template <int NT>
+	static __device__ void run(const uint8_t *row, const act<NT> &a, int lane, float *acc)
 	{
 		const int64_t nb = a.n_in / 256;
 		const int ib = lane >> 2, j = 4 * (lane & 3);
@@ -550,7 +574,8 @@ template <> struct row_dot<MD_DT_IQ4_XS> {
  * lane l takes l and all eight (h, j), so each load instruction of the warp reads 32
  * consecutive bytes and its activations are 32 consecutive floats. */
 template <> struct row_dot<MD_DT_Q2_K> {
-	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
+	template <int NT>
+	static __device__ void run(const uint8_t *row, const act<NT> &a, int lane, float *acc)
 	{
 		const int64_t nb = a.n_in / 256;
 
@@ -576,7 +601,8 @@ template <> struct row_dot<MD_DT_Q2_K> {
 };
 
 template <> struct row_dot<MD_DT_Q3_K> {
-	static __device__ void run(const uint8_t *row, const act &a, int lane, float acc[MM_NT])
+	template <int NT>
+	static __device__ void run(const uint8_t *row, const act<NT> &a, int lane, float *acc)
 	{
 		const int64_t nb = a.n_in / 256;
 
@@ -605,27 +631,29 @@ template <> struct row_dot<MD_DT_Q3_K> {
 	}
 };
 
-/* One warp per output row (blockIdx.x * MM_WARPS + warp), one tile of MM_NT tokens per
+/* One warp per output row (blockIdx.x * MM_WARPS + warp), one tile of NT tokens per
  * blockIdx.y. The whole warp leaves together when its row is past the end, so the full-mask
- * shuffles below always see 32 lanes. */
-template <int TYPE>
+ * shuffles below always see 32 lanes. NT is MM_NT, or 1 for one token (a decode step of one
+ * sequence): a tile's accumulators and rows take registers, and the fewer a warp holds, the
+ * more warps (and their loads) an SM keeps in flight. */
+template <int TYPE, int NT>
 __global__ void __launch_bounds__(MM_WARPS * 32)
 mm_kernel(const uint8_t *__restrict__ w, int64_t n_in, int64_t n_out, size_t nb1,
 	  const float *__restrict__ x, int n_tok, float *__restrict__ y)
 {
 	const int lane = (int)(threadIdx.x & 31);
 	const int64_t r = (int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
-	const int t0 = (int)blockIdx.y * MM_NT;
-	float acc[MM_NT];
+	const int t0 = (int)blockIdx.y * NT;
+	float acc[NT];
 
 	if (r >= n_out)
 		return;
-	act a;
+	act<NT> a;
 	a.x = x + (int64_t)t0 * n_in;
 	a.n_in = n_in;
-	a.nt = min(MM_NT, n_tok - t0);
+	a.nt = min(NT, n_tok - t0);
 #pragma unroll
-	for (int t = 0; t < MM_NT; t++) {
+	for (int t = 0; t < NT; t++) {
 		acc[t] = 0.0f;
 		a.rix[t] = t;
 	}
@@ -633,7 +661,7 @@ mm_kernel(const uint8_t *__restrict__ w, int64_t n_in, int64_t n_out, size_t nb1
 	/* Reduce only the tile's tokens: a.nt is the same for the whole warp, so the shuffles
 	 * stay warp-uniform (a decode tile has one token: 5 shuffles, not 40). */
 #pragma unroll
-	for (int t = 0; t < MM_NT; t++) {
+	for (int t = 0; t < NT; t++) {
 		if (t >= a.nt)
 			break;
 		float v = acc[t];
@@ -647,11 +675,12 @@ mm_kernel(const uint8_t *__restrict__ w, int64_t n_in, int64_t n_out, size_t nb1
 }
 
 /* The expert-grouped variant (md_backend_fwd.mm_experts): blockIdx.y is the group g, whose
- * weight is wtab[g] and whose slots are off[g] .. off[g+1]-1, taken MM_NT at a time in a loop
+ * weight is wtab[g] and whose slots are off[g] .. off[g+1]-1, taken NT at a time in a loop
  * (a grid dimension per token tile would be sized for the largest group a routing on the
  * device may produce, and most of its blocks would find nothing to do). Slot s reads input row
- * src[s] (s when src is NULL) and writes y[s * n_out + r]. */
-template <int TYPE>
+ * src[s] (s when src is NULL) and writes y[s * n_out + r]. NT: as mm_kernel's (1 when no
+ * group has more than one slot). */
+template <int TYPE, int NT>
 __global__ void __launch_bounds__(MM_WARPS * 32)
 mmx_kernel(const void *const *__restrict__ wtab, int64_t n_in, int64_t n_out, size_t nb1,
 	   const int32_t *__restrict__ off, const int32_t *__restrict__ src,
@@ -666,21 +695,21 @@ mmx_kernel(const void *const *__restrict__ wtab, int64_t n_in, int64_t n_out, si
 		return;
 	const uint8_t *row = (const uint8_t *)wtab[g] + r * (int64_t)nb1;
 
-	for (int s0 = off[g]; s0 < s1; s0 += MM_NT) {
-		float acc[MM_NT];
-		act a;
+	for (int s0 = off[g]; s0 < s1; s0 += NT) {
+		float acc[NT];
+		act<NT> a;
 
 		a.x = x;
 		a.n_in = n_in;
-		a.nt = min(MM_NT, s1 - s0);
+		a.nt = min(NT, s1 - s0);
 #pragma unroll
-		for (int t = 0; t < MM_NT; t++) {
+		for (int t = 0; t < NT; t++) {
 			acc[t] = 0.0f;
 			a.rix[t] = t < a.nt ? (src != NULL ? src[s0 + t] : s0 + t) : 0;
 		}
 		row_dot<TYPE>::run(row, a, lane, acc);
 #pragma unroll
-		for (int t = 0; t < MM_NT; t++) {
+		for (int t = 0; t < NT; t++) {
 			if (t >= a.nt) /* warp-uniform, as in mm_kernel */
 				break;
 			float v = acc[t];
@@ -701,9 +730,12 @@ static cudaError_t launch_x(const void *const *wtab, int64_t n_in, int64_t n_out
 {
 	const dim3 grid((unsigned)((n_out + MM_WARPS - 1) / MM_WARPS), (unsigned)ng, 1);
 
-	(void)max_rows;
-	mmx_kernel<TYPE><<<grid, MM_WARPS * 32, 0, stream>>>(wtab, n_in, n_out, nb1, off, src, x,
-							     y);
+	if (max_rows == 1)
+		mmx_kernel<TYPE, 1><<<grid, MM_WARPS * 32, 0, stream>>>(wtab, n_in, n_out, nb1, off,
+									src, x, y);
+	else
+		mmx_kernel<TYPE, MM_NT><<<grid, MM_WARPS * 32, 0, stream>>>(wtab, n_in, n_out, nb1,
+									    off, src, x, y);
 	return cudaGetLastError();
 }
 
@@ -744,8 +776,12 @@ static cudaError_t launch(const void *w, int64_t n_in, int64_t n_out, size_t nb1
 	const dim3 grid((unsigned)((n_out + MM_WARPS - 1) / MM_WARPS),
 			(unsigned)((n_tok + MM_NT - 1) / MM_NT));
 
-	mm_kernel<TYPE><<<grid, MM_WARPS * 32, 0, stream>>>((const uint8_t *)w, n_in, n_out, nb1,
-							    x, n_tok, y);
+	if (n_tok == 1)
+		mm_kernel<TYPE, 1><<<grid, MM_WARPS * 32, 0, stream>>>((const uint8_t *)w, n_in,
+								       n_out, nb1, x, n_tok, y);
+	else
+		mm_kernel<TYPE, MM_NT><<<grid, MM_WARPS * 32, 0, stream>>>((const uint8_t *)w, n_in,
+									   n_out, nb1, x, n_tok, y);
 	return cudaGetLastError();
 }
 
@@ -782,5 +818,5 @@ extern "C" cudaError_t md_cuda__kernels_loadable(void)
 {
 	cudaFuncAttributes attr;
 
-	return cudaFuncGetAttributes(&attr, mm_kernel<MD_DT_F32>);
+	return cudaFuncGetAttributes(&attr, mm_kernel<MD_DT_F32, MM_NT>);
 }

@@ -313,8 +313,9 @@ static void check_attention(void)
 	printf("gpu: attention: ok\n");
 }
 
-/* The products: mm with device activations, and mm_experts (5 groups, one of them empty,
- * gathered input rows, one and two weights per group), every type CUDA reads. */
+/* The products: mm with device activations (9 tokens, and one), and mm_experts (5 groups, one
+ * of them empty, gathered input rows, one and two weights per group; up to nine rows a group,
+ * and one), every type CUDA reads. */
 static void check_products(void)
 {
 	const enum md_dtype types[] = { MD_DT_F32, MD_DT_F16, MD_DT_BF16, MD_DT_Q8_0, MD_DT_Q4_0,
@@ -324,6 +325,7 @@ static void check_products(void)
 	const int64_t n_in = 512, n_out = 96;
 	const int ng = 5, n_x = 9;
 	const int32_t off[6] = { 0, 3, 3, 7, 16, 19 }; /* group 1 empty, group 3 nine rows */
+	const int32_t off1[6] = { 0, 1, 1, 2, 3, 4 };   /* group 1 empty, the others one row */
 	for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
 		enum md_dtype t = types[ti];
 		size_t rb = md_dtype_row_size(t, n_in);
@@ -343,6 +345,7 @@ static void check_products(void)
 		struct pair pw = pnew(w, wbytes * 2 * ng), px = pnew(x, (size_t)n_x * n_in * 4);
 		struct pair py = pnew(NULL, (size_t)19 * n_out * 4), py2 = pnew(NULL, (size_t)19 * n_out * 4);
 		struct pair po = pnew(off, sizeof(off)), pg = pnew(gat, sizeof(gat));
+		struct pair po1 = pnew(off1, sizeof(off1));
 		/* the pointer tables: weight-major, ng gate then ng up */
 		const void *tc[10], *ts[10];
 		for (int i = 0; i < 2 * ng; i++) {
@@ -359,21 +362,31 @@ static void check_products(void)
 		char what[96];
 		snprintf(what, sizeof what, "mm %s", md_dtype_info(t)->name);
 		pcmp(&py, what, MM_TOL);
-		for (int nw = 1; nw <= 2; nw++) {
+		/* one token: the kernels' one-token variant */
+		CHECK_EQ_I(cu->fwd->mm(cu, &mc, px.c, 1, py.c), 0);
+		CHECK_EQ_I(sim->fwd->mm(sim, &ms, px.s, 1, py.s), 0);
+		snprintf(what, sizeof what, "mm %s, one token", md_dtype_info(t)->name);
+		pcmp(&py, what, MM_TOL);
+		/* the layout above, and one slot a group (a decode step of one sequence) */
+		for (int nw = 1; nw <= 4; nw++) {
+			const int one = nw > 2;
 			struct md_dev_experts e = { .type = t, .n_in = n_in, .n_out = n_out, .nb1 = rb,
-						    .nw = nw, .ng = ng, .n_x = n_x, .n_slots = 19,
-						    .max_rows = 9 };
-			e.w = ptab.c, e.off = po.c, e.src = pg.c, e.x = px.c, e.y[0] = py.c, e.y[1] = py2.c;
+						    .nw = 2 - nw % 2, .ng = ng, .n_x = n_x,
+						    .n_slots = one ? 4 : 19, .max_rows = one ? 1 : 9 };
+			e.w = ptab.c, e.off = one ? po1.c : po.c, e.src = pg.c, e.x = px.c;
+			e.y[0] = py.c, e.y[1] = py2.c;
 			CHECK_EQ_I(cu->fwd->mm_experts(cu, &e), 0);
-			e.w = ptab.s, e.off = po.s, e.src = pg.s, e.x = px.s, e.y[0] = py.s, e.y[1] = py2.s;
+			e.w = ptab.s, e.off = one ? po1.s : po.s, e.src = pg.s, e.x = px.s;
+			e.y[0] = py.s, e.y[1] = py2.s;
 			CHECK_EQ_I(sim->fwd->mm_experts(sim, &e), 0);
-			snprintf(what, sizeof what, "mm_experts %s, %d weight(s) per group", md_dtype_info(t)->name, nw);
+			snprintf(what, sizeof what, "mm_experts %s, %d weight(s) per group%s",
+				 md_dtype_info(t)->name, e.nw, one ? ", one slot a group" : "");
 			pcmp(&py, what, MM_TOL);
-			if (nw == 2)
+			if (e.nw == 2)
 				pcmp(&py2, what, MM_TOL);
 		}
-		struct pair *all[] = { &pw, &px, &py, &py2, &po, &pg, &ptab };
-		for (size_t i = 0; i < 7; i++)
+		struct pair *all[] = { &pw, &px, &py, &py2, &po, &po1, &pg, &ptab };
+		for (size_t i = 0; i < 8; i++)
 			pfree(all[i]);
 		free(w);
 		free(src);
