@@ -710,11 +710,12 @@ extern "C" cudaError_t md_cuda__moe_layout(const int32_t *ids, const float *w, i
  *
  * As attention_kernel: one block of MLA_WARPS warps per (head, token), each warp an online
  * softmax over every MLA_WARPS-th position (one at a time: a latent row is already W = C + R
- * values, 18 a lane for DeepSeek's 576), merged at the end; here every head reads the same
- * cache rows (w = C + R halves or floats: scores over all w, values the first c), and the
- * output is head-major. */
+ * values, 18 a lane for DeepSeek's 576, so a position keeps 18 loads in flight), merged at the
+ * end; here every head reads the same cache rows (w = C + R halves or floats: scores over all
+ * w, values the first c), and the output is head-major. */
 #define MLA_WMAX 1024
-#define MLA_WARPS 4 /* its merge keeps MLA_WARPS rows of MLA_WMAX floats in shared memory */
+#define MLA_CMAX 512 /* the latent rank (DeepSeek-V2/V3, Kimi-K2: 512) */
+#define MLA_WARPS 16
 
 __device__ __forceinline__ float row_at(const void *rows, int half, size_t i)
 {
@@ -733,7 +734,7 @@ attention_mla_kernel(float *out, const float *q, const void *rows, int half, con
 	const int P = pos[t];
 	const int32_t *bt = blocks + tab[t];
 	const float *qh = q + ((size_t)t * n_head + h) * W;
-	float qr[MLA_WMAX / 32], acc[MLA_WMAX / 32];
+	float qr[MLA_WMAX / 32], acc[MLA_CMAX / 32];
 	float m = -INFINITY, l = 0.0f;
 
 #pragma unroll
@@ -741,8 +742,10 @@ attention_mla_kernel(float *out, const float *q, const void *rows, int half, con
 		const int d = lane + 32 * j;
 
 		qr[j] = j < nw && d < W ? qh[d] : 0.0f;
-		acc[j] = 0.0f;
 	}
+#pragma unroll
+	for (int j = 0; j < MLA_CMAX / 32; j++)
+		acc[j] = 0.0f;
 	for (int p = warp; p <= P; p += MLA_WARPS) {
 		const size_t row = ((size_t)bt[p / KV_BLOCK] * KV_BLOCK + (size_t)(p % KV_BLOCK)) * W;
 		float s = 0.0f;
@@ -763,7 +766,7 @@ attention_mla_kernel(float *out, const float *q, const void *rows, int half, con
 
 		l = l * corr + e;
 #pragma unroll
-		for (int j = 0; j < MLA_WMAX / 32; j++) {
+		for (int j = 0; j < MLA_CMAX / 32; j++) {
 			const int d = lane + 32 * j;
 
 			if (j < nc && d < C)
@@ -771,7 +774,7 @@ attention_mla_kernel(float *out, const float *q, const void *rows, int half, con
 		}
 		m = mn;
 	}
-	merge_warps<MLA_WMAX, MLA_WARPS>(m, l, acc, C, out + ((size_t)h * n_tok + t) * C);
+	merge_warps<MLA_CMAX, MLA_WARPS>(m, l, acc, C, out + ((size_t)h * n_tok + t) * C);
 }
 
 extern "C" cudaError_t md_cuda__attention_mla(float *out, const float *q, const void *rows,
@@ -779,7 +782,8 @@ extern "C" cudaError_t md_cuda__attention_mla(float *out, const float *q, const 
 					      const int32_t *blocks, int n_tok, int n_head, int w,
 					      int c, float scale, cudaStream_t st)
 {
-	if (w <= 0 || w > MLA_WMAX || c <= 0 || c > w || n_head <= 0 || n_tok > 65535)
+	if (w <= 0 || w > MLA_WMAX || c <= 0 || c > w || c > MLA_CMAX || n_head <= 0 ||
+	    n_tok > 65535)
 		return cudaErrorInvalidValue;
 	if (n_tok <= 0)
 		return cudaSuccess;

@@ -227,6 +227,8 @@ const char *md_fwd_dev_unsupported(const struct md_model *m, struct md_kv_rows r
 		snprintf(buf, len, "the %s backend has no latent attention", b->name);
 	else if (hp->kv_lora_rank && rows.k_dim > 1024)
 		snprintf(buf, len, "latent rows of %u are over the device's 1024", rows.k_dim);
+	else if (hp->kv_lora_rank > 512)
+		snprintf(buf, len, "a latent rank of %u is over the device's 512", hp->kv_lora_rank);
 	else if (!hp->kv_lora_rank && (rows.k_half || rows.v_dim != rows.k_dim))
 		snprintf(buf, len, "the KV cache is not float K and V rows");
 	else if (!hp->kv_lora_rank && hp->head_dim > 256)
