@@ -1,7 +1,8 @@
 """Rewrite a CUDA source for the CUDA emulator (tests/cuda_emu): every kernel launch
 KERNEL<<<GRID, BLOCK, SHMEM, STREAM>>>(ARGS); becomes
   { auto emu_a = std::make_tuple(ARGS);
-    emu_launch(GRID, BLOCK, [emu_a]() { std::apply(KERNEL, emu_a); }); }
+    emu_launch(GRID, BLOCK, STREAM, [emu_a]() { std::apply(KERNEL, emu_a); }); }
+(STREAM 0, the legacy default stream, when the launch names none)
 so that, as in CUDA, the arguments are evaluated at the launch (a graph replays the values
 captured then, not whatever the expressions would read later); everything else is kept as it
 is (the emulator's headers supply the rest).
@@ -32,8 +33,9 @@ def split_args(text):
 
 def rewrite(m):
     cfg = split_args(m.group(2))
-    return ("{ auto emu_a = std::make_tuple(%s); emu_launch(%s, %s, [emu_a]() { "
-            "std::apply(%s, emu_a); }); }" % (m.group(3), cfg[0], cfg[1], m.group(1)))
+    stream = cfg[3] if len(cfg) > 3 else "(cudaStream_t)0"
+    return ("{ auto emu_a = std::make_tuple(%s); emu_launch(%s, %s, %s, [emu_a]() { "
+            "std::apply(%s, emu_a); }); }" % (m.group(3), cfg[0], cfg[1], stream, m.group(1)))
 
 
 out, n = launch.subn(rewrite, src)

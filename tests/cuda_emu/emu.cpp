@@ -11,9 +11,10 @@
  * of the block, __shfl_xor_sync for every live lane of the warp, then each reads its partner's
  * value. That is enough to execute kernels whose threads meet only at those points, as
  * moed's do; it does not model memory ordering between blocks or races. Graphs: while a stream
- * is captured, launches and copies are recorded (a kernel's arguments as captured, a copy's
- * pointers) instead of run, and a graph launch runs the record again; waiting for a stream
- * under capture is an error, as on a GPU. x86-64 only (its
+ * is captured, the launches and copies enqueued on it are recorded (a kernel's arguments as
+ * captured, a copy's pointers) instead of run, and a graph launch runs the record again; what a
+ * GPU refuses during a capture (waiting, allocating, a pageable copy into the graph, a launch on
+ * the legacy stream) fails here too and invalidates it (see emu_launch). x86-64 only (its
  * context switch is a few instructions of assembly). Test use only. */
 #include <errno.h>
 #include <stdio.h>
@@ -23,6 +24,7 @@
 #include <map>
 #include <vector>
 
+#include <pthread.h>
 #include <sys/mman.h>
 
 #include "cuda_runtime.h"
@@ -184,16 +186,39 @@ static void run_block(int n)
 struct emu_graph {
 	std::vector<std::function<void()>> ops;
 };
+/* Capture, as in cudaStreamCaptureModeThreadLocal: work enqueued on the captured stream is
+ * recorded; on other streams it runs. On the capturing thread, the calls CUDA calls unsafe
+ * during a capture (allocation and freeing, device or pinned) fail and invalidate it, as do a
+ * launch on the legacy default stream and a copy on the captured stream whose host side is not
+ * pinned (cudaHostAlloc): cudaStreamEndCapture then fails. */
 static struct emu_graph *capturing;
+static cudaStream_t cap_stream;
+static pthread_t cap_thread;
+static bool cap_invalid;
 static unsigned long graph_launches;
+
+static cudaError_t fail(cudaError_t e);
+
+/* Whether the calling thread is capturing; then the capture is invalidated. */
+static bool unsafe_in_capture(void)
+{
+	if (!capturing || !pthread_equal(pthread_self(), cap_thread))
+		return false;
+	cap_invalid = true;
+	return true;
+}
 
 static void run_launch(dim3 grid, dim3 block, const std::function<void()> &fn);
 
-void emu_launch(dim3 grid, dim3 block, const std::function<void()> &fn)
+void emu_launch(dim3 grid, dim3 block, cudaStream_t st, const std::function<void()> &fn)
 {
-	if (capturing) {
+	if (capturing && st == cap_stream) {
 		std::function<void()> body_copy = fn;
 		capturing->ops.push_back([grid, block, body_copy]() { run_launch(grid, block, body_copy); });
+		return;
+	}
+	if (!st && unsafe_in_capture()) {
+		fail(cudaErrorStreamCaptureUnsupported);
 		return;
 	}
 	run_launch(grid, block, fn);
@@ -240,6 +265,7 @@ struct emu_event {
 };
 
 static std::map<uintptr_t, size_t> allocs; /* device allocations: start -> size */
+static std::map<uintptr_t, size_t> pinned; /* cudaHostAlloc's: start -> size */
 static size_t used;
 
 static size_t capacity(void)
@@ -254,14 +280,19 @@ static cudaError_t fail(cudaError_t e)
 	return e;
 }
 
-/* Whether [p, p + n) lies inside one device allocation. */
-static bool on_device(const void *p, size_t n)
+/* Whether [p, p + n) lies inside one allocation of m. */
+static bool inside(const std::map<uintptr_t, size_t> &m, const void *p, size_t n)
 {
-	auto it = allocs.upper_bound((uintptr_t)p);
-	if (it == allocs.begin())
+	auto it = m.upper_bound((uintptr_t)p);
+	if (it == m.begin())
 		return false;
 	--it;
 	return (uintptr_t)p + n <= it->first + it->second;
+}
+
+static bool on_device(const void *p, size_t n)
+{
+	return inside(allocs, p, n);
 }
 
 extern "C" {
@@ -300,6 +331,8 @@ cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total)
 cudaError_t cudaMalloc(void **p, size_t n)
 {
 	*p = NULL;
+	if (unsafe_in_capture())
+		return fail(cudaErrorStreamCaptureUnsupported);
 	if (n > capacity() - used)
 		return fail(cudaErrorMemoryAllocation);
 	void *q = aligned_alloc(256, (n + 255) & ~(size_t)255);
@@ -314,6 +347,8 @@ cudaError_t cudaMalloc(void **p, size_t n)
 
 cudaError_t cudaFree(void *p)
 {
+	if (unsafe_in_capture())
+		return fail(cudaErrorStreamCaptureUnsupported);
 	if (!p)
 		return cudaSuccess;
 	auto it = allocs.find((uintptr_t)p);
@@ -328,12 +363,21 @@ cudaError_t cudaFree(void *p)
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags)
 {
 	(void)flags;
+	*p = NULL;
+	if (unsafe_in_capture())
+		return fail(cudaErrorStreamCaptureUnsupported);
 	*p = aligned_alloc(256, (n + 255) & ~(size_t)255);
-	return *p ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+	if (!*p)
+		return fail(cudaErrorMemoryAllocation);
+	pinned[(uintptr_t)*p] = n;
+	return cudaSuccess;
 }
 
 cudaError_t cudaFreeHost(void *p)
 {
+	if (unsafe_in_capture())
+		return fail(cudaErrorStreamCaptureUnsupported);
+	pinned.erase((uintptr_t)p);
 	free(p);
 	return cudaSuccess;
 }
@@ -341,19 +385,23 @@ cudaError_t cudaFreeHost(void *p)
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
 			    cudaStream_t st)
 {
-	(void)st;
 	if (n == 0)
 		return cudaSuccess;
 	bool ok = true;
+	const void *host = NULL;
 	switch (kind) {
-	case cudaMemcpyHostToDevice: ok = on_device(dst, n) && !on_device(src, n); break;
-	case cudaMemcpyDeviceToHost: ok = on_device(src, n) && !on_device(dst, n); break;
+	case cudaMemcpyHostToDevice: ok = on_device(dst, n) && !on_device(src, n); host = src; break;
+	case cudaMemcpyDeviceToHost: ok = on_device(src, n) && !on_device(dst, n); host = dst; break;
 	case cudaMemcpyDeviceToDevice: ok = on_device(src, n) && on_device(dst, n); break;
 	default: break;
 	}
 	if (!ok)
 		return fail(cudaErrorInvalidValue);
-	if (capturing) {
+	if (capturing && st == cap_stream && host && !inside(pinned, host, n)) {
+		cap_invalid = true; /* a pageable copy cannot be a graph node */
+		return fail(cudaErrorStreamCaptureUnsupported);
+	}
+	if (capturing && st == cap_stream) {
 		capturing->ops.push_back([dst, src, n]() { memmove(dst, src, n); });
 		return cudaSuccess;
 	}
@@ -363,19 +411,28 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t st, enum cudaStreamCaptureMode mode)
 {
-	(void)mode;
-	if (!st || capturing)
-		return fail(cudaErrorInvalidValue);
+	if (!st || capturing || mode != cudaStreamCaptureModeThreadLocal)
+		return fail(cudaErrorInvalidValue); /* the one mode modelled */
 	capturing = new emu_graph;
+	cap_stream = st;
+	cap_thread = pthread_self();
+	cap_invalid = false;
 	return cudaSuccess;
 }
 
 cudaError_t cudaStreamEndCapture(cudaStream_t st, cudaGraph_t *g)
 {
-	if (!st || !capturing)
+	*g = NULL;
+	if (!st || !capturing || st != cap_stream)
 		return fail(cudaErrorInvalidValue);
-	*g = capturing;
+	emu_graph *x = capturing;
 	capturing = NULL;
+	cap_stream = NULL;
+	if (cap_invalid) {
+		delete x;
+		return fail(cudaErrorStreamCaptureInvalidated);
+	}
+	*g = x;
 	return cudaSuccess;
 }
 
@@ -423,8 +480,10 @@ cudaError_t cudaStreamDestroy(cudaStream_t st)
 
 cudaError_t cudaStreamSynchronize(cudaStream_t st)
 {
-	if (capturing) /* waiting for a stream under capture: illegal on a GPU too */
-		return fail(cudaErrorInvalidValue);
+	if (capturing) { /* waiting during a capture: illegal on a GPU too */
+		unsafe_in_capture();
+		return fail(cudaErrorStreamCaptureUnsupported);
+	}
 	return st ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
 }
 

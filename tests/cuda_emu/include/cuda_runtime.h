@@ -84,6 +84,6 @@ static inline float __uint_as_float(unsigned u)
 
 /* Runs body once per thread of every block of grid (a launch error, when the configuration
  * is one CUDA refuses, is what cudaGetLastError returns next). */
-void emu_launch(dim3 grid, dim3 block, const std::function<void()> &body);
+void emu_launch(dim3 grid, dim3 block, cudaStream_t st, const std::function<void()> &body);
 
 #endif

@@ -22,6 +22,8 @@ typedef enum cudaError {
 	cudaErrorInvalidDevice = 101,
 	cudaErrorInvalidResourceHandle = 400,
 	cudaErrorNotReady = 600,
+	cudaErrorStreamCaptureUnsupported = 900,
+	cudaErrorStreamCaptureInvalidated = 901,
 } cudaError_t;
 
 enum cudaMemcpyKind {
