@@ -235,7 +235,7 @@ template <> struct row_dot<MD_DT_Q4_0> {
 	}
 };
 
-/* Byte k < 12 of a q4_K / q5_K super-block's packed scales, held as three words. */
+/* Byte k < 12 of a q4_K / q5_K / q3_K super-block's packed scales, held as three words. */
 __device__ __forceinline__ int k_byte(const uint32_t s[3], int k)
 {
 	return (int)(((k < 4 ? s[0] : k < 8 ? s[1] : s[2]) >> (8 * (k & 3))) & 0xff);
@@ -544,57 +544,150 @@ template <> struct row_dot<MD_DT_MXFP4> {
 
 /* iq4_xs (136 B: f16 d | u16 scales_h | u8 scales_l[4] | qs[128]) super-blocks of 256, one per
  * step: lane l takes sub-block l / 4 and its qs bytes 4 (l % 4) .. +3 (elements 4 (l % 4) ..
- * +3 from the low nibbles, +16 from the high ones). */
+ * +3 from the low nibbles, +16 from the high ones). Bytes are loaded one by one (rows keep no
+ * alignment) and packed into words: d and scales_h, and the lane's four qs bytes. */
+struct iq4_xs_step {
+	struct raw {
+		uint32_t hdr, q;
+		uint8_t sl;
+	};
+	static constexpr int run = MM_RUN;
+	static __device__ raw load(const uint8_t *row, int64_t s, int lane)
+	{
+		const uint8_t *b = row + s * 136;
+		const int ib = lane >> 2, j = 4 * (lane & 3);
+		raw r;
+
+		r.hdr = ld_u32b(b);
+		r.sl = b[4 + ib / 2];
+		r.q = ld_u32b(b + 8 + 16 * ib + j);
+		return r;
+	}
+	template <int NT>
+	static __device__ void use(const raw &r, int64_t s, const act<NT> &a, int lane, float *acc)
+	{
+		const int ib = lane >> 2, j = 4 * (lane & 3);
+		const unsigned sh = r.hdr >> 16;
+		const int ls = ((r.sl >> (4 * (ib % 2))) & 15) | (int)((sh >> (2 * ib)) & 3) << 4;
+		const float dl = __half2float(__ushort_as_half((unsigned short)(r.hdr & 0xffff))) *
+				 (float)(ls - 32);
+		const int64_t e = s * 256 + 32 * ib + j;
+		int q[4];
+
+#pragma unroll
+		for (int k = 0; k < 4; k++)
+			q[k] = (int)((r.q >> (8 * k)) & 0xff);
+		fma4(acc, a, e, dl * (float)c_iq4nl[q[0] & 0xf], dl * (float)c_iq4nl[q[1] & 0xf],
+		     dl * (float)c_iq4nl[q[2] & 0xf], dl * (float)c_iq4nl[q[3] & 0xf]);
+		fma4(acc, a, e + 16, dl * (float)c_iq4nl[q[0] >> 4], dl * (float)c_iq4nl[q[1] >> 4],
+		     dl * (float)c_iq4nl[q[2] >> 4], dl * (float)c_iq4nl[q[3] >> 4]);
+	}
+};
+
 template <> struct row_dot<MD_DT_IQ4_XS> {
 	template <int NT>
 	static __device__ void run(const uint8_t *row, const act<NT> &a, int lane, float *acc)
 	{
-		const int64_t nb = a.n_in / 256;
-		const int ib = lane >> 2, j = 4 * (lane & 3);
-
-		for (int64_t s = 0; s < nb; s++) {
-			const uint8_t *b = row + s * 136;
-			const unsigned sh = (unsigned)(b[2] | b[3] << 8);
-			const int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 15) |
-				       (int)((sh >> (2 * ib)) & 3) << 4;
-			const float dl = ld_f16b(b) * (float)(ls - 32);
-			const uint8_t *q = b + 8 + 16 * ib + j;
-			const int64_t e = s * 256 + 32 * ib + j;
-
-			fma4(acc, a, e, dl * (float)c_iq4nl[q[0] & 0xf], dl * (float)c_iq4nl[q[1] & 0xf],
-			     dl * (float)c_iq4nl[q[2] & 0xf], dl * (float)c_iq4nl[q[3] & 0xf]);
-			fma4(acc, a, e + 16, dl * (float)c_iq4nl[q[0] >> 4], dl * (float)c_iq4nl[q[1] >> 4],
-			     dl * (float)c_iq4nl[q[2] >> 4], dl * (float)c_iq4nl[q[3] >> 4]);
-		}
+		walk<iq4_xs_step>(row, a, lane, acc, 0, 1, a.n_in / 256);
 	}
 };
 
 /* q2_K (84 B: scales[16] | qs[64] | f16 d | f16 dmin) and q3_K (110 B: hmask[32] | qs[64] |
  * scales[12] | f16 d): element e = 128 h + 32 j + l has its two low bits at qs[32 h + l] >> 2j;
  * lane l takes l and all eight (h, j), so each load instruction of the warp reads 32
- * consecutive bytes and its activations are 32 consecutive floats. */
+ * consecutive bytes and its activations are 32 consecutive floats. A lane's scale bytes are
+ * packed into words as they are loaded. */
+struct q2_k_step {
+	struct raw {
+		uint32_t dd, sc[2]; /* d | dmin; scales[8 h + 2 j + l / 16], byte j of word h */
+		uint8_t qb[2];
+	};
+	static constexpr int run = MM_RUN;
+	static __device__ raw load(const uint8_t *row, int64_t s, int lane)
+	{
+		const uint8_t *b = row + s * 84;
+		const int hl = lane >> 4;
+		raw r;
+
+		r.dd = ld_u32b(b + 80);
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			r.qb[h] = b[16 + 32 * h + lane];
+			r.sc[h] = (uint32_t)b[8 * h + hl] | (uint32_t)b[8 * h + 2 + hl] << 8 |
+				  (uint32_t)b[8 * h + 4 + hl] << 16 | (uint32_t)b[8 * h + 6 + hl] << 24;
+		}
+		return r;
+	}
+	template <int NT>
+	static __device__ void use(const raw &r, int64_t s, const act<NT> &a, int lane, float *acc)
+	{
+		const float d = __half2float(__ushort_as_half((unsigned short)(r.dd & 0xffff)));
+		const float dmin = __half2float(__ushort_as_half((unsigned short)(r.dd >> 16)));
+
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			const int qb = r.qb[h];
+
+#pragma unroll
+			for (int j = 0; j < 4; j++) {
+				const int e = 128 * h + 32 * j + lane;
+				const int sc = (int)((r.sc[h] >> (8 * j)) & 0xff);
+				const float dl = d * (float)(sc & 15), ml = dmin * (float)(sc >> 4);
+
+				fma1(acc, a, s * 256 + e, dl * (float)((qb >> (2 * j)) & 3) - ml);
+			}
+		}
+	}
+};
+
 template <> struct row_dot<MD_DT_Q2_K> {
 	template <int NT>
 	static __device__ void run(const uint8_t *row, const act<NT> &a, int lane, float *acc)
 	{
-		const int64_t nb = a.n_in / 256;
+		walk<q2_k_step>(row, a, lane, acc, 0, 1, a.n_in / 256);
+	}
+};
 
-		for (int64_t s = 0; s < nb; s++) {
-			const uint8_t *b = row + s * 84;
-			const float d = ld_f16b(b + 80), dmin = ld_f16b(b + 82);
+struct q3_k_step {
+	struct raw {
+		uint32_t s[3]; /* the 12 scale bytes */
+		uint16_t d;
+		uint8_t hm, qb[2];
+	};
+	static constexpr int run = MM_RUN;
+	static __device__ raw load(const uint8_t *row, int64_t s, int lane)
+	{
+		const uint8_t *b = row + s * 110;
+		raw r;
 
 #pragma unroll
-			for (int h = 0; h < 2; h++) {
-				const int qb = b[16 + 32 * h + lane];
+		for (int k = 0; k < 3; k++)
+			r.s[k] = ld_u32b(b + 96 + 4 * k);
+		r.d = (uint16_t)(b[108] | b[109] << 8);
+		r.hm = b[lane];
+		r.qb[0] = b[32 + lane];
+		r.qb[1] = b[64 + lane];
+		return r;
+	}
+	template <int NT>
+	static __device__ void use(const raw &r, int64_t s, const act<NT> &a, int lane, float *acc)
+	{
+		const float d = __half2float(__ushort_as_half(r.d));
+		const int hm = r.hm;
 
 #pragma unroll
-				for (int j = 0; j < 4; j++) {
-					const int e = 128 * h + 32 * j + lane;
-					const int sc = b[e / 16];
-					const float dl = d * (float)(sc & 15), ml = dmin * (float)(sc >> 4);
+		for (int h = 0; h < 2; h++) {
+			const int qb = r.qb[h];
 
-					fma1(acc, a, s * 256 + e, dl * (float)((qb >> (2 * j)) & 3) - ml);
-				}
+#pragma unroll
+			for (int j = 0; j < 4; j++) {
+				const int e = 128 * h + 32 * j + lane, i = e / 16;
+				const int lo = i < 8 ? k_byte(r.s, i) & 15 : k_byte(r.s, i - 8) >> 4;
+				const int hi = (k_byte(r.s, 8 + i % 4) >> (2 * (i / 4))) & 3;
+				const int q = ((qb >> (2 * j)) & 3) | ((hm >> (e / 32)) & 1) << 2;
+
+				fma1(acc, a, s * 256 + e,
+				     d * (float)((lo | hi << 4) - 32) * (float)(q - 4));
 			}
 		}
 	}
@@ -604,30 +697,7 @@ template <> struct row_dot<MD_DT_Q3_K> {
 	template <int NT>
 	static __device__ void run(const uint8_t *row, const act<NT> &a, int lane, float *acc)
 	{
-		const int64_t nb = a.n_in / 256;
-
-		for (int64_t s = 0; s < nb; s++) {
-			const uint8_t *b = row + s * 110;
-			const float d = ld_f16b(b + 108);
-			const uint8_t *sc = b + 96;
-			const int hm = b[lane];
-
-#pragma unroll
-			for (int h = 0; h < 2; h++) {
-				const int qb = b[32 + 32 * h + lane];
-
-#pragma unroll
-				for (int j = 0; j < 4; j++) {
-					const int e = 128 * h + 32 * j + lane, i = e / 16;
-					const int lo = i < 8 ? sc[i] & 15 : sc[i - 8] >> 4;
-					const int hi = (sc[8 + i % 4] >> (2 * (i / 4))) & 3;
-					const int q = ((qb >> (2 * j)) & 3) | ((hm >> (e / 32)) & 1) << 2;
-
-					fma1(acc, a, s * 256 + e,
-					     d * (float)((lo | hi << 4) - 32) * (float)(q - 4));
-				}
-			}
-		}
+		walk<q3_k_step>(row, a, lane, acc, 0, 1, a.n_in / 256);
 	}
 };
 
