@@ -5,8 +5,9 @@
 # to 100% of the expert bytes, out-of-memory at start-up), greedy parity of whole generations
 # through the server (--device cuda against --device cpu), start-up refusal when the model
 # cannot fit, and the benchmarks (decode tok/s at batch 1 against the HBM bound, aggregate
-# tok/s at 1 to 64 streams, experts at twice the device budget against on-demand copying, and
-# llama.cpp's CUDA build on the same files when MOED_LLAMA_CPP names its bin directory).
+# tok/s at 1 to 64 streams, experts at twice the device budget against on-demand copying, the
+# device time by kernel when nsys is installed, and llama.cpp's CUDA build on the same files
+# when MOED_LLAMA_CPP names its bin directory).
 # Each step has a time limit; the whole is meant to finish in under 8 minutes.
 #
 # usage: tests/gpu/run.sh [OUT_DIR]   (default: $OUT when set, else build-gpu/out)
@@ -90,6 +91,17 @@ for f in "$bench/default-4g.gguf" "$bench/random-1g.gguf"; do
 	done
 	step "bench $(basename "$f") CPU" 90 $B -m "$f" -t "$(nproc)" -p 0 -n 32 -r 3
 done
+# Where a decode step's device time goes, kernel by kernel, when Nsight Systems is installed
+# (best effort: not a test, and skipped without nsys).
+f="$bench/random-1g.gguf"
+if command -v nsys >/dev/null && [ -f "$f" ]; then
+	if step "kernel profile" 90 nsys profile -t cuda -o "$work/prof" --force-overwrite true \
+		$B -m "$f" -D cuda -p 0 -n 64 -r 1; then
+		timeout 60 nsys stats -q -r cuda_gpu_kern_sum "$work/prof.nsys-rep" > "$work/kern.txt" 2>&1
+		{ echo; echo "## Device time by kernel (nsys, random-1g, 64 decoded tokens)"; echo '```'
+		  head -25 "$work/kern.txt"; echo '```'; } | tee -a "$log" >> "$sum"
+	fi
+fi
 # Experts at twice the device tier: the cost model against copying every miss up.
 f="$bench/random-1g.gguf"
 if [ -f "$f" ]; then
