@@ -60,6 +60,8 @@ struct md_http_conn {
 	enum conn_state state;
 	bool keep_alive;             /* of the request in progress */
 	bool close_after;            /* close once the response is written */
+	bool linger;                 /* answered before its request was read in full: after our
+	                              * FIN, read and drop until the client closes (or 5 s) */
 	bool chunked;                /* stream uses chunked encoding */
 	bool in_pump;
 	bool expect_continue;
@@ -416,6 +418,11 @@ static int conn_write2(struct md_http_conn *c, const char *a, size_t alen, const
 static void on_shutdown(uv_shutdown_t *req, int status)
 {
 	struct md_http_conn *c = req->data;
+	/* Closing with unread input sends a reset, which can destroy the response before the
+	 * client reads it (a 413 while its body is still arriving): linger, reading, until its
+	 * FIN (on_read) or the timer conn_shutdown armed. */
+	if (c->linger && !c->peer_eof && status == 0)
+		return;
 	conn_close(c);
 }
 
@@ -591,6 +598,7 @@ static void reject(struct md_http_conn *c, int status, const char *msg)
 			 msg, type, status);
 	c->close_after = true;
 	c->keep_alive = false;
+	c->linger = c->state == C_READING;
 	if (c->state != C_BUSY) {
 		set_state(c, C_BUSY);
 		c->srv->n_busy++;
@@ -646,6 +654,7 @@ static void conn_pump(struct md_http_conn *c)
 			c->req.t_start = md_http_now();
 			c->err_status = 0;
 			c->close_after = false;
+			c->linger = false;
 			timer_arm(c, c->srv->lim.header_timeout, false);
 		}
 		llhttp_errno_t err = llhttp_execute(&c->parser, c->pending, c->pending_len);
@@ -711,6 +720,8 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 	}
 	if (c->state == C_SHUTDOWN || c->state == C_CLOSING)
 		return;
+	if (c->linger)
+		return; /* the rest of a request already answered: dropped */
 	size_t limit = c->srv->lim.max_body_bytes + c->srv->lim.max_header_bytes + 65536;
 	if (grow(&c->pending, &c->pending_cap, c->pending_len + (size_t)nread, limit)) {
 		md_log(MD_LOG_WARN, "req=%llu too much pipelined input, closing",
