@@ -77,8 +77,9 @@ __device__ __forceinline__ void fma1(float *acc, const act<NT> &a, int64_t idx, 
 }
 
 /*
- * Per-type row walkers: add lane's share of dot(row, x_t) to acc[t]. row is the row's first
- * byte, n the row length in elements.
+ * Row walks: row_dot (after the types' steps below) adds lane's share of dot(row, x_t) to
+ * acc[t], row being the row's first byte; each weight type is a step (what one step of a row
+ * loads, and how it is used), which step_of names.
  *
  * Loads in flight: a walker goes through its row in steps (a block, a super-block, an
  * element) and reads MM_RUN steps (predicated to a step in range) before any of their
@@ -87,8 +88,6 @@ __device__ __forceinline__ void fma1(float *acc, const act<NT> &a, int64_t idx, 
  * flight, not arithmetic, bound it. The steps are then used in order, so each lane's sums are
  * those of a plain loop over the steps.
  */
-template <int TYPE> struct row_dot;
-
 #define MM_RUN 4
 
 /* S: raw (what one step loads), run (steps loaded together), load(row, i, lane) and
@@ -121,6 +120,7 @@ __device__ __forceinline__ void walk(const uint8_t *row, const act<NT> &a, int l
 template <int TYPE> struct float_step {
 	typedef uint32_t raw;
 	static constexpr int run = 2 * MM_RUN;
+	static constexpr int side = 32, elems = 1;
 	static __device__ raw load(const uint8_t *row, int64_t i, int lane)
 	{
 		return TYPE == MD_DT_F32 ? ((const uint32_t *)row)[i] : ((const uint16_t *)row)[i];
@@ -136,30 +136,6 @@ template <int TYPE> struct float_step {
 	}
 };
 
-template <> struct row_dot<MD_DT_F32> {
-	template <int NT>
-	static __device__ void run(const uint8_t *row, const act<NT> &a, int lane, float *acc)
-	{
-		walk<float_step<MD_DT_F32> >(row, a, lane, acc, lane, 32, a.n_in);
-	}
-};
-
-template <> struct row_dot<MD_DT_F16> {
-	template <int NT>
-	static __device__ void run(const uint8_t *row, const act<NT> &a, int lane, float *acc)
-	{
-		walk<float_step<MD_DT_F16> >(row, a, lane, acc, lane, 32, a.n_in);
-	}
-};
-
-template <> struct row_dot<MD_DT_BF16> {
-	template <int NT>
-	static __device__ void run(const uint8_t *row, const act<NT> &a, int lane, float *acc)
-	{
-		walk<float_step<MD_DT_BF16> >(row, a, lane, acc, lane, 32, a.n_in);
-	}
-};
-
 /* q8_0 (34-byte blocks of 32): 8 lanes per block, 4 blocks per step; lane k of a block takes
  * elements 4k .. 4k+3 (two 16-bit loads; blocks are only 2-byte aligned). */
 struct q8_0_step {
@@ -167,6 +143,7 @@ struct q8_0_step {
 		uint16_t d, lo, hi;
 	};
 	static constexpr int run = MM_RUN;
+	static constexpr int side = 4, elems = 32;
 	static __device__ raw load(const uint8_t *row, int64_t ib, int lane)
 	{
 		const uint8_t *b = row + ib * 34;
@@ -190,14 +167,6 @@ struct q8_0_step {
 	}
 };
 
-template <> struct row_dot<MD_DT_Q8_0> {
-	template <int NT>
-	static __device__ void run(const uint8_t *row, const act<NT> &a, int lane, float *acc)
-	{
-		walk<q8_0_step>(row, a, lane, acc, lane >> 3, 4, a.n_in / 32);
-	}
-};
-
 /* q4_0 (18-byte blocks of 32): 8 lanes per block, 4 blocks per step; lane k reads qs[2k],
  * qs[2k+1]: elements 2k, 2k+1 (low nibbles) and 2k+16, 2k+17 (high nibbles). */
 struct q4_0_step {
@@ -205,6 +174,7 @@ struct q4_0_step {
 		uint16_t d, q;
 	};
 	static constexpr int run = MM_RUN;
+	static constexpr int side = 4, elems = 32;
 	static __device__ raw load(const uint8_t *row, int64_t ib, int lane)
 	{
 		const uint8_t *b = row + ib * 18;
@@ -224,14 +194,6 @@ struct q4_0_step {
 		fma2(acc, a, e, (float)((int)(q & 0xf) - 8) * d, (float)((int)((q >> 8) & 0xf) - 8) * d);
 		fma2(acc, a, e + 16, (float)((int)((q >> 4) & 0xf) - 8) * d,
 		     (float)((int)(q >> 12) - 8) * d);
-	}
-};
-
-template <> struct row_dot<MD_DT_Q4_0> {
-	template <int NT>
-	static __device__ void run(const uint8_t *row, const act<NT> &a, int lane, float *acc)
-	{
-		walk<q4_0_step>(row, a, lane, acc, lane >> 3, 4, a.n_in / 32);
 	}
 };
 
@@ -265,6 +227,7 @@ template <bool Q5> struct q45_k_step {
 		uint32_t dm, s[3], q, h;
 	};
 	static constexpr int run = MM_RUN;
+	static constexpr int side = 1, elems = 256;
 	static __device__ raw load(const uint8_t *row, int64_t ib, int lane)
 	{
 		const uint8_t *b = row + ib * (Q5 ? 176 : 144);
@@ -315,22 +278,6 @@ template <bool Q5> struct q45_k_step {
 	}
 };
 
-template <> struct row_dot<MD_DT_Q4_K> {
-	template <int NT>
-	static __device__ void run(const uint8_t *row, const act<NT> &a, int lane, float *acc)
-	{
-		walk<q45_k_step<false> >(row, a, lane, acc, 0, 1, a.n_in / 256);
-	}
-};
-
-template <> struct row_dot<MD_DT_Q5_K> {
-	template <int NT>
-	static __device__ void run(const uint8_t *row, const act<NT> &a, int lane, float *acc)
-	{
-		walk<q45_k_step<true> >(row, a, lane, acc, 0, 1, a.n_in / 256);
-	}
-};
-
 /*
  * q6_K (210 B: ql[128] | qh[64] | i8 scales[16] | f16 d) super-blocks of 256, one per step.
  * Element e = 128h + 32k + l (h < 2, k < 4, l < 32) has low bits in ql[64h + l + 32(k & 1)]
@@ -344,6 +291,7 @@ struct q6_k_step {
 		int8_t sc[4];
 	};
 	static constexpr int run = MM_RUN;
+	static constexpr int side = 1, elems = 256;
 	static __device__ raw load(const uint8_t *row, int64_t ib, int lane)
 	{
 		const uint8_t *b = row + ib * 210;
@@ -379,14 +327,6 @@ struct q6_k_step {
 			fma2(acc, a, ib * 256 + 128 * h + 32 * k + l, ds * (float)(q0 - 32),
 			     ds * (float)(q1 - 32));
 		}
-	}
-};
-
-template <> struct row_dot<MD_DT_Q6_K> {
-	template <int NT>
-	static __device__ void run(const uint8_t *row, const act<NT> &a, int lane, float *acc)
-	{
-		walk<q6_k_step>(row, a, lane, acc, 0, 1, a.n_in / 256);
 	}
 };
 
@@ -473,6 +413,7 @@ template <int TYPE> struct blk32_step {
 		uint8_t h[8], q0, q1;
 	};
 	static constexpr int run = MM_RUN;
+	static constexpr int side = 4, elems = 32;
 	static __device__ raw load(const uint8_t *row, int64_t ib, int lane)
 	{
 		const uint8_t *b = row + ib * B::bytes;
@@ -499,48 +440,6 @@ template <int TYPE> struct blk32_step {
 	}
 };
 
-template <int TYPE, int NT>
-__device__ __forceinline__ void blk32_run(const uint8_t *row, const act<NT> &a, int lane,
-					  float *acc)
-{
-	walk<blk32_step<TYPE> >(row, a, lane, acc, lane >> 3, 4, a.n_in / 32);
-}
-
-template <> struct row_dot<MD_DT_Q4_1> {
-	template <int NT>
-	static __device__ void run(const uint8_t *r, const act<NT> &a, int l, float *acc)
-	{
-		blk32_run<MD_DT_Q4_1>(r, a, l, acc);
-	}
-};
-template <> struct row_dot<MD_DT_Q5_0> {
-	template <int NT>
-	static __device__ void run(const uint8_t *r, const act<NT> &a, int l, float *acc)
-	{
-		blk32_run<MD_DT_Q5_0>(r, a, l, acc);
-	}
-};
-template <> struct row_dot<MD_DT_Q5_1> {
-	template <int NT>
-	static __device__ void run(const uint8_t *r, const act<NT> &a, int l, float *acc)
-	{
-		blk32_run<MD_DT_Q5_1>(r, a, l, acc);
-	}
-};
-template <> struct row_dot<MD_DT_IQ4_NL> {
-	template <int NT>
-	static __device__ void run(const uint8_t *r, const act<NT> &a, int l, float *acc)
-	{
-		blk32_run<MD_DT_IQ4_NL>(r, a, l, acc);
-	}
-};
-template <> struct row_dot<MD_DT_MXFP4> {
-	template <int NT>
-	static __device__ void run(const uint8_t *r, const act<NT> &a, int l, float *acc)
-	{
-		blk32_run<MD_DT_MXFP4>(r, a, l, acc);
-	}
-};
 
 /* iq4_xs (136 B: f16 d | u16 scales_h | u8 scales_l[4] | qs[128]) super-blocks of 256, one per
  * step: lane l takes sub-block l / 4 and its qs bytes 4 (l % 4) .. +3 (elements 4 (l % 4) ..
@@ -552,6 +451,7 @@ struct iq4_xs_step {
 		uint8_t sl;
 	};
 	static constexpr int run = MM_RUN;
+	static constexpr int side = 1, elems = 256;
 	static __device__ raw load(const uint8_t *row, int64_t s, int lane)
 	{
 		const uint8_t *b = row + s * 136;
@@ -584,14 +484,6 @@ struct iq4_xs_step {
 	}
 };
 
-template <> struct row_dot<MD_DT_IQ4_XS> {
-	template <int NT>
-	static __device__ void run(const uint8_t *row, const act<NT> &a, int lane, float *acc)
-	{
-		walk<iq4_xs_step>(row, a, lane, acc, 0, 1, a.n_in / 256);
-	}
-};
-
 /* q2_K (84 B: scales[16] | qs[64] | f16 d | f16 dmin) and q3_K (110 B: hmask[32] | qs[64] |
  * scales[12] | f16 d): element e = 128 h + 32 j + l has its two low bits at qs[32 h + l] >> 2j;
  * lane l takes l and all eight (h, j), so each load instruction of the warp reads 32
@@ -603,6 +495,7 @@ struct q2_k_step {
 		uint8_t qb[2];
 	};
 	static constexpr int run = MM_RUN;
+	static constexpr int side = 1, elems = 256;
 	static __device__ raw load(const uint8_t *row, int64_t s, int lane)
 	{
 		const uint8_t *b = row + s * 84;
@@ -640,14 +533,6 @@ struct q2_k_step {
 	}
 };
 
-template <> struct row_dot<MD_DT_Q2_K> {
-	template <int NT>
-	static __device__ void run(const uint8_t *row, const act<NT> &a, int lane, float *acc)
-	{
-		walk<q2_k_step>(row, a, lane, acc, 0, 1, a.n_in / 256);
-	}
-};
-
 struct q3_k_step {
 	struct raw {
 		uint32_t s[3]; /* the 12 scale bytes */
@@ -655,6 +540,7 @@ struct q3_k_step {
 		uint8_t hm, qb[2];
 	};
 	static constexpr int run = MM_RUN;
+	static constexpr int side = 1, elems = 256;
 	static __device__ raw load(const uint8_t *row, int64_t s, int lane)
 	{
 		const uint8_t *b = row + s * 110;
@@ -693,13 +579,34 @@ struct q3_k_step {
 	}
 };
 
-template <> struct row_dot<MD_DT_Q3_K> {
-	template <int NT>
-	static __device__ void run(const uint8_t *row, const act<NT> &a, int lane, float *acc)
-	{
-		walk<q3_k_step>(row, a, lane, acc, 0, 1, a.n_in / 256);
-	}
-};
+/* Each type's step: elems elements a step, side steps side by side across the warp (32 / side
+ * lanes each, so lane's first step is lane / (32 / side)). */
+template <int TYPE> struct step_of;
+template <> struct step_of<MD_DT_F32> { typedef float_step<MD_DT_F32> type; };
+template <> struct step_of<MD_DT_F16> { typedef float_step<MD_DT_F16> type; };
+template <> struct step_of<MD_DT_BF16> { typedef float_step<MD_DT_BF16> type; };
+template <> struct step_of<MD_DT_Q8_0> { typedef q8_0_step type; };
+template <> struct step_of<MD_DT_Q4_0> { typedef q4_0_step type; };
+template <> struct step_of<MD_DT_Q4_K> { typedef q45_k_step<false> type; };
+template <> struct step_of<MD_DT_Q5_K> { typedef q45_k_step<true> type; };
+template <> struct step_of<MD_DT_Q6_K> { typedef q6_k_step type; };
+template <> struct step_of<MD_DT_Q4_1> { typedef blk32_step<MD_DT_Q4_1> type; };
+template <> struct step_of<MD_DT_Q5_0> { typedef blk32_step<MD_DT_Q5_0> type; };
+template <> struct step_of<MD_DT_Q5_1> { typedef blk32_step<MD_DT_Q5_1> type; };
+template <> struct step_of<MD_DT_IQ4_NL> { typedef blk32_step<MD_DT_IQ4_NL> type; };
+template <> struct step_of<MD_DT_MXFP4> { typedef blk32_step<MD_DT_MXFP4> type; };
+template <> struct step_of<MD_DT_IQ4_XS> { typedef iq4_xs_step type; };
+template <> struct step_of<MD_DT_Q2_K> { typedef q2_k_step type; };
+template <> struct step_of<MD_DT_Q3_K> { typedef q3_k_step type; };
+
+/* Lane's share of dot(row, x_t) added to acc[t], for every token of the tile. */
+template <int TYPE, int NT>
+__device__ __forceinline__ void row_dot(const uint8_t *row, const act<NT> &a, int lane, float *acc)
+{
+	typedef typename step_of<TYPE>::type S;
+
+	walk<S>(row, a, lane, acc, lane / (32 / S::side), S::side, a.n_in / S::elems);
+}
 
 /* One warp per output row (blockIdx.x * MM_WARPS + warp), one tile of NT tokens per
  * blockIdx.y. The whole warp leaves together when its row is past the end, so the full-mask
@@ -727,7 +634,7 @@ mm_kernel(const uint8_t *__restrict__ w, int64_t n_in, int64_t n_out, size_t nb1
 		acc[t] = 0.0f;
 		a.rix[t] = t;
 	}
-	row_dot<TYPE>::run(w + r * (int64_t)nb1, a, lane, acc);
+	row_dot<TYPE>(w + r * (int64_t)nb1, a, lane, acc);
 	/* Reduce only the tile's tokens: a.nt is the same for the whole warp, so the shuffles
 	 * stay warp-uniform (a decode tile has one token: 5 shuffles, not 40). */
 #pragma unroll
@@ -777,7 +684,7 @@ mmx_kernel(const void *const *__restrict__ wtab, int64_t n_in, int64_t n_out, si
 			acc[t] = 0.0f;
 			a.rix[t] = t < a.nt ? (src != NULL ? src[s0 + t] : s0 + t) : 0;
 		}
-		row_dot<TYPE>::run(row, a, lane, acc);
+		row_dot<TYPE>(row, a, lane, acc);
 #pragma unroll
 		for (int t = 0; t < NT; t++) {
 			if (t >= a.nt) /* warp-uniform, as in mm_kernel */
