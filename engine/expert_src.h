@@ -64,6 +64,14 @@ struct md_expert_w {
 				 * expert with dev->matmul (its copy fence has passed) */
 };
 
+/* Bytes of an expert's three matrices. */
+static inline uint64_t md_expert_w_bytes(const struct md_expert_w *x)
+{
+	return (uint64_t)x->gate.nb1 * (uint64_t)x->gate.n_out +
+	       (uint64_t)x->up.nb1 * (uint64_t)x->up.n_out +
+	       (uint64_t)x->down.nb1 * (uint64_t)x->down.n_out;
+}
+
 struct md_expert_src;
 
 struct md_expert_src_ops {

@@ -576,10 +576,7 @@ static void groups_bytes(const struct md_forward_ctx *f, int g0, int g1, uint64_
 {
 	*bytes = *tok_bytes = 0;
 	for (int g = g0; g < g1; g++) {
-		const struct md_expert_w *x = &f->ex_got[g];
-		uint64_t b = (uint64_t)x->gate.nb1 * (uint64_t)x->gate.n_out +
-			     (uint64_t)x->up.nb1 * (uint64_t)x->up.n_out +
-			     (uint64_t)x->down.nb1 * (uint64_t)x->down.n_out;
+		uint64_t b = md_expert_w_bytes(&f->ex_got[g]);
 		*bytes += b;
 		*tok_bytes += b * (uint64_t)(f->ex_off[g + 1] - f->ex_off[g]);
 	}

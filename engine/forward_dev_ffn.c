@@ -50,10 +50,7 @@ static void run_bytes(const struct md_fwd_dev *d, int l0, int l1, uint64_t *byte
 {
 	*bytes = *tok_bytes = 0;
 	for (int l = l0; l < l1; l++) {
-		const struct md_expert_w *x = &d->lay_w[l];
-		uint64_t bb = (uint64_t)x->gate.nb1 * (uint64_t)x->gate.n_out +
-			      (uint64_t)x->up.nb1 * (uint64_t)x->up.n_out +
-			      (uint64_t)x->down.nb1 * (uint64_t)x->down.n_out;
+		uint64_t bb = md_expert_w_bytes(&d->lay_w[l]);
 		*bytes += bb;
 		*tok_bytes += bb * (uint64_t)(d->lay_off[l + 1] - d->lay_off[l]);
 	}
