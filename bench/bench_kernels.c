@@ -17,7 +17,10 @@
  * -t TOKENS sets the batch's token count (2..8, default 8): a verification step of speculative
  * decoding is 2-9 tokens.
  *
- * usage: bench_kernels [-c] [-k scalar|avx2|avx512] [-n N_IN] [-m MIB] [-r REPS] [-t TOKENS]
+ * -l runs the batch through the type's lanes kernel (kern.h: tokens packed once per product)
+ * where the table has one, as products do from the table's lanes_min tokens on; else dot.
+ *
+ * usage: bench_kernels [-c] [-l] [-k scalar|avx2|avx512] [-n N_IN] [-m MIB] [-r REPS] [-t TOKENS]
  *                      [TYPE...]
  */
 #include <stdio.h>
@@ -32,6 +35,7 @@
 #define MAX_TYPES 24
 #define MAX_REPS 64
 #define SEED_ROWS 64
+#define LANES_ROWS 16 /* rows per lanes call under -l */
 
 struct bt {
 	enum md_dtype t;
@@ -45,6 +49,8 @@ struct bt {
 };
 
 static int cpu_clock; /* -c: thread CPU time instead of the wall clock */
+static int use_lanes; /* -l: the batch through the type's lanes kernel where it has one */
+static uint8_t *lanes_buf; /* packed tokens for -l */
 
 static double now(void)
 {
@@ -120,8 +126,21 @@ static volatile float sink;
 /* One pass over every row with nt tokens; returns GB/s of weight bytes. */
 static double pass(const struct md_kern *k, struct bt *b, int64_t n, int nt)
 {
-	float y[8];
+	float y[8 * LANES_ROWS];
 	double t0 = now();
+	if (nt > 1 && use_lanes && k->lanes[b->t]) {
+		/* As a product does it (engine/kern/matmul.c): the tokens packed once, then
+		 * the rows in chunks. */
+		k->pack_q8b_lanes(b->act, b->act_stride, nt, n, lanes_buf);
+		for (int64_t r = 0; r < b->rows; r += LANES_ROWS) {
+			const int nr = b->rows - r < LANES_ROWS ? (int)(b->rows - r) : LANES_ROWS;
+			k->lanes[b->t](n, b->w + b->row_bytes * (size_t)r, b->row_bytes, nr, lanes_buf,
+				       nt, y, LANES_ROWS);
+			sink += y[0];
+		}
+		double dt = now() - t0;
+		return (double)b->row_bytes * (double)b->rows / dt / 1e9;
+	}
 	for (int64_t r = 0; r < b->rows; r++) {
 		k->dot[b->t](n, b->w + b->row_bytes * (size_t)r, b->act, b->act_stride, nt, y, 1);
 		sink += y[0];
@@ -162,6 +181,8 @@ int main(int argc, char **argv)
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "-c") == 0) {
 			cpu_clock = 1;
+		} else if (strcmp(argv[i], "-l") == 0) {
+			use_lanes = 1;
 		} else if (strcmp(argv[i], "-k") == 0 && i + 1 < argc) {
 			kname = argv[++i];
 		} else if (strcmp(argv[i], "-n") == 0 && i + 1 < argc) {
@@ -173,7 +194,7 @@ int main(int argc, char **argv)
 		} else if (strcmp(argv[i], "-t") == 0 && i + 1 < argc) {
 			many = atoi(argv[++i]);
 		} else if (argv[i][0] == '-') {
-			fprintf(stderr, "usage: bench_kernels [-c] [-k scalar|avx2|avx512] [-n N_IN] [-m MIB] "
+			fprintf(stderr, "usage: bench_kernels [-c] [-l] [-k scalar|avx2|avx512] [-n N_IN] [-m MIB] "
 				"[-r REPS] [-t TOKENS] [TYPE...]\n");
 			return 2;
 		} else {
@@ -222,6 +243,9 @@ int main(int argc, char **argv)
 			return 1;
 		}
 	}
+	lanes_buf = malloc(md_kern_lanes_size(n) + 64);
+	if (!lanes_buf)
+		return 1;
 	for (int i = 0; i < nb; i++) /* warm: fault the pages in, settle the clocks */
 		pass(k, &bts[i], n, 1);
 	for (int r = 0; r < reps; r++)
@@ -241,9 +265,10 @@ int main(int argc, char **argv)
 				base[which][nt][1] = hi;
 			}
 		}
-	printf("dot kernels '%s', 1 thread, n_in %lld, ~%g MiB of weights per type, %d reps, %s "
+	printf("dot kernels '%s'%s, 1 thread, n_in %lld, ~%g MiB of weights per type, %d reps, %s "
 	       "time; GB/s of weight bytes: median, best (max) and spread; ratios of medians (of "
-	       "bests)\n\n", k->name, (long long)n, mib, reps, cpu_clock ? "CPU" : "wall");
+	       "bests)\n\n", k->name, use_lanes ? " (batch through lanes kernels where a type has one)" : "",
+	       (long long)n, mib, reps, cpu_clock ? "CPU" : "wall");
 	printf("| type | bits/w | tokens | GB/s median | best | spread | Gweights/s median | "
 	       "vs q8_0 | vs q4_K |\n");
 	printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");

@@ -45,12 +45,15 @@ static inline const float *md_q8b_scales(const void *row, int64_t n)
  * the same few elements of every token of the group; a lanes kernel then dots nr weight rows
  * (row r at w + r * w_stride) with such a group of nt tokens, writing y[t * y_stride + r].
  * Every output has the same bits as the table's dot gives that token, so a product may mix
- * both freely. A group pays from lanes_min tokens on (fewer: use dot). Layout of a packed
- * q8b group, per 32-element block: float d[8]; int8 q[8][8][4] (q[j][t] = elements 4j..4j+3
- * of token t); tokens past nt are zero.
+ * both freely. A group pays from lanes_min tokens on (fewer: use dot). The packed layout is
+ * the table's own (only its pack_q8b_lanes writes it, only its lanes kernels read it), in at
+ * most md_kern_lanes_size(n) bytes. AVX2's, per 32-element block: float d[8]; int8
+ * q[8][8][4] (q[j][t] = elements 4j..4j+3 of token t); tokens past nt are zero. AVX-512's:
+ * one row per token, its bytes offset and interleaved by block pairs (kern_avx2.c,
+ * pack_s8_lanes).
  */
 #define MD_KERN_LANES 8
-#define MD_KERN_LANES_MIN 5 /* no table packs groups of fewer tokens (scratch sizing) */
+#define MD_KERN_LANES_MIN 2 /* no table packs groups of fewer tokens (scratch sizing) */
 typedef void (*md_lanes_fn)(int64_t n, const void *w, size_t w_stride, int nr, const void *p,
 			    int nt, float *y, size_t y_stride);
 

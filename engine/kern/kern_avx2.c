@@ -416,6 +416,137 @@ INLINE void tile_s8(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, fl
 		y[(size_t)t * ys] = hsum8(_mm256_add_ps(lo, hi));
 	}
 }
+
+/*
+ * Tokens in lanes on AVX-512 (kern.h's lanes hook, with this table's own packed layout):
+ * tile_s8's arithmetic, bit for bit, with the per-token work cut to a load, a vpdpbusd, a
+ * scale and an fma per block pair. tile_s8 spends most of a multi-token product on each
+ * token's activations: two 32-byte loads, an insert and an xor to form the pair's unsigned
+ * bytes, and a cross-lane permute to spread the pair's two scales over the halves. Packed
+ * once per product instead, a token's pair is one 64-byte load of bytes already offset by
+ * 128, with the two blocks' 4-byte groups interleaved (block b's group i in lane 2i, block
+ * b+1's in lane 2i+1); the weights of a row are interleaved the same way once for all the
+ * tokens, so the pair's scales [s_b, s_b+1] repeat in lane pairs, which one broadcast of two
+ * floats gives. Every lane accumulates the same products in the same order as tile_s8's
+ * (lane 2i is its low-half lane i, lane 2i+1 its high-half lane i); the end takes the lanes
+ * apart again and finishes as tile_s8 does, an odd last block included.
+ *
+ * Packed layout, per token (tok_bytes apart): n/64 pairs of 64 bytes as above; 32 bytes of
+ * the odd last block (offset by 128, not interleaved) when n/32 is odd; the n/32 float
+ * activation scales.
+ */
+static size_t s8l_tok_bytes(int64_t n)
+{
+	const size_t nb = (size_t)(n / 32);
+	return (nb / 2 * 64 + 32 + nb * sizeof(float) + 63) & ~(size_t)63;
+}
+
+static void pack_s8_lanes(const void *av, size_t as, int nt, int64_t n, void *dst)
+{
+	const int64_t nb = n / 32;
+	const size_t tb = s8l_tok_bytes(n);
+	const __m512i ilv = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+	const __m512i off = _mm512_set1_epi8((char)0x80);
+	for (int t = 0; t < nt; t++) {
+		const uint8_t *row = (const uint8_t *)av + (size_t)t * as;
+		const struct md_q8b *ab = (const struct md_q8b *)row;
+		uint8_t *o = (uint8_t *)dst + (size_t)t * tb;
+		int64_t b = 0;
+		for (; b + 2 <= nb; b += 2, o += 64) {
+			const __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(ld256(ab[b].qs)),
+							     ld256(ab[b + 1].qs), 1);
+			_mm512_storeu_si512(o, _mm512_permutexvar_epi32(ilv, _mm512_xor_si512(x, off)));
+		}
+		if (b < nb)
+			_mm256_storeu_si256((__m256i *)o, _mm256_xor_si256(ld256(ab[b].qs),
+									   _mm512_castsi512_si256(off)));
+		memcpy((uint8_t *)dst + (size_t)t * tb + (size_t)(nb / 2) * 64 + 32, md_q8b_scales(row, n),
+		       (size_t)nb * sizeof(float));
+	}
+}
+
+/* One row at w. Tried and dropped: two rows per pass, each activation load serving both (with
+ * 8 tokens a row's packed activations are 8.6x its weight bytes, re-read from L2 for every
+ * row): +5-10% at 8 tokens (bench_kernels -l), but two interleaved weight streams lose the
+ * L2 streamer where the product is bound by memory, 9 against 22-25 GB/s at 2 tokens. */
+INLINE void lanes_s8_row(int64_t n, const uint8_t *w, const uint8_t *p, float *y, size_t ys,
+			 const int nt, const int type)
+{
+	const int bs = type == MD_DT_Q8_0 ? 34 : type == MD_DT_Q5_0 ? 22 : 18;
+	const int64_t nb = n / 32, np = nb / 2;
+	const size_t tb = s8l_tok_bytes(n);
+	const __m512i ilv = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+	const __m512i dlv = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+	const float *da[MD_KERN_LANES];
+	__m512 acc[MD_KERN_LANES];
+	KT_UNROLL
+	for (int t = 0; t < nt; t++) {
+		da[t] = (const float *)(p + (size_t)t * tb + (size_t)np * 64 + 32);
+		acc[t] = _mm512_setzero_ps();
+	}
+	const uint8_t *wb = w;
+	for (int64_t q = 0; q < np; q++, wb += 2 * bs) {
+		const __m512i qv = _mm512_permutexvar_epi32(
+			ilv, _mm512_inserti64x4(_mm512_castsi256_si512(s8_weights(wb, type)),
+						s8_weights(wb + bs, type), 1));
+		const __m512i wneg = neg_w128(qv);
+		const __m512 dw = _mm512_castpd_ps(_mm512_broadcastsd_pd(
+			_mm_castps_pd(_mm_setr_ps(ld_f16(wb), ld_f16(wb + bs), 0, 0))));
+		KT_UNROLL
+		for (int t = 0; t < nt; t++) {
+			const __m512i x = _mm512_loadu_si512(p + (size_t)t * tb + (size_t)q * 64);
+			double d2;
+			memcpy(&d2, da[t] + 2 * q, sizeof(d2));
+			acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_castpd_ps(_mm512_set1_pd(d2))),
+						 _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(wneg, x, qv)), acc[t]);
+		}
+	}
+	__m256i qt = _mm256_setzero_si256(), wnt = qt;
+	if (2 * np < nb) {
+		qt = s8_weights(wb, type);
+		wnt = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(
+			_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), qt));
+	}
+	KT_UNROLL
+	for (int t = 0; t < nt; t++) {
+		const __m512 a = _mm512_permutexvar_ps(dlv, acc[t]);
+		__m256 lo = _mm512_castps512_ps256(a);
+		const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+		if (2 * np < nb) {
+			const __m256i x = ld256(p + (size_t)t * tb + (size_t)np * 64);
+			const __m256i pr = _mm256_dpbusd_epi32(wnt, x, qt);
+			lo = _mm256_fmadd_ps(_mm256_set1_ps(ld_f16(wb) * da[t][nb - 1]),
+					     _mm256_cvtepi32_ps(pr), lo);
+		}
+		y[(size_t)t * ys] = hsum8(_mm256_add_ps(lo, hi));
+	}
+}
+
+INLINE void lanes_s8(int64_t n, const uint8_t *w, size_t wst, int nr, const uint8_t *p, float *y,
+		     size_t ys, const int nt, const int type)
+{
+	for (int r = 0; r < nr; r++)
+		lanes_s8_row(n, w + (size_t)r * wst, p, y + r, ys, nt, type);
+}
+
+#define LANES_S8(name, type)                                                                       \
+	static void name(int64_t n, const void *w, size_t wst, int nr, const void *p, int nt,       \
+			 float *y, size_t ys)                                                       \
+	{                                                                                          \
+		switch (nt) {                                                                      \
+		case 1: lanes_s8(n, w, wst, nr, p, y, ys, 1, type); break;                         \
+		case 2: lanes_s8(n, w, wst, nr, p, y, ys, 2, type); break;                         \
+		case 3: lanes_s8(n, w, wst, nr, p, y, ys, 3, type); break;                         \
+		case 4: lanes_s8(n, w, wst, nr, p, y, ys, 4, type); break;                         \
+		case 5: lanes_s8(n, w, wst, nr, p, y, ys, 5, type); break;                         \
+		case 6: lanes_s8(n, w, wst, nr, p, y, ys, 6, type); break;                         \
+		case 7: lanes_s8(n, w, wst, nr, p, y, ys, 7, type); break;                         \
+		default: lanes_s8(n, w, wst, nr, p, y, ys, 8, type); break;                        \
+		}                                                                                  \
+	}
+LANES_S8(lanes_q8_0_512, MD_DT_Q8_0)
+LANES_S8(lanes_q4_0_512, MD_DT_Q4_0)
+LANES_S8(lanes_q5_0_512, MD_DT_Q5_0)
 #endif
 
 /* 32 signed bytes from 16 nibble indexes into a 16-entry level table (lut in both lanes):
@@ -1805,6 +1936,14 @@ static const struct md_kern table = {
 	.lanes = { [MD_DT_Q8_0] = lanes_q8_0 },
 	.lanes_min = 7,
 	.pack_q8b_lanes = pack_q8b_lanes,
+#else
+	.lanes = {
+		[MD_DT_Q8_0] = lanes_q8_0_512,
+		[MD_DT_Q4_0] = lanes_q4_0_512,
+		[MD_DT_Q5_0] = lanes_q5_0_512,
+	},
+	.lanes_min = 2,
+	.pack_q8b_lanes = pack_s8_lanes,
 #endif
 	.quant_q8b = quant_q8b,
 	.quant_q8k = quant_q8k,

@@ -47,7 +47,10 @@ size_t md_kern_act_row_size(enum md_act_fmt f, int64_t n)
 
 size_t md_kern_lanes_size(int64_t n)
 {
-	return (size_t)(n / 32) * (MD_KERN_LANES * sizeof(float) + MD_KERN_LANES * 32);
+	/* The larger of the two layouts: AVX2's (kern.h), and AVX-512's per-token rows of the
+	 * same bytes and scales, each with up to 95 more (kern_avx2.c s8l_tok_bytes). */
+	return (size_t)(n / 32) * (MD_KERN_LANES * sizeof(float) + MD_KERN_LANES * 32) +
+	       MD_KERN_LANES * 96;
 }
 
 static inline float ld_f16(const uint8_t *p)
