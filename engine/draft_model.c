@@ -196,9 +196,18 @@ static int pick(struct md_draft_model *dm, struct md_seq *s, uint32_t r, const f
 	return md_draft_pick(&dm->sm, dm->n_vocab, s, r, row);
 }
 
-/* One batched forward of the planned rows; the logits row of each wanted token goes to
- * dm->logits in batch order. Returns the rows or a negative code. */
-static int run_round(struct md_draft_model *dm, uint32_t n)
+/* One batched forward of the planned rows (n, drafting for n_seqs sequences); the logits
+ * row of each wanted token goes to dm->logits in batch order. Returns the rows or a negative
+ * code.
+ *
+ * The controller charges t_round per drafted position, so only rounds of about one row per
+ * sequence are timed: a round 0 that also catches a sequence up on what the draft missed
+ * (the whole prompt at a request's first draft, every plain step's token after a pause) is a
+ * prefill, and timed as a round it once stood at 43 ms against 0.6 for a real round
+ * (default-1g's draft), which priced the draft model out for good: the controller then never
+ * probed it again, whatever its acceptance. Until a round is timed t_round stays 0, which
+ * the controller reads as unknown (free), so the next drafts measure it. */
+static int run_round(struct md_draft_model *dm, uint32_t n, uint32_t n_seqs)
 {
 	struct md_batch b = {
 		.n_tokens = (int32_t)n, .tokens = dm->tok, .seq = dm->seq, .pos = dm->pos,
@@ -207,8 +216,10 @@ static int run_round(struct md_draft_model *dm, uint32_t n)
 	double t0 = md_spec_ctl_clock();
 	int rows = md_forward(dm->fw, &dm->kv, &b, dm->logits);
 	double dt = md_spec_ctl_clock() - t0;
-	dm->t_round = dm->rounds ? 0.9 * dm->t_round + 0.1 * dt : dt;
-	dm->rounds++;
+	if (rows >= 0 && n <= 2 * n_seqs) {
+		dm->t_round = dm->rounds ? 0.9 * dm->t_round + 0.1 * dt : dt;
+		dm->rounds++;
+	}
 	return rows;
 }
 
@@ -256,7 +267,7 @@ int md_draft_propose(struct md_draft_model *dm, struct md_seq **seqs, uint32_t *
 	}
 	if (nt == 0)
 		return 0;
-	int rows = run_round(dm, nt);
+	int rows = run_round(dm, nt, nr);
 	int rc = rows < 0 ? rows : (uint32_t)rows == nr ? 0 : -EIO;
 	for (uint32_t i = 0; i < n && !rc; i++) /* md_forward committed the new lengths */
 		if (seqs[i]->spec->dkv_seq >= 0)
@@ -276,7 +287,7 @@ int md_draft_propose(struct md_draft_model *dm, struct md_seq **seqs, uint32_t *
 				s->n_toks + r - 1 - s->spec->dkv_base, true);
 			dm->row_seq[m++] = s;
 		}
-		rows = run_round(dm, nt);
+		rows = run_round(dm, nt, m);
 		rc = rows < 0 ? rows : (uint32_t)rows == m ? 0 : -EIO;
 		for (uint32_t i = 0; i < m && !rc; i++)
 			rc = pick(dm, dm->row_seq[i], r, dm->logits + (size_t)i * dm->n_vocab);

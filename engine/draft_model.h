@@ -59,8 +59,9 @@ struct md_draft_model {
 	struct md_seq **row_seq;     /* owned (max_seqs): the sequence of each logits row */
 	uint32_t max_seqs;
 	struct md_sampler sm;        /* owned: transform and filter scratch (its RNG unused) */
-	double t_round;              /* seconds per round, smoothed (the controller reads it) */
-	uint64_t rounds;
+	double t_round;              /* seconds per round, smoothed (the controller reads it; 0:
+				      * none timed yet) */
+	uint64_t rounds;             /* rounds timed (of about one row per sequence) */
 };
 
 /*
