@@ -84,6 +84,9 @@ struct md_spec_seq {
 	double acc_w, acc_n;           /* decayed counts: drafts accepted / drafts judged */
 	int32_t shadow;                /* n-gram proposal not verified this step (-1: none) */
 	uint32_t probe_wait, probe_gap; /* steps until a probe when k was 0; current gap */
+	uint32_t probe_k;              /* drafts of the next probe of a drafter without a shadow
+					  (0: one); probe_sent: that probe is out this step */
+	bool probe_sent;
 	uint32_t k_used;               /* k given to the scheduler this step */
 	uint32_t explore;              /* speculating steps, counted for frontier probes */
 

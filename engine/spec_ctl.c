@@ -28,6 +28,14 @@
  * behind it (decayed counts), at most ALPHA_MAX. */
 #define UCB_SD 1.5
 #define ALPHA_MAX 0.95
+/* Such a probe judges as many drafts as it sends, and one draft at a time a drafter that is
+ * right for long runs (a memorised text) took the whole request to look good enough: at
+ * default-1g's step costs a draft must hold with alpha >= 0.8 to pay, which four single
+ * accepted drafts (with the prior) only reach as the request ends. So a probe whose drafts
+ * were all accepted is followed, PROBE_MIN steps later, by one with PROBE_GROW times as many
+ * (up to the k that would pay best were the acceptance ALPHA_MAX), and any rejection starts
+ * again from one: a wrong guess costs the length of the last run that held, at most. */
+#define PROBE_GROW 2
 /* A new sequence starts from its drafter's engine-wide acceptance (decayed by GLOBAL_DECAY
  * per judgement) as PRIOR_TRIALS judgements: requests are short, and learning acceptance
  * from nothing costs each one its probes. */
@@ -310,6 +318,16 @@ void md_spec_ctl_feedback(struct md_spec_ctl *c, struct md_spec_seq *ss, uint32_
 		trials = 1;
 	}
 	ss->shadow = -1;
+	if (ss->probe_sent) {
+		/* Probes of a drafter without a shadow grow while they hold (PROBE_GROW). */
+		ss->probe_sent = false;
+		if (n_draft && n_acc == n_draft) {
+			ss->probe_k = PROBE_GROW * n_draft;
+			ss->probe_wait = PROBE_MIN;
+		} else {
+			ss->probe_k = 0;
+		}
+	}
 	if (trials == 0)
 		return;
 	judge(ss, ok, trials);
@@ -372,6 +390,23 @@ static bool could_pay(const struct md_spec_ctl *c, double a, uint32_t room, bool
 			return true;
 	}
 	return false;
+}
+
+/* The k (1..room) that drafting with acceptance a would pay best at, by cost_opt. */
+static uint32_t best_k(const struct md_spec_ctl *c, double a, uint32_t room, uint32_t B,
+		       double t_round)
+{
+	uint32_t best = 1;
+	double best_rate = 0;
+	for (uint32_t kk = 1; kk <= room; kk++) {
+		double cost = cost_opt(c, B + kk) + kk * t_round;
+		double rate = cost > 0 ? (B + expect(a, kk)) / cost : 0;
+		if (rate > best_rate) {
+			best_rate = rate;
+			best = kk;
+		}
+	}
+	return best;
 }
 
 void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, uint32_t *k,
@@ -498,6 +533,11 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 				while (kk < room[i] && fresh(c, B + kk))
 					kk++;
 				k[i] = fresh(c, B + kk) ? 1 : kk;
+				if (s->probe_k > k[i]) {
+					uint32_t top = best_k(c, ALPHA_MAX, room[i], B, tr);
+					k[i] = s->probe_k < top ? s->probe_k : top > k[i] ? top : k[i];
+				}
+				s->probe_sent = true;
 				s->probe_gap = s->probe_gap ? s->probe_gap * 2 : PROBE_MIN * PROBE_COSTLY;
 				if (s->probe_gap > PROBE_MAX * PROBE_COSTLY)
 					s->probe_gap = PROBE_MAX * PROBE_COSTLY;

@@ -17,9 +17,11 @@
  * E, which is why short drafts cost an MoE the most per token and long ones little more than
  * the whole model. Where decode is bound by memory traffic the step's time follows R(n); but
  * every token also costs its own multiply-adds over the dense weights and its K experts, and
- * on a CPU like this project's (bench/README.md: ~3 ns per 32 weights per token and core)
- * that work, n times one token's, passes R(n) from n = 2 on: the step is compute-bound and
- * t(n) grows almost linearly. Where decode is bound by per-step overhead (a tiny model) it is
+ * on a CPU like this project's that work, n times one token's, can pass R(n) after a few
+ * tokens: the step turns compute-bound and t(n) grows almost linearly (bench/README.md,
+ * "Speculative decoding": on default-1g's q8_0 and 2 cores, 2 and 3 tokens now cost what
+ * their bytes do, and consecutive tokens of real text touch more distinct experts than
+ * uniform routing says). Where decode is bound by per-step overhead (a tiny model) it is
  * nearly flat. The controller assumes none of these: it measures the cost of decode-only
  * steps per token count and uses R and straight lines only between and beyond measured sizes.
  *
@@ -61,7 +63,8 @@
  * An n-gram sequence needs no probe for its acceptance (the shadow); a step size it would
  * need is measured by a frontier probe, one engine-wide per FRONTIER_GAP steps, of the
  * smallest size not measured well. A draft-model sequence is probed with drafts reaching that
- * size after probe_gap steps (doubling while probes do not lead to speculation), while it
+ * size, or twice the drafts of its last probe when every one of those held (PROBE_GROW in
+ * spec_ctl.c), after probe_gap steps (doubling while probes do not lead to speculation), while it
  * could pay with an optimistic acceptance (its estimate plus 1.5 standard deviations), else
  * only at the longest gap, and never where no acceptance could pay. While speculating, every
  * 8th step of a sequence adds one draft when the next size is not measured well (and every

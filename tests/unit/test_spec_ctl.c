@@ -151,6 +151,7 @@ int main(void)
 		{ "draft model, cpu-bound, 4 streams", cpu_bound, 4, 0.6, 0.3, 0.97, 10, false, 0.25 },
 		{ "draft model, memory-bound, alpha 0.9", memory_bound, 1, 0.9, 0.2, 0.97, 10, false, 0.1 },
 		{ "draft model, memory-bound, 4 streams", memory_bound, 4, 0.9, 0.2, 1.5, 10, false, 0.1 },
+		{ "draft model, memory-bound, alpha 0.98", memory_bound, 1, 0.98, 0.2, 1.0, 10, false, 0.1 },
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		double rs[SEEDS];
