@@ -87,6 +87,8 @@ struct md_spec_seq {
 	uint32_t probe_k;              /* drafts of the next probe of a drafter without a shadow
 					  (0: one); probe_sent: that probe is out this step */
 	bool probe_sent;
+	double probe_value;            /* seconds an accepted draft of that probe saves (a plain
+					  step's time per sequence), refunded to the probe credit */
 	uint32_t k_used;               /* k given to the scheduler this step */
 	uint32_t explore;              /* speculating steps, counted for frontier probes */
 

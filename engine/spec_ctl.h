@@ -66,7 +66,9 @@
  * size, or twice the drafts of its last probe when every one of those held (PROBE_GROW in
  * spec_ctl.c), after probe_gap steps (doubling while probes do not lead to speculation), while it
  * could pay with an optimistic acceptance (its estimate plus 1.5 standard deviations), else
- * only at the longest gap, and never where no acceptance could pay. While speculating, every
+ * only at the longest gap, and never where no acceptance could pay; and only while an
+ * engine-wide credit of 2% of the steps' time covers it (its accepted drafts refunded), so
+ * probing a drafter that never pays costs at most that. While speculating, every
  * 8th step of a sequence adds one draft when the next size is not measured well (and every
  * 32nd anyway), which is how k grows where verification is cheap, and sequences left out of
  * a speculating step are probed now and then. tests/unit/test_spec_ctl.c runs it on simulated
@@ -99,6 +101,8 @@ struct md_spec_ctl {
 	double r[MD_SPEC_CTL_MAXN + 1];   /* R(n), bytes */
 	double cal[MD_SPEC_CTL_MAXN + 1]; /* CPU seconds measured before serving (0: not) */
 	uint64_t chosen_steps, spec_steps; /* steps decided, and those that speculated */
+	double probe_credit;              /* seconds the probes of drafters without a shadow may
+					     still spend (PROBE_SHARE of the steps; spec_ctl.c) */
 	double g_acc_w[MD_SPEC_CTL_DRAFTERS], g_acc_n[MD_SPEC_CTL_DRAFTERS]; /* per drafter, decayed */
 };
 
