@@ -251,6 +251,13 @@ INLINE __m512i neg_w128(__m512i q)
 				_mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), q));
 }
 
+/* The same for a single block (an odd last one). */
+INLINE __m256i neg_w128_256(__m256i q)
+{
+	return _mm256_sub_epi32(_mm256_setzero_si256(),
+				_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), q));
+}
+
 INLINE __m512i q8_0_part2(__m512i q, __m512i wneg, const struct md_q8b *ab)
 {
 	const __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(ld256(ab[0].qs)), ld256(ab[1].qs), 1);
@@ -400,8 +407,7 @@ INLINE void tile_s8(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, fl
 	__m256i q = _mm256_setzero_si256(), wneg = q;
 	if (b < nb) {
 		q = s8_weights(w, type);
-		wneg = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(
-			_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), q));
+		wneg = neg_w128_256(q);
 	}
 	KT_UNROLL
 	for (int t = 0; t < nt; t++) {
@@ -435,6 +441,12 @@ INLINE void tile_s8(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, fl
  * the odd last block (offset by 128, not interleaved) when n/32 is odd; the n/32 float
  * activation scales.
  */
+/* Dword i of the low half to lane 2i, of the high half to lane 2i + 1. */
+INLINE __m512i pair_ilv(void)
+{
+	return _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+}
+
 static size_t s8l_tok_bytes(int64_t n)
 {
 	const size_t nb = (size_t)(n / 32);
@@ -445,7 +457,7 @@ static void pack_s8_lanes(const void *av, size_t as, int nt, int64_t n, void *ds
 {
 	const int64_t nb = n / 32;
 	const size_t tb = s8l_tok_bytes(n);
-	const __m512i ilv = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+	const __m512i ilv = pair_ilv();
 	const __m512i off = _mm512_set1_epi8((char)0x80);
 	for (int t = 0; t < nt; t++) {
 		const uint8_t *row = (const uint8_t *)av + (size_t)t * as;
@@ -465,7 +477,7 @@ static void pack_s8_lanes(const void *av, size_t as, int nt, int64_t n, void *ds
 	}
 }
 
-/* One row at w. Tried and dropped: two rows per pass, each activation load serving both (with
+/* One row at w (the lanes kernels below walk their rows with it). Tried and dropped: two rows per pass, each activation load serving both (with
  * 8 tokens a row's packed activations are 8.6x its weight bytes, re-read from L2 for every
  * row): +5-10% at 8 tokens (bench_kernels -l), but two interleaved weight streams lose the
  * L2 streamer where the product is bound by memory, 9 against 22-25 GB/s at 2 tokens. */
@@ -475,7 +487,7 @@ INLINE void lanes_s8_row(int64_t n, const uint8_t *w, const uint8_t *p, float *y
 	const int bs = type == MD_DT_Q8_0 ? 34 : type == MD_DT_Q5_0 ? 22 : 18;
 	const int64_t nb = n / 32, np = nb / 2;
 	const size_t tb = s8l_tok_bytes(n);
-	const __m512i ilv = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+	const __m512i ilv = pair_ilv();
 	const __m512i dlv = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
 	const float *da[MD_KERN_LANES];
 	__m512 acc[MD_KERN_LANES];
@@ -504,8 +516,7 @@ INLINE void lanes_s8_row(int64_t n, const uint8_t *w, const uint8_t *p, float *y
 	__m256i qt = _mm256_setzero_si256(), wnt = qt;
 	if (2 * np < nb) {
 		qt = s8_weights(wb, type);
-		wnt = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(
-			_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), qt));
+		wnt = neg_w128_256(qt);
 	}
 	KT_UNROLL
 	for (int t = 0; t < nt; t++) {
@@ -522,26 +533,22 @@ INLINE void lanes_s8_row(int64_t n, const uint8_t *w, const uint8_t *p, float *y
 	}
 }
 
-INLINE void lanes_s8(int64_t n, const uint8_t *w, size_t wst, int nr, const uint8_t *p, float *y,
-		     size_t ys, const int nt, const int type)
-{
-	for (int r = 0; r < nr; r++)
-		lanes_s8_row(n, w + (size_t)r * wst, p, y + r, ys, nt, type);
-}
-
 #define LANES_S8(name, type)                                                                       \
-	static void name(int64_t n, const void *w, size_t wst, int nr, const void *p, int nt,       \
+	static void name(int64_t n, const void *wv, size_t wst, int nr, const void *p, int nt,      \
 			 float *y, size_t ys)                                                       \
 	{                                                                                          \
-		switch (nt) {                                                                      \
-		case 1: lanes_s8(n, w, wst, nr, p, y, ys, 1, type); break;                         \
-		case 2: lanes_s8(n, w, wst, nr, p, y, ys, 2, type); break;                         \
-		case 3: lanes_s8(n, w, wst, nr, p, y, ys, 3, type); break;                         \
-		case 4: lanes_s8(n, w, wst, nr, p, y, ys, 4, type); break;                         \
-		case 5: lanes_s8(n, w, wst, nr, p, y, ys, 5, type); break;                         \
-		case 6: lanes_s8(n, w, wst, nr, p, y, ys, 6, type); break;                         \
-		case 7: lanes_s8(n, w, wst, nr, p, y, ys, 7, type); break;                         \
-		default: lanes_s8(n, w, wst, nr, p, y, ys, 8, type); break;                        \
+		for (int r = 0; r < nr; r++) {                                                     \
+			const uint8_t *w = (const uint8_t *)wv + (size_t)r * wst;                  \
+			switch (nt) {                                                              \
+			case 1: lanes_s8_row(n, w, p, y + r, ys, 1, type); break;                  \
+			case 2: lanes_s8_row(n, w, p, y + r, ys, 2, type); break;                  \
+			case 3: lanes_s8_row(n, w, p, y + r, ys, 3, type); break;                  \
+			case 4: lanes_s8_row(n, w, p, y + r, ys, 4, type); break;                  \
+			case 5: lanes_s8_row(n, w, p, y + r, ys, 5, type); break;                  \
+			case 6: lanes_s8_row(n, w, p, y + r, ys, 6, type); break;                  \
+			case 7: lanes_s8_row(n, w, p, y + r, ys, 7, type); break;                  \
+			default: lanes_s8_row(n, w, p, y + r, ys, 8, type); break;                 \
+			}                                                                          \
 		}                                                                                  \
 	}
 LANES_S8(lanes_q8_0_512, MD_DT_Q8_0)
