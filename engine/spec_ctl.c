@@ -393,34 +393,32 @@ static unsigned drafter_of(const struct md_spec_seq *ss)
 	return (unsigned)ss->drafter < MD_SPEC_CTL_DRAFTERS ? (unsigned)ss->drafter : 0;
 }
 
-/* Whether drafting for a sequence with acceptance a could beat plain decode at all: the best
- * k's rate with every unmeasured size as cheap as the byte model allows (cost_opt). */
-static bool could_pay(const struct md_spec_ctl *c, double a, uint32_t room, bool free_draft,
-		      uint32_t B, double t_round, double plain)
+/* The best rate (tokens per second of a step of B sequences) that drafting k = 1..room for one
+ * sequence with acceptance a could reach, every unmeasured size as cheap as the byte model
+ * allows (cost_opt), drafts at t_round seconds a round; the k that reaches it in *k (1 when
+ * none does). */
+static double best_rate(const struct md_spec_ctl *c, double a, uint32_t room, uint32_t B,
+			double t_round, uint32_t *k)
 {
-	for (uint32_t kk = 1; kk <= room; kk++) {
-		double cost = cost_opt(c, B + kk) + (free_draft ? 0 : kk * t_round);
-		if (cost > 0 && (B + expect(a, kk)) / cost > MARGIN * B / plain)
-			return true;
-	}
-	return false;
-}
-
-/* The k (1..room) that drafting with acceptance a would pay best at, by cost_opt. */
-static uint32_t best_k(const struct md_spec_ctl *c, double a, uint32_t room, uint32_t B,
-		       double t_round)
-{
-	uint32_t best = 1;
-	double best_rate = 0;
+	double best = 0;
+	*k = 1;
 	for (uint32_t kk = 1; kk <= room; kk++) {
 		double cost = cost_opt(c, B + kk) + kk * t_round;
 		double rate = cost > 0 ? (B + expect(a, kk)) / cost : 0;
-		if (rate > best_rate) {
-			best_rate = rate;
-			best = kk;
+		if (rate > best) {
+			best = rate;
+			*k = kk;
 		}
 	}
 	return best;
+}
+
+/* Whether drafting for a sequence with acceptance a could beat plain decode at all. */
+static bool could_pay(const struct md_spec_ctl *c, double a, uint32_t room, bool free_draft,
+		      uint32_t B, double t_round, double plain)
+{
+	uint32_t k;
+	return best_rate(c, a, room, B, free_draft ? 0 : t_round, &k) > MARGIN * B / plain;
 }
 
 void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, uint32_t *k,
@@ -551,8 +549,11 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 					kk++;
 				kk = fresh(c, B + kk) ? 1 : kk;
 				if (s->probe_k > kk) {
-					uint32_t top = best_k(c, ALPHA_MAX, room[i], B, tr);
-					kk = s->probe_k < top ? s->probe_k : top > kk ? top : kk;
+					/* the grown probe, no longer than would pay best */
+					uint32_t top;
+					best_rate(c, ALPHA_MAX, room[i], B, tr, &top);
+					uint32_t want = s->probe_k < top ? s->probe_k : top;
+					kk = want > kk ? want : kk;
 				}
 				const uint32_t base = B + (spec ? extra : 0);
 				double est = md_spec_ctl_cost(c, base + kk) - md_spec_ctl_cost(c, base) +
