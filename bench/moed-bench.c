@@ -63,6 +63,7 @@ static void usage(void)
 		"  -X  MiB: with -D, the routed experts through the expert store (host RAM holds them\n"
 		"      all) with a device tier of MiB; the cost model picks CPU or copy for misses\n"
 		"  -O  1: with -X, on-demand copying: every miss copied up and run on the device\n"
+		"  -P  lru|lfu|pred: with -X, the device tier's eviction policy (default lru)\n"
 		"  env MOED_KERNELS=ref|scalar|avx2|avx512 selects the kernels\n");
 }
 
@@ -321,7 +322,8 @@ static double dev_bandwidth(struct md_backend *d)
 }
 
 static int dev_setup(struct dev_run *dr, struct bench *b, const struct md_model *m,
-		     const char *name, double tier_mb, int on_demand, int max_tok)
+		     const char *name, double tier_mb, int on_demand, enum md_epol_kind policy,
+		     int max_tok)
 {
 	char err[512];
 	if (strcmp(name, "cuda") == 0) {
@@ -346,7 +348,7 @@ static int dev_setup(struct dev_run *dr, struct bench *b, const struct md_model 
 		struct md_expert_store_config sc = {
 			.host_bytes = md_expert_store_expert_bytes(m) + (size_t)64 * md_expert_store_slot_bytes(m),
 			.max_tokens = max_tok, .dev = dr->b, .dev_bytes = (size_t)(tier_mb * 1048576.0),
-			.rates = on_demand ? &fixed : NULL,
+			.rates = on_demand ? &fixed : NULL, .policy = policy,
 		};
 		if (md_expert_store_new(&dr->store, m, &sc, err, sizeof(err))) {
 			fprintf(stderr, "moed-bench: %s\n", err);
@@ -376,10 +378,11 @@ static void dev_release(struct dev_run *dr)
 		struct md_expert_store_stats es;
 		md_expert_store_get_stats(dr->store, &es);
 		printf("\ndevice tier: %u experts, %llu hits, %llu misses (%llu on the device, %llu on "
-		       "the CPU), %.1f MiB copied up, stall %.2f s\n", es.dev_slots,
-		       (unsigned long long)es.dev_hits, (unsigned long long)es.dev_misses,
-		       (unsigned long long)es.dev_compute_dev, (unsigned long long)es.dev_compute_host,
-		       es.dev_bytes_uploaded / 1048576.0, es.dev_stall_ns / 1e9);
+		       "the CPU), %.1f MiB copied up (%.1f GB/s measured), stall %.2f s\n",
+		       es.dev_slots, (unsigned long long)es.dev_hits,
+		       (unsigned long long)es.dev_misses, (unsigned long long)es.dev_compute_dev,
+		       (unsigned long long)es.dev_compute_host, es.dev_bytes_uploaded / 1048576.0,
+		       es.dev_up_bps / 1e9, es.dev_stall_ns / 1e9);
 	}
 	md_fwd_dev_free(dr->fd);
 	md_expert_store_free(dr->store);
@@ -394,6 +397,7 @@ int main(int argc, char **argv)
 	double cache_mb = 0, tier_mb = 0;
 	const char *dev_name = NULL;
 	int on_demand = 0;
+	enum md_epol_kind policy = MD_EPOL_LRU;
 	int vks[64], nvk = 0, n_iso = 0;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
@@ -426,6 +430,12 @@ int main(int argc, char **argv)
 			tier_mb = atof(v);
 		else if (strcmp(a, "-O") == 0)
 			on_demand = atoi(v);
+		else if (strcmp(a, "-P") == 0) {
+			if (md_epol_parse(v, &policy)) {
+				usage();
+				return 2;
+			}
+		}
 		else if (strcmp(a, "-v") == 0) {
 			for (char *p = (char *)v; *p && nvk < 64;) {
 				vks[nvk++] = (int)strtol(p, &p, 10);
@@ -503,7 +513,7 @@ int main(int argc, char **argv)
 	}
 
 	struct dev_run dr = { 0 };
-	if (dev_name && dev_setup(&dr, &b, &model, dev_name, tier_mb, on_demand, max_tok))
+	if (dev_name && dev_setup(&dr, &b, &model, dev_name, tier_mb, on_demand, policy, max_tok))
 		return 1;
 
 	struct stat st;
