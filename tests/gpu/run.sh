@@ -12,8 +12,8 @@
 #
 # usage: tests/gpu/run.sh [OUT_DIR]   (default: $OUT when set, else build-gpu/out)
 # Environment: MOED_GPU_PREBUILT=1 runs the binaries already in build-gpu/ without configuring
-# or building (built on another machine and copied over: the GPU machine then needs the
-# driver, not the toolchain); MOED_GPU_DEADLINE=S caps the whole run at S seconds: each step's
+# or building (built on another machine and unpacked here: tests/gpu/pack.sh; the GPU machine
+# then needs the driver, not the toolchain); MOED_GPU_DEADLINE=S caps the whole run at S seconds: each step's
 # limit is cut to what is left, and a step with under 10 s left is skipped (logged as such).
 # Output: OUT_DIR/gpu.log (everything), OUT_DIR/summary.md (the tables). Exit 0 when every
 # test passed, 77 without a GPU, 1 otherwise.
@@ -48,6 +48,19 @@ fail=0
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version \
 	--format=csv,noheader | tee -a "$log" "$sum"
 if [ -n "${MOED_GPU_PREBUILT:-}" ]; then
+	# tests/gpu/pack.sh's libraries: only those this machine lacks go on the library path
+	# (its own, where it has them, serve python3 and the tools too).
+	if [ -d build-gpu/lib ]; then
+		rm -rf build-gpu/lib-missing
+		mkdir -p build-gpu/lib-missing
+		for l in build-gpu/lib/*; do
+			ldconfig -p | grep -q "^[[:space:]]*$(basename "$l") " ||
+				ln -s "../lib/$(basename "$l")" build-gpu/lib-missing/
+		done
+		export LD_LIBRARY_PATH="$PWD/build-gpu/lib-missing${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+		say "prebuilt: libraries from the pack: $(ls build-gpu/lib-missing | tr '\n' ' ')"
+	fi
+	ldd build-gpu/server/moed | grep 'not found' | tee -a "$log"
 	say "prebuilt: $(ls -l build-gpu/server/moed build-gpu/tests/gpu/test_gpu 2>&1 | tr '\n' ' ')"
 else
 	if [ ! -f build-gpu/build.ninja ]; then
