@@ -63,7 +63,8 @@ static void usage(void)
 		"  -X  MiB: with -D, the routed experts through the expert store (host RAM holds them\n"
 		"      all) with a device tier of MiB; the cost model picks CPU or copy for misses\n"
 		"  -O  1: with -X, on-demand copying: every miss copied up and run on the device\n"
-		"  -P  lru|lfu|pred: with -X, the device tier's eviction policy (default lru)\n"
+		"  -P  lru|lfu|pred: with -X, the device tier's eviction policy (default pred, the\n"
+		"      server's)\n"
 		"  env MOED_KERNELS=ref|scalar|avx2|avx512 selects the kernels\n");
 }
 
@@ -397,7 +398,7 @@ int main(int argc, char **argv)
 	double cache_mb = 0, tier_mb = 0;
 	const char *dev_name = NULL;
 	int on_demand = 0;
-	enum md_epol_kind policy = MD_EPOL_LRU;
+	enum md_epol_kind policy = MD_EPOL_PRED; /* the server's default */
 	int vks[64], nvk = 0, n_iso = 0;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];

@@ -120,7 +120,7 @@ done
 f="$bench/random-1g.gguf"
 if [ -f "$f" ]; then
 	half=$(( $(stat -c %s "$f") / 2 / 1048576 ))
-	for pol in lru lfu; do
+	for pol in pred lru; do
 		for od in 0 1; do
 			step "bench tier half $pol, on-demand $od" 120 $B -m "$f" -D cuda -X $half -O $od \
 				-P $pol -t "$(nproc)" -p 0 -n 64 -r 3
