@@ -1337,7 +1337,7 @@ int md_expert_store_new(struct md_expert_store **out, const struct md_model *m,
 	 * ~22 MB copied up per token: 2.5 GB/s if the copies were all the time. The pinned slots
 	 * have not yet run on a GPU.) Where pinning is refused, mapped. */
 	void *arena = NULL;
-	if (c->dev && c->dev->host_alloc &&
+	if (c->dev && c->dev->host_alloc && !getenv("MOED_NO_PIN") && /* A/B: pageable slots */
 	    c->dev->host_alloc(c->dev, (size_t)n_slots * slot_bytes, &arena) == 0) {
 		s->arena_dev = c->dev;
 	} else {
@@ -1345,7 +1345,7 @@ int md_expert_store_new(struct md_expert_store **out, const struct md_model *m,
 			     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 		if (arena == MAP_FAILED)
 			arena = NULL;
-		if (c->dev)
+		if (c->dev && !getenv("MOED_NO_PIN"))
 			md_log(MD_LOG_WARN, "expert store: %.0f MiB of host slots could not be "
 			       "pinned: copies to the device tier go through the runtime's staging",
 			       (double)n_slots * slot_bytes / 1048576.0);
