@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cuda_runtime_api.h>
@@ -334,7 +335,7 @@ static int cuda_matmul(struct md_backend *b, const struct md_mat *w, const float
 	e = cudaMemcpyAsync(c->x_dev, x, xb, cudaMemcpyHostToDevice, c->stream[0]);
 	if (e == cudaSuccess)
 		e = md_cuda__matmul((int)w->type, w->data, w->n_in, w->n_out, w->nb1, c->x_dev,
-				    n_tok, c->y_dev, c->stream[0]);
+				    n_tok, c->y_dev, 0, c->stream[0]);
 	if (e == cudaSuccess)
 		e = cudaMemcpyAsync(y, c->y_dev, yb, cudaMemcpyDeviceToHost, c->stream[0]);
 	/* Synchronize even after a failed step so no copy is still reading x or writing y. */
@@ -371,6 +372,7 @@ static void cuda_init(void)
 	}
 	c->dev = 0;
 	c->n_dev = n;
+	c->no_fuse = getenv("MOED_NO_FUSE") != NULL;
 	e = cudaSetDevice(c->dev);
 	if (e != cudaSuccess) {
 		cuda_fail("cannot select cuda device 0", e);

@@ -35,7 +35,16 @@ static int fwd_mm(struct md_backend *b, const struct md_mat *w, const float *x, 
 	if (n_tok < 1 || w->n_out < 1 || w->data == NULL || !weights_ok(w->type, w->n_in, w->nb1, w->data))
 		return -EINVAL;
 	return md_cuda__errno(md_cuda__matmul((int)w->type, w->data, w->n_in, w->n_out, w->nb1, x,
-					      n_tok, y, st0(b)));
+					      n_tok, y, 0, st0(b)));
+}
+
+static int fwd_mm_add(struct md_backend *b, const struct md_mat *w, const float *x, int n_tok,
+		      float *y)
+{
+	if (n_tok < 1 || w->n_out < 1 || w->data == NULL || !weights_ok(w->type, w->n_in, w->nb1, w->data))
+		return -EINVAL;
+	return md_cuda__errno(md_cuda__matmul((int)w->type, w->data, w->n_in, w->n_out, w->nb1, x,
+					      n_tok, y, 1, st0(b)));
 }
 
 static int fwd_mm_experts(struct md_backend *b, const struct md_dev_experts *e)
@@ -43,10 +52,18 @@ static int fwd_mm_experts(struct md_backend *b, const struct md_dev_experts *e)
 	if (e->nw < 1 || e->nw > 2 || e->ng < 1 || e->n_slots < 1 || e->max_rows < 1 ||
 	    !weights_ok(e->type, e->n_in, e->nb1, NULL))
 		return -EINVAL;
+	/* Both weights in one launch; MOED_NO_FUSE=1 launches them one after the other, as
+	 * before (for an A/B of the launches saved). */
+	const struct cuda_ctx *c = b->_ctx;
+	if (!c->no_fuse || e->nw == 1)
+		return md_cuda__errno(md_cuda__matmul_experts((int)e->type, e->w, e->n_in, e->n_out,
+							      e->nb1, e->ng, e->nw, e->off, e->src,
+							      e->x, e->max_rows, e->y[0],
+							      e->y[1], st0(b)));
 	for (int i = 0; i < e->nw; i++) {
 		cudaError_t r = md_cuda__matmul_experts((int)e->type, e->w + (size_t)i * e->ng, e->n_in,
-							e->n_out, e->nb1, e->ng, e->off, e->src,
-							e->x, e->max_rows, e->y[i], st0(b));
+							e->n_out, e->nb1, e->ng, 1, e->off, e->src,
+							e->x, e->max_rows, e->y[i], NULL, st0(b));
 		if (r != cudaSuccess)
 			return md_cuda__errno(r);
 	}
@@ -206,6 +223,7 @@ static void fwd_graph_free(struct md_backend *b, void *graph)
 const struct md_backend_fwd md_cuda__fwd_ops = {
 	.mm = fwd_mm,
 	.mm_experts = fwd_mm_experts,
+	.mm_add = fwd_mm_add,
 	.rmsnorm = fwd_rmsnorm,
 	.add = fwd_add,
 	.add_rows = fwd_add_rows,

@@ -28,6 +28,7 @@ struct cuda_ctx {
 	size_t x_cap;
 	float *y_dev;         /* owned: device scratch for matmul outputs, y_cap bytes */
 	size_t y_cap;
+	int no_fuse;          /* MOED_NO_FUSE: one launch per op as before fusing (an A/B) */
 };
 
 /* The ops table's code for a CUDA runtime error (0, -ENOMEM, -EINVAL, -ENODEV, -EIO). */

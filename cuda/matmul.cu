@@ -616,7 +616,7 @@ __device__ __forceinline__ void row_dot(const uint8_t *row, const act<NT> &a, in
 template <int TYPE, int NT>
 __global__ void __launch_bounds__(MM_WARPS * 32)
 mm_kernel(const uint8_t *__restrict__ w, int64_t n_in, int64_t n_out, size_t nb1,
-	  const float *__restrict__ x, int n_tok, float *__restrict__ y)
+	  const float *__restrict__ x, int n_tok, float *__restrict__ y, int accumulate)
 {
 	const int lane = (int)(threadIdx.x & 31);
 	const int64_t r = (int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
@@ -646,13 +646,18 @@ mm_kernel(const uint8_t *__restrict__ w, int64_t n_in, int64_t n_out, size_t nb1
 #pragma unroll
 		for (int off = 16; off > 0; off >>= 1)
 			v += __shfl_xor_sync(0xffffffffu, v, off);
-		if (lane == 0)
-			y[(int64_t)(t0 + t) * n_out + r] = v;
+		if (lane == 0) {
+			float *o = y + (int64_t)(t0 + t) * n_out + r;
+
+			*o = accumulate ? *o + v : v;
+		}
 	}
 }
 
-/* The expert-grouped variant (md_backend_fwd.mm_experts): blockIdx.y is the group g, whose
- * weight is wtab[g] and whose slots are off[g] .. off[g+1]-1, taken NT at a time in a loop
+/* The expert-grouped variant (md_backend_fwd.mm_experts): blockIdx.y is i * ng + g, weight i
+ * (y0's or y1's, wtab[i * ng + g]) of group g, whose slots are off[g] .. off[g+1]-1 (both
+ * weights of a group in one launch: a decode step's gate and up products are one kernel, not
+ * two back to back), taken NT at a time in a loop
  * (a grid dimension per token tile would be sized for the largest group a routing on the
  * device may produce, and most of its blocks would find nothing to do). Slot s reads input row
  * src[s] (s when src is NULL) and writes y[s * n_out + r]. NT: as mm_kernel's (1 when no
@@ -660,17 +665,18 @@ mm_kernel(const uint8_t *__restrict__ w, int64_t n_in, int64_t n_out, size_t nb1
 template <int TYPE, int NT>
 __global__ void __launch_bounds__(MM_WARPS * 32)
 mmx_kernel(const void *const *__restrict__ wtab, int64_t n_in, int64_t n_out, size_t nb1,
-	   const int32_t *__restrict__ off, const int32_t *__restrict__ src,
-	   const float *__restrict__ x, float *__restrict__ y)
+	   int ng, const int32_t *__restrict__ off, const int32_t *__restrict__ src,
+	   const float *__restrict__ x, float *__restrict__ y0, float *__restrict__ y1)
 {
 	const int lane = (int)(threadIdx.x & 31);
 	const int64_t r = (int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
-	const int g = (int)blockIdx.y;
+	const int gi = (int)blockIdx.y, g = gi % ng;
+	float *__restrict__ y = gi < ng ? y0 : y1;
 	const int s1 = off[g + 1];
 
 	if (r >= n_out || off[g] >= s1)
 		return;
-	const uint8_t *row = (const uint8_t *)wtab[g] + r * (int64_t)nb1;
+	const uint8_t *row = (const uint8_t *)wtab[gi] + r * (int64_t)nb1;
 
 	for (int s0 = off[g]; s0 < s1; s0 += NT) {
 		float acc[NT];
@@ -702,91 +708,93 @@ mmx_kernel(const void *const *__restrict__ wtab, int64_t n_in, int64_t n_out, si
 
 template <int TYPE>
 static cudaError_t launch_x(const void *const *wtab, int64_t n_in, int64_t n_out, size_t nb1,
-			    int ng, const int32_t *off, const int32_t *src, const float *x,
-			    int max_rows, float *y, cudaStream_t stream)
+			    int ng, int nw, const int32_t *off, const int32_t *src, const float *x,
+			    int max_rows, float *y0, float *y1, cudaStream_t stream)
 {
-	const dim3 grid((unsigned)((n_out + MM_WARPS - 1) / MM_WARPS), (unsigned)ng, 1);
+	const dim3 grid((unsigned)((n_out + MM_WARPS - 1) / MM_WARPS), (unsigned)(ng * nw), 1);
 
 	if (max_rows == 1)
-		mmx_kernel<TYPE, 1><<<grid, MM_WARPS * 32, 0, stream>>>(wtab, n_in, n_out, nb1, off,
-									src, x, y);
+		mmx_kernel<TYPE, 1><<<grid, MM_WARPS * 32, 0, stream>>>(wtab, n_in, n_out, nb1, ng,
+									off, src, x, y0, y1);
 	else
 		mmx_kernel<TYPE, MM_NT><<<grid, MM_WARPS * 32, 0, stream>>>(wtab, n_in, n_out, nb1,
-									    off, src, x, y);
+									    ng, off, src, x, y0, y1);
 	return cudaGetLastError();
 }
 
 extern "C" cudaError_t md_cuda__matmul_experts(int type, const void *const *wtab, int64_t n_in,
-					       int64_t n_out, size_t nb1, int ng,
+					       int64_t n_out, size_t nb1, int ng, int nw,
 					       const int32_t *off, const int32_t *src,
-					       const float *x, int max_rows, float *y,
-					       cudaStream_t stream)
+					       const float *x, int max_rows, float *y0,
+					       float *y1, cudaStream_t stream)
 {
-	if (n_out <= 0 || ng <= 0 || max_rows <= 0 || ng > 65535 ||
+	if (n_out <= 0 || ng <= 0 || max_rows <= 0 || nw < 1 || nw > 2 || ng * nw > 65535 ||
 	    (n_out + MM_WARPS - 1) / MM_WARPS > 0x7fffffff)
 		return cudaErrorInvalidValue;
 	switch (type) {
-	case MD_DT_F32: return launch_x<MD_DT_F32>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
-	case MD_DT_F16: return launch_x<MD_DT_F16>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
-	case MD_DT_BF16: return launch_x<MD_DT_BF16>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
-	case MD_DT_Q8_0: return launch_x<MD_DT_Q8_0>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
-	case MD_DT_Q4_0: return launch_x<MD_DT_Q4_0>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
-	case MD_DT_Q4_K: return launch_x<MD_DT_Q4_K>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
-	case MD_DT_Q5_K: return launch_x<MD_DT_Q5_K>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
-	case MD_DT_Q6_K: return launch_x<MD_DT_Q6_K>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
-	case MD_DT_Q4_1: return launch_x<MD_DT_Q4_1>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
-	case MD_DT_Q5_0: return launch_x<MD_DT_Q5_0>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
-	case MD_DT_Q5_1: return launch_x<MD_DT_Q5_1>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
-	case MD_DT_IQ4_NL: return launch_x<MD_DT_IQ4_NL>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
-	case MD_DT_IQ4_XS: return launch_x<MD_DT_IQ4_XS>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
-	case MD_DT_MXFP4: return launch_x<MD_DT_MXFP4>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
-	case MD_DT_Q2_K: return launch_x<MD_DT_Q2_K>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
-	case MD_DT_Q3_K: return launch_x<MD_DT_Q3_K>(wtab, n_in, n_out, nb1, ng, off, src, x, max_rows, y, stream);
+	case MD_DT_F32: return launch_x<MD_DT_F32>(wtab, n_in, n_out, nb1, ng, nw, off, src, x, max_rows, y0, y1, stream);
+	case MD_DT_F16: return launch_x<MD_DT_F16>(wtab, n_in, n_out, nb1, ng, nw, off, src, x, max_rows, y0, y1, stream);
+	case MD_DT_BF16: return launch_x<MD_DT_BF16>(wtab, n_in, n_out, nb1, ng, nw, off, src, x, max_rows, y0, y1, stream);
+	case MD_DT_Q8_0: return launch_x<MD_DT_Q8_0>(wtab, n_in, n_out, nb1, ng, nw, off, src, x, max_rows, y0, y1, stream);
+	case MD_DT_Q4_0: return launch_x<MD_DT_Q4_0>(wtab, n_in, n_out, nb1, ng, nw, off, src, x, max_rows, y0, y1, stream);
+	case MD_DT_Q4_K: return launch_x<MD_DT_Q4_K>(wtab, n_in, n_out, nb1, ng, nw, off, src, x, max_rows, y0, y1, stream);
+	case MD_DT_Q5_K: return launch_x<MD_DT_Q5_K>(wtab, n_in, n_out, nb1, ng, nw, off, src, x, max_rows, y0, y1, stream);
+	case MD_DT_Q6_K: return launch_x<MD_DT_Q6_K>(wtab, n_in, n_out, nb1, ng, nw, off, src, x, max_rows, y0, y1, stream);
+	case MD_DT_Q4_1: return launch_x<MD_DT_Q4_1>(wtab, n_in, n_out, nb1, ng, nw, off, src, x, max_rows, y0, y1, stream);
+	case MD_DT_Q5_0: return launch_x<MD_DT_Q5_0>(wtab, n_in, n_out, nb1, ng, nw, off, src, x, max_rows, y0, y1, stream);
+	case MD_DT_Q5_1: return launch_x<MD_DT_Q5_1>(wtab, n_in, n_out, nb1, ng, nw, off, src, x, max_rows, y0, y1, stream);
+	case MD_DT_IQ4_NL: return launch_x<MD_DT_IQ4_NL>(wtab, n_in, n_out, nb1, ng, nw, off, src, x, max_rows, y0, y1, stream);
+	case MD_DT_IQ4_XS: return launch_x<MD_DT_IQ4_XS>(wtab, n_in, n_out, nb1, ng, nw, off, src, x, max_rows, y0, y1, stream);
+	case MD_DT_MXFP4: return launch_x<MD_DT_MXFP4>(wtab, n_in, n_out, nb1, ng, nw, off, src, x, max_rows, y0, y1, stream);
+	case MD_DT_Q2_K: return launch_x<MD_DT_Q2_K>(wtab, n_in, n_out, nb1, ng, nw, off, src, x, max_rows, y0, y1, stream);
+	case MD_DT_Q3_K: return launch_x<MD_DT_Q3_K>(wtab, n_in, n_out, nb1, ng, nw, off, src, x, max_rows, y0, y1, stream);
 	default: return cudaErrorInvalidValue;
 	}
 }
 
 template <int TYPE>
 static cudaError_t launch(const void *w, int64_t n_in, int64_t n_out, size_t nb1,
-			  const float *x, int n_tok, float *y, cudaStream_t stream)
+			  const float *x, int n_tok, float *y, int acc, cudaStream_t stream)
 {
 	const dim3 grid((unsigned)((n_out + MM_WARPS - 1) / MM_WARPS),
 			(unsigned)((n_tok + MM_NT - 1) / MM_NT));
 
 	if (n_tok == 1)
 		mm_kernel<TYPE, 1><<<grid, MM_WARPS * 32, 0, stream>>>((const uint8_t *)w, n_in,
-								       n_out, nb1, x, n_tok, y);
+								       n_out, nb1, x, n_tok, y,
+								       acc);
 	else
 		mm_kernel<TYPE, MM_NT><<<grid, MM_WARPS * 32, 0, stream>>>((const uint8_t *)w, n_in,
-									   n_out, nb1, x, n_tok, y);
+									   n_out, nb1, x, n_tok, y,
+									   acc);
 	return cudaGetLastError();
 }
 
 extern "C" cudaError_t md_cuda__matmul(int type, const void *w, int64_t n_in, int64_t n_out,
 				       size_t nb1, const float *x, int n_tok, float *y,
-				       cudaStream_t stream)
+				       int acc, cudaStream_t stream)
 {
 	/* Grid limits: x up to 2^31 - 1 blocks, y up to 65535. */
 	if (n_out <= 0 || n_tok <= 0 || (n_out + MM_WARPS - 1) / MM_WARPS > 0x7fffffff ||
 	    (n_tok + MM_NT - 1) / MM_NT > 65535)
 		return cudaErrorInvalidValue;
 	switch (type) {
-	case MD_DT_F32: return launch<MD_DT_F32>(w, n_in, n_out, nb1, x, n_tok, y, stream);
-	case MD_DT_F16: return launch<MD_DT_F16>(w, n_in, n_out, nb1, x, n_tok, y, stream);
-	case MD_DT_BF16: return launch<MD_DT_BF16>(w, n_in, n_out, nb1, x, n_tok, y, stream);
-	case MD_DT_Q8_0: return launch<MD_DT_Q8_0>(w, n_in, n_out, nb1, x, n_tok, y, stream);
-	case MD_DT_Q4_0: return launch<MD_DT_Q4_0>(w, n_in, n_out, nb1, x, n_tok, y, stream);
-	case MD_DT_Q4_K: return launch<MD_DT_Q4_K>(w, n_in, n_out, nb1, x, n_tok, y, stream);
-	case MD_DT_Q5_K: return launch<MD_DT_Q5_K>(w, n_in, n_out, nb1, x, n_tok, y, stream);
-	case MD_DT_Q6_K: return launch<MD_DT_Q6_K>(w, n_in, n_out, nb1, x, n_tok, y, stream);
-	case MD_DT_Q4_1: return launch<MD_DT_Q4_1>(w, n_in, n_out, nb1, x, n_tok, y, stream);
-	case MD_DT_Q5_0: return launch<MD_DT_Q5_0>(w, n_in, n_out, nb1, x, n_tok, y, stream);
-	case MD_DT_Q5_1: return launch<MD_DT_Q5_1>(w, n_in, n_out, nb1, x, n_tok, y, stream);
-	case MD_DT_IQ4_NL: return launch<MD_DT_IQ4_NL>(w, n_in, n_out, nb1, x, n_tok, y, stream);
-	case MD_DT_IQ4_XS: return launch<MD_DT_IQ4_XS>(w, n_in, n_out, nb1, x, n_tok, y, stream);
-	case MD_DT_MXFP4: return launch<MD_DT_MXFP4>(w, n_in, n_out, nb1, x, n_tok, y, stream);
-	case MD_DT_Q2_K: return launch<MD_DT_Q2_K>(w, n_in, n_out, nb1, x, n_tok, y, stream);
-	case MD_DT_Q3_K: return launch<MD_DT_Q3_K>(w, n_in, n_out, nb1, x, n_tok, y, stream);
+	case MD_DT_F32: return launch<MD_DT_F32>(w, n_in, n_out, nb1, x, n_tok, y, acc, stream);
+	case MD_DT_F16: return launch<MD_DT_F16>(w, n_in, n_out, nb1, x, n_tok, y, acc, stream);
+	case MD_DT_BF16: return launch<MD_DT_BF16>(w, n_in, n_out, nb1, x, n_tok, y, acc, stream);
+	case MD_DT_Q8_0: return launch<MD_DT_Q8_0>(w, n_in, n_out, nb1, x, n_tok, y, acc, stream);
+	case MD_DT_Q4_0: return launch<MD_DT_Q4_0>(w, n_in, n_out, nb1, x, n_tok, y, acc, stream);
+	case MD_DT_Q4_K: return launch<MD_DT_Q4_K>(w, n_in, n_out, nb1, x, n_tok, y, acc, stream);
+	case MD_DT_Q5_K: return launch<MD_DT_Q5_K>(w, n_in, n_out, nb1, x, n_tok, y, acc, stream);
+	case MD_DT_Q6_K: return launch<MD_DT_Q6_K>(w, n_in, n_out, nb1, x, n_tok, y, acc, stream);
+	case MD_DT_Q4_1: return launch<MD_DT_Q4_1>(w, n_in, n_out, nb1, x, n_tok, y, acc, stream);
+	case MD_DT_Q5_0: return launch<MD_DT_Q5_0>(w, n_in, n_out, nb1, x, n_tok, y, acc, stream);
+	case MD_DT_Q5_1: return launch<MD_DT_Q5_1>(w, n_in, n_out, nb1, x, n_tok, y, acc, stream);
+	case MD_DT_IQ4_NL: return launch<MD_DT_IQ4_NL>(w, n_in, n_out, nb1, x, n_tok, y, acc, stream);
+	case MD_DT_IQ4_XS: return launch<MD_DT_IQ4_XS>(w, n_in, n_out, nb1, x, n_tok, y, acc, stream);
+	case MD_DT_MXFP4: return launch<MD_DT_MXFP4>(w, n_in, n_out, nb1, x, n_tok, y, acc, stream);
+	case MD_DT_Q2_K: return launch<MD_DT_Q2_K>(w, n_in, n_out, nb1, x, n_tok, y, acc, stream);
+	case MD_DT_Q3_K: return launch<MD_DT_Q3_K>(w, n_in, n_out, nb1, x, n_tok, y, acc, stream);
 	default: return cudaErrorInvalidValue;
 	}
 }
