@@ -142,6 +142,10 @@ struct md_backend_fwd {
 	int (*mm)(struct md_backend *b, const struct md_mat *w, const float *x, int n_tok, float *y);
 	/* The grouped expert products above. */
 	int (*mm_experts)(struct md_backend *b, const struct md_dev_experts *e);
+	/* y += w x: mm and add in one (a residual after a projection); NULL where the backend
+	 * has no such op (the pass then runs mm and add). */
+	int (*mm_add)(struct md_backend *b, const struct md_mat *w, const float *x, int n_tok,
+		      float *y);
 	/* y[r] = rmsnorm(x[r]) * w for rows of n floats, stride floats apart in x and y (y may
 	 * be x; the floats between rows are left alone). */
 	int (*rmsnorm)(struct md_backend *b, float *y, const float *x, const float *w, int rows,

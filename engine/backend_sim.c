@@ -39,6 +39,8 @@ struct sim {
 	size_t att_cap;
 	struct md_mat *mats;             /* owned: mm_experts' weight views, mats_cap */
 	size_t mats_cap;
+	float *prod;                     /* owned: mm_add's product, prod_cap floats */
+	size_t prod_cap;
 };
 
 static double now_s(void)
@@ -336,6 +338,23 @@ static int fwd_add(struct md_backend *b, float *y, const float *x, size_t n)
 	for (size_t i = 0; i < n; i++)
 		y[i] += x[i];
 	return 0;
+}
+
+/* The product into a buffer of its own, then the add: mm then add, bit for bit. */
+static int fwd_mm_add(struct md_backend *b, const struct md_mat *w, const float *x, int n_tok,
+		      float *y)
+{
+	struct sim *s = S(b);
+	size_t n = (size_t)(n_tok > 0 ? n_tok : 0) * (size_t)w->n_out;
+	if (n > s->prod_cap) {
+		float *p = realloc(s->prod, n * sizeof(float));
+		if (!p)
+			return -ENOMEM;
+		s->prod = p;
+		s->prod_cap = n;
+	}
+	int rc = fwd_mm(b, w, x, n_tok, s->prod);
+	return rc ? rc : fwd_add(b, y, s->prod, n);
 }
 
 static int fwd_add_rows(struct md_backend *b, float *y, const float *bias, const int32_t *idx,
@@ -714,6 +733,7 @@ static int fwd_moe_layout(struct md_backend *b, const struct md_dev_layout *l)
 static const struct md_backend_fwd sim_fwd = {
 	.mm = fwd_mm,
 	.mm_experts = fwd_mm_experts,
+	.mm_add = fwd_mm_add,
 	.rmsnorm = fwd_rmsnorm,
 	.add = fwd_add,
 	.add_rows = fwd_add_rows,
@@ -774,6 +794,7 @@ void md_backend_sim_free(struct md_backend *b)
 	free(s->scratch);
 	free(s->att);
 	free(s->mats);
+	free(s->prod);
 	free(s);
 	free(b);
 }

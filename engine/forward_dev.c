@@ -464,6 +464,7 @@ int md_fwd_dev_new(const struct md_model *m, struct md_backend *b, struct md_kv_
 	md_rope_init(&d->rope[0], hp, false);
 	md_rope_init(&d->rope[1], hp, true);
 	d->no_graphs = getenv("MOED_NO_GRAPHS") != NULL; /* A/B measurements */
+	d->no_fuse = getenv("MOED_NO_FUSE") != NULL;
 	d->kv = kv;
 	md_kv_set_copy_hook(kv, on_kv_copy, d);
 	*out = d;
@@ -786,6 +787,8 @@ static int attention(struct md_fwd_dev *d, const struct md_batch *b, const struc
 	if (!rc)
 		rc = op->attention(B, &a);
 	struct md_mat wo = dmat(d, L->wo, 0);
+	if (!rc && !L->bo && md_fwd_dev__fuse(d))
+		return op->mm_add(B, &wo, d->att, n, d->x); /* the residual in the product */
 	if (!rc)
 		rc = op->mm(B, &wo, d->att, n, d->tmp);
 	if (!rc && L->bo)

@@ -517,6 +517,7 @@ int md_fwd_dev__ffn(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p, struc
 	const struct md_hparams *hp = &d->m->hp;
 	const struct md_layer *L = &d->m->layers[il];
 	const int N = (int)hp->n_embd;
+	bool added = false; /* the residual add done (in the down product) */
 	int rc = d->op->rmsnorm(d->b, d->xn, d->x, dptr(d, L->ffn_norm), n, N, N, hp->rms_eps);
 	if (rc)
 		return rc;
@@ -530,10 +531,14 @@ int md_fwd_dev__ffn(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p, struc
 			rc = d->op->mm(d->b, &u, d->xn, n, d->ue);
 		if (!rc)
 			rc = d->op->glu(d->b, d->ge, d->ue, (size_t)n * g.n_out, hp->ffn_act);
-		if (!rc)
+		if (!rc && md_fwd_dev__fuse(d)) {
+			rc = d->op->mm_add(d->b, &dn, d->ge, n, d->x); /* the residual in the product */
+			added = true;
+		} else if (!rc) {
 			rc = d->op->mm(d->b, &dn, d->ge, n, d->tmp);
+		}
 	}
-	if (!rc)
+	if (!rc && !added)
 		rc = d->op->add(d->b, d->x, d->tmp, (size_t)n * N);
 	if (!rc && hp->n_expert)
 		rc = prefetch_next(d, p, src, il, n);

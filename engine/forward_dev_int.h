@@ -93,6 +93,7 @@ struct md_fwd_dev {
 	uint64_t graph_gen[FAST_MAX_TOK + 1];
 	uint64_t gen;          /* bumped when dtab or dlogits is reallocated */
 	bool no_graphs;        /* a capture failed (or MOED_NO_GRAPHS): run op by op */
+	bool no_fuse;          /* MOED_NO_FUSE: the unfused ops (mm then add ...), for A/B */
 	uint64_t n_graph_launches, n_captures;
 };
 
@@ -118,6 +119,14 @@ static inline struct md_mat dmat(const struct md_fwd_dev *d, const struct md_ten
 	struct md_mat w = md_mat_of(t, e);
 	w.data = (const char *)dptr(d, t) + (size_t)e * t->nb2;
 	return w;
+}
+
+/* Whether the pass uses the backend's fused ops (mm_add: a projection and its residual add in
+ * one launch): where it has them and MOED_NO_FUSE is unset. The results are those of the
+ * unfused sequence (bit for bit on the simulated device). */
+static inline bool md_fwd_dev__fuse(const struct md_fwd_dev *d)
+{
+	return !d->no_fuse && d->op->mm_add != NULL;
 }
 
 /* Staging, copies and device buffers (forward_dev.c). */

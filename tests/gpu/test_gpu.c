@@ -373,6 +373,11 @@ static void check_products(void)
 		CHECK_EQ_I(sim->fwd->mm(sim, &ms, px.s, 1, py.s), 0);
 		snprintf(what, sizeof what, "mm %s, one token", md_dtype_info(t)->name);
 		pcmp(&py, what, MM_TOL);
+		/* mm_add: the products added to what y holds (the two above) */
+		CHECK_EQ_I(cu->fwd->mm_add(cu, &mc, px.c, n_x, py.c), 0);
+		CHECK_EQ_I(sim->fwd->mm_add(sim, &ms, px.s, n_x, py.s), 0);
+		snprintf(what, sizeof what, "mm_add %s", md_dtype_info(t)->name);
+		pcmp(&py, what, MM_TOL);
 		/* the layout above, and one slot a group (a decode step of one sequence) */
 		for (int nw = 1; nw <= 4; nw++) {
 			const int one = nw > 2;
