@@ -95,6 +95,17 @@ static int fwd_rope(struct md_backend *b, float *x, int n_tok, int n_head, int h
 	return md_cuda__errno(md_cuda__rope(x, n_tok, n_head, head_dim, n_rot, neox, cs, st0(b)));
 }
 
+static int fwd_qkv_rows(struct md_backend *b, const struct md_dev_qkv *a)
+{
+	if (a->n_rot % 2 || a->n_rot > a->head_dim || a->head_dim < 1 || a->n < 0 ||
+	    (a->norm != MD_QK_NORM_NONE && a->norm != MD_QK_NORM_HEAD && a->norm != MD_QK_NORM_FULL))
+		return -EINVAL;
+	return md_cuda__errno(md_cuda__qkv_rows(a->q, a->k, a->v, a->kc, a->vc, a->wrow, a->q_norm,
+						a->k_norm, a->norm, a->eps, a->n, a->n_head,
+						a->n_head_kv, a->head_dim, a->n_rot, a->neox,
+						a->cs, st0(b)));
+}
+
 static int fwd_rows_store(struct md_backend *b, float *dst, const int32_t *rows, const float *src,
 			  int n, int dim)
 {
@@ -228,6 +239,7 @@ const struct md_backend_fwd md_cuda__fwd_ops = {
 	.add = fwd_add,
 	.add_rows = fwd_add_rows,
 	.rope = fwd_rope,
+	.qkv_rows = fwd_qkv_rows,
 	.rows_store = fwd_rows_store,
 	.rows_gather = fwd_rows_gather,
 	.attention = fwd_attention,

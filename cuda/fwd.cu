@@ -128,6 +128,148 @@ extern "C" cudaError_t md_cuda__rope(float *x, int n_tok, int n_head, int head_d
 	return cudaGetLastError();
 }
 
+/* ---- attention's rows (md_backend_fwd.qkv_rows): one block of 256 threads per token ----
+ *
+ * The norms, rope and cache stores of one token in one launch where the unfused pass took six.
+ * Each part computes what its own kernel does, in the same order: a whole row's norm is
+ * rmsnorm_kernel's block reduction; a head's norm is done by one warp that replays that
+ * reduction's tree (thread c * 32 + lane's strided sum, a shuffle tree per group of 32, then
+ * the groups' tree), so the results equal the unfused kernels' bit for bit. */
+#define QKV_THREADS 256
+
+/* rmsnorm_kernel's block sum of v (every thread's share), returned to every thread. */
+__device__ float qkv_block_sum(float v, float *part)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	if ((threadIdx.x & 31) == 0)
+		part[threadIdx.x >> 5] = v;
+	__syncthreads();
+	if (threadIdx.x < 32) {
+		v = threadIdx.x < (QKV_THREADS >> 5) ? part[threadIdx.x] : 0.0f;
+		for (int o = 16; o > 0; o >>= 1)
+			v += __shfl_xor_sync(0xffffffffu, v, o);
+		if (threadIdx.x == 0)
+			part[0] = v;
+	}
+	__syncthreads();
+	v = part[0];
+	__syncthreads(); /* part is used again */
+	return v;
+}
+
+/* The same sum by one warp for a row of n floats at x: the value rmsnorm_kernel's block of
+ * QKV_THREADS threads gets for that row. */
+__device__ float qkv_warp_sumsq(const float *x, int n, int lane)
+{
+	float tot = 0.0f;
+
+	for (int c = 0; c < QKV_THREADS / 32; c++) {
+		float v = 0.0f;
+
+		for (int i = c * 32 + lane; i < n; i += QKV_THREADS)
+			v += x[i] * x[i];
+		for (int o = 16; o > 0; o >>= 1)
+			v += __shfl_xor_sync(0xffffffffu, v, o);
+		if (lane == c)
+			tot = v;
+	}
+	for (int o = 16; o > 0; o >>= 1)
+		tot += __shfl_xor_sync(0xffffffffu, tot, o);
+	return tot;
+}
+
+/* rope_kernel's rotation of pair p of head h (heads of head_dim at x). */
+__device__ __forceinline__ void qkv_rotate(float *x, int h, int p, int head_dim, int n_rot,
+					   int neox, const float *cs)
+{
+	const int half = n_rot / 2;
+	const float c = cs[2 * p], s = cs[2 * p + 1];
+	float *hd = x + (size_t)h * head_dim;
+	const int a = neox ? p : 2 * p, b = neox ? p + half : 2 * p + 1;
+	const float x0 = hd[a], x1 = hd[b];
+
+	hd[a] = x0 * c - x1 * s;
+	hd[b] = x0 * s + x1 * c;
+}
+
+__global__ void __launch_bounds__(QKV_THREADS)
+qkv_rows_kernel(float *q, float *k, const float *v, float *kc, float *vc, const int32_t *wrow,
+		const float *q_norm, const float *k_norm, int norm, float eps, int n_head,
+		int n_head_kv, int head_dim, int n_rot, int neox, const float *cs)
+{
+	__shared__ float part[QKV_THREADS / 32];
+	const int t = (int)blockIdx.x, QD = n_head * head_dim, KD = n_head_kv * head_dim;
+	const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);
+	float *qr = q + (size_t)t * QD, *kr = k + (size_t)t * KD;
+	const float *vr = v + (size_t)t * KD;
+
+	if (norm == 2) { /* MD_QK_NORM_FULL: each whole row, the block at a time */
+		float sq = 0.0f, sk = 0.0f;
+
+		for (int i = threadIdx.x; i < QD; i += QKV_THREADS)
+			sq += qr[i] * qr[i];
+		sq = qkv_block_sum(sq, part);
+		for (int i = threadIdx.x; i < KD; i += QKV_THREADS)
+			sk += kr[i] * kr[i];
+		sk = qkv_block_sum(sk, part);
+		const float cq = 1.0f / sqrtf(sq / (float)QD + eps);
+		const float ck = 1.0f / sqrtf(sk / (float)KD + eps);
+
+		for (int i = threadIdx.x; i < QD; i += QKV_THREADS)
+			qr[i] = qr[i] * cq * q_norm[i];
+		for (int i = threadIdx.x; i < KD; i += QKV_THREADS)
+			kr[i] = kr[i] * ck * k_norm[i];
+		__syncthreads();
+	} else if (norm == 1) { /* MD_QK_NORM_HEAD: each head, a warp at a time */
+		for (int h = warp; h < n_head + n_head_kv; h += QKV_THREADS / 32) {
+			float *x = h < n_head ? qr + (size_t)h * head_dim
+					      : kr + (size_t)(h - n_head) * head_dim;
+			const float *w = h < n_head ? q_norm : k_norm;
+			const float sc = 1.0f / sqrtf(qkv_warp_sumsq(x, head_dim, lane) /
+						      (float)head_dim + eps);
+
+			for (int i = lane; i < head_dim; i += 32)
+				x[i] = x[i] * sc * w[i];
+		}
+		__syncthreads();
+	}
+	if (n_rot > 0) {
+		const int half = n_rot / 2;
+		const float *ct = cs + (size_t)t * n_rot;
+
+		for (int i = threadIdx.x; i < (n_head + n_head_kv) * half; i += QKV_THREADS) {
+			const int h = i / half, p = i % half;
+
+			if (h < n_head)
+				qkv_rotate(qr, h, p, head_dim, n_rot, neox, ct);
+			else
+				qkv_rotate(kr, h - n_head, p, head_dim, n_rot, neox, ct);
+		}
+		__syncthreads();
+	}
+	float *kd = kc + (size_t)wrow[t] * KD, *vd = vc + (size_t)wrow[t] * KD;
+
+	for (int i = threadIdx.x; i < KD; i += QKV_THREADS) {
+		kd[i] = kr[i];
+		vd[i] = vr[i];
+	}
+}
+
+extern "C" cudaError_t md_cuda__qkv_rows(float *q, float *k, const float *v, float *kc,
+					 float *vc, const int32_t *wrow, const float *q_norm,
+					 const float *k_norm, int norm, float eps, int n, int n_head,
+					 int n_head_kv, int head_dim, int n_rot, int neox,
+					 const float *cs, cudaStream_t st)
+{
+	if (n <= 0)
+		return cudaSuccess;
+	qkv_rows_kernel<<<(unsigned)n, QKV_THREADS, 0, st>>>(q, k, v, kc, vc, wrow, q_norm, k_norm,
+							       norm, eps, n_head, n_head_kv,
+							       head_dim, n_rot, neox, cs);
+	return cudaGetLastError();
+}
+
 /* dst row rows[i] = src row i (store), or dst row i = src row rows[i] (gather). */
 __global__ void rows_kernel(float *dst, const float *src, const int32_t *rows, int n, int dim,
 			    int gather)

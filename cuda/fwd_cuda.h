@@ -23,6 +23,11 @@ cudaError_t md_cuda__add_rows(float *y, const float *bias, const int32_t *idx, i
 			      cudaStream_t st);
 cudaError_t md_cuda__rope(float *x, int n_tok, int n_head, int head_dim, int n_rot, int neox,
 			  const float *cs, cudaStream_t st);
+/* md_backend_fwd.qkv_rows (norm: 0 none, 1 per head, 2 whole rows: enum md_qk_norm). */
+cudaError_t md_cuda__qkv_rows(float *q, float *k, const float *v, float *kc, float *vc,
+			      const int32_t *wrow, const float *q_norm, const float *k_norm,
+			      int norm, float eps, int n, int n_head, int n_head_kv, int head_dim,
+			      int n_rot, int neox, const float *cs, cudaStream_t st);
 /* gather 0: dst row rows[i] = src row i; 1: dst row i = src row rows[i]. */
 cudaError_t md_cuda__rows(float *dst, const float *src, const int32_t *rows, int n, int dim,
 			  int gather, cudaStream_t st);

@@ -99,6 +99,25 @@ struct md_dev_mla_attn {
 	int max_pos;
 };
 
+/* The rows a step's attention reads, made in one launch where they took six: for each token
+ * t < n, the rows of Q (n_head * head_dim floats) and K (n_head_kv * head_dim) normed with
+ * q_norm / k_norm (norm MD_QK_NORM_FULL: the whole row; MD_QK_NORM_HEAD: each head's head_dim
+ * floats; MD_QK_NORM_NONE: not at all, the weights unused), then rotated (n_rot > 0: as rope,
+ * by token t's table cs + t * n_rot), in place; then K's and V's rows stored into cache rows
+ * wrow[t] of kc and vc. The results of rmsnorm, rope and rows_store in that order. */
+struct md_dev_qkv {
+	float *q, *k;
+	const float *v;
+	float *kc, *vc;
+	const int32_t *wrow;
+	const float *q_norm, *k_norm;
+	int norm; /* enum md_qk_norm */
+	float eps;
+	int n, n_head, n_head_kv, head_dim, n_rot;
+	bool neox;
+	const float *cs;
+};
+
 /* The most experts route and moe_layout take; the forward pass routes larger models on the
  * host. */
 #define MD_DEV_ROUTE_EMAX 1024
@@ -161,6 +180,9 @@ struct md_backend_fwd {
 	int (*rope)(struct md_backend *b, float *x, int n_tok, int n_head, int head_dim, int n_rot,
 		    bool neox, const float *cs);
 	/* dst row rows[i] = src row i, rows of dim floats, i < n. */
+	/* md_dev_qkv above; NULL where the backend has no such op (the pass then runs rmsnorm,
+	 * rope and rows_store). */
+	int (*qkv_rows)(struct md_backend *b, const struct md_dev_qkv *a);
 	int (*rows_store)(struct md_backend *b, float *dst, const int32_t *rows, const float *src,
 			  int n, int dim);
 	/* dst row i = src row rows[i], i < n. */

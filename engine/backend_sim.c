@@ -390,6 +390,27 @@ static int fwd_rows_store(struct md_backend *b, float *dst, const int32_t *rows,
 	return 0;
 }
 
+/* The ops it fuses, in their order (the pass's unfused sequence, bit for bit). */
+static int fwd_qkv_rows(struct md_backend *b, const struct md_dev_qkv *a)
+{
+	const int n = a->n, H = a->n_head, K = a->n_head_kv, D = a->head_dim;
+	if (a->n_rot % 2 || a->n_rot > D)
+		return -EINVAL;
+	if (a->norm == MD_QK_NORM_FULL) {
+		fwd_rmsnorm(b, a->q, a->q, a->q_norm, n, H * D, H * D, a->eps);
+		fwd_rmsnorm(b, a->k, a->k, a->k_norm, n, K * D, K * D, a->eps);
+	} else if (a->norm == MD_QK_NORM_HEAD) {
+		fwd_rmsnorm(b, a->q, a->q, a->q_norm, n * H, D, D, a->eps);
+		fwd_rmsnorm(b, a->k, a->k, a->k_norm, n * K, D, D, a->eps);
+	}
+	if (a->n_rot) {
+		fwd_rope(b, a->q, n, H, D, a->n_rot, a->neox, a->cs);
+		fwd_rope(b, a->k, n, K, D, a->n_rot, a->neox, a->cs);
+	}
+	fwd_rows_store(b, a->kc, a->wrow, a->k, n, K * D);
+	return fwd_rows_store(b, a->vc, a->wrow, a->v, n, K * D);
+}
+
 static int fwd_rows_gather(struct md_backend *b, float *dst, const float *src, const int32_t *rows,
 			   int n, int dim)
 {
@@ -738,6 +759,7 @@ static const struct md_backend_fwd sim_fwd = {
 	.add = fwd_add,
 	.add_rows = fwd_add_rows,
 	.rope = fwd_rope,
+	.qkv_rows = fwd_qkv_rows,
 	.rows_store = fwd_rows_store,
 	.rows_gather = fwd_rows_gather,
 	.attention = fwd_attention,

@@ -731,6 +731,34 @@ static int attention_mla(struct md_fwd_dev *d, const struct md_batch *b,
 	return rc;
 }
 
+/* What qkv_rows does, op by op (a backend without it, or MOED_NO_FUSE). */
+static int qkv_rows_unfused(struct md_fwd_dev *d, const struct md_dev_qkv *r)
+{
+	const struct md_backend_fwd *op = d->op;
+	struct md_backend *B = d->b;
+	const int n = r->n, H = r->n_head, K = r->n_head_kv, D = r->head_dim;
+	int rc = 0;
+	if (r->norm == MD_QK_NORM_FULL) {
+		rc = op->rmsnorm(B, r->q, r->q, r->q_norm, n, H * D, H * D, r->eps);
+		if (!rc)
+			rc = op->rmsnorm(B, r->k, r->k, r->k_norm, n, K * D, K * D, r->eps);
+	} else if (r->norm == MD_QK_NORM_HEAD) {
+		rc = op->rmsnorm(B, r->q, r->q, r->q_norm, n * H, D, D, r->eps);
+		if (!rc)
+			rc = op->rmsnorm(B, r->k, r->k, r->k_norm, n * K, D, D, r->eps);
+	}
+	if (!rc && r->n_rot) {
+		rc = op->rope(B, r->q, n, H, D, r->n_rot, r->neox, r->cs);
+		if (!rc)
+			rc = op->rope(B, r->k, n, K, D, r->n_rot, r->neox, r->cs);
+	}
+	if (!rc)
+		rc = op->rows_store(B, r->kc, r->wrow, r->k, n, K * D);
+	if (!rc)
+		rc = op->rows_store(B, r->vc, r->wrow, r->v, n, K * D);
+	return rc;
+}
+
 static int attention(struct md_fwd_dev *d, const struct md_batch *b, const struct step_tab *st,
 		     uint32_t il)
 {
@@ -757,27 +785,17 @@ static int attention(struct md_fwd_dev *d, const struct md_batch *b, const struc
 		rc = op->add_rows(B, d->k, dptr(d, L->bk), NULL, n, K * D);
 	if (!rc && L->bv)
 		rc = op->add_rows(B, d->v, dptr(d, L->bv), NULL, n, K * D);
-	if (!rc && hp->qk_norm == MD_QK_NORM_FULL) {
-		rc = op->rmsnorm(B, d->q, d->q, dptr(d, L->q_norm), n, H * D, H * D, eps);
-		if (!rc)
-			rc = op->rmsnorm(B, d->k, d->k, dptr(d, L->k_norm), n, K * D, K * D, eps);
-	} else if (!rc && hp->qk_norm == MD_QK_NORM_HEAD) {
-		rc = op->rmsnorm(B, d->q, d->q, dptr(d, L->q_norm), n * H, D, D, eps);
-		if (!rc)
-			rc = op->rmsnorm(B, d->k, d->k, dptr(d, L->k_norm), n * K, D, D, eps);
-	}
 	const bool swa = md_layer_is_swa(hp, il);
 	const bool neox = hp->rope_type == MD_ROPE_NEOX;
-	if (!rc && hp->n_rot) {
-		rc = op->rope(B, d->q, n, H, D, (int)hp->n_rot, neox, st->cs[swa]);
-		if (!rc)
-			rc = op->rope(B, d->k, n, K, D, (int)hp->n_rot, neox, st->cs[swa]);
-	}
 	float *kc = (float *)d->kc + (size_t)il * d->k_layer, *vc = d->vc + (size_t)il * d->v_layer;
+	struct md_dev_qkv r = {
+		.q = d->q, .k = d->k, .v = d->v, .kc = kc, .vc = vc, .wrow = st->wrow,
+		.q_norm = dptr(d, L->q_norm), .k_norm = dptr(d, L->k_norm), .norm = (int)hp->qk_norm,
+		.eps = eps, .n = n, .n_head = H, .n_head_kv = K, .head_dim = D,
+		.n_rot = (int)hp->n_rot, .neox = neox, .cs = st->cs[swa],
+	};
 	if (!rc)
-		rc = op->rows_store(B, kc, st->wrow, d->k, n, K * D);
-	if (!rc)
-		rc = op->rows_store(B, vc, st->wrow, d->v, n, K * D);
+		rc = md_fwd_dev__fuse(d, qkv_rows) ? op->qkv_rows(B, &r) : qkv_rows_unfused(d, &r);
 	struct md_dev_attn a = {
 		.out = d->att, .q = d->q, .k = kc, .v = vc, .pos = st->pos, .tab = st->tab,
 		.blocks = st->blocks, .sinks = dptr(d, L->attn_sinks), .n_tok = n, .n_head = H,
@@ -787,7 +805,7 @@ static int attention(struct md_fwd_dev *d, const struct md_batch *b, const struc
 	if (!rc)
 		rc = op->attention(B, &a);
 	struct md_mat wo = dmat(d, L->wo, 0);
-	if (!rc && !L->bo && md_fwd_dev__fuse(d))
+	if (!rc && !L->bo && md_fwd_dev__fuse(d, mm_add))
 		return op->mm_add(B, &wo, d->att, n, d->x); /* the residual in the product */
 	if (!rc)
 		rc = op->mm(B, &wo, d->att, n, d->tmp);

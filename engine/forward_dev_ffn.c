@@ -531,7 +531,7 @@ int md_fwd_dev__ffn(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p, struc
 			rc = d->op->mm(d->b, &u, d->xn, n, d->ue);
 		if (!rc)
 			rc = d->op->glu(d->b, d->ge, d->ue, (size_t)n * g.n_out, hp->ffn_act);
-		if (!rc && md_fwd_dev__fuse(d)) {
+		if (!rc && md_fwd_dev__fuse(d, mm_add)) {
 			rc = d->op->mm_add(d->b, &dn, d->ge, n, d->x); /* the residual in the product */
 			added = true;
 		} else if (!rc) {

@@ -121,13 +121,11 @@ static inline struct md_mat dmat(const struct md_fwd_dev *d, const struct md_ten
 	return w;
 }
 
-/* Whether the pass uses the backend's fused ops (mm_add: a projection and its residual add in
- * one launch): where it has them and MOED_NO_FUSE is unset. The results are those of the
- * unfused sequence (bit for bit on the simulated device). */
-static inline bool md_fwd_dev__fuse(const struct md_fwd_dev *d)
-{
-	return !d->no_fuse && d->op->mm_add != NULL;
-}
+/* Whether the pass uses a fused op of the backend (op: mm_add, a projection and its residual
+ * add in one launch; qkv_rows, attention's norms, rope and cache stores in one): where the
+ * backend has it and MOED_NO_FUSE is unset. The results are those of the unfused sequence
+ * (bit for bit on the simulated device). */
+#define md_fwd_dev__fuse(d, fn) (!(d)->no_fuse && (d)->op->fn != NULL)
 
 /* Staging, copies and device buffers (forward_dev.c). */
 void *md_fwd_dev__stage(struct md_fwd_dev *d, size_t n);

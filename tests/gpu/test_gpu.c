@@ -270,6 +270,63 @@ static void check_rope(void)
 	printf("gpu: rope: ok\n");
 }
 
+/* qkv_rows, attention's norms, rope and cache stores in one launch: every norm (none, per
+ * head, whole rows), both rope layouts, no rope, head sizes of 64, 128 and 320 (past the
+ * 256 threads of a row's norm), GQA; q and k in place and the cache rows against the
+ * reference. */
+static void check_qkv_rows(void)
+{
+	const int dims[] = { 64, 128, 320 };
+	int cases = 0;
+	for (size_t di = 0; di < sizeof(dims) / sizeof(dims[0]); di++)
+		for (int norm = MD_QK_NORM_NONE; norm <= MD_QK_NORM_FULL; norm++)
+			for (int rope = 0; rope < 3; rope++) {
+				const int n = 5, H = 6, K = 2, D = dims[di], rows = 12;
+				const int n_rot = rope == 0 ? 0 : rope == 1 ? D : D / 2, neox = rope == 2;
+				const size_t QD = (size_t)H * D, KD = (size_t)K * D;
+				float *q = frnd(n * QD, 1.0f), *k = frnd(n * KD, 1.0f);
+				float *v = frnd(n * KD, 1.0f), *cs = frnd((size_t)n * (n_rot + 2), 1.0f);
+				float *wq = frnd(norm == MD_QK_NORM_FULL ? QD : (size_t)D, 1.0f);
+				float *wk = frnd(norm == MD_QK_NORM_FULL ? KD : (size_t)D, 1.0f);
+				int32_t wrow[5] = { 7, 0, 11, 3, 5 };
+				struct pair pq = pnew(q, n * QD * 4), pk = pnew(k, n * KD * 4);
+				struct pair pv = pnew(v, n * KD * 4), pc = pnew(cs, (size_t)n * (n_rot + 2) * 4);
+				struct pair pwq = pnew(wq, (norm == MD_QK_NORM_FULL ? QD : (size_t)D) * 4);
+				struct pair pwk = pnew(wk, (norm == MD_QK_NORM_FULL ? KD : (size_t)D) * 4);
+				struct pair pr = pnew(wrow, sizeof(wrow));
+				struct pair pkc = pnew(NULL, rows * KD * 4), pvc = pnew(NULL, rows * KD * 4);
+				struct md_dev_qkv a = {
+					.q = pq.c, .k = pk.c, .v = pv.c, .kc = pkc.c, .vc = pvc.c,
+					.wrow = pr.c, .q_norm = pwq.c, .k_norm = pwk.c, .norm = norm,
+					.eps = 1e-6f, .n = n, .n_head = H, .n_head_kv = K, .head_dim = D,
+					.n_rot = n_rot, .neox = neox, .cs = pc.c,
+				};
+				CHECK_EQ_I(cu->fwd->qkv_rows(cu, &a), 0);
+				a.q = pq.s, a.k = pk.s, a.v = pv.s, a.kc = pkc.s, a.vc = pvc.s;
+				a.wrow = pr.s, a.q_norm = pwq.s, a.k_norm = pwk.s, a.cs = pc.s;
+				CHECK_EQ_I(sim->fwd->qkv_rows(sim, &a), 0);
+				char what[96];
+				snprintf(what, sizeof what, "qkv_rows D %d norm %d n_rot %d %s", D, norm,
+					 n_rot, neox ? "neox" : "norm");
+				pcmp(&pq, what, OP_TOL);
+				pcmp(&pk, what, OP_TOL);
+				pcmp(&pkc, what, OP_TOL);
+				pcmp(&pvc, what, 0);
+				struct pair *all[] = { &pq, &pk, &pv, &pc, &pwq, &pwk, &pr, &pkc, &pvc };
+				for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+					pfree(all[i]);
+				free(q);
+				free(k);
+				free(v);
+				free(cs);
+				free(wq);
+				free(wk);
+				cases++;
+			}
+	printf("gpu: attention rows (norms, rope, cache stores in one launch), %d cases: ok\n",
+	       cases);
+}
+
 /* Attention over a paged cache with a shuffled block table: GQA, a sliding window, sinks,
  * head sizes that are and are not multiples of 32. */
 static void check_attention(void)
@@ -712,6 +769,7 @@ int main(int argc, char **argv)
 	sim = md_backend_sim_new((size_t)8 << 30, 0);
 	check_elementwise();
 	check_rope();
+	check_qkv_rows();
 	check_attention();
 	check_products();
 	check_routing();
