@@ -1,6 +1,7 @@
 /* The CUDA backend's device forward ops (engine/backend_fwd.h): argument checks and launches
  * on stream 0, nothing waited for except by sync. The kernels are fwd.cu's and matmul.cu's. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include <cuda_runtime_api.h>
@@ -10,6 +11,9 @@
 #include "cuda/matmul_cuda.h"
 
 _Static_assert(MD_CUDA_ROUTE_EMAX == MD_DEV_ROUTE_EMAX, "fwd_cuda.h mirrors backend_fwd.h");
+_Static_assert(MD_CUDA_MM_MULTI == MD_DEV_MM_MULTI, "matmul_cuda.h mirrors backend_fwd.h");
+_Static_assert(MD_QK_NORM_NONE == 0 && MD_QK_NORM_HEAD == 1 && MD_QK_NORM_FULL == 2,
+	       "fwd.cu's qkv_rows_kernel reads the norm as 0, 1, 2");
 
 static cudaStream_t st0(const struct md_backend *b)
 {
@@ -36,6 +40,38 @@ static int fwd_mm(struct md_backend *b, const struct md_mat *w, const float *x, 
 		return -EINVAL;
 	return md_cuda__errno(md_cuda__matmul((int)w->type, w->data, w->n_in, w->n_out, w->nb1, x,
 					      n_tok, y, 0, st0(b)));
+}
+
+/* One launch where the weights share type, n_in and nb1 (MOED_NO_FUSE: one each). */
+static int fwd_mm_multi(struct md_backend *b, int n, const struct md_mat *const *w,
+			const float *x, int n_tok, float *const *y)
+{
+	const struct cuda_ctx *c = b->_ctx;
+	const void *wd[MD_DEV_MM_MULTI];
+	int64_t rows[MD_DEV_MM_MULTI];
+	bool same = !c->no_fuse;
+
+	if (n < 1 || n > MD_DEV_MM_MULTI)
+		return -EINVAL;
+	for (int i = 0; i < n; i++) {
+		if (n_tok < 1 || w[i]->n_out < 1 || w[i]->data == NULL ||
+		    !weights_ok(w[i]->type, w[i]->n_in, w[i]->nb1, w[i]->data))
+			return -EINVAL;
+		same = same && w[i]->type == w[0]->type && w[i]->n_in == w[0]->n_in &&
+		       w[i]->nb1 == w[0]->nb1;
+		wd[i] = w[i]->data;
+		rows[i] = w[i]->n_out;
+	}
+	if (same)
+		return md_cuda__errno(md_cuda__matmul_multi((int)w[0]->type, n, wd, rows, y,
+							    w[0]->n_in, w[0]->nb1, x, n_tok,
+							    st0(b)));
+	for (int i = 0; i < n; i++) {
+		int rc = fwd_mm(b, w[i], x, n_tok, y[i]);
+		if (rc)
+			return rc;
+	}
+	return 0;
 }
 
 static int fwd_mm_add(struct md_backend *b, const struct md_mat *w, const float *x, int n_tok,
@@ -234,6 +270,7 @@ static void fwd_graph_free(struct md_backend *b, void *graph)
 const struct md_backend_fwd md_cuda__fwd_ops = {
 	.mm = fwd_mm,
 	.mm_experts = fwd_mm_experts,
+	.mm_multi = fwd_mm_multi,
 	.mm_add = fwd_mm_add,
 	.rmsnorm = fwd_rmsnorm,
 	.add = fwd_add,

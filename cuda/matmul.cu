@@ -613,19 +613,16 @@ __device__ __forceinline__ void row_dot(const uint8_t *row, const act<NT> &a, in
  * shuffles below always see 32 lanes. NT is MM_NT, or 1 for one token (a decode step of one
  * sequence): a tile's accumulators and rows take registers, and the fewer a warp holds, the
  * more warps (and their loads) an SM keeps in flight. */
+/* Output row r of w for the NT-token tile at t0 (the warp's share of mm_kernel). */
 template <int TYPE, int NT>
-__global__ void __launch_bounds__(MM_WARPS * 32)
-mm_kernel(const uint8_t *__restrict__ w, int64_t n_in, int64_t n_out, size_t nb1,
-	  const float *__restrict__ x, int n_tok, float *__restrict__ y, int accumulate)
+__device__ __forceinline__ void mm_row(const uint8_t *__restrict__ w, int64_t n_in, int64_t n_out,
+				       size_t nb1, const float *__restrict__ x, int n_tok,
+				       float *__restrict__ y, int accumulate, int64_t r, int t0,
+				       int lane)
 {
-	const int lane = (int)(threadIdx.x & 31);
-	const int64_t r = (int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
-	const int t0 = (int)blockIdx.y * NT;
 	float acc[NT];
-
-	if (r >= n_out)
-		return;
 	act<NT> a;
+
 	a.x = x + (int64_t)t0 * n_in;
 	a.n_in = n_in;
 	a.nt = min(NT, n_tok - t0);
@@ -652,6 +649,48 @@ mm_kernel(const uint8_t *__restrict__ w, int64_t n_in, int64_t n_out, size_t nb1
 			*o = accumulate ? *o + v : v;
 		}
 	}
+}
+
+template <int TYPE, int NT>
+__global__ void __launch_bounds__(MM_WARPS * 32)
+mm_kernel(const uint8_t *__restrict__ w, int64_t n_in, int64_t n_out, size_t nb1,
+	  const float *__restrict__ x, int n_tok, float *__restrict__ y, int accumulate)
+{
+	const int64_t r = (int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
+
+	if (r >= n_out)
+		return;
+	mm_row<TYPE, NT>(w, n_in, n_out, nb1, x, n_tok, y, accumulate, r,
+			 (int)blockIdx.y * NT, (int)(threadIdx.x & 31));
+}
+
+/* Several products of one input in one launch (md_backend_fwd.mm_multi: Q, K and V; an FFN's
+ * gate and up): the matrices' row blocks one after another along blockIdx.x, matrix i's from
+ * blk0[i], so that every block reads one matrix. */
+struct mm_multi_args {
+	const uint8_t *w[MD_CUDA_MM_MULTI];
+	float *y[MD_CUDA_MM_MULTI];
+	int64_t n_out[MD_CUDA_MM_MULTI];
+	int64_t blk0[MD_CUDA_MM_MULTI + 1];
+	int n;
+};
+
+template <int TYPE, int NT>
+__global__ void __launch_bounds__(MM_WARPS * 32)
+mm_multi_kernel(const mm_multi_args m, int64_t n_in, size_t nb1, const float *__restrict__ x,
+		int n_tok)
+{
+	const int64_t bx = blockIdx.x;
+	int i = 0;
+
+	while (i + 1 < m.n && bx >= m.blk0[i + 1])
+		i++;
+	const int64_t r = (bx - m.blk0[i]) * MM_WARPS + (threadIdx.x >> 5);
+
+	if (r >= m.n_out[i])
+		return;
+	mm_row<TYPE, NT>(m.w[i], n_in, m.n_out[i], nb1, x, n_tok, m.y[i], 0, r,
+			 (int)blockIdx.y * NT, (int)(threadIdx.x & 31));
 }
 
 /* The expert-grouped variant (md_backend_fwd.mm_experts): blockIdx.y is i * ng + g, weight i
@@ -795,6 +834,62 @@ extern "C" cudaError_t md_cuda__matmul(int type, const void *w, int64_t n_in, in
 	case MD_DT_MXFP4: return launch<MD_DT_MXFP4>(w, n_in, n_out, nb1, x, n_tok, y, acc, stream);
 	case MD_DT_Q2_K: return launch<MD_DT_Q2_K>(w, n_in, n_out, nb1, x, n_tok, y, acc, stream);
 	case MD_DT_Q3_K: return launch<MD_DT_Q3_K>(w, n_in, n_out, nb1, x, n_tok, y, acc, stream);
+	default: return cudaErrorInvalidValue;
+	}
+}
+
+template <int TYPE>
+static cudaError_t launch_multi(const mm_multi_args &m, int64_t n_in, size_t nb1, const float *x,
+				int n_tok, cudaStream_t stream)
+{
+	const dim3 grid((unsigned)m.blk0[m.n], (unsigned)((n_tok + MM_NT - 1) / MM_NT));
+
+	if (n_tok == 1)
+		mm_multi_kernel<TYPE, 1><<<grid, MM_WARPS * 32, 0, stream>>>(m, n_in, nb1, x, n_tok);
+	else
+		mm_multi_kernel<TYPE, MM_NT><<<grid, MM_WARPS * 32, 0, stream>>>(m, n_in, nb1, x,
+									       n_tok);
+	return cudaGetLastError();
+}
+
+extern "C" cudaError_t md_cuda__matmul_multi(int type, int n, const void *const *w,
+					     const int64_t *n_out, float *const *y, int64_t n_in,
+					     size_t nb1, const float *x, int n_tok,
+					     cudaStream_t stream)
+{
+	mm_multi_args m;
+
+	if (n < 1 || n > MD_CUDA_MM_MULTI || n_tok <= 0 || (n_tok + MM_NT - 1) / MM_NT > 65535)
+		return cudaErrorInvalidValue;
+	m.n = n;
+	m.blk0[0] = 0;
+	for (int i = 0; i < n; i++) {
+		if (n_out[i] <= 0)
+			return cudaErrorInvalidValue;
+		m.w[i] = (const uint8_t *)w[i];
+		m.y[i] = y[i];
+		m.n_out[i] = n_out[i];
+		m.blk0[i + 1] = m.blk0[i] + (n_out[i] + MM_WARPS - 1) / MM_WARPS;
+	}
+	if (m.blk0[n] > 0x7fffffff)
+		return cudaErrorInvalidValue;
+	switch (type) {
+	case MD_DT_F32: return launch_multi<MD_DT_F32>(m, n_in, nb1, x, n_tok, stream);
+	case MD_DT_F16: return launch_multi<MD_DT_F16>(m, n_in, nb1, x, n_tok, stream);
+	case MD_DT_BF16: return launch_multi<MD_DT_BF16>(m, n_in, nb1, x, n_tok, stream);
+	case MD_DT_Q8_0: return launch_multi<MD_DT_Q8_0>(m, n_in, nb1, x, n_tok, stream);
+	case MD_DT_Q4_0: return launch_multi<MD_DT_Q4_0>(m, n_in, nb1, x, n_tok, stream);
+	case MD_DT_Q4_K: return launch_multi<MD_DT_Q4_K>(m, n_in, nb1, x, n_tok, stream);
+	case MD_DT_Q5_K: return launch_multi<MD_DT_Q5_K>(m, n_in, nb1, x, n_tok, stream);
+	case MD_DT_Q6_K: return launch_multi<MD_DT_Q6_K>(m, n_in, nb1, x, n_tok, stream);
+	case MD_DT_Q4_1: return launch_multi<MD_DT_Q4_1>(m, n_in, nb1, x, n_tok, stream);
+	case MD_DT_Q5_0: return launch_multi<MD_DT_Q5_0>(m, n_in, nb1, x, n_tok, stream);
+	case MD_DT_Q5_1: return launch_multi<MD_DT_Q5_1>(m, n_in, nb1, x, n_tok, stream);
+	case MD_DT_IQ4_NL: return launch_multi<MD_DT_IQ4_NL>(m, n_in, nb1, x, n_tok, stream);
+	case MD_DT_IQ4_XS: return launch_multi<MD_DT_IQ4_XS>(m, n_in, nb1, x, n_tok, stream);
+	case MD_DT_MXFP4: return launch_multi<MD_DT_MXFP4>(m, n_in, nb1, x, n_tok, stream);
+	case MD_DT_Q2_K: return launch_multi<MD_DT_Q2_K>(m, n_in, nb1, x, n_tok, stream);
+	case MD_DT_Q3_K: return launch_multi<MD_DT_Q3_K>(m, n_in, nb1, x, n_tok, stream);
 	default: return cudaErrorInvalidValue;
 	}
 }

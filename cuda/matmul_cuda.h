@@ -22,6 +22,17 @@ cudaError_t md_cuda__matmul(int type, const void *w, int64_t n_in, int64_t n_out
 			    const float *x, int n_tok, float *y, int accumulate,
 			    cudaStream_t stream);
 
+/* The most products md_cuda__matmul_multi launches together. */
+#define MD_CUDA_MM_MULTI 3
+
+/*
+ * Launches md_cuda__matmul's products of n (1 .. MD_CUDA_MM_MULTI) weights w[i] (n_out[i]
+ * rows each, all of type, n_in and nb1) with the same input x into y[i], as one kernel.
+ */
+cudaError_t md_cuda__matmul_multi(int type, int n, const void *const *w, const int64_t *n_out,
+				  float *const *y, int64_t n_in, size_t nb1, const float *x,
+				  int n_tok, cudaStream_t stream);
+
 /*
  * Launches the expert-grouped products of md_backend_fwd.mm_experts (engine/backend_fwd.h),
  * nw (1 or 2) weights per group in one launch: group g < ng owns slots off[g] .. off[g+1]-1

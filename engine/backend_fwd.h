@@ -118,6 +118,9 @@ struct md_dev_qkv {
 	const float *cs;
 };
 
+/* The most weights mm_multi takes. */
+#define MD_DEV_MM_MULTI 3
+
 /* The most experts route and moe_layout take; the forward pass routes larger models on the
  * host. */
 #define MD_DEV_ROUTE_EMAX 1024
@@ -161,6 +164,11 @@ struct md_backend_fwd {
 	int (*mm)(struct md_backend *b, const struct md_mat *w, const float *x, int n_tok, float *y);
 	/* The grouped expert products above. */
 	int (*mm_experts)(struct md_backend *b, const struct md_dev_experts *e);
+	/* y[i] (n_tok, w[i]->n_out) = w[i] x for n (1 .. MD_DEV_MM_MULTI) weights with the same
+	 * input (Q, K and V; an FFN's gate and up): what mm of each gives, in one launch where
+	 * the weights share type, n_in and nb1; NULL where the backend has no such op. */
+	int (*mm_multi)(struct md_backend *b, int n, const struct md_mat *const *w, const float *x,
+			int n_tok, float *const *y);
 	/* y += w x: mm and add in one (a residual after a projection); NULL where the backend
 	 * has no such op (the pass then runs mm and add). */
 	int (*mm_add)(struct md_backend *b, const struct md_mat *w, const float *x, int n_tok,

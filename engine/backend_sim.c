@@ -340,6 +340,19 @@ static int fwd_add(struct md_backend *b, float *y, const float *x, size_t n)
 	return 0;
 }
 
+static int fwd_mm_multi(struct md_backend *b, int n, const struct md_mat *const *w,
+			const float *x, int n_tok, float *const *y)
+{
+	if (n < 1 || n > MD_DEV_MM_MULTI)
+		return -EINVAL;
+	for (int i = 0; i < n; i++) {
+		int rc = fwd_mm(b, w[i], x, n_tok, y[i]);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
 /* The product into a buffer of its own, then the add: mm then add, bit for bit. */
 static int fwd_mm_add(struct md_backend *b, const struct md_mat *w, const float *x, int n_tok,
 		      float *y)
@@ -754,6 +767,7 @@ static int fwd_moe_layout(struct md_backend *b, const struct md_dev_layout *l)
 static const struct md_backend_fwd sim_fwd = {
 	.mm = fwd_mm,
 	.mm_experts = fwd_mm_experts,
+	.mm_multi = fwd_mm_multi,
 	.mm_add = fwd_mm_add,
 	.rmsnorm = fwd_rmsnorm,
 	.add = fwd_add,

@@ -774,11 +774,7 @@ static int attention(struct md_fwd_dev *d, const struct md_batch *b, const struc
 	int rc = op->rmsnorm(B, d->xn, d->x, dptr(d, L->attn_norm), n, N, N, eps);
 	struct md_mat wq = dmat(d, L->wq, 0), wk = dmat(d, L->wk, 0), wv = dmat(d, L->wv, 0);
 	if (!rc)
-		rc = op->mm(B, &wq, d->xn, n, d->q);
-	if (!rc)
-		rc = op->mm(B, &wk, d->xn, n, d->k);
-	if (!rc)
-		rc = op->mm(B, &wv, d->xn, n, d->v);
+		rc = md_fwd_dev__mm3(d, &wq, &wk, &wv, d->xn, n, d->q, d->k, d->v);
 	if (!rc && L->bq)
 		rc = op->add_rows(B, d->q, dptr(d, L->bq), NULL, n, H * D);
 	if (!rc && L->bk)

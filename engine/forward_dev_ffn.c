@@ -490,9 +490,7 @@ static int moe(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p, struct md_
 	if (!rc && L->gate_shexp) {
 		struct md_mat g = dmat(d, L->gate_shexp, 0), u = dmat(d, L->up_shexp, 0);
 		struct md_mat dn = dmat(d, L->down_shexp, 0);
-		rc = op->mm(B, &g, d->xn, n, d->ge);
-		if (!rc)
-			rc = op->mm(B, &u, d->xn, n, d->ue);
+		rc = md_fwd_dev__mm3(d, &g, &u, NULL, d->xn, n, d->ge, d->ue, NULL);
 		if (!rc)
 			rc = op->glu(B, d->ge, d->ue, (size_t)n * g.n_out, hp->ffn_act);
 		if (!rc)
@@ -526,9 +524,7 @@ int md_fwd_dev__ffn(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p, struc
 	} else {
 		struct md_mat g = dmat(d, L->ffn_gate, 0), u = dmat(d, L->ffn_up, 0);
 		struct md_mat dn = dmat(d, L->ffn_down, 0);
-		rc = d->op->mm(d->b, &g, d->xn, n, d->ge);
-		if (!rc)
-			rc = d->op->mm(d->b, &u, d->xn, n, d->ue);
+		rc = md_fwd_dev__mm3(d, &g, &u, NULL, d->xn, n, d->ge, d->ue, NULL);
 		if (!rc)
 			rc = d->op->glu(d->b, d->ge, d->ue, (size_t)n * g.n_out, hp->ffn_act);
 		if (!rc && md_fwd_dev__fuse(d, mm_add)) {

@@ -127,6 +127,25 @@ static inline struct md_mat dmat(const struct md_fwd_dev *d, const struct md_ten
  * (bit for bit on the simulated device). */
 #define md_fwd_dev__fuse(d, fn) (!(d)->no_fuse && (d)->op->fn != NULL)
 
+/* Products of two or three weights (c NULL: two) with the same input: mm_multi's one launch,
+ * or mm of each. */
+static inline int md_fwd_dev__mm3(struct md_fwd_dev *d, const struct md_mat *a,
+				  const struct md_mat *b, const struct md_mat *c, const float *x,
+				  int n, float *ya, float *yb, float *yc)
+{
+	if (md_fwd_dev__fuse(d, mm_multi)) {
+		const struct md_mat *w[3] = { a, b, c };
+		float *const y[3] = { ya, yb, yc };
+		return d->op->mm_multi(d->b, c ? 3 : 2, w, x, n, y);
+	}
+	int rc = d->op->mm(d->b, a, x, n, ya);
+	if (!rc)
+		rc = d->op->mm(d->b, b, x, n, yb);
+	if (!rc && c)
+		rc = d->op->mm(d->b, c, x, n, yc);
+	return rc;
+}
+
 /* Staging, copies and device buffers (forward_dev.c). */
 void *md_fwd_dev__stage(struct md_fwd_dev *d, size_t n);
 int md_fwd_dev__download(struct md_fwd_dev *d, void *dst, const void *src, size_t n);

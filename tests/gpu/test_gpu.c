@@ -430,6 +430,29 @@ static void check_products(void)
 		CHECK_EQ_I(sim->fwd->mm(sim, &ms, px.s, 1, py.s), 0);
 		snprintf(what, sizeof what, "mm %s, one token", md_dtype_info(t)->name);
 		pcmp(&py, what, MM_TOL);
+		/* mm_multi: three weights' products of one input in one launch (Q, K, V), at 9
+		 * tokens and at one; the third with fewer rows */
+		for (int nt = n_x; nt >= 1; nt -= n_x - 1) {
+			struct pair pm[3];
+			struct md_mat c3[3], s3[3];
+			const struct md_mat *cp[3], *sp[3];
+			float *cy[3], *sy[3];
+			for (int i = 0; i < 3; i++) {
+				int64_t rows = i == 2 ? n_out / 3 : n_out;
+				pm[i] = pnew(NULL, (size_t)n_x * rows * 4);
+				c3[i] = (struct md_mat){ t, n_in, rows, rb, (const char *)pw.c + i * wbytes };
+				s3[i] = (struct md_mat){ t, n_in, rows, rb, (const char *)pw.s + i * wbytes };
+				cp[i] = &c3[i], sp[i] = &s3[i], cy[i] = pm[i].c, sy[i] = pm[i].s;
+			}
+			CHECK_EQ_I(cu->fwd->mm_multi(cu, 3, cp, px.c, nt, cy), 0);
+			CHECK_EQ_I(sim->fwd->mm_multi(sim, 3, sp, px.s, nt, sy), 0);
+			for (int i = 0; i < 3; i++) {
+				snprintf(what, sizeof what, "mm_multi %s, %d tokens, weight %d",
+					 md_dtype_info(t)->name, nt, i);
+				pcmp(&pm[i], what, MM_TOL);
+				pfree(&pm[i]);
+			}
+		}
 		/* mm_add: the products added to what y holds (the two above) */
 		CHECK_EQ_I(cu->fwd->mm_add(cu, &mc, px.c, n_x, py.c), 0);
 		CHECK_EQ_I(sim->fwd->mm_add(sim, &ms, px.s, n_x, py.s), 0);
