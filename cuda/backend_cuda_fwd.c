@@ -188,7 +188,13 @@ static int fwd_glu(struct md_backend *b, float *g, const float *u, size_t n, enu
 static int fwd_combine(struct md_backend *b, float *out, const float *ye, const int32_t *slot,
 		       const float *w, int n_tok, int k, int n)
 {
-	return md_cuda__errno(md_cuda__combine(out, ye, slot, w, n_tok, k, n, st0(b)));
+	return md_cuda__errno(md_cuda__combine(out, ye, slot, w, n_tok, k, n, 0, st0(b)));
+}
+
+static int fwd_combine_add(struct md_backend *b, float *out, const float *ye,
+			   const int32_t *slot, const float *w, int n_tok, int k, int n)
+{
+	return md_cuda__errno(md_cuda__combine(out, ye, slot, w, n_tok, k, n, 1, st0(b)));
 }
 
 static int fwd_gate_add(struct md_backend *b, float *y, const float *x, const float *gate,
@@ -285,6 +291,7 @@ const struct md_backend_fwd md_cuda__fwd_ops = {
 	.rows_store_f16 = fwd_rows_store_f16,
 	.glu = fwd_glu,
 	.combine = fwd_combine,
+	.combine_add = fwd_combine_add,
 	.gate_add = fwd_gate_add,
 	.copy = fwd_copy,
 	.sync = fwd_sync,

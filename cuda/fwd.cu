@@ -321,9 +321,10 @@ extern "C" cudaError_t md_cuda__glu(float *g, const float *u, size_t n, int oai,
 	return cudaGetLastError();
 }
 
-/* out[t][i] = sum over j < k in order of w[t k + j] ye[slot[t k + j]][i]. */
+/* out[t][i] = sum over j < k in order of w[t k + j] ye[slot[t k + j]][i] (accumulate: out +=
+ * that sum, the residual add after an MoE layer). */
 __global__ void combine_kernel(float *out, const float *ye, const int32_t *slot, const float *w,
-			       int n_tok, int k, int n)
+			       int n_tok, int k, int n, int accumulate)
 {
 	const size_t total = (size_t)n_tok * n;
 
@@ -338,17 +339,18 @@ __global__ void combine_kernel(float *out, const float *ye, const int32_t *slot,
 			if (s >= 0)
 				acc += w[t * k + j] * ye[(size_t)s * n + c];
 		}
-		out[i] = acc;
+		out[i] = accumulate ? out[i] + acc : acc;
 	}
 }
 
 extern "C" cudaError_t md_cuda__combine(float *out, const float *ye, const int32_t *slot,
-					const float *w, int n_tok, int k, int n, cudaStream_t st)
+					const float *w, int n_tok, int k, int n, int accumulate,
+					cudaStream_t st)
 {
 	if (n_tok <= 0 || n <= 0)
 		return cudaSuccess;
 	combine_kernel<<<blocks_for((size_t)n_tok * n, 256), 256, 0, st>>>(out, ye, slot, w, n_tok, k,
-									  n);
+									  n, accumulate);
 	return cudaGetLastError();
 }
 

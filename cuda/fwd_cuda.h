@@ -33,7 +33,7 @@ cudaError_t md_cuda__rows(float *dst, const float *src, const int32_t *rows, int
 			  int gather, cudaStream_t st);
 cudaError_t md_cuda__glu(float *g, const float *u, size_t n, int oai, cudaStream_t st);
 cudaError_t md_cuda__combine(float *out, const float *ye, const int32_t *slot, const float *w,
-			     int n_tok, int k, int n, cudaStream_t st);
+			     int n_tok, int k, int n, int accumulate, cudaStream_t st);
 cudaError_t md_cuda__gate_add(float *y, const float *x, const float *gate, int n_tok, int n,
 			      cudaStream_t st);
 /* head_dim up to 256; n_tok up to 65535. */

@@ -213,6 +213,10 @@ struct md_backend_fwd {
 	 * floats), slot < 0 adding nothing; out[t] is all zeros when every slot is < 0. */
 	int (*combine)(struct md_backend *b, float *out, const float *ye, const int32_t *slot,
 		       const float *w, int n_tok, int k, int n);
+	/* out[t] += that sum (an MoE layer's output and the residual add in one launch); NULL
+	 * where the backend has no such op. */
+	int (*combine_add)(struct md_backend *b, float *out, const float *ye, const int32_t *slot,
+			   const float *w, int n_tok, int k, int n);
 	/* y[t] += sigmoid(gate[t]) * x[t] (rows of n floats); gate NULL: y[t] += x[t]. */
 	int (*gate_add)(struct md_backend *b, float *y, const float *x, const float *gate,
 			int n_tok, int n);

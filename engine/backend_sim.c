@@ -662,6 +662,23 @@ static int fwd_combine(struct md_backend *b, float *out, const float *ye, const 
 	return 0;
 }
 
+/* combine into a buffer of its own, then the add: bit for bit the unfused pair. */
+static int fwd_combine_add(struct md_backend *b, float *out, const float *ye, const int32_t *slot,
+			   const float *w, int n_tok, int k, int n)
+{
+	struct sim *s = S(b);
+	size_t m = (size_t)(n_tok > 0 ? n_tok : 0) * (size_t)n;
+	if (m > s->prod_cap) {
+		float *p = realloc(s->prod, m * sizeof(float));
+		if (!p)
+			return -ENOMEM;
+		s->prod = p;
+		s->prod_cap = m;
+	}
+	fwd_combine(b, s->prod, ye, slot, w, n_tok, k, n);
+	return fwd_add(b, out, s->prod, m);
+}
+
 static int fwd_gate_add(struct md_backend *b, float *y, const float *x, const float *gate,
 			int n_tok, int n)
 {
@@ -782,6 +799,7 @@ static const struct md_backend_fwd sim_fwd = {
 	.rows_store_f16 = fwd_rows_store_f16,
 	.glu = fwd_glu,
 	.combine = fwd_combine,
+	.combine_add = fwd_combine_add,
 	.gate_add = fwd_gate_add,
 	.copy = fwd_copy,
 	.sync = fwd_sync,

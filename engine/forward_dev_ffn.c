@@ -310,14 +310,24 @@ static int prefetch_next(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
 
 /* Steps 1-4 routed on the host: the router's logits down, the routing and layout up. The
  * routed experts' sum into tmp. */
+/* The layer's combine: into tmp, or (into_x) added to the residual stream x in the same
+ * launch (combine_add, where no shared expert joins the sum before the residual add). */
+static int combine_out(struct md_fwd_dev *d, bool into_x, const int32_t *slot, const float *w,
+		       int n, int k)
+{
+	const int N = (int)d->m->hp.n_embd;
+	return into_x ? d->op->combine_add(d->b, d->x, d->ye, slot, w, n, k, N)
+		      : d->op->combine(d->b, d->tmp, d->ye, slot, w, n, k, N);
+}
+
 static int moe_host(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
-		    struct md_expert_src *src, int n, uint32_t il, int32_t *tok_err)
+		    struct md_expert_src *src, int n, uint32_t il, int32_t *tok_err, bool into_x)
 {
 	const struct md_backend_fwd *op = d->op;
 	struct md_backend *B = d->b;
 	const struct md_hparams *hp = &d->m->hp;
 	const struct md_layer *L = &d->m->layers[il];
-	const int N = (int)hp->n_embd, E = (int)hp->n_expert;
+	const int E = (int)hp->n_expert;
 
 	/* 1-2. Route on the host. */
 	struct md_mat wr = dmat(d, L->gate_inp, 0);
@@ -375,8 +385,7 @@ static int moe_host(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
 			rc = md_fwd_dev__upload(d, d->drun, h, bytes);
 		const int32_t *ts = d->drun;
 		if (!rc)
-			rc = op->combine(B, d->tmp, d->ye, ts, (const float *)(ts + (size_t)n * k), n,
-					 k, N);
+			rc = combine_out(d, into_x, ts, (const float *)(ts + (size_t)n * k), n, k);
 	}
 	d->r_last = r;
 	return rc;
@@ -394,7 +403,7 @@ bool md_fwd_dev__fast_route(const struct md_fwd_dev *d, const struct md_fwd_dev_
 
 /* Steps 1-4 on the device: router, route, layout, the experts' grouped products, combine into
  * tmp; the routing is kept in rec for the observers (fwd_observe, after the pass). */
-static int moe_fast(struct md_fwd_dev *d, int n, uint32_t il)
+static int moe_fast(struct md_fwd_dev *d, int n, uint32_t il, bool into_x)
 {
 	const struct md_backend_fwd *op = d->op;
 	struct md_backend *B = d->b;
@@ -462,7 +471,7 @@ static int moe_fast(struct md_fwd_dev *d, int n, uint32_t il)
 	if (!rc && L->down_exps_b)
 		rc = op->add_rows(B, d->ye, dptr(d, L->down_exps_b), eid, NK, N);
 	if (!rc)
-		rc = op->combine(B, d->tmp, d->ye, cslot, cw, n, K, N);
+		rc = combine_out(d, into_x, cslot, cw, n, K);
 	d->fast_layer[il] = 1;
 	d->n_fast++;
 	return rc;
@@ -470,7 +479,7 @@ static int moe_fast(struct md_fwd_dev *d, int n, uint32_t il)
 
 /* The MoE FFN of layer il on xn; output in tmp. */
 static int moe(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p, struct md_expert_src *src,
-	       int n, uint32_t il, int32_t *tok_err)
+	       int n, uint32_t il, int32_t *tok_err, bool into_x)
 {
 	const struct md_backend_fwd *op = d->op;
 	struct md_backend *B = d->b;
@@ -480,9 +489,9 @@ static int moe(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p, struct md_
 	int rc;
 	d->r_last = NULL;
 	if (md_fwd_dev__fast_route(d, p, n, L)) {
-		rc = moe_fast(d, n, il);
+		rc = moe_fast(d, n, il, into_x);
 	} else {
-		rc = moe_host(d, p, src, n, il, tok_err);
+		rc = moe_host(d, p, src, n, il, tok_err, into_x);
 		d->n_host++;
 	}
 
@@ -520,7 +529,9 @@ int md_fwd_dev__ffn(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p, struc
 	if (rc)
 		return rc;
 	if (L->gate_inp) {
-		rc = moe(d, p, src, n, il, tok_err);
+		/* without a shared expert the combine adds the residual itself */
+		added = !L->gate_shexp && md_fwd_dev__fuse(d, combine_add);
+		rc = moe(d, p, src, n, il, tok_err, added);
 	} else {
 		struct md_mat g = dmat(d, L->ffn_gate, 0), u = dmat(d, L->ffn_up, 0);
 		struct md_mat dn = dmat(d, L->ffn_down, 0);

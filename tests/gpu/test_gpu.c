@@ -237,6 +237,10 @@ static void check_elementwise(void)
 	CHECK_EQ_I(C->combine(cu, py.c, pye.c, ps.c, pwt.c, rows, 3, n), 0);
 	CHECK_EQ_I(S->combine(sim, py.s, pye.s, ps.s, pwt.s, rows, 3, n), 0);
 	pcmp(&py, "combine", OP_TOL);
+	/* combine_add: the same sums added to what py holds */
+	CHECK_EQ_I(C->combine_add(cu, py.c, pye.c, ps.c, pwt.c, rows, 3, n), 0);
+	CHECK_EQ_I(S->combine_add(sim, py.s, pye.s, ps.s, pwt.s, rows, 3, n), 0);
+	pcmp(&py, "combine_add", OP_TOL);
 	CHECK_EQ_I(C->sync(cu), 0);
 	struct pair *all[] = { &px, &pw, &py, &pb, &pi, &pg, &pr, &pt, &ps, &pwt, &pye };
 	for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
