@@ -113,8 +113,16 @@ step "random model" 120 build-gpu/tools/moed-gguf gen --arch qwen3moe --type q8_
 say "== benchmarks"
 # In the order of the issue's goals, so that a run cut short by its deadline loses the least:
 # batch 1 on a resident model, experts at twice the device tier, then streams and baselines.
+# Each with the fused ops (one launch for Q/K/V, one for their norms, rope and cache stores,
+# residual adds inside the products and the combine) and without them (MOED_NO_FUSE=1), in
+# turn, twice, for the launches saved.
 for f in "$bench/default-4g.gguf" "$bench/random-1g.gguf"; do
-	[ -f "$f" ] && step "bench $(basename "$f") batch 1" 90 $B -m "$f" -D cuda -p 512 -n 128 -r 5
+	[ -f "$f" ] || continue
+	for ab in 1 2; do
+		step "bench $(basename "$f") batch 1" 90 $B -m "$f" -D cuda -p 512 -n 128 -r 5
+		step "bench $(basename "$f") batch 1, unfused" 90 env MOED_NO_FUSE=1 $B -m "$f" \
+			-D cuda -p 512 -n 128 -r 5
+	done
 done
 # Experts at twice the device tier (the file is nearly all expert bytes: a tier of half the
 # file): the cost model against copying every miss up, under two eviction policies, with
