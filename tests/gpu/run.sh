@@ -175,7 +175,8 @@ if command -v nsys >/dev/null && [ -f "$f" ]; then
 		  head -25 "$work/kern.txt"; echo '```'; } | tee -a "$log" >> "$sum"
 	fi
 fi
-sed -n '/^== benchmarks$/,$p' "$log" | grep -E '^(device:|\| |device tier:)' >> "$sum"
+sed -n '/^== benchmarks$/,$p' "$log" | grep -E '^(device:|\| |device tier:|== bench )' |
+	grep -v ': exit' >> "$sum"
 
 # Speculative decoding on the device (a verification step of k tokens costs about one token's
 # there): each drafter against plain decode at 1 and 4 streams on the default model inflated to
