@@ -33,13 +33,20 @@ static bool weights_ok(enum md_dtype t, int64_t n_in, size_t nb1, const void *da
 	       nb1 % align == 0 && (data == NULL || (uintptr_t)data % align == 0);
 }
 
-static int fwd_mm(struct md_backend *b, const struct md_mat *w, const float *x, int n_tok,
-		  float *y)
+/* mm (accumulate 0) or mm_add (1). */
+static int mm_launch(struct md_backend *b, const struct md_mat *w, const float *x, int n_tok,
+		     float *y, int accumulate)
 {
 	if (n_tok < 1 || w->n_out < 1 || w->data == NULL || !weights_ok(w->type, w->n_in, w->nb1, w->data))
 		return -EINVAL;
 	return md_cuda__errno(md_cuda__matmul((int)w->type, w->data, w->n_in, w->n_out, w->nb1, x,
-					      n_tok, y, 0, st0(b)));
+					      n_tok, y, accumulate, st0(b)));
+}
+
+static int fwd_mm(struct md_backend *b, const struct md_mat *w, const float *x, int n_tok,
+		  float *y)
+{
+	return mm_launch(b, w, x, n_tok, y, 0);
 }
 
 /* One launch where the weights share type, n_in and nb1 (MOED_NO_FUSE: one each). */
@@ -77,10 +84,7 @@ static int fwd_mm_multi(struct md_backend *b, int n, const struct md_mat *const 
 static int fwd_mm_add(struct md_backend *b, const struct md_mat *w, const float *x, int n_tok,
 		      float *y)
 {
-	if (n_tok < 1 || w->n_out < 1 || w->data == NULL || !weights_ok(w->type, w->n_in, w->nb1, w->data))
-		return -EINVAL;
-	return md_cuda__errno(md_cuda__matmul((int)w->type, w->data, w->n_in, w->n_out, w->nb1, x,
-					      n_tok, y, 1, st0(b)));
+	return mm_launch(b, w, x, n_tok, y, 1);
 }
 
 static int fwd_mm_experts(struct md_backend *b, const struct md_dev_experts *e)

@@ -353,21 +353,29 @@ static int fwd_mm_multi(struct md_backend *b, int n, const struct md_mat *const 
 	return 0;
 }
 
+/* The fused ops' intermediate (what the unfused pass kept in a buffer of its own): n floats. */
+static float *prod_need(struct sim *s, size_t n)
+{
+	if (n > s->prod_cap) {
+		float *p = realloc(s->prod, n * sizeof(float));
+		if (!p)
+			return NULL;
+		s->prod = p;
+		s->prod_cap = n;
+	}
+	return s->prod;
+}
+
 /* The product into a buffer of its own, then the add: mm then add, bit for bit. */
 static int fwd_mm_add(struct md_backend *b, const struct md_mat *w, const float *x, int n_tok,
 		      float *y)
 {
-	struct sim *s = S(b);
 	size_t n = (size_t)(n_tok > 0 ? n_tok : 0) * (size_t)w->n_out;
-	if (n > s->prod_cap) {
-		float *p = realloc(s->prod, n * sizeof(float));
-		if (!p)
-			return -ENOMEM;
-		s->prod = p;
-		s->prod_cap = n;
-	}
-	int rc = fwd_mm(b, w, x, n_tok, s->prod);
-	return rc ? rc : fwd_add(b, y, s->prod, n);
+	float *prod = prod_need(S(b), n);
+	if (!prod)
+		return -ENOMEM;
+	int rc = fwd_mm(b, w, x, n_tok, prod);
+	return rc ? rc : fwd_add(b, y, prod, n);
 }
 
 static int fwd_add_rows(struct md_backend *b, float *y, const float *bias, const int32_t *idx,
@@ -666,17 +674,12 @@ static int fwd_combine(struct md_backend *b, float *out, const float *ye, const 
 static int fwd_combine_add(struct md_backend *b, float *out, const float *ye, const int32_t *slot,
 			   const float *w, int n_tok, int k, int n)
 {
-	struct sim *s = S(b);
 	size_t m = (size_t)(n_tok > 0 ? n_tok : 0) * (size_t)n;
-	if (m > s->prod_cap) {
-		float *p = realloc(s->prod, m * sizeof(float));
-		if (!p)
-			return -ENOMEM;
-		s->prod = p;
-		s->prod_cap = m;
-	}
-	fwd_combine(b, s->prod, ye, slot, w, n_tok, k, n);
-	return fwd_add(b, out, s->prod, m);
+	float *prod = prod_need(S(b), m);
+	if (!prod)
+		return -ENOMEM;
+	fwd_combine(b, prod, ye, slot, w, n_tok, k, n);
+	return fwd_add(b, out, prod, m);
 }
 
 static int fwd_gate_add(struct md_backend *b, float *y, const float *x, const float *gate,
