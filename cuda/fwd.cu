@@ -18,6 +18,29 @@ static unsigned blocks_for(size_t n, unsigned per)
 
 /* ---- RMSNorm: one block of 256 threads per row ---- */
 
+/* The sum of v (every thread's share) over a block of at most 256 threads, returned to every
+ * thread: each warp's shuffle tree, then the warps' sums by one more (part: 8 floats of
+ * shared memory, free again on return). */
+__device__ float block_sum(float v, float *part)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	if ((threadIdx.x & 31) == 0)
+		part[threadIdx.x >> 5] = v;
+	__syncthreads();
+	if (threadIdx.x < 32) {
+		v = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
+		for (int o = 16; o > 0; o >>= 1)
+			v += __shfl_xor_sync(0xffffffffu, v, o);
+		if (threadIdx.x == 0)
+			part[0] = v;
+	}
+	__syncthreads();
+	v = part[0];
+	__syncthreads();
+	return v;
+}
+
 __global__ void rmsnorm_kernel(float *y, const float *x, const float *w, int n, int stride,
 			       float eps)
 {
@@ -28,20 +51,7 @@ __global__ void rmsnorm_kernel(float *y, const float *x, const float *w, int n, 
 
 	for (int i = threadIdx.x; i < n; i += blockDim.x)
 		s += xr[i] * xr[i];
-	for (int o = 16; o > 0; o >>= 1)
-		s += __shfl_xor_sync(0xffffffffu, s, o);
-	if ((threadIdx.x & 31) == 0)
-		part[threadIdx.x >> 5] = s;
-	__syncthreads();
-	if (threadIdx.x < 32) {
-		s = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
-		for (int o = 16; o > 0; o >>= 1)
-			s += __shfl_xor_sync(0xffffffffu, s, o);
-		if (threadIdx.x == 0)
-			part[0] = s;
-	}
-	__syncthreads();
-	const float scale = 1.0f / sqrtf(part[0] / (float)n + eps);
+	const float scale = 1.0f / sqrtf(block_sum(s, part) / (float)n + eps);
 
 	for (int i = threadIdx.x; i < n; i += blockDim.x)
 		yr[i] = xr[i] * scale * w[i];
@@ -137,29 +147,8 @@ extern "C" cudaError_t md_cuda__rope(float *x, int n_tok, int n_head, int head_d
  * the groups' tree), so the results equal the unfused kernels' bit for bit. */
 #define QKV_THREADS 256
 
-/* rmsnorm_kernel's block sum of v (every thread's share), returned to every thread. */
-__device__ float qkv_block_sum(float v, float *part)
-{
-	for (int o = 16; o > 0; o >>= 1)
-		v += __shfl_xor_sync(0xffffffffu, v, o);
-	if ((threadIdx.x & 31) == 0)
-		part[threadIdx.x >> 5] = v;
-	__syncthreads();
-	if (threadIdx.x < 32) {
-		v = threadIdx.x < (QKV_THREADS >> 5) ? part[threadIdx.x] : 0.0f;
-		for (int o = 16; o > 0; o >>= 1)
-			v += __shfl_xor_sync(0xffffffffu, v, o);
-		if (threadIdx.x == 0)
-			part[0] = v;
-	}
-	__syncthreads();
-	v = part[0];
-	__syncthreads(); /* part is used again */
-	return v;
-}
-
-/* The same sum by one warp for a row of n floats at x: the value rmsnorm_kernel's block of
- * QKV_THREADS threads gets for that row. */
+/* The sum of squares of a row of n floats at x by one warp: the value rmsnorm_kernel's block
+ * of QKV_THREADS threads gets from block_sum for that row. */
 __device__ float qkv_warp_sumsq(const float *x, int n, int lane)
 {
 	float tot = 0.0f;
@@ -209,10 +198,10 @@ qkv_rows_kernel(float *q, float *k, const float *v, float *kc, float *vc, const 
 
 		for (int i = threadIdx.x; i < QD; i += QKV_THREADS)
 			sq += qr[i] * qr[i];
-		sq = qkv_block_sum(sq, part);
+		sq = block_sum(sq, part);
 		for (int i = threadIdx.x; i < KD; i += QKV_THREADS)
 			sk += kr[i] * kr[i];
-		sk = qkv_block_sum(sk, part);
+		sk = block_sum(sk, part);
 		const float cq = 1.0f / sqrtf(sq / (float)QD + eps);
 		const float ck = 1.0f / sqrtf(sk / (float)KD + eps);
 
