@@ -187,10 +187,10 @@ struct md_backend_fwd {
 	 * md_rope_table), pairs (2i, 2i+1), or (i, i + n_rot/2) when neox. */
 	int (*rope)(struct md_backend *b, float *x, int n_tok, int n_head, int head_dim, int n_rot,
 		    bool neox, const float *cs);
-	/* dst row rows[i] = src row i, rows of dim floats, i < n. */
 	/* md_dev_qkv above; NULL where the backend has no such op (the pass then runs rmsnorm,
-	 * rope and rows_store). */
+	 * rope and rows_store: md_dev_qkv_rows_ops). */
 	int (*qkv_rows)(struct md_backend *b, const struct md_dev_qkv *a);
+	/* dst row rows[i] = src row i, rows of dim floats, i < n. */
 	int (*rows_store)(struct md_backend *b, float *dst, const int32_t *rows, const float *src,
 			  int n, int dim);
 	/* dst row i = src row rows[i], i < n. */
@@ -238,5 +238,10 @@ struct md_backend_fwd {
 	int (*graph_launch)(struct md_backend *b, void *graph);
 	void (*graph_free)(struct md_backend *b, void *graph);
 };
+
+/* md_dev_qkv's work as the ops it fuses, each on its own through op (rmsnorm, rope, rows_store
+ * in that order): the simulated device's qkv_rows, and the pass's for a backend without one. */
+int md_dev_qkv_rows_ops(const struct md_backend_fwd *op, struct md_backend *b,
+			const struct md_dev_qkv *a);
 
 #endif

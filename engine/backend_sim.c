@@ -39,7 +39,8 @@ struct sim {
 	size_t att_cap;
 	struct md_mat *mats;             /* owned: mm_experts' weight views, mats_cap */
 	size_t mats_cap;
-	float *prod;                     /* owned: mm_add's product, prod_cap floats */
+	float *prod;                     /* owned: mm_add's product, combine_add's sum: prod_cap
+					  * floats */
 	size_t prod_cap;
 };
 
@@ -411,25 +412,12 @@ static int fwd_rows_store(struct md_backend *b, float *dst, const int32_t *rows,
 	return 0;
 }
 
+static const struct md_backend_fwd sim_fwd;
+
 /* The ops it fuses, in their order (the pass's unfused sequence, bit for bit). */
 static int fwd_qkv_rows(struct md_backend *b, const struct md_dev_qkv *a)
 {
-	const int n = a->n, H = a->n_head, K = a->n_head_kv, D = a->head_dim;
-	if (a->n_rot % 2 || a->n_rot > D)
-		return -EINVAL;
-	if (a->norm == MD_QK_NORM_FULL) {
-		fwd_rmsnorm(b, a->q, a->q, a->q_norm, n, H * D, H * D, a->eps);
-		fwd_rmsnorm(b, a->k, a->k, a->k_norm, n, K * D, K * D, a->eps);
-	} else if (a->norm == MD_QK_NORM_HEAD) {
-		fwd_rmsnorm(b, a->q, a->q, a->q_norm, n * H, D, D, a->eps);
-		fwd_rmsnorm(b, a->k, a->k, a->k_norm, n * K, D, D, a->eps);
-	}
-	if (a->n_rot) {
-		fwd_rope(b, a->q, n, H, D, a->n_rot, a->neox, a->cs);
-		fwd_rope(b, a->k, n, K, D, a->n_rot, a->neox, a->cs);
-	}
-	fwd_rows_store(b, a->kc, a->wrow, a->k, n, K * D);
-	return fwd_rows_store(b, a->vc, a->wrow, a->v, n, K * D);
+	return md_dev_qkv_rows_ops(&sim_fwd, b, a);
 }
 
 static int fwd_rows_gather(struct md_backend *b, float *dst, const float *src, const int32_t *rows,

@@ -731,34 +731,6 @@ static int attention_mla(struct md_fwd_dev *d, const struct md_batch *b,
 	return rc;
 }
 
-/* What qkv_rows does, op by op (a backend without it, or MOED_NO_FUSE). */
-static int qkv_rows_unfused(struct md_fwd_dev *d, const struct md_dev_qkv *r)
-{
-	const struct md_backend_fwd *op = d->op;
-	struct md_backend *B = d->b;
-	const int n = r->n, H = r->n_head, K = r->n_head_kv, D = r->head_dim;
-	int rc = 0;
-	if (r->norm == MD_QK_NORM_FULL) {
-		rc = op->rmsnorm(B, r->q, r->q, r->q_norm, n, H * D, H * D, r->eps);
-		if (!rc)
-			rc = op->rmsnorm(B, r->k, r->k, r->k_norm, n, K * D, K * D, r->eps);
-	} else if (r->norm == MD_QK_NORM_HEAD) {
-		rc = op->rmsnorm(B, r->q, r->q, r->q_norm, n * H, D, D, r->eps);
-		if (!rc)
-			rc = op->rmsnorm(B, r->k, r->k, r->k_norm, n * K, D, D, r->eps);
-	}
-	if (!rc && r->n_rot) {
-		rc = op->rope(B, r->q, n, H, D, r->n_rot, r->neox, r->cs);
-		if (!rc)
-			rc = op->rope(B, r->k, n, K, D, r->n_rot, r->neox, r->cs);
-	}
-	if (!rc)
-		rc = op->rows_store(B, r->kc, r->wrow, r->k, n, K * D);
-	if (!rc)
-		rc = op->rows_store(B, r->vc, r->wrow, r->v, n, K * D);
-	return rc;
-}
-
 static int attention(struct md_fwd_dev *d, const struct md_batch *b, const struct step_tab *st,
 		     uint32_t il)
 {
@@ -791,7 +763,8 @@ static int attention(struct md_fwd_dev *d, const struct md_batch *b, const struc
 		.n_rot = (int)hp->n_rot, .neox = neox, .cs = st->cs[swa],
 	};
 	if (!rc)
-		rc = md_fwd_dev__fuse(d, qkv_rows) ? op->qkv_rows(B, &r) : qkv_rows_unfused(d, &r);
+		rc = md_fwd_dev__fuse(d, qkv_rows) ? op->qkv_rows(B, &r)
+						   : md_dev_qkv_rows_ops(op, B, &r);
 	struct md_dev_attn a = {
 		.out = d->att, .q = d->q, .k = kc, .v = vc, .pos = st->pos, .tab = st->tab,
 		.blocks = st->blocks, .sinks = dptr(d, L->attn_sinks), .n_tok = n, .n_head = H,
