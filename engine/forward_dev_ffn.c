@@ -308,8 +308,6 @@ static int prefetch_next(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
 	return 0;
 }
 
-/* Steps 1-4 routed on the host: the router's logits down, the routing and layout up. The
- * routed experts' sum into tmp. */
 /* The layer's combine: into tmp, or (into_x) added to the residual stream x in the same
  * launch (combine_add, where no shared expert joins the sum before the residual add). */
 static int combine_out(struct md_fwd_dev *d, bool into_x, const int32_t *slot, const float *w,
@@ -320,6 +318,8 @@ static int combine_out(struct md_fwd_dev *d, bool into_x, const int32_t *slot, c
 		      : d->op->combine(d->b, d->tmp, d->ye, slot, w, n, k, N);
 }
 
+/* Steps 1-4 routed on the host: the router's logits down, the routing and layout up. The
+ * routed experts' sum into tmp (into_x: added to x). */
 static int moe_host(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
 		    struct md_expert_src *src, int n, uint32_t il, int32_t *tok_err, bool into_x)
 {
@@ -402,7 +402,7 @@ bool md_fwd_dev__fast_route(const struct md_fwd_dev *d, const struct md_fwd_dev_
 }
 
 /* Steps 1-4 on the device: router, route, layout, the experts' grouped products, combine into
- * tmp; the routing is kept in rec for the observers (fwd_observe, after the pass). */
+ * tmp (into_x: added to x); the routing is kept in rec for the observers (fwd_observe, after the pass). */
 static int moe_fast(struct md_fwd_dev *d, int n, uint32_t il, bool into_x)
 {
 	const struct md_backend_fwd *op = d->op;
@@ -477,7 +477,8 @@ static int moe_fast(struct md_fwd_dev *d, int n, uint32_t il, bool into_x)
 	return rc;
 }
 
-/* The MoE FFN of layer il on xn; output in tmp. */
+/* The MoE FFN of layer il on xn; output in tmp (into_x: the routed experts' sum added to x,
+ * for a layer without a shared expert). */
 static int moe(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p, struct md_expert_src *src,
 	       int n, uint32_t il, int32_t *tok_err, bool into_x)
 {
@@ -524,7 +525,7 @@ int md_fwd_dev__ffn(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p, struc
 	const struct md_hparams *hp = &d->m->hp;
 	const struct md_layer *L = &d->m->layers[il];
 	const int N = (int)hp->n_embd;
-	bool added = false; /* the residual add done (in the down product) */
+	bool added = false; /* the residual add done (in the down product or the combine) */
 	int rc = d->op->rmsnorm(d->b, d->xn, d->x, dptr(d, L->ffn_norm), n, N, N, hp->rms_eps);
 	if (rc)
 		return rc;

@@ -121,9 +121,8 @@ static inline struct md_mat dmat(const struct md_fwd_dev *d, const struct md_ten
 	return w;
 }
 
-/* Whether the pass uses a fused op of the backend (op: mm_add, a projection and its residual
- * add in one launch; qkv_rows, attention's norms, rope and cache stores in one): where the
- * backend has it and MOED_NO_FUSE is unset. The results are those of the unfused sequence
+/* Whether the pass uses a fused op of the backend (fn: mm_multi, mm_add, qkv_rows or
+ * combine_add; backend_fwd.h): where the backend has it and MOED_NO_FUSE is unset. The results are those of the unfused sequence
  * (bit for bit on the simulated device). */
 #define md_fwd_dev__fuse(d, fn) (!(d)->no_fuse && (d)->op->fn != NULL)
 
