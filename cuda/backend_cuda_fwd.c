@@ -33,11 +33,18 @@ static bool weights_ok(enum md_dtype t, int64_t n_in, size_t nb1, const void *da
 	       nb1 % align == 0 && (data == NULL || (uintptr_t)data % align == 0);
 }
 
+/* Whether the products kernels take w for n_tok tokens. */
+static bool mat_ok(const struct md_mat *w, int n_tok)
+{
+	return n_tok >= 1 && w->n_out >= 1 && w->data != NULL &&
+	       weights_ok(w->type, w->n_in, w->nb1, w->data);
+}
+
 /* mm (accumulate 0) or mm_add (1). */
 static int mm_launch(struct md_backend *b, const struct md_mat *w, const float *x, int n_tok,
 		     float *y, int accumulate)
 {
-	if (n_tok < 1 || w->n_out < 1 || w->data == NULL || !weights_ok(w->type, w->n_in, w->nb1, w->data))
+	if (!mat_ok(w, n_tok))
 		return -EINVAL;
 	return md_cuda__errno(md_cuda__matmul((int)w->type, w->data, w->n_in, w->n_out, w->nb1, x,
 					      n_tok, y, accumulate, st0(b)));
@@ -61,8 +68,7 @@ static int fwd_mm_multi(struct md_backend *b, int n, const struct md_mat *const 
 	if (n < 1 || n > MD_DEV_MM_MULTI)
 		return -EINVAL;
 	for (int i = 0; i < n; i++) {
-		if (n_tok < 1 || w[i]->n_out < 1 || w[i]->data == NULL ||
-		    !weights_ok(w[i]->type, w[i]->n_in, w[i]->nb1, w[i]->data))
+		if (!mat_ok(w[i], n_tok))
 			return -EINVAL;
 		same = same && w[i]->type == w[0]->type && w[i]->n_in == w[0]->n_in &&
 		       w[i]->nb1 == w[0]->nb1;
