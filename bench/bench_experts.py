@@ -10,6 +10,9 @@ modes (A B C, C B A, ...). A run: start the server with the same threads, one wa
 (tokens - 1) over the time from the first to the last token. For moed it also reads, from
 /metrics over the measured request: expert bytes read per decoded token, the host tier's hit
 rate (hits / (hits + misses) of the planned experts), stall seconds and the prefetch accuracy.
+Bytes read per token, the hit rate and the stall count the decode window only (a /metrics snapshot when the first token
+arrives: the prompt's prefill is done then), as tok/s does; the prefill's reads are printed
+beside them.
 
 The disk's O_DIRECT bandwidth is measured the way the store reads (random expert-sized reads
 on 4 threads) before the first run and after the last one of each limit; the I/O bound of a
@@ -17,7 +20,9 @@ mode is that bandwidth (the median of the measurements) over its bytes read per 
 "/ bound" says how close the mode came to it.
 
 Modes: store (the defaults: policy pred, prefetch off), store-lru, store-lfu, store-pred,
-store-nopf (no prefetch), store-pf (prefetch on), mmap (--expert-cache-mb -1), llama
+store-nopf (no prefetch), store-pf (prefetch on), mmap (--expert-cache-mb -1), memory (the
+defaults with no limit: the file paged into memory, the speed of compute alone; with it the
+table adds the bound min(I/O bound, memory's tok/s) beside the I/O bound), llama
 (DIR/llama-server, with --llama DIR or MOED_LLAMA_CPP; llama.cpp is never part of moed), bench (moed-bench, the engine without the
 server, from the same build, with the store at the budget the store mode's server chose; it
 decodes random tokens, so its routing is not the server's text's; after store in --modes).
@@ -65,8 +70,9 @@ def req(port, method, path, body=None, timeout=900):
     return r.status, data
 
 
-def stream_times(port, prompt, n):
-    """Times (perf_counter) at which each streamed chunk with text arrived."""
+def stream_times(port, prompt, n, on_first=None):
+    """Times (perf_counter) at which each streamed chunk with text arrived; on_first() is
+    called when the first one has (the prompt's prefill is then done)."""
     body = json.dumps({"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": True,
                        "stream": True})
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=900)
@@ -79,6 +85,8 @@ def stream_times(port, prompt, n):
             ch = json.loads(line[6:]).get("choices") or [{}]
             if ch[0].get("text"):
                 times.append(time.perf_counter())
+                if len(times) == 1 and on_first:
+                    on_first()
     c.close()
     return times
 
@@ -133,7 +141,7 @@ def one_run(args, mode, limit_mib, cache_mib=None):
     if mode == "bench":
         return bench_run(args, limit_mib, cache_mib)
     note = memlimit.drop_caches([args.model], args.drop_caches == "all")
-    cg = memlimit.MemCg(limit_mib) if args.use_cg else None
+    cg = memlimit.MemCg(limit_mib) if args.use_cg and mode != "memory" else None
     port = free_port()
     if mode == "llama":
         cmd = [os.path.join(args.llama, "llama-server"), "-m", args.model, "--host", "127.0.0.1",
@@ -142,7 +150,7 @@ def one_run(args, mode, limit_mib, cache_mib=None):
         cmd = [args.moed, "-m", args.model, "--port", str(port), "--threads", str(args.threads)]
         if mode == "mmap":
             cmd += ["--expert-cache-mb", "-1"]
-        else:
+        elif mode != "memory":
             cmd += POLICY[mode]
             if not args.use_cg:  # no real limit: the store's share of it as a budget
                 cmd += ["--expert-cache-mb", str(max(64, int(limit_mib * 0.8 - args.dense_mib)))]
@@ -159,7 +167,9 @@ def one_run(args, mode, limit_mib, cache_mib=None):
         if st != 200:
             raise RuntimeError("warm-up failed: %d" % st)
         m0 = expert_metrics(port) if mode != "llama" else {}
-        times = stream_times(port, args.prompt, args.tokens)
+        mf = {}
+        times = stream_times(port, args.prompt, args.tokens,
+                             (lambda: mf.update(expert_metrics(port))) if mode != "llama" else None)
         m1 = expert_metrics(port) if mode != "llama" else {}
     finally:
         p.terminate()
@@ -174,13 +184,18 @@ def one_run(args, mode, limit_mib, cache_mib=None):
 
     def d(k):
         return m1.get(k, 0) - m0.get(k, 0)
-    hits, misses = d("moed:expert_hits_total"), d("moed:expert_misses_total")
+
+    def dd(k):  # over the decode window only: from the first token to the last
+        return m1.get(k, 0) - mf.get(k, m0.get(k, 0))
+    hits, misses = dd("moed:expert_hits_total"), dd("moed:expert_misses_total")
     pred_t = d("moed:expert_predicted_total")
     return {"tps": (n - 1) / (times[-1] - times[0]) if n > 1 else float("nan"), "tokens": n,
             "load_s": load_s, "mode_line": mm.group(0) if mm else "",
-            "bytes_per_tok": d("moed:expert_read_bytes_total") / (n - 1) if n > 1 else 0.0,
+            "bytes_per_tok": dd("moed:expert_read_bytes_total") / (n - 1) if n > 1 else 0.0,
+            "prefill_mib": (mf.get("moed:expert_read_bytes_total", 0) -
+                            m0.get("moed:expert_read_bytes_total", 0)) / MIB,
             "hit": hits / (hits + misses) if hits + misses else float("nan"),
-            "stall": d("moed:expert_stall_seconds_total"),
+            "stall": dd("moed:expert_stall_seconds_total"),
             "accuracy": d("moed:expert_predicted_used_total") / pred_t if pred_t else float("nan"),
             "peak_mib": peak, "failcnt": failcnt, "note": note}
 
@@ -212,7 +227,7 @@ def main():
     args = ap.parse_args()
     modes = args.modes.split(",")
     for m in modes:
-        if m not in POLICY and m not in ("mmap", "llama", "bench"):
+        if m not in POLICY and m not in ("mmap", "memory", "llama", "bench"):
             sys.exit("bench_experts: unknown mode '%s'" % m)
     if "bench" in modes and (modes.index("bench") < modes.index("store") if "store" in modes
                              else True):
@@ -255,9 +270,10 @@ def main():
                 if mode == "store" and "experts: mmap" in r["mode_line"]:
                     mapped.add(lim)
                 print("limit %5d MiB %-10s round %d: %6.2f tok/s, load %.1f s, %.1f MiB "
-                      "read/token, hit %.2f, stall %.2f s, prefetch accuracy %.2f, peak %.0f "
+                      "read/token (%.0f MiB in the prompt's prefill), hit %.2f, stall %.2f s, prefetch accuracy %.2f, peak %.0f "
                       "MiB, load avg %s | %s" % (lim, mode, rnd, r["tps"], r["load_s"],
-                                                 r["bytes_per_tok"] / MIB, r["hit"], r["stall"],
+                                                 r["bytes_per_tok"] / MIB, r.get("prefill_mib", 0),
+                                                 r["hit"], r["stall"],
                                                  r["accuracy"], r["peak_mib"],
                                                  memlimit.loadavg(), r["mode_line"][:150]),
                       flush=True)
@@ -269,10 +285,12 @@ def main():
     print("\nload average at the end %s; %s before each run" % (memlimit.loadavg(),
                                                                  rows[0][1][modes[0]][0]["note"]))
     print("\n| limit MiB | mode | tok/s (median, min..max) | / %s | MiB read/token | host hit "
-          "rate | prefetch accuracy | disk MiB/s | I/O bound tok/s | / bound |" % base)
-    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
+          "rate | prefetch accuracy | disk MiB/s | I/O bound tok/s | / bound | / min(bound, memory) |"
+          % base)
+    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for lim, res, bw in rows:
         b = med(res[base], "tps")
+        mem = med(res["memory"], "tps") if res.get("memory") else 0
         for mode, rs in res.items():
             if not rs:
                 continue
@@ -281,12 +299,14 @@ def main():
             bpt = med(rs, "bytes_per_tok")
             bound = bw * MIB / bpt if bpt > 0 else 0
             acc, hit = med(rs, "accuracy"), med(rs, "hit")
-            print("| %d | %s | %.2f (%.2f..%.2f) | %.2f | %s | %s | %s | %.0f | %s | %s |"
+            both = min(bound, mem) if bound and mem else 0
+            print("| %d | %s | %.2f (%.2f..%.2f) | %.2f | %s | %s | %s | %.0f | %s | %s | %s |"
                   % (lim, mode, s, min(t), max(t), s / b if b else float("nan"),
                      "%.1f" % (bpt / MIB) if mode.startswith("store") else "-",
                      "%.2f" % hit if hit == hit else "-", "%.2f" % acc if acc == acc else "-",
                      bw, "%.1f" % bound if bound else "-",
-                     "%.2f" % (s / bound) if bound else "-"))
+                     "%.2f" % (s / bound) if bound else "-",
+                     "%.2f" % (s / both) if both else "-"))
 
 
 if __name__ == "__main__":
