@@ -19,7 +19,7 @@ export PATH="${CUDA_HOME:-/usr/local/cuda}/bin:$PATH"
 ninja -C build-gpu
 st=$(mktemp -d)
 trap 'rm -rf "$st"' EXIT
-bins="server/moed tests/gpu/test_gpu bench/moed-bench bench/moed-bandwidth tools/moed-gguf"
+bins="server/moed tests/gpu/test_gpu bench/moed-bench bench/moed-bandwidth bench/bench_dev_ops tools/moed-gguf"
 for b in $bins; do
 	mkdir -p "$st/build-gpu/$(dirname "$b")"
 	cp "build-gpu/$b" "$st/build-gpu/$b"

@@ -124,6 +124,10 @@ for f in "$bench/default-4g.gguf" "$bench/random-1g.gguf"; do
 			-D cuda -p 512 -n 128 -r 5
 	done
 done
+# Which link of a decode step's chain lags: each op's microseconds per launch and GB/s of
+# weights (mm per weight type and decode shape, mm_multi, mm_experts, a launch alone), plain
+# and in a graph, against the device's copy bandwidth.
+step "bench device ops" 60 build-gpu/bench/bench_dev_ops
 # Experts at twice the device tier (the file is nearly all expert bytes: a tier of half the
 # file): the cost model against copying every miss up, under two eviction policies, with
 # every core for the experts the CPU computes.
