@@ -37,6 +37,10 @@
  * back with device-resident activations.
  */
 static struct cuda_ctx cuda_state;
+
+/* Launch kernels with Programmatic Dependent Launch (cuda/launch.cuh): MOED_PDL=1 at start-up,
+ * an A/B until a GPU run has measured it. Read by the kernel launchers of the .cu files. */
+int md_cuda_pdl;
 static struct md_backend cuda_backend;
 static struct md_backend *cuda_ready; /* &cuda_backend once init succeeded */
 static char cuda_why[192] = "cuda backend not initialised";
@@ -373,6 +377,7 @@ static void cuda_init(void)
 	c->dev = 0;
 	c->n_dev = n;
 	c->no_fuse = getenv("MOED_NO_FUSE") != NULL;
+	md_cuda_pdl = getenv("MOED_PDL") != NULL && strcmp(getenv("MOED_PDL"), "0") != 0;
 	e = cudaSetDevice(c->dev);
 	if (e != cudaSuccess) {
 		cuda_fail("cannot select cuda device 0", e);

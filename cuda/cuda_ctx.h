@@ -36,6 +36,8 @@ int md_cuda__errno(cudaError_t e);
 /* Block size in elements, bytes per block and the alignment the kernels need of rows, per
  * type; blck 0 for types the kernels do not handle. */
 void md_cuda__type_layout(enum md_dtype t, int64_t *blck, size_t *bytes, size_t *align);
+/* Nonzero: kernels launch with Programmatic Dependent Launch (cuda/launch.cuh, MOED_PDL). */
+extern int md_cuda_pdl;
 /* The device forward pass's ops (backend_cuda_fwd.c). */
 extern const struct md_backend_fwd md_cuda__fwd_ops;
 

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "cuda/launch.cuh"
 #include "cuda/fwd_cuda.h"
 
 #define KV_BLOCK 16 /* MD_KV_BLOCK_TOKENS (engine/kv_cache.h) */
@@ -44,6 +45,7 @@ __device__ float block_sum(float v, float *part)
 __global__ void rmsnorm_kernel(float *y, const float *x, const float *w, int n, int stride,
 			       float eps)
 {
+	md_pdl_enter();
 	__shared__ float part[8];
 	const float *xr = x + (int64_t)blockIdx.x * stride;
 	float *yr = y + (int64_t)blockIdx.x * stride;
@@ -62,7 +64,7 @@ extern "C" cudaError_t md_cuda__rmsnorm(float *y, const float *x, const float *w
 {
 	if (rows <= 0)
 		return cudaSuccess;
-	rmsnorm_kernel<<<rows, 256, 0, st>>>(y, x, w, n, stride, eps);
+	md_launch(rmsnorm_kernel, rows, 256, 0, st, y, x, w, n, stride, eps);
 	return cudaGetLastError();
 }
 
@@ -70,6 +72,7 @@ extern "C" cudaError_t md_cuda__rmsnorm(float *y, const float *x, const float *w
 
 __global__ void add_kernel(float *y, const float *x, size_t n)
 {
+	md_pdl_enter();
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
 	     i += (size_t)gridDim.x * blockDim.x)
 		y[i] += x[i];
@@ -79,12 +82,13 @@ extern "C" cudaError_t md_cuda__add(float *y, const float *x, size_t n, cudaStre
 {
 	if (n == 0)
 		return cudaSuccess;
-	add_kernel<<<blocks_for(n, 256), 256, 0, st>>>(y, x, n);
+	md_launch(add_kernel, blocks_for(n, 256), 256, 0, st, y, x, n);
 	return cudaGetLastError();
 }
 
 __global__ void add_rows_kernel(float *y, const float *bias, const int32_t *idx, int rows, int n)
 {
+	md_pdl_enter();
 	const size_t total = (size_t)rows * n;
 
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
@@ -100,7 +104,8 @@ extern "C" cudaError_t md_cuda__add_rows(float *y, const float *bias, const int3
 {
 	if (rows <= 0 || n <= 0)
 		return cudaSuccess;
-	add_rows_kernel<<<blocks_for((size_t)rows * n, 256), 256, 0, st>>>(y, bias, idx, rows, n);
+	md_launch(add_rows_kernel, blocks_for((size_t)rows * n, 256), 256, 0, st, y, bias, idx,
+		  rows, n);
 	return cudaGetLastError();
 }
 
@@ -108,6 +113,7 @@ extern "C" cudaError_t md_cuda__add_rows(float *y, const float *bias, const int3
 __global__ void rope_kernel(float *x, int n_tok, int n_head, int head_dim, int n_rot, int neox,
 			    const float *cs)
 {
+	md_pdl_enter();
 	const int half = n_rot / 2;
 	const size_t total = (size_t)n_tok * n_head * half;
 
@@ -133,8 +139,8 @@ extern "C" cudaError_t md_cuda__rope(float *x, int n_tok, int n_head, int head_d
 
 	if (total == 0)
 		return cudaSuccess;
-	rope_kernel<<<blocks_for(total, 256), 256, 0, st>>>(x, n_tok, n_head, head_dim, n_rot, neox,
-							    cs);
+	md_launch(rope_kernel, blocks_for(total, 256), 256, 0, st, x, n_tok, n_head, head_dim,
+		  n_rot, neox, cs);
 	return cudaGetLastError();
 }
 
@@ -187,6 +193,7 @@ qkv_rows_kernel(float *q, float *k, const float *v, float *kc, float *vc, const 
 		const float *q_norm, const float *k_norm, int norm, float eps, int n_head,
 		int n_head_kv, int head_dim, int n_rot, int neox, const float *cs)
 {
+	md_pdl_enter();
 	__shared__ float part[QKV_THREADS / 32];
 	const int t = (int)blockIdx.x, QD = n_head * head_dim, KD = n_head_kv * head_dim;
 	const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);
@@ -253,9 +260,8 @@ extern "C" cudaError_t md_cuda__qkv_rows(float *q, float *k, const float *v, flo
 {
 	if (n <= 0)
 		return cudaSuccess;
-	qkv_rows_kernel<<<(unsigned)n, QKV_THREADS, 0, st>>>(q, k, v, kc, vc, wrow, q_norm, k_norm,
-							       norm, eps, n_head, n_head_kv,
-							       head_dim, n_rot, neox, cs);
+	md_launch(qkv_rows_kernel, (unsigned)n, QKV_THREADS, 0, st, q, k, v, kc, vc, wrow, q_norm,
+		  k_norm, norm, eps, n_head, n_head_kv, head_dim, n_rot, neox, cs);
 	return cudaGetLastError();
 }
 
@@ -263,6 +269,7 @@ extern "C" cudaError_t md_cuda__qkv_rows(float *q, float *k, const float *v, flo
 __global__ void rows_kernel(float *dst, const float *src, const int32_t *rows, int n, int dim,
 			    int gather)
 {
+	md_pdl_enter();
 	const size_t total = (size_t)n * dim;
 
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
@@ -281,13 +288,15 @@ extern "C" cudaError_t md_cuda__rows(float *dst, const float *src, const int32_t
 {
 	if (n <= 0 || dim <= 0)
 		return cudaSuccess;
-	rows_kernel<<<blocks_for((size_t)n * dim, 256), 256, 0, st>>>(dst, src, rows, n, dim, gather);
+	md_launch(rows_kernel, blocks_for((size_t)n * dim, 256), 256, 0, st, dst, src, rows, n,
+		  dim, gather);
 	return cudaGetLastError();
 }
 
 /* g = act(g, u): silu(g) u, or gpt-oss's clamped variant (engine/ffn_act.h). */
 __global__ void glu_kernel(float *g, const float *u, size_t n, int oai)
 {
+	md_pdl_enter();
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
 	     i += (size_t)gridDim.x * blockDim.x) {
 		const float gv = g[i], uv = u[i];
@@ -306,7 +315,7 @@ extern "C" cudaError_t md_cuda__glu(float *g, const float *u, size_t n, int oai,
 {
 	if (n == 0)
 		return cudaSuccess;
-	glu_kernel<<<blocks_for(n, 256), 256, 0, st>>>(g, u, n, oai);
+	md_launch(glu_kernel, blocks_for(n, 256), 256, 0, st, g, u, n, oai);
 	return cudaGetLastError();
 }
 
@@ -315,6 +324,7 @@ extern "C" cudaError_t md_cuda__glu(float *g, const float *u, size_t n, int oai,
 __global__ void combine_kernel(float *out, const float *ye, const int32_t *slot, const float *w,
 			       int n_tok, int k, int n, int accumulate)
 {
+	md_pdl_enter();
 	const size_t total = (size_t)n_tok * n;
 
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
@@ -338,13 +348,14 @@ extern "C" cudaError_t md_cuda__combine(float *out, const float *ye, const int32
 {
 	if (n_tok <= 0 || n <= 0)
 		return cudaSuccess;
-	combine_kernel<<<blocks_for((size_t)n_tok * n, 256), 256, 0, st>>>(out, ye, slot, w, n_tok, k,
-									  n, accumulate);
+	md_launch(combine_kernel, blocks_for((size_t)n_tok * n, 256), 256, 0, st, out, ye, slot, w,
+		  n_tok, k, n, accumulate);
 	return cudaGetLastError();
 }
 
 __global__ void gate_add_kernel(float *y, const float *x, const float *gate, int n_tok, int n)
 {
+	md_pdl_enter();
 	const size_t total = (size_t)n_tok * n;
 
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
@@ -361,7 +372,8 @@ extern "C" cudaError_t md_cuda__gate_add(float *y, const float *x, const float *
 {
 	if (n_tok <= 0 || n <= 0)
 		return cudaSuccess;
-	gate_add_kernel<<<blocks_for((size_t)n_tok * n, 256), 256, 0, st>>>(y, x, gate, n_tok, n);
+	md_launch(gate_add_kernel, blocks_for((size_t)n_tok * n, 256), 256, 0, st, y, x, gate,
+		  n_tok, n);
 	return cudaGetLastError();
 }
 
@@ -427,6 +439,7 @@ attention_kernel(float *out, const float *q, const float *kc, const float *vc, c
 		 const int32_t *tab, const int32_t *blocks, const float *sinks, int n_head,
 		 int n_head_kv, int D, int swa, float scale)
 {
+	md_pdl_enter();
 	const int h = (int)blockIdx.x, t = (int)blockIdx.y;
 	const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);
 	const int kvh = h / (n_head / n_head_kv), KD = n_head_kv * D, nd = (D + 31) / 32;
@@ -511,8 +524,8 @@ extern "C" cudaError_t md_cuda__attention(float *out, const float *q, const floa
 		return cudaSuccess;
 	const dim3 grid((unsigned)n_head, (unsigned)n_tok);
 
-	attention_kernel<<<grid, ATT_WARPS * 32, 0, st>>>(out, q, k, v, pos, tab, blocks, sinks,
-							  n_head, n_head_kv, head_dim, swa, scale);
+	md_launch(attention_kernel, grid, ATT_WARPS * 32, 0, st, out, q, k, v, pos, tab, blocks,
+		  sinks, n_head, n_head_kv, head_dim, swa, scale);
 	return cudaGetLastError();
 }
 
@@ -616,6 +629,7 @@ __global__ void __launch_bounds__(32)
 route_kernel(const float *logits, int E, int K, int fn, int norm, int sigmoid, float w_scale,
 	     int n_groups, int n_group_used, const float *bias, int32_t *ids_out, float *w_out)
 {
+	md_pdl_enter();
 	__shared__ float p[ROUTE_EMAX], sel[ROUTE_EMAX], gs[64];
 	__shared__ uint8_t taken[ROUTE_EMAX];
 	__shared__ int32_t gid[64];
@@ -729,8 +743,8 @@ extern "C" cudaError_t md_cuda__route(const float *logits, int n, int E, int K, 
 			 (n_groups > 1 && (E % n_groups || n_group_used < 1 ||
 					   n_group_used > n_groups)))))
 		return cudaErrorInvalidValue;
-	route_kernel<<<(unsigned)n, 32, 0, st>>>(logits, E, K, fn, norm, sigmoid, w_scale,
-						  n_groups, n_group_used, bias, ids, w);
+	md_launch(route_kernel, (unsigned)n, 32, 0, st, logits, E, K, fn, norm, sigmoid, w_scale,
+		  n_groups, n_group_used, bias, ids, w);
 	return cudaGetLastError();
 }
 
@@ -742,6 +756,7 @@ layout_kernel(const int32_t *ids, const float *w, int n, int K, int E, int G, co
 	      const uint8_t *b1, const uint8_t *b2, size_t s0, size_t s1, size_t s2, int32_t *off,
 	      int32_t *tok, int32_t *eid, int32_t *cslot, float *cw, const void **wtab)
 {
+	md_pdl_enter();
 	/* cnt: each expert's entries, then its first slot; sc, sg: the block scan's partial sums
 	 * of the threads' shares (entries, and active experts) */
 	__shared__ int32_t cnt[MD_CUDA_ROUTE_EMAX];
@@ -832,10 +847,9 @@ extern "C" cudaError_t md_cuda__moe_layout(const int32_t *ids, const float *w, i
 {
 	if (n <= 0 || K <= 0 || E <= 0 || E > MD_CUDA_ROUTE_EMAX || G < 1 || G > E || G > n * K)
 		return cudaErrorInvalidValue;
-	layout_kernel<<<1, LAYOUT_THREADS, 0, st>>>(ids, w, n, K, E, G, (const uint8_t *)base[0],
-						    (const uint8_t *)base[1],
-						    (const uint8_t *)base[2], nb2[0], nb2[1], nb2[2],
-						    off, tok, eid, cslot, cw, wtab);
+	md_launch(layout_kernel, 1, LAYOUT_THREADS, 0, st, ids, w, n, K, E, G,
+		  (const uint8_t *)base[0], (const uint8_t *)base[1], (const uint8_t *)base[2],
+		  nb2[0], nb2[1], nb2[2], off, tok, eid, cslot, cw, wtab);
 	return cudaGetLastError();
 }
 
@@ -861,6 +875,7 @@ attention_mla_kernel(float *out, const float *q, const void *rows, int half, con
 		     const int32_t *tab, const int32_t *blocks, int n_tok, int n_head, int W, int C,
 		     float scale)
 {
+	md_pdl_enter();
 	const int h = (int)blockIdx.x, t = (int)blockIdx.y;
 	const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);
 	const int nw = (W + 31) / 32, nc = (C + 31) / 32;
@@ -922,14 +937,15 @@ extern "C" cudaError_t md_cuda__attention_mla(float *out, const float *q, const 
 		return cudaSuccess;
 	const dim3 grid((unsigned)n_head, (unsigned)n_tok);
 
-	attention_mla_kernel<<<grid, MLA_WARPS * 32, 0, st>>>(out, q, rows, half, pos, tab, blocks,
-							      n_tok, n_head, w, c, scale);
+	md_launch(attention_mla_kernel, grid, MLA_WARPS * 32, 0, st, out, q, rows, half, pos, tab,
+		  blocks, n_tok, n_head, w, c, scale);
 	return cudaGetLastError();
 }
 
 __global__ void copy2d_kernel(float *dst, size_t ds0, size_t ds1, const float *src, size_t ss0,
 			      size_t ss1, int n1, int w, size_t total)
 {
+	md_pdl_enter();
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
 	     i += (size_t)gridDim.x * blockDim.x) {
 		const size_t e = i % (size_t)w, ij = i / (size_t)w;
@@ -947,14 +963,15 @@ extern "C" cudaError_t md_cuda__copy2d(float *dst, size_t ds0, size_t ds1, const
 
 	if (n0 <= 0 || n1 <= 0 || w <= 0)
 		return cudaSuccess;
-	copy2d_kernel<<<blocks_for(total, 256), 256, 0, st>>>(dst, ds0, ds1, src, ss0, ss1, n1, w,
-							      total);
+	md_launch(copy2d_kernel, blocks_for(total, 256), 256, 0, st, dst, ds0, ds1, src, ss0, ss1,
+		  n1, w, total);
 	return cudaGetLastError();
 }
 
 __global__ void rows_f16_kernel(unsigned short *dst, const int32_t *rows, const float *src, int n,
 				int dim)
 {
+	md_pdl_enter();
 	const size_t total = (size_t)n * dim;
 
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
@@ -970,6 +987,7 @@ extern "C" cudaError_t md_cuda__rows_store_f16(unsigned short *dst, const int32_
 {
 	if (n <= 0 || dim <= 0)
 		return cudaSuccess;
-	rows_f16_kernel<<<blocks_for((size_t)n * dim, 256), 256, 0, st>>>(dst, rows, src, n, dim);
+	md_launch(rows_f16_kernel, blocks_for((size_t)n * dim, 256), 256, 0, st, dst, rows, src, n,
+		  dim);
 	return cudaGetLastError();
 }

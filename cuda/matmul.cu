@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "cuda/launch.cuh"
 #include "cuda/matmul_cuda.h"
 
 extern "C" {
@@ -656,6 +657,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
 mm_kernel(const uint8_t *__restrict__ w, int64_t n_in, int64_t n_out, size_t nb1,
 	  const float *__restrict__ x, int n_tok, float *__restrict__ y, int accumulate)
 {
+	md_pdl_enter();
 	const int64_t r = (int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
 
 	if (r >= n_out)
@@ -680,6 +682,7 @@ __global__ void __launch_bounds__(MM_WARPS * 32)
 mm_multi_kernel(const mm_multi_args m, int64_t n_in, size_t nb1, const float *__restrict__ x,
 		int n_tok)
 {
+	md_pdl_enter();
 	const int64_t bx = blockIdx.x;
 	int i = 0;
 
@@ -707,6 +710,7 @@ mmx_kernel(const void *const *__restrict__ wtab, int64_t n_in, int64_t n_out, si
 	   int ng, const int32_t *__restrict__ off, const int32_t *__restrict__ src,
 	   const float *__restrict__ x, float *__restrict__ y0, float *__restrict__ y1)
 {
+	md_pdl_enter();
 	const int lane = (int)(threadIdx.x & 31);
 	const int64_t r = (int64_t)blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
 	const int gi = (int)blockIdx.y, g = gi % ng;
@@ -753,11 +757,11 @@ static cudaError_t launch_x(const void *const *wtab, int64_t n_in, int64_t n_out
 	const dim3 grid((unsigned)((n_out + MM_WARPS - 1) / MM_WARPS), (unsigned)(ng * nw), 1);
 
 	if (max_rows == 1)
-		mmx_kernel<TYPE, 1><<<grid, MM_WARPS * 32, 0, stream>>>(wtab, n_in, n_out, nb1, ng,
-									off, src, x, y0, y1);
+		md_launch(mmx_kernel<TYPE, 1>, grid, MM_WARPS * 32, 0, stream, wtab, n_in, n_out,
+			  nb1, ng, off, src, x, y0, y1);
 	else
-		mmx_kernel<TYPE, MM_NT><<<grid, MM_WARPS * 32, 0, stream>>>(wtab, n_in, n_out, nb1,
-									    ng, off, src, x, y0, y1);
+		md_launch(mmx_kernel<TYPE, MM_NT>, grid, MM_WARPS * 32, 0, stream, wtab, n_in,
+			  n_out, nb1, ng, off, src, x, y0, y1);
 	return cudaGetLastError();
 }
 
@@ -799,13 +803,11 @@ static cudaError_t launch(const void *w, int64_t n_in, int64_t n_out, size_t nb1
 			(unsigned)((n_tok + MM_NT - 1) / MM_NT));
 
 	if (n_tok == 1)
-		mm_kernel<TYPE, 1><<<grid, MM_WARPS * 32, 0, stream>>>((const uint8_t *)w, n_in,
-								       n_out, nb1, x, n_tok, y,
-								       acc);
+		md_launch(mm_kernel<TYPE, 1>, grid, MM_WARPS * 32, 0, stream, (const uint8_t *)w,
+			  n_in, n_out, nb1, x, n_tok, y, acc);
 	else
-		mm_kernel<TYPE, MM_NT><<<grid, MM_WARPS * 32, 0, stream>>>((const uint8_t *)w, n_in,
-									   n_out, nb1, x, n_tok, y,
-									   acc);
+		md_launch(mm_kernel<TYPE, MM_NT>, grid, MM_WARPS * 32, 0, stream,
+			  (const uint8_t *)w, n_in, n_out, nb1, x, n_tok, y, acc);
 	return cudaGetLastError();
 }
 
@@ -845,10 +847,11 @@ static cudaError_t launch_multi(const mm_multi_args &m, int64_t n_in, size_t nb1
 	const dim3 grid((unsigned)m.blk0[m.n], (unsigned)((n_tok + MM_NT - 1) / MM_NT));
 
 	if (n_tok == 1)
-		mm_multi_kernel<TYPE, 1><<<grid, MM_WARPS * 32, 0, stream>>>(m, n_in, nb1, x, n_tok);
+		md_launch(mm_multi_kernel<TYPE, 1>, grid, MM_WARPS * 32, 0, stream, m, n_in, nb1,
+			  x, n_tok);
 	else
-		mm_multi_kernel<TYPE, MM_NT><<<grid, MM_WARPS * 32, 0, stream>>>(m, n_in, nb1, x,
-									       n_tok);
+		md_launch(mm_multi_kernel<TYPE, MM_NT>, grid, MM_WARPS * 32, 0, stream, m, n_in,
+			  nb1, x, n_tok);
 	return cudaGetLastError();
 }
 

@@ -81,6 +81,16 @@ fi
 { echo; echo "## Forward-pass parity with the CPU (tests/gpu/test_gpu.c)"; echo
   grep -E '^\|' "$log" | grep -v 'server\|t/s'; echo; grep '^gpu: ' "$log"; } >> "$sum"
 
+# The same with Programmatic Dependent Launch (cuda/launch.cuh; off by default until measured):
+# every kernel waits for the one before it, so the results must not change.
+if step "gpu tests, PDL" 150 env MOED_PDL=1 build-gpu/tests/gpu/test_gpu build-gpu/tools/moed-gguf
+then
+	say "gpu tests with MOED_PDL=1: ok"
+else
+	say "gpu tests with MOED_PDL=1: FAILED (PDL stays off)"
+fi
+grep '^gpu tests with MOED_PDL' "$log" | tail -1 >> "$sum"
+
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 step "server parity" 150 python3 tests/gpu/parity.py build-gpu/server/moed build-gpu/tools/moed-gguf \
@@ -114,20 +124,24 @@ say "== benchmarks"
 # In the order of the issue's goals, so that a run cut short by its deadline loses the least:
 # batch 1 on a resident model, experts at twice the device tier, then streams and baselines.
 # Each with the fused ops (one launch for Q/K/V, one for their norms, rope and cache stores,
-# residual adds inside the products and the combine) and without them (MOED_NO_FUSE=1), in
-# turn, twice, for the launches saved.
+# residual adds inside the products and the combine), without them (MOED_NO_FUSE=1), and with
+# Programmatic Dependent Launch (MOED_PDL=1: each launch overlapping the kernel before), in
+# turn, twice.
 for f in "$bench/default-4g.gguf" "$bench/random-1g.gguf"; do
 	[ -f "$f" ] || continue
 	for ab in 1 2; do
 		step "bench $(basename "$f") batch 1" 90 $B -m "$f" -D cuda -p 512 -n 128 -r 5
 		step "bench $(basename "$f") batch 1, unfused" 90 env MOED_NO_FUSE=1 $B -m "$f" \
 			-D cuda -p 512 -n 128 -r 5
+		step "bench $(basename "$f") batch 1, PDL" 90 env MOED_PDL=1 $B -m "$f" -D cuda \
+			-p 512 -n 128 -r 5
 	done
 done
 # Which link of a decode step's chain lags: each op's microseconds per launch and GB/s of
 # weights (mm per weight type and decode shape, mm_multi, mm_experts, a launch alone), plain
 # and in a graph, against the device's copy bandwidth.
 step "bench device ops" 60 build-gpu/bench/bench_dev_ops
+step "bench device ops, PDL" 60 env MOED_PDL=1 build-gpu/bench/bench_dev_ops -t q8_0
 # Experts at twice the device tier (the file is nearly all expert bytes: a tier of half the
 # file): the cost model against copying every miss up, under two eviction policies, with
 # every core for the experts the CPU computes.
