@@ -206,7 +206,9 @@ static int pick(struct md_draft_model *dm, struct md_seq *s, uint32_t r, const f
  * prefill, and timed as a round it once stood at 43 ms against 0.6 for a real round
  * (default-1g's draft), which priced the draft model out for good: the controller then never
  * probed it again, whatever its acceptance. Until a round is timed t_round stays 0, which
- * the controller reads as unknown (free), so the next drafts measure it. */
+ * the controller reads as unknown (free), so the next drafts measure it. A catch-up round's
+ * time per row is kept apart (t_row): what the controller charges a sequence for the rows its
+ * draft has missed (md_spec_seq.catchup). */
 static int run_round(struct md_draft_model *dm, uint32_t n, uint32_t n_seqs)
 {
 	struct md_batch b = {
@@ -219,6 +221,8 @@ static int run_round(struct md_draft_model *dm, uint32_t n, uint32_t n_seqs)
 	if (rows >= 0 && n <= 2 * n_seqs) {
 		dm->t_round = dm->rounds ? 0.9 * dm->t_round + 0.1 * dt : dt;
 		dm->rounds++;
+	} else if (rows >= 0) {
+		dm->t_row = dm->t_row > 0 ? 0.8 * dm->t_row + 0.2 * dt / n : dt / n;
 	}
 	return rows;
 }

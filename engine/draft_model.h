@@ -62,6 +62,10 @@ struct md_draft_model {
 	double t_round;              /* seconds per round, smoothed (the controller reads it; 0:
 				      * none timed yet) */
 	uint64_t rounds;             /* rounds timed (of about one row per sequence) */
+	double t_row;                /* seconds per row of a round that catches sequences up (a
+				      * prefill: the prompt at a request's first draft, the tokens
+				      * of plain steps after a pause), smoothed; 0: none timed
+				      * yet. The controller charges a sequence's catch-up by it */
 };
 
 /*

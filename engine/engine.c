@@ -893,6 +893,15 @@ static void spec_propose(struct md_engine *e)
 			if (k == 0)
 				continue;
 		}
+		ss->catchup = 0;
+		if (ss->drafter == MD_SPEC_DRAFT && e->draft_ready) {
+			/* the rows the draft model has not seen, at a catch-up row's cost (a
+			 * round's until one is timed) */
+			uint32_t seen = ss->dkv_seq >= 0 ? ss->n_dkv : 0;
+			double t_row = e->draft.t_row > 0 ? e->draft.t_row : e->draft.t_round;
+			ss->catchup = s->n_toks > seen ? (s->n_toks - seen) * t_row : 0;
+		}
+		ss->horizon = s->req->max_tokens > s->n_gen ? s->req->max_tokens - s->n_gen : 1;
 		e->cseq[nc] = s;
 		e->css[nc] = ss;
 		e->ck[nc++] = k;

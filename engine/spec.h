@@ -90,6 +90,12 @@ struct md_spec_seq {
 	double probe_value;            /* seconds an accepted draft of that probe saves (a plain
 					  step's time per sequence), refunded to the probe credit */
 	uint32_t k_used;               /* k given to the scheduler this step */
+	double catchup;                /* seconds the drafter needs to catch up on the sequence's
+					  tokens it has not seen before it can draft (the draft
+					  model's prefill of them; set before each choice, 0 for
+					  drafters without) */
+	uint32_t horizon;              /* tokens the sequence may still generate (its max_tokens
+					  left), over which a catch-up is paid back; 0: unknown */
 	uint32_t explore;              /* speculating steps, counted for frontier probes */
 
 	/* the draft model's KV (engine/draft_model.c) */

@@ -37,9 +37,13 @@
  * again from one: a wrong guess costs the length of the last run that held, at most. */
 #define PROBE_GROW 2
 /* What such probes cost is bounded engine-wide: each step earns PROBE_SHARE of its time as
- * credit (up to PROBE_CREDIT_MAX plain steps), and a probe is sent only when the credit covers
- * its estimate: what its drafts add to the step's time, its draft rounds, and a plain step's
- * share per sequence for the draft's catch-up on what it missed. A probe's accepted drafts
+ * credit (up to PROBE_CREDIT_MAX plain steps, which is also what the engine starts with, so
+ * that its first probes need not wait for it), and a probe is sent only when the credit covers
+ * its estimate: what its drafts add to the step's time, its draft rounds, and the draft's
+ * catch-up on the tokens it missed (md_spec_seq.catchup: the prompt at a request's first
+ * probe, the plain steps' tokens since; a plain step's share per sequence when not known).
+ * A plan that takes a sequence is charged its catch-up too, spread over the steps the
+ * sequence may still run (catchup_share): paid once, it serves all of them. A probe's accepted drafts
  * are refunded (each saved a plain step's share), so the credit bounds the net cost of the
  * probes that fail, probes that hold (growing, PROBE_GROW) pay for themselves, and where the
  * drafter pays a probe leads to speculation, which needs no credit. Measured on default-1g
@@ -48,6 +52,8 @@
  * CPU-second on memorised verses without the credit (63 steps verified probes), 0.98x with
  * it (34). */
 #define PROBE_SHARE 0.02
+/* The most steps a catch-up is spread over in a plan (catchup_share). */
+#define CATCHUP_STEPS 32
 #define PROBE_CREDIT_MAX 8
 /* A new sequence starts from its drafter's engine-wide acceptance (decayed by GLOBAL_DECAY
  * per judgement) as PRIOR_TRIALS judgements: requests are short, and learning acceptance
@@ -413,6 +419,16 @@ static double best_rate(const struct md_spec_ctl *c, double a, uint32_t room, ui
 	return best;
 }
 
+/* What a plan is charged per step for the catch-up drafting this sequence needs first: the
+ * catch-up is paid once and serves every step it drafts in after, so it is spread over the
+ * steps the sequence may still run (at most CATCHUP_STEPS: a request may end before its
+ * max_tokens). */
+static double catchup_share(const struct md_spec_seq *s)
+{
+	uint32_t h = s->horizon ? s->horizon : 1;
+	return s->catchup / (h < CATCHUP_STEPS ? h : CATCHUP_STEPS);
+}
+
 /* Whether drafting for a sequence with acceptance a could beat plain decode at all. */
 static bool could_pay(const struct md_spec_ctl *c, double a, uint32_t room, bool free_draft,
 		      uint32_t B, double t_round, double plain)
@@ -446,6 +462,10 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 	double plain = md_spec_ctl_cost(c, B);
 	if (!(plain > 0))
 		return;
+	if (!c->credit_open) {
+		c->probe_credit = PROBE_CREDIT_MAX * plain;
+		c->credit_open = true;
+	}
 	c->probe_credit += PROBE_SHARE * plain;
 	if (c->probe_credit > PROBE_CREDIT_MAX * plain)
 		c->probe_credit = PROBE_CREDIT_MAX * plain;
@@ -464,7 +484,7 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 		double best_rate = (B + gain) / (md_spec_ctl_cost_hi(c, B + extra) + t_rounds);
 		uint32_t best = 0;
 		for (uint32_t kk = 1; kk <= room[i]; kk++) {
-			double more = kk > rounds[dr] ? (kk - rounds[dr]) * tr : 0;
+			double more = (kk > rounds[dr] ? (kk - rounds[dr]) * tr : 0) + catchup_share(ss[i]);
 			double cost = md_spec_ctl_cost_hi(c, B + extra + kk) + t_rounds + more;
 			double rate = (B + gain + expect(a, kk)) / cost;
 			if (cost > 0 && rate > best_rate) {
@@ -479,6 +499,8 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 			t_rounds += (best - rounds[dr]) * tr;
 			rounds[dr] = best;
 		}
+		if (best > 0)
+			t_rounds += catchup_share(ss[i]);
 	}
 	bool spec = extra > 0 && (B + gain) / (md_spec_ctl_cost_hi(c, B + extra) + t_rounds) >
 				 MARGIN * B / plain;
@@ -555,10 +577,27 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 					uint32_t want = s->probe_k < top ? s->probe_k : top;
 					kk = want > kk ? want : kk;
 				}
+				/* A draft that must first catch up (a long prompt) is probed with one
+				 * draft: the catch-up is most of the probe's price, and the next
+				 * probes, grown or at a larger size, find it caught up. */
+				if (s->catchup > plain && s->probe_k <= 1)
+					kk = 1;
 				const uint32_t base = B + (spec ? extra : 0);
-				double est = md_spec_ctl_cost(c, base + kk) - md_spec_ctl_cost(c, base) +
-					     kk * tr + plain / B;
-				if (est > c->probe_credit)
+				const double cu = s->catchup > 0 ? s->catchup : plain / B;
+				double est;
+				/* Fewer drafts where the credit does not cover these: a catch-up grows
+				 * every step the draft waits, faster than the credit, so a smaller
+				 * probe now beats a larger one never. */
+				for (;; kk--) {
+					est = md_spec_ctl_cost(c, base + kk) - md_spec_ctl_cost(c, base) +
+					      kk * tr + cu;
+					if (kk == 1 || est <= c->probe_credit)
+						break;
+				}
+				/* A probe dearer than the most credit can hold (a long prompt to
+				 * catch up on) goes only with the credit full, and leaves it in debt. */
+				double cap = PROBE_CREDIT_MAX * plain;
+				if (est > c->probe_credit && !(est > cap && c->probe_credit >= cap))
 					continue; /* the next step, with more credit */
 				c->probe_credit -= est;
 				k[i] = kk;

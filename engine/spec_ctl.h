@@ -103,6 +103,8 @@ struct md_spec_ctl {
 	uint64_t chosen_steps, spec_steps; /* steps decided, and those that speculated */
 	double probe_credit;              /* seconds the probes of drafters without a shadow may
 					     still spend (PROBE_SHARE of the steps; spec_ctl.c) */
+	bool credit_open;                 /* probe_credit was opened (full, at the first choice
+					     with a plain time: the first probes' catch-up) */
 	double g_acc_w[MD_SPEC_CTL_DRAFTERS], g_acc_n[MD_SPEC_CTL_DRAFTERS]; /* per drafter, decayed */
 };
 
