@@ -2,9 +2,11 @@
 # Everything GPU in one command, for a machine with an NVIDIA GPU (issue: GPU serving): builds
 # moed with CUDA, runs the GPU tests (every device op against its reference, forward-pass
 # parity with the CPU on every generated architecture and weight type, the device tier at 10%
-# to 100% of the expert bytes, out-of-memory at start-up), greedy parity of whole generations
-# through the server (--device cuda against --device cpu), start-up refusal when the model
-# cannot fit, and the benchmarks (decode tok/s at batch 1 against the HBM bound, aggregate
+# to 100% of the expert bytes, out-of-memory at start-up; again with Programmatic Dependent
+# Launch, MOED_PDL=1), greedy parity of whole generations through the server (--device cuda
+# against --device cpu), start-up refusal when the model cannot fit, and the benchmarks (decode
+# tok/s at batch 1 against the HBM bound, fused against unfused and PDL against plain launches,
+# each device op's time and bandwidth (bench/bench_dev_ops), aggregate
 # tok/s at 1 to 64 streams, experts at twice the device budget against on-demand copying, the
 # device time by kernel when nsys is installed, and llama.cpp's CUDA build on the same files
 # when MOED_LLAMA_CPP names its bin directory).
