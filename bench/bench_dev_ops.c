@@ -33,6 +33,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/dev_copy_bw.h"
 #include "engine/backend.h"
 #include "engine/backend_sim.h"
 #include "engine/quant.h"
@@ -216,27 +217,6 @@ static void row_out(const struct run *r, const char *op, enum md_dtype t, const 
 		printf("| %s | - | %s | %d | %.2f | - | - |\n", op, shape, n_tok, sec * 1e6);
 }
 
-static double copy_bandwidth(struct md_backend *b, size_t n)
-{
-	void *a = NULL, *c = NULL;
-	double best = 0;
-	if (b->alloc(b, n, &a) || b->alloc(b, n, &c)) {
-		b->free(b, a);
-		return 0;
-	}
-	for (int i = 0; i < 6; i++) {
-		double t0 = now_s();
-		if (b->fwd->copy(b, c, a, n) || b->fwd->sync(b))
-			break;
-		double bw = 2.0 * (double)n / (now_s() - t0);
-		if (i > 0 && bw > best)
-			best = bw;
-	}
-	b->free(b, a);
-	b->free(b, c);
-	return best;
-}
-
 /* Products of one type: mm of each shape at each token count, then mm_multi and mm_experts
  * where the backend has them. */
 static int bench_type(struct run *r, enum md_dtype t, float *x, float *const *y, bool quick,
@@ -390,7 +370,7 @@ int main(int argc, char **argv)
 	struct md_backend_device info;
 	if (r.b->device_info(r.b, 0, &info))
 		snprintf(info.name, sizeof(info.name), "%s", r.b->name);
-	r.copy_bw = copy_bandwidth(r.b, quick ? (size_t)16 << 20 : (size_t)512 << 20);
+	r.copy_bw = md_bench_dev_copy_bw(r.b, quick ? (size_t)16 << 20 : (size_t)512 << 20);
 	/* Larger than any last-level cache (H100: 50 MiB, H200 the same). */
 	r.wbuf_bytes = quick ? (size_t)8 << 20 : (size_t)512 << 20;
 	float *x = NULL, *y[3] = { NULL, NULL, NULL };

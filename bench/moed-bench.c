@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "bench/dev_copy_bw.h"
 #include "engine/backend_sim.h"
 #include "engine/expert_cost.h"
 #include "engine/experts.h"
@@ -334,30 +335,6 @@ static uint64_t bytes_per_token(const struct md_model *m)
 	return sum;
 }
 
-/* The device's streaming bandwidth: device-to-device copies of 512 MiB, best of 5 (a copy
- * reads and writes each byte). 0 when it cannot be measured. */
-static double dev_bandwidth(struct md_backend *d)
-{
-	const size_t n = (size_t)512 << 20;
-	void *a = NULL, *c = NULL;
-	double best = 0;
-	if (d->alloc(d, n, &a) || d->alloc(d, n, &c)) {
-		d->free(d, a);
-		return 0;
-	}
-	for (int r = 0; r < 6; r++) {
-		double t0 = now_s();
-		if (d->fwd->copy(d, c, a, n) || d->fwd->sync(d))
-			break;
-		double bw = 2.0 * (double)n / (now_s() - t0);
-		if (r > 0 && bw > best)
-			best = bw;
-	}
-	d->free(d, a);
-	d->free(d, c);
-	return best;
-}
-
 static int dev_setup(struct dev_run *dr, struct bench *b, const struct md_model *m,
 		     const char *name, double tier_mb, int on_demand, enum md_epol_kind policy,
 		     int max_tok)
@@ -399,7 +376,7 @@ static int dev_setup(struct dev_run *dr, struct bench *b, const struct md_model 
 	}
 	md_forward_set_device(b->fw, dr->fd);
 	uint64_t bpt = bytes_per_token(m);
-	double bw = dr->owned ? 0 : dev_bandwidth(dr->b);
+	double bw = dr->owned ? 0 : md_bench_dev_copy_bw(dr->b, (size_t)512 << 20);
 	dr->bound = bw > 0 ? bw / (double)bpt : 0;
 	printf("device: %s, %.0f MiB; %.1f MB read per token; device copy bandwidth %.0f GB/s; "
 	       "bound %.1f tok/s%s\n\n", info.name, info.mem_total / 1048576.0, bpt / 1e6, bw / 1e9,
