@@ -25,12 +25,17 @@ what time-sharing takes shows in wall time, not in CPU time); for moed the accep
 the mean accepted length (tokens per verifying step) and the distinct experts per MoE layer of
 a verifying step from /metrics; and the cost-model bound for that acceptance:
 
-    bound = max over k of  (1 + a + ... + a^k) * t(S) / (t(S + S k) + k r(S))
+    bound = max over k <= L of  (f (1 + a + ... + a^k) + (1 - f)) * t(S)
+                                 / (f (t(S + S k) + k r(S)) + (1 - f) t(S))
 
 t(n): the CPU time of a decode step of n tokens (moed-bench -v on the model; n up to S (1 + K)
 with K = --max-k), r(S): one draft round for S sequences (the draft model's t(S) by
 moed-bench -v on it; for self the model's t(S) scaled by the draft pass's bytes over the
-step's, one expert per token; 0 for n-gram lookup), a: the measured acceptance rate. Greedy
+step's, one expert per token; 0 for n-gram lookup), a: the measured acceptance rate, f: the
+share of the decoding sequence-steps in which the drafter had a proposal and L its mean length
+(/metrics: proposal steps over sequence steps, proposed tokens over proposal steps; a model
+drafter proposes in every step, the n-gram lookup only where it finds a match: most of its
+steps decode plainly, whatever the controller does). The column "prop" prints f. Greedy
 outputs (and seeded n-gram ones) are checked equal to plain decode's. --svg FILE draws tok/s
 against streams per configuration, one panel per workload.
 
@@ -152,12 +157,16 @@ moed = Srv(moed_cmd, "moed")
 servers.append(moed)
 
 
+MKEYS = ("spec_draft_tokens_total", "spec_accepted_tokens_total", "spec_verify_steps_total",
+         "spec_emitted_tokens_total", "spec_verify_layer_passes_total",
+         "spec_verify_distinct_experts_total", "spec_sequence_steps_total",
+         "spec_proposal_steps_total", "spec_proposed_tokens_total")
+
+
 def metrics():
     b = request(moed.port, "GET", "/metrics")[1].decode()
     out = {}
-    for k in ("spec_draft_tokens_total", "spec_accepted_tokens_total", "spec_verify_steps_total",
-              "spec_emitted_tokens_total", "spec_verify_layer_passes_total",
-              "spec_verify_distinct_experts_total"):
+    for k in MKEYS:
         m = re.search(r"^moed:%s(\{[^}]*\})? (\S+)$" % k, b, re.M)
         out[k] = float(m.group(2)) if m else 0.0
     return out
@@ -306,11 +315,14 @@ if not args.no_bound:
         self_ratio = (dense + L * 1 * w_exp) / (dense + L * k_used * w_exp)
 
 
-def bound(S, drafter, a):
+def bound(S, drafter, a, f=1.0, L=None):
+    """The cost model's bound (see the docstring): drafts of k <= L tokens with acceptance a in
+    a share f of the steps, plain decode in the others."""
     if not costs or S not in costs:
         return None
     best = 1.0
-    for k in range(1, args.max_k + 1):
+    kmax = args.max_k if L is None else max(1, min(args.max_k, int(round(L))))
+    for k in range(1, kmax + 1):
         n = S * (1 + k)
         if n not in costs:
             break
@@ -320,7 +332,8 @@ def bound(S, drafter, a):
         elif drafter == "self":
             r = costs[S] * self_ratio
         e = sum(a ** j for j in range(k + 1))
-        best = max(best, e * costs[S] / (costs[n] + k * r))
+        gain = (f * e + (1 - f)) * costs[S] / (f * (costs[n] + k * r) + (1 - f) * costs[S])
+        best = max(best, gain)
     return best
 
 
@@ -336,9 +349,9 @@ if costs:
           ("; draft t(S): " + " ".join("%d:%.1f" % kv for kv in sorted(draft_costs.items()))
            if draft_costs else "") + ("; self pass / step bytes %.2f" % self_ratio
                                        if self_ratio else ""), flush=True)
-print("%-7s %3s %-18s %8s %7s %7s %7s %8s %8s %7s  %s" % (
-    "work", "S", "config", "tok/s", "x plain", "x CPU", "accept", "mean len", "experts", "bound",
-    "per-round tok/s"), flush=True)
+print("%-7s %3s %-18s %8s %7s %7s %7s %8s %8s %5s %7s  %s" % (
+    "work", "S", "config", "tok/s", "x plain", "x CPU", "accept", "mean len", "experts", "prop",
+    "bound", "per-round tok/s"), flush=True)
 results = {}  # (workload, S, config name) -> median tok/s
 mismatch = 0
 llamas = {}
@@ -361,7 +374,7 @@ for S in streams:
         rates = {c: [] for c in cfgs}
         ratios = {c: [] for c in cfgs}
         cratios = {c: [] for c in cfgs}
-        acc = {c: [0.0] * 6 for c in cfgs}
+        acc = {c: [0.0] * len(MKEYS) for c in cfgs}
         for rnd in range(args.rounds):
             order = cfgs[rnd % len(cfgs):] + cfgs[:rnd % len(cfgs)]
             got = {}
@@ -374,10 +387,7 @@ for S in streams:
                 r, rc, texts = run(workload, c, S, rnd)
                 if c[0] == "moed":
                     m1 = metrics()
-                    for j, k in enumerate(("spec_draft_tokens_total", "spec_accepted_tokens_total",
-                                           "spec_verify_steps_total", "spec_emitted_tokens_total",
-                                           "spec_verify_layer_passes_total",
-                                           "spec_verify_distinct_experts_total")):
+                    for j, k in enumerate(MKEYS):
                         acc[c][j] += m1[k] - m0[k]
                 else:
                     acc[c][0] += srv.drafted - l0[0]
@@ -394,15 +404,18 @@ for S in streams:
                         if got[c][2].get(i) != t:
                             mismatch += 1
         for c in cfgs:
-            dr, ac, vs, em, lp, di = acc[c]
+            dr, ac, vs, em, lp, di, sq, ps, pt = acc[c]
             a = ac / dr if dr else 0.0
-            b = bound(S, c[1], a) if c[0] == "moed" and c[1] != "off" else None
+            f = ps / sq if sq else None
+            b = (bound(S, c[1], a, f if f is not None else 1.0, pt / ps if ps else None)
+                 if c[0] == "moed" and c[1] != "off" else None)
             med = statistics.median(rates[c])
             results[(workload, S, "%s %s" % c)] = med
-            print("%-7s %3d %-18s %8.1f %7.2f %7.2f %7s %8s %8s %7s  %s" % (
+            print("%-7s %3d %-18s %8.1f %7.2f %7.2f %7s %8s %8s %5s %7s  %s" % (
                 workload, S, "%s %s" % c, med, statistics.median(ratios[c]),
                 statistics.median(cratios[c]), "%.2f" % a if dr else "-",
                 "%.2f" % (em / vs) if vs else "-", "%.2f" % (di / lp) if lp else "-",
+                "%.2f" % f if f is not None and c[1] != "off" else "-",
                 "%.2f" % b if b else "-", " ".join("%.1f" % x for x in rates[c])), flush=True)
     for t in LLAMA_TYPES if args.llama else []:
         llamas[(S, t)].stop()

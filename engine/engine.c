@@ -77,6 +77,9 @@ struct spec_step {
 	uint32_t k;                      /* the largest k (cfg.spec_k resolved) */
 	enum md_spec_drafter drafter;    /* requests' default */
 	uint64_t drafted, accepted, verify_steps, emitted; /* totals for the stats */
+	uint64_t seq_steps, proposal_steps; /* decode sequence-steps of sequences with a drafter,
+					      and those where it had a proposal (for the stats) */
+	uint64_t proposed;               /* tokens those proposals offered (up to the room) */
 	uint64_t verify_layers, verify_distinct, self_hit, self_used; /* on_route, for the stats */
 };
 
@@ -755,6 +758,9 @@ static void publish_stats(struct md_engine *e)
 	e->stats.spec_accepted = e->sp.accepted;
 	e->stats.spec_verify_steps = e->sp.verify_steps;
 	e->stats.spec_emitted = e->sp.emitted;
+	e->stats.spec_seq_steps = e->sp.seq_steps;
+	e->stats.spec_proposal_steps = e->sp.proposal_steps;
+	e->stats.spec_proposed = e->sp.proposed;
 	e->stats.spec_verify_layers = e->sp.verify_layers;
 	e->stats.spec_verify_distinct = e->sp.verify_distinct;
 	e->stats.spec_self_predicted = e->self.prefetched;
@@ -880,6 +886,7 @@ static void spec_propose(struct md_engine *e)
 		B++;
 		if (!ss)
 			continue;
+		e->sp.seq_steps++;
 		ss->n_draft = 0;
 		ss->draft_q = false;
 		ss->shadow = -1;
@@ -893,6 +900,8 @@ static void spec_propose(struct md_engine *e)
 			if (k == 0)
 				continue;
 		}
+		e->sp.proposal_steps++;
+		e->sp.proposed += k;
 		ss->catchup = 0;
 		if (ss->drafter == MD_SPEC_DRAFT && e->draft_ready) {
 			/* the rows the draft model has not seen, at a catch-up row's cost (a

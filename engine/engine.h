@@ -194,6 +194,12 @@ struct md_engine_stats {
 	uint64_t spec_drafted, spec_accepted; /* drafted tokens verified, and accepted */
 	uint64_t spec_verify_steps;         /* sequence-steps that verified drafts */
 	uint64_t spec_emitted;              /* tokens those sequence-steps emitted */
+	uint64_t spec_seq_steps;            /* decode sequence-steps of sequences with a drafter */
+	uint64_t spec_proposal_steps;       /* of those, the ones its drafter proposed in (the
+					       n-gram lookup found a match; a model drafter
+					       always, while the sequence has room) */
+	uint64_t spec_proposed;             /* tokens those proposals offered (a model drafter:
+					       its room, up to the most a request may draft) */
 	uint64_t spec_verify_layers;        /* MoE layer passes of steps that verified drafts */
 	uint64_t spec_verify_distinct;      /* distinct experts over those layer passes */
 	uint64_t spec_self_predicted;       /* experts self-speculation's drafts predicted and

@@ -96,6 +96,16 @@ try:
     print("metrics: drafted %s accepted %s mean accepted length %s" % (drafted, accepted, mlen))
     check(drafted and drafted > 0 and accepted and accepted > 0, "speculation ran", drafted, accepted)
     check(mlen is not None and mlen > 1, "mean accepted length > 1", mlen)
+    seq_steps = metric(srv, "moed:spec_sequence_steps_total")
+    prop_steps = metric(srv, "moed:spec_proposal_steps_total")
+    proposed = metric(srv, "moed:spec_proposed_tokens_total")
+    print("metrics: sequence steps %s, with a proposal %s, proposed tokens %s" %
+          (seq_steps, prop_steps, proposed))
+    # every verified draft was proposed first, in a step of a sequence with a drafter
+    check(seq_steps and prop_steps and 0 < prop_steps <= seq_steps, "proposal steps counted",
+          seq_steps, prop_steps)
+    check(proposed is not None and proposed >= drafted, "proposed tokens cover the drafted",
+          proposed, drafted)
     check(re.search(r"req=\d+ speculative drafted=\d+ accepted=\d+ rate=[\d.]+ "
                     r"mean_accepted_len=[\d.]+", srv.logtext()), "request log has the speculation line")
 
