@@ -43,14 +43,15 @@
  * catch-up on the tokens it missed (md_spec_seq.catchup: the prompt at a request's first
  * probe, the plain steps' tokens since; a plain step's share per sequence when not known).
  * A plan that takes a sequence is charged its catch-up too, spread over the steps the
- * sequence may still run (catchup_share): paid once, it serves all of them. A probe's accepted drafts
- * are refunded (each saved a plain step's share), so the credit bounds the net cost of the
- * probes that fail, probes that hold (growing, PROBE_GROW) pay for themselves, and where the
- * drafter pays a probe leads to speculation, which needs no credit. Measured on default-1g
- * with its draft (which agrees with it on 0-33% of the drafts of the bench's workloads), 48
- * alternating greedy requests of each: the draft against plain decode 0.97x in tokens per
- * CPU-second on memorised verses without the credit (63 steps verified probes), 0.98x with
- * it (34). */
+ * sequence may still run (catchup_share): paid once, it serves all of them. A probe's
+ * accepted drafts are refunded (each saved a plain step's share), so the credit bounds the
+ * net cost of the probes that fail, probes that hold (growing, PROBE_GROW) pay for
+ * themselves, and where the drafter pays a probe leads to speculation, which needs no
+ * credit. Measured on default-1g with its draft (which agrees with it on 0-33% of the
+ * drafts of the bench's workloads), 48 alternating greedy requests of each: the draft
+ * against plain decode 0.97x in tokens per CPU-second on memorised verses without the credit
+ * (63 steps verified probes), 0.98x with it (34); with the catch-up charged, 0.99-1.04x at 4
+ * and 16 streams where it had been 0.94-0.95x (bench/README.md). */
 #define PROBE_SHARE 0.02
 /* The most steps a catch-up is spread over in a plan (catchup_share). */
 #define CATCHUP_STEPS 32
@@ -484,7 +485,8 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 		double best_rate = (B + gain) / (md_spec_ctl_cost_hi(c, B + extra) + t_rounds);
 		uint32_t best = 0;
 		for (uint32_t kk = 1; kk <= room[i]; kk++) {
-			double more = (kk > rounds[dr] ? (kk - rounds[dr]) * tr : 0) + catchup_share(ss[i]);
+			double more = (kk > rounds[dr] ? (kk - rounds[dr]) * tr : 0) +
+				      catchup_share(ss[i]);
 			double cost = md_spec_ctl_cost_hi(c, B + extra + kk) + t_rounds + more;
 			double rate = (B + gain + expect(a, kk)) / cost;
 			if (cost > 0 && rate > best_rate) {

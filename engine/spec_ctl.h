@@ -52,7 +52,10 @@
  * second (B + sum E_i(k_i)) / (C(B + sum k_i) + D(max k_i)), D the draft model's rounds, every
  * step size charged one standard error above its mean time (the machine's relative noise over
  * the samples behind it: picking the best of several noisy estimates would otherwise favour
- * the one measured too fast). The plan is kept only when it beats plain decode, B / C(B), by
+ * the one measured too fast). A draft model that has not seen a sequence's latest tokens
+ * must first catch up on them (its prefill: the whole prompt at a request's first draft);
+ * a plan pays that once, spread over the tokens the request may still generate, and a probe
+ * pays it whole (md_spec_seq.catchup, horizon). The plan is kept only when it beats plain decode, B / C(B), by
  * a margin (3%); the margin applies to the whole step, so under load many small gains can add
  * up, and a stream is not pushed below plain decode by noise. Under load B is large and
  * C(B + k) - C(B) is what a draft costs everyone: the rule speculates only while that still
