@@ -66,6 +66,7 @@ struct md_expert_store {
 	uint32_t n_slots;
 	struct slot *slots;        /* owned (n_slots) */
 	uint8_t *arena;            /* owned: n_slots * slot_bytes, mapped or (arena_dev) pinned */
+	uint32_t n_reserve;        /* slots one layer of the largest step may need at once */
 	struct md_backend *arena_dev; /* the device whose host_alloc gave the arena, or NULL */
 	int32_t *unit_slot;        /* owned (n_units): slot of each unit, -1 */
 	struct md_epol *pol;       /* owned */
@@ -1128,6 +1129,32 @@ int md_expert_store_warm(struct md_expert_store *s, const char *path, uint32_t *
 	return rc;
 }
 
+/* Fill the free slots, but for one layer's worth left for the first misses, with reads at
+ * prefetch priority: the layers in turn, expert 0 of each, then expert 1, so every layer gets
+ * an equal share. A store starts empty, and every expert a request then uses for the first
+ * time is a miss that stalls its layer; the disk is idle before the first request, and these
+ * reads give way to any demand read (the I/O threads take demand reads first). Their units
+ * were never used, so the policy evicts them before anything a request touched. Filled units
+ * count as prefetches, like warm ones. */
+uint32_t md_expert_store_fill(struct md_expert_store *s)
+{
+	uint32_t n_free = 0, n = 0;
+	for (int32_t sl = s->free_head; sl >= 0; sl = s->slots[sl].next)
+		n_free++;
+	for (uint32_t e = 0; e < s->n_expert && n_free > s->n_reserve; e++)
+		for (uint32_t l = 0; l < s->n_layer && n_free > s->n_reserve; l++) {
+			uint32_t u = l * s->n_expert + e;
+			if (!s->m->layers[l].gate_exps || s->unit_slot[u] >= 0)
+				continue;
+			if (start_read(s, u, Q_PREFETCH, false, NULL) < 0)
+				return n;
+			atomic_fetch_add(&s->pf_issued, 1);
+			n_free--;
+			n++;
+		}
+	return n;
+}
+
 /* The units' file ranges; -ENOTSUP when an expert matrix is not in the mapped file. */
 static int map_units(struct md_expert_store *s, char *err, size_t errlen)
 {
@@ -1269,6 +1296,26 @@ out:
 	free(y);
 }
 
+/* Back the host slots with memory now, in huge pages where the kernel gives them. Left to the
+ * first read into each slot, a miss would also pay the page faults and the zeroing of its
+ * ~2 MiB (512 faults of 4 KiB) on the decode path, while the cache is filling; the budget is
+ * the plan's already, so taking it at start-up costs no memory that was not promised. */
+static void prefault_arena(void *arena, size_t len)
+{
+	if (getenv("MOED_ARENA_LAZY")) /* A/B */
+		return;
+#ifdef MADV_HUGEPAGE
+	madvise(arena, len, MADV_HUGEPAGE);
+#endif
+	int rc = -1;
+#ifdef MADV_POPULATE_WRITE
+	rc = madvise(arena, len, MADV_POPULATE_WRITE);
+#endif
+	if (rc != 0)
+		for (size_t off = 0; off < len; off += 4096)
+			((volatile uint8_t *)arena)[off] = 0;
+}
+
 int md_expert_store_new(struct md_expert_store **out, const struct md_model *m,
 			const struct md_expert_store_config *c, char *err, size_t errlen)
 {
@@ -1307,6 +1354,7 @@ int md_expert_store_new(struct md_expert_store **out, const struct md_model *m,
 	s->part_off[1] = span[0];
 	s->part_off[2] = span[0] + span[1];
 	s->n_slots = (uint32_t)n_slots;
+	s->n_reserve = need;
 	s->fd_direct = s->fd_buf = -1;
 	s->free_head = -1;
 	s->last_layer = -1;
@@ -1345,6 +1393,8 @@ int md_expert_store_new(struct md_expert_store **out, const struct md_model *m,
 			     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 		if (arena == MAP_FAILED)
 			arena = NULL;
+		else
+			prefault_arena(arena, (size_t)n_slots * slot_bytes);
 		if (c->dev && !getenv("MOED_NO_PIN"))
 			md_log(MD_LOG_WARN, "expert store: %.0f MiB of host slots could not be "
 			       "pinned: copies to the device tier go through the runtime's staging",
