@@ -582,6 +582,7 @@ static int setup_experts(struct md_engine *e)
 		.dev = dev_tier ? e->place.b : NULL,
 		.policy = c->expert_policy,
 		.prefetch = !c->no_expert_prefetch,
+		.fill = !c->no_expert_fill,
 		.step_tokens = c->step_tokens,
 		.state_dir = c->state_dir,
 		.kv_bytes = kv,

@@ -74,6 +74,7 @@ struct md_engine_config {
 	const char *expert_device;  /* borrowed (copied), NULL: "auto"; the device tier's device
 				     * (engine/expert_tiers.h: auto, none, cuda, sim[:COPY:COMPUTE]) */
 	bool no_expert_prefetch;    /* no pre-gating prefetch */
+	bool no_expert_fill;        /* leave the expert cache empty at start */
 	const char *device;         /* borrowed (copied), NULL: "auto": where the forward pass
 				     * runs (engine/dev_place.h: auto, cpu, cuda, sim[:MIB]) */
 	const char *state_dir;      /* borrowed (copied), NULL: no warm restart state */

@@ -243,6 +243,10 @@ int md_expert_tiers_init(struct md_expert_tiers *t, const struct md_model *m,
 		return rc;
 	}
 	warm_start(t);
+	uint32_t n_fill = c->fill ? md_expert_store_fill(t->store) : 0;
+	if (n_fill)
+		md_log(MD_LOG_INFO, "experts: filling the cache, reading %u experts ahead of the "
+		       "first requests", n_fill);
 	struct md_expert_store_stats st;
 	md_expert_store_get_stats(t->store, &st);
 	char dline[512] = "";

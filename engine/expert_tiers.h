@@ -40,6 +40,8 @@ struct md_expert_tiers_config {
 				   * device (the forward pass's, engine/dev_place.h) */
 	const char *policy;       /* borrowed, NULL: pred */
 	bool prefetch;
+	bool fill;                /* expert-fill: fill the empty cache at start (after the warm
+				   * start), md_expert_store_fill */
 	uint32_t step_tokens;     /* the largest forward pass */
 	const char *state_dir;    /* borrowed, NULL/"": no warm restart */
 	uint64_t kv_bytes;        /* the KV budget asked for */
@@ -58,7 +60,7 @@ struct md_expert_tiers {
 };
 
 /* Choose the mode, make the store (and device tier) when experts go through it, queue the
- * warm start, page in (and lock where allowed) the dense weights in store mode, page in the
+ * warm start and the fill, page in (and lock where allowed) the dense weights in store mode, page in the
  * whole file in mapping mode when it fits (md_mem_plan.populate), and log one
  * line naming the mode, budgets and why. A model the memory plan refuses fails with -ENOMEM
  * and refused set. On the mapping nothing is paged in here (the engine

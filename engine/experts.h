@@ -152,6 +152,11 @@ void md_expert_store_get_stats(struct md_expert_store *s, struct md_expert_store
 int md_expert_store_save(struct md_expert_store *s, const char *path);
 int md_expert_store_warm(struct md_expert_store *s, const char *path, uint32_t *n);
 
+/* Queue reads (prefetch priority) of experts into the free slots, leaving one layer's worth of
+ * the largest step free: the layers in turn, so each gets an equal share. For a store just
+ * made, after any warm start; returns how many reads were queued. Engine thread. */
+uint32_t md_expert_store_fill(struct md_expert_store *s);
+
 /* Whether unit (layer * n_expert + expert) is resident and loaded now (engine thread). */
 bool md_expert_store_resident(struct md_expert_store *s, uint32_t layer, uint32_t expert);
 

@@ -162,6 +162,9 @@ static const struct opt options[] = {
 	{ "engine", "expert-prefetch", 0, OPT_INT, OFF(expert_prefetch), "0", 0, 1, NULL, false,
 	  "1 = read the next layer's predicted experts ahead (pre-gating); 0 = off (default: on "
 	  "a disk-bound store wrong guesses cost more reads than the early start saves)" },
+	{ "engine", "expert-fill", 0, OPT_INT, OFF(expert_fill), "1", 0, 1, NULL, false,
+	  "1 = fill the empty expert cache at start (after the warm start's hot set), reads that "
+	  "give way to requests' own; 0 = experts come in only when used" },
 	{ "engine", "state-dir", 0, OPT_STRING, OFF(state_dir), "", 0, 0, NULL, false,
 	  "directory for state kept across restarts (the hot experts); empty = none" },
 	{ "engine", "max-tokens-cap", 0, OPT_INT, OFF(max_tokens_cap), "4096", 1, 1 << 24, NULL,

@@ -44,6 +44,7 @@ struct md_config {
 	char *expert_device;        /* owned: auto, none, cuda, sim[:COPY_MBPS[:COMPUTE_MBPS]] */
 	char *expert_policy;        /* owned */
 	int64_t expert_prefetch;    /* 0 or 1 */
+	int64_t expert_fill;        /* 0 or 1 */
 	char *state_dir;            /* owned; "" = none */
 	/* [speculative] */
 	char *spec;                 /* owned: off, ngram, draft or self: requests' default drafter */

@@ -294,6 +294,7 @@ int main(int argc, char **argv)
 		.device = a->cfg.device,
 		.expert_policy = a->cfg.expert_policy,
 		.no_expert_prefetch = !a->cfg.expert_prefetch,
+		.no_expert_fill = !a->cfg.expert_fill,
 		.state_dir = a->cfg.state_dir[0] ? a->cfg.state_dir : NULL,
 		.spec = (enum md_spec_drafter)md_spec_drafter_parse(a->cfg.spec),
 		.spec_k = (uint32_t)a->cfg.spec_k,
