@@ -20,7 +20,9 @@ mode is that bandwidth (the median of the measurements) over its bytes read per 
 "/ bound" says how close the mode came to it.
 
 Modes: store (the defaults: policy pred, prefetch off), store-lru, store-lfu, store-pred,
-store-nopf (no prefetch), store-pf (prefetch on), mmap (--expert-cache-mb -1), memory (the
+store-nopf (no prefetch), store-pf (prefetch on), store-nofill (the cache not filled at start:
+--expert-fill 0), store-lazy (the cache's slots faulted in by their first reads, as before
+2026-12-06), mmap (--expert-cache-mb -1), memory (the
 defaults with no limit: the file paged into memory, the speed of compute alone; with it the
 table adds the bound min(I/O bound, memory's tok/s) beside the I/O bound), llama
 (DIR/llama-server, with --llama DIR or MOED_LLAMA_CPP; llama.cpp is never part of moed), bench (moed-bench, the engine without the
@@ -49,7 +51,11 @@ from memlimit import MIB
 
 POLICY = {"store": [], "store-lru": ["--expert-policy", "lru"],
           "store-lfu": ["--expert-policy", "lfu"], "store-pred": ["--expert-policy", "pred"],
-          "store-nopf": ["--expert-prefetch", "0"], "store-pf": ["--expert-prefetch", "1"]}
+          "store-nopf": ["--expert-prefetch", "0"], "store-pf": ["--expert-prefetch", "1"],
+          "store-nofill": ["--expert-fill", "0"], "store-lazy": []}
+# A/B modes that need the environment: store-lazy leaves the cache's slots to fault in on their
+# first read (MOED_ARENA_LAZY, engine/experts.c prefault_arena), as before 2026-12-06.
+ENV = {"store-lazy": {"MOED_ARENA_LAZY": "1"}}
 
 
 def free_port():
@@ -157,7 +163,8 @@ def one_run(args, mode, limit_mib, cache_mib=None):
         cmd += args.moed_args
     log = tempfile.NamedTemporaryFile("w+", prefix="moed-bench-", suffix=".log", delete=False)
     t0 = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+    env = dict(os.environ, **ENV.get(mode, {}))
+    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                          preexec_fn=cg.preexec if cg else None)
     try:
         wait_ready(p, port, log.name)
