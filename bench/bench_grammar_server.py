@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
+from srvwait import wait_health
 
 argv = sys.argv[1:]
 extra = []
@@ -74,15 +75,7 @@ port = free_port()
 proc = subprocess.Popen([moed, "--port", str(port), "--spec", "off"] + extra,
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 try:
-    for _ in range(600):
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", "/health")
-            if c.getresponse().status == 200:
-                break
-        except OSError:
-            pass
-        time.sleep(0.2)
+    wait_health(port, proc)
     base = {"messages": [{"role": "user", "content": PROMPT}], "temperature": 1.0}
     rates = {"constrained": [], "unconstrained": []}
     cpu = {"constrained": [], "unconstrained": []}

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import urllib.parse
+from srvwait import wait_health
 
 
 def pct(xs, p):
@@ -108,15 +109,7 @@ def main():
         if a.model:
             cmd += ["-m", a.model]
         proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
-        for _ in range(600):
-            try:
-                c = http.client.HTTPConnection(host, port, timeout=1)
-                c.request("GET", "/health")
-                if c.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.1)
+        wait_health(port, proc)
     else:
         ap.error("give --url or --moed")
     try:

@@ -16,6 +16,7 @@ it for the comparison.
 
 usage: bench_prefix.py MOED [ROUNDS=3] [REPS=8] [--llama DIR] [--llama-args STR] [-- moed args, e.g. -m MODEL -t 2]"""
 import http.client, json, os, shlex, socket, statistics, subprocess, sys, time
+from srvwait import wait_health
 
 argv = sys.argv[1:]
 llama = os.environ.get("MOED_LLAMA_CPP")
@@ -104,15 +105,7 @@ def one_run(kind):
                "--prefix-cache", "true" if kind == "on" else "false"] + extra
     srv = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        for _ in range(600):
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                c.request("GET", "/health")
-                if c.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.1)
+        wait_health(port, srv)
         rep, cached, n_prompt = [], [], 0
         for i in range(reps + 1):
             ttft, usage, _ = post_stream(port, "/v1/completions",

@@ -24,6 +24,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from srvwait import wait_health
 
 PROMPTS = ["Tell me about the history of the sea and the ships that sailed it.",
            "Write about a garden in spring.", "Describe a city at night."]
@@ -84,19 +85,7 @@ def run(drafter, rnd):
 
 
 try:
-    deadline = time.time() + 300
-    while True:
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", "/health")
-            if c.getresponse().status == 200:
-                break
-        except OSError:
-            pass
-        if srv.poll() is not None or time.time() > deadline:
-            log.seek(0)
-            raise SystemExit("moed did not start: " + log.read()[-1500:])
-        time.sleep(0.2)
+    wait_health(port, srv, timeout=300, log=log)
     res = {d: [] for d in cfgs}
     for rnd in range(args.rounds):
         for d in (cfgs if rnd % 2 == 0 else cfgs[::-1]):

@@ -7,6 +7,7 @@ Prints per-setting medians and the ratio B/A.
 
 usage: bench_ttft_load.py MOED [ROUNDS=3] [LOAD=4] [PROBES=10] [A_US=2000] [B_US=100] [-- moed args]"""
 import http.client, json, os, socket, statistics, subprocess, sys, threading, time
+from srvwait import wait_health
 
 argv = sys.argv[1:]
 extra = []
@@ -55,15 +56,7 @@ def one_run(spin_us):
     srv = subprocess.Popen([moed, "--port", str(port), "--log-level", "error"] + extra, env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        for _ in range(300):
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                c.request("GET", "/health")
-                if c.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.05)
+        wait_health(port, srv, interval=0.05)
         stop = threading.Event()
         count = [0]
         lock = threading.Lock()
