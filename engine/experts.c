@@ -1050,9 +1050,9 @@ int md_expert_store_save(struct md_expert_store *s, const char *path)
 	if (!u)
 		return -ENOMEM;
 	uint32_t n = 0;
-	for (uint32_t i = 0; i < s->n_units; i++)
-		if (s->unit_slot[i] >= 0 && md_expert_store_resident(s, i / s->n_expert,
-								      i % s->n_expert))
+	for (uint32_t i = 0; i < s->n_units; i++) /* resident and used: not a fill never used */
+		if (s->unit_slot[i] >= 0 && s->last_use[i] &&
+		    md_expert_store_resident(s, i / s->n_expert, i % s->n_expert))
 			u[n++] = i;
 	qsort_r(u, n, sizeof(*u), cmp_recent, s->last_use);
 	char tmp[4200];

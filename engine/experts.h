@@ -141,7 +141,8 @@ struct md_expert_src *md_expert_store_src(struct md_expert_store *s);
 
 void md_expert_store_get_stats(struct md_expert_store *s, struct md_expert_store_stats *out);
 
-/* Warm restart. save writes the hot set, the resident experts most recently used first, to
+/* Warm restart. save writes the hot set, the resident experts that were used (most recently
+ * used first; not those a fill or warm start read that no step used since), to
  * path (atomically: PATH.tmp written and synced, then renamed over path; on any failure the
  * temporary file is removed and a previous path is left as it was), with the model's shape
  * and file size; warm
