@@ -379,7 +379,8 @@ static const struct row registry[] = {
 	FAMILY("moed:expert_cache_bytes", "gauge", "Memory of the tier's expert slots (host RAM; "
 	       "device memory used).", fam_ex_cache),
 	FAMILY("moed:expert_prefetch_issued_total", "counter", "Experts brought in ahead of use "
-	       "(host: the prefetcher's reads; device: background copies).", fam_ex_pf_issued),
+	       "(host: the prefetcher's reads, the warm start's and the start-up fill's; device: "
+	       "background copies).", fam_ex_pf_issued),
 	FAMILY("moed:expert_prefetch_used_total", "counter", "Of those, experts a layer then "
 	       "used from the tier.", fam_ex_pf_used),
 	FAMILY("moed:expert_prefetch_wasted_bytes_total", "counter", "Bytes of experts brought "
