@@ -60,9 +60,9 @@ struct md_expert_tiers {
 };
 
 /* Choose the mode, make the store (and device tier) when experts go through it, queue the
- * warm start and the fill, page in (and lock where allowed) the dense weights in store mode, page in the
- * whole file in mapping mode when it fits (md_mem_plan.populate), and log one
- * line naming the mode, budgets and why. A model the memory plan refuses fails with -ENOMEM
+ * warm start and the fill, page in (and lock where allowed) the dense weights in store mode,
+ * page in the whole file in mapping mode when it fits (md_mem_plan.populate), and log one line
+ * naming the mode, budgets and why. A model the memory plan refuses fails with -ENOMEM
  * and refused set. On the mapping nothing is paged in here (the engine
  * pages in the whole file). Returns 0, or a negative code with err set (nothing held). */
 int md_expert_tiers_init(struct md_expert_tiers *t, const struct md_model *m,

@@ -455,6 +455,19 @@ static int32_t start_read(struct md_expert_store *s, uint32_t u, int q, bool wai
 	return sl;
 }
 
+/* Read unit u ahead of use (prefetch priority, never waiting for a slot): 1 when queued, 0 when
+ * already resident or on its way, -1 when no slot is free or evictable. Counted as a prefetch:
+ * pre-gating's guesses, the warm start's hot set and the start-up fill go through here. */
+static int read_ahead(struct md_expert_store *s, uint32_t u)
+{
+	if (s->unit_slot[u] >= 0)
+		return 0;
+	if (start_read(s, u, Q_PREFETCH, false, NULL) < 0)
+		return -1;
+	atomic_fetch_add(&s->pf_issued, 1);
+	return 1;
+}
+
 static void pin(struct md_expert_store *s, int32_t sl)
 {
 	s->slots[sl].refs++;
@@ -876,11 +889,8 @@ static void st_prefetch(struct md_expert_src *src, uint32_t layer, const int32_t
 		uint32_t u = layer * s->n_expert + (uint32_t)experts[i];
 		pred[experts[i]] = 1;
 		md_epol_hint(s->pol, u, 1.0f, s->now);
-		if (s->unit_slot[u] >= 0)
-			continue;
-		if (start_read(s, u, Q_PREFETCH, false, NULL) < 0)
+		if (read_ahead(s, u) < 0)
 			break; /* every slot is in use: no room to guess */
-		atomic_fetch_add(&s->pf_issued, 1);
 	}
 }
 
@@ -1126,13 +1136,10 @@ int md_expert_store_warm(struct md_expert_store *s, const char *path, uint32_t *
 			rc = -EINVAL; /* outside the model, or a dense layer's */
 			break;
 		}
-		uint32_t u = l * s->n_expert + e;
-		if (s->unit_slot[u] >= 0)
-			continue;
-		if (start_read(s, u, Q_PREFETCH, false, NULL) < 0)
+		int q = read_ahead(s, l * s->n_expert + e);
+		if (q < 0)
 			break;
-		atomic_fetch_add(&s->pf_issued, 1);
-		(*n)++;
+		*n += (uint32_t)q;
 	}
 	fclose(f);
 	return rc;
@@ -1152,14 +1159,11 @@ uint32_t md_expert_store_fill(struct md_expert_store *s)
 		n_free++;
 	for (uint32_t e = 0; e < s->n_expert && n_free > s->n_reserve; e++)
 		for (uint32_t l = 0; l < s->n_layer && n_free > s->n_reserve; l++) {
-			uint32_t u = l * s->n_expert + e;
-			if (!s->m->layers[l].gate_exps || s->unit_slot[u] >= 0)
-				continue;
-			if (start_read(s, u, Q_PREFETCH, false, NULL) < 0)
+			int q = s->m->layers[l].gate_exps ? read_ahead(s, l * s->n_expert + e) : 0;
+			if (q < 0)
 				return n;
-			atomic_fetch_add(&s->pf_issued, 1);
-			n_free--;
-			n++;
+			n_free -= (uint32_t)q;
+			n += (uint32_t)q;
 		}
 	return n;
 }

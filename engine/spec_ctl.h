@@ -55,11 +55,11 @@
  * the one measured too fast). A draft model that has not seen a sequence's latest tokens
  * must first catch up on them (its prefill: the whole prompt at a request's first draft);
  * a plan pays that once, spread over the tokens the request may still generate, and a probe
- * pays it whole (md_spec_seq.catchup, horizon). The plan is kept only when it beats plain decode, B / C(B), by
- * a margin (3%); the margin applies to the whole step, so under load many small gains can add
- * up, and a stream is not pushed below plain decode by noise. Under load B is large and
- * C(B + k) - C(B) is what a draft costs everyone: the rule speculates only while that still
- * gains, which on a compute-bound step is never.
+ * pays it whole (md_spec_seq.catchup, horizon). The plan is kept only when it beats plain
+ * decode, B / C(B), by a margin (3%); the margin applies to the whole step, so under load
+ * many small gains can add up, and a stream is not pushed below plain decode by noise. Under
+ * load B is large and C(B + k) - C(B) is what a draft costs everyone: the rule speculates only
+ * while that still gains, which on a compute-bound step is never.
  *
  * Probes (what costs when speculation does not pay, so each is gated by could_pay: the
  * drafts could beat plain decode if the unmeasured sizes are as cheap as plausible, cost_opt).
