@@ -890,7 +890,7 @@ static void spec_propose(struct md_engine *e)
 		e->sp.seq_steps++;
 		ss->n_draft = 0;
 		ss->draft_q = false;
-		ss->shadow = -1;
+		ss->n_prop = 0;
 		s->draft = ss->draft;
 		s->n_draft = 0;
 		uint32_t k = spec_room(e, s);
@@ -903,6 +903,7 @@ static void spec_propose(struct md_engine *e)
 		}
 		e->sp.proposal_steps++;
 		e->sp.proposed += k;
+		ss->n_prop = k;
 		ss->catchup = 0;
 		if (ss->drafter == MD_SPEC_DRAFT && e->draft_ready) {
 			/* the rows the draft model has not seen, at a catch-up row's cost (a
@@ -934,8 +935,12 @@ static void spec_propose(struct md_engine *e)
 		struct md_spec_seq *ss = s->spec;
 		ss->k_used = e->ck[i];
 		if (ss->drafter == MD_SPEC_NGRAM) {
-			if (e->ck[i] == 0)
-				ss->shadow = ss->draft[0]; /* judged against the step's token */
+			if (e->ck[i] == 0 && ss->n_shadow == 0) {
+				/* judged against the tokens the next steps emit */
+				memcpy(ss->shadow, ss->draft, ss->n_prop * sizeof(int32_t));
+				ss->n_shadow = ss->n_prop;
+				ss->shadow_at = 0;
+			}
 			ss->n_draft = s->n_draft = e->ck[i];
 		} else if (e->ck[i] > 0 && ss->drafter == MD_SPEC_SELF) {
 			e->sseq[ns] = s;

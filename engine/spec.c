@@ -35,7 +35,6 @@ struct md_spec_seq *md_spec_seq_new(enum md_spec_drafter drafter, uint32_t max_k
 	ss->max_k = max_k < 1 ? 1 : max_k > MD_SPEC_MAX_K ? MD_SPEC_MAX_K : max_k;
 	ss->rng[0] = md_sampler_mix(seed ^ 0x5bd1e995u);
 	ss->rng[1] = md_sampler_mix(ss->rng[0]) | 1;
-	ss->shadow = -1;
 	ss->dkv_seq = -1;
 	return ss;
 }
@@ -102,13 +101,13 @@ uint32_t md_spec_ngram(const int32_t *toks, uint32_t n_toks, uint32_t min_n, uin
 		for (uint32_t j = n_toks - n; j-- > 0;) {
 			if (toks[j] != suf[0] || memcmp(toks + j, suf, sizeof(int32_t) * n) != 0)
 				continue;
-			uint32_t from = j + n, k = 0;
-			while (k < max_k && from + k < n_toks) {
-				out[k] = toks[from + k];
-				k++;
-			}
-			if (k > 0)
-				return k;
+			/* What followed it, and past the end of toks the proposal itself: the
+			 * text D = n_toks - from tokens back repeats (a loop's period), so a
+			 * proposal is as long as max_k allows, not cut at the end of toks. */
+			uint32_t from = j + n, D = n_toks - from;
+			for (uint32_t k = 0; k < max_k; k++)
+				out[k] = k < D ? toks[from + k] : out[k - D];
+			return max_k;
 		}
 	}
 	return 0;

@@ -82,7 +82,11 @@ struct md_spec_seq {
 
 	/* controller (engine/spec_ctl.c) */
 	double acc_w, acc_n;           /* decayed counts: drafts accepted / drafts judged */
-	int32_t shadow;                /* n-gram proposal not verified this step (-1: none) */
+	int32_t shadow[MD_SPEC_MAX_K]; /* an n-gram proposal not verified, judged token by token
+					  against what the sequence emits next, until the first
+					  mismatch (the drafts a verification would have accepted) */
+	uint32_t n_shadow, shadow_at;  /* its length (0: none pending) and tokens matched so far */
+	uint32_t n_prop;               /* this step's proposal length, before the choice of k */
 	uint32_t probe_wait, probe_gap; /* steps until a probe when k was 0; current gap */
 	uint32_t probe_k;              /* drafts of the next probe of a drafter without a shadow
 					  (0: one); probe_sent: that probe is out this step */
@@ -123,8 +127,9 @@ double md_spec_uniform(uint64_t rng[2]);
 
 /*
  * N-gram lookup: find the most recent earlier occurrence of the last n tokens of toks[0..n_toks)
- * for n = max_n down to min_n, and copy up to max_k tokens that followed it into out. Returns
- * the count (0: no match). O(n_toks * n) per call.
+ * for n = max_n down to min_n, and copy the max_k tokens that followed it into out, continuing
+ * periodically past the end of toks (an occurrence D tokens back proposes that the last D
+ * tokens repeat). Returns max_k, or 0 where nothing matches. O(n_toks * n) per call.
  */
 uint32_t md_spec_ngram(const int32_t *toks, uint32_t n_toks, uint32_t min_n, uint32_t max_n,
 		       uint32_t max_k, int32_t *out);

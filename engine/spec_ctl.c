@@ -319,25 +319,34 @@ double md_spec_ctl_alpha(const struct md_spec_seq *ss)
 	return (ss->acc_w + 1) / (ss->acc_n + 2);
 }
 
-static void judge(struct md_spec_seq *ss, double ok, double trials)
+static void judge(struct md_spec_seq *ss, double ok, double trials, double decay)
 {
-	ss->acc_w = ss->acc_w * DECAY + ok;
-	ss->acc_n = ss->acc_n * DECAY + trials;
+	ss->acc_w = ss->acc_w * decay + ok;
+	ss->acc_n = ss->acc_n * decay + trials;
 }
 
 void md_spec_ctl_feedback(struct md_spec_ctl *c, struct md_spec_seq *ss, uint32_t n_draft,
 			  uint32_t n_acc, int32_t first)
 {
-	double ok = 0, trials = 0;
+	double ok = 0, trials = 0, decay = DECAY;
 	if (n_draft) {
 		/* n_acc successes, then one failure unless every draft held. */
 		ok = n_acc;
 		trials = n_acc + (n_acc < n_draft);
-	} else if (ss->shadow >= 0 && first >= 0) {
-		ok = first == ss->shadow;
+		ss->n_shadow = 0;
+	} else if (ss->n_shadow && first >= 0) {
+		/* A shadow is judged as a verification of the whole proposal would have been,
+		 * up to its first mismatch, one token per step as the sequence emits them:
+		 * the history fades once per proposal (as once per verification), and each
+		 * token counts when it comes. */
+		bool held = first == ss->shadow[ss->shadow_at];
+		decay = ss->shadow_at == 0 ? DECAY : 1;
+		ok = held;
 		trials = 1;
+		ss->shadow_at += held;
+		if (!held || ss->shadow_at == ss->n_shadow)
+			ss->n_shadow = 0;
 	}
-	ss->shadow = -1;
 	if (ss->probe_sent) {
 		/* Probes of a drafter without a shadow grow while they hold (PROBE_GROW). */
 		ss->probe_sent = false;
@@ -351,7 +360,7 @@ void md_spec_ctl_feedback(struct md_spec_ctl *c, struct md_spec_seq *ss, uint32_
 	}
 	if (trials == 0)
 		return;
-	judge(ss, ok, trials);
+	judge(ss, ok, trials, decay);
 	if (ss->drafter < MD_SPEC_CTL_DRAFTERS) {
 		c->g_acc_w[ss->drafter] = c->g_acc_w[ss->drafter] * GLOBAL_DECAY + ok;
 		c->g_acc_n[ss->drafter] = c->g_acc_n[ss->drafter] * GLOBAL_DECAY + trials;

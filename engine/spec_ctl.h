@@ -44,8 +44,12 @@
  * alpha = (accepted + 1) / (judged + 2) is the chance that a draft token is accepted given the
  * previous one was, so k drafts yield E(k) = alpha + ... + alpha^k extra tokens. Judgements
  * come from verifications and, for the n-gram drafter, for free: a proposal that was not
- * verified (k = 0) is compared with the token the step emitted (the shadow). A new sequence
- * starts from its drafter's engine-wide acceptance, weighted as a few judgements.
+ * verified (k = 0) is compared, token by token up to its first mismatch, with the tokens the
+ * sequence emits in the next steps (the shadow), and fades the history once, as one
+ * verification of it would (judged one token at a time, the history would fade per token and
+ * alpha could not pass ~0.88, which is too low for long drafts ever to pay, even in a loop).
+ * A new sequence starts from its drafter's engine-wide acceptance, weighted as a few
+ * judgements.
  *
  * Choice. One step emits B tokens for its B decoding sequences in time C(B). Sequences are
  * taken best alpha first; each gets the k (0..its room) that most raises the step's tokens per

@@ -239,19 +239,23 @@ static void case_ngram(void)
 	CHECK_EQ_I(out[0], 4);
 	CHECK_EQ_I(out[1], 9);
 	CHECK_EQ_I(out[2], 9);
-	/* The most recent occurrence wins; drafts stop at the end of the text. */
+	/* The most recent occurrence wins; past the end of the text the proposal repeats the
+	 * last 3 tokens (the occurrence's distance), as a loop would. */
 	int32_t u[] = { 5, 6, 7, 5, 6, 8, 5, 6 };
-	CHECK_EQ_U(md_spec_ngram(u, 8, 2, 4, 4, out), 3);
+	CHECK_EQ_U(md_spec_ngram(u, 8, 2, 4, 5, out), 5);
 	CHECK_EQ_I(out[0], 8);
 	CHECK_EQ_I(out[1], 5);
 	CHECK_EQ_I(out[2], 6);
+	CHECK_EQ_I(out[3], 8);
+	CHECK_EQ_I(out[4], 5);
 	/* No match of length >= 2. */
 	int32_t v[] = { 1, 2, 3, 4, 5 };
 	CHECK_EQ_U(md_spec_ngram(v, 5, 2, 4, 4, out), 0);
-	/* A run of one token proposes more of it. */
+	/* A run of one token proposes more of it, as many as asked. */
 	int32_t w[] = { 7, 7, 7, 7 };
-	CHECK_EQ_U(md_spec_ngram(w, 4, 2, 4, 4, out), 1);
-	CHECK_EQ_I(out[0], 7);
+	CHECK_EQ_U(md_spec_ngram(w, 4, 2, 4, 4, out), 4);
+	for (int i = 0; i < 4; i++)
+		CHECK_EQ_I(out[i], 7);
 	CHECK_EQ_I(md_spec_drafter_parse("ngram"), MD_SPEC_NGRAM);
 	CHECK_EQ_I(md_spec_drafter_parse("draft"), MD_SPEC_DRAFT);
 	CHECK_EQ_I(md_spec_drafter_parse("off"), MD_SPEC_OFF);

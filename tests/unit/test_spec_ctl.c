@@ -117,9 +117,14 @@ static double simulate(cost_fn cost, uint32_t B, double alpha, uint32_t kmax, do
 			while (acc < k[i] && unif() < alpha)
 				acc++;
 			toks += 1 + acc;
-			/* with k = 0 an n-gram proposal is still judged (the shadow) */
-			if (k[i] == 0 && round <= 0)
-				ss[i]->shadow = 7;
+			/* with k = 0 an n-gram proposal is still judged (the shadow: kmax tokens,
+			 * each of the next steps' tokens against one of them) */
+			if (k[i] == 0 && round <= 0 && ss[i]->n_shadow == 0) {
+				for (uint32_t j = 0; j < kmax; j++)
+					ss[i]->shadow[j] = 7;
+				ss[i]->n_shadow = kmax;
+				ss[i]->shadow_at = 0;
+			}
 			md_spec_ctl_feedback(&c, ss[i], k[i], acc, unif() < alpha ? 7 : 8);
 		}
 	}
@@ -237,5 +242,31 @@ int main(void)
 	CHECK(fabs(md_spec_ctl_cost(&c2, 3) - 0.7 * 1.8e-3) < 0.02 * 1.8e-3);
 	/* a size never calibrated nor measured: the byte model's floor, not the shape */
 	CHECK(md_spec_ctl_cost(&c, 6) > md_spec_ctl_cost(&c, 1));
+	/* The shadow: an n-gram sequence that is not verifying learns a high acceptance from
+	 * proposals that keep holding (a loop: judged up to 16 tokens each; one token per
+	 * step, it would stay below ~0.88, where long drafts never pay) and a low one from
+	 * proposals whose first token fails. */
+	struct md_spec_seq *sh = md_spec_seq_new(MD_SPEC_NGRAM, 16, 1);
+	for (int p = 0; p < 12; p++) {
+		for (uint32_t j = 0; j < 16; j++)
+			sh->shadow[j] = 5;
+		sh->n_shadow = 16;
+		sh->shadow_at = 0;
+		for (uint32_t j = 0; j < 16; j++)
+			md_spec_ctl_feedback(&c, sh, 0, 0, 5);
+		CHECK(sh->n_shadow == 0);
+	}
+	CHECK_CONTEXT("alpha after holding shadows: %.3f", md_spec_ctl_alpha(sh));
+	CHECK(md_spec_ctl_alpha(sh) > 0.97);
+	for (int p = 0; p < 30; p++) {
+		sh->shadow[0] = 5;
+		sh->n_shadow = 16;
+		sh->shadow_at = 0;
+		md_spec_ctl_feedback(&c, sh, 0, 0, 6);
+		CHECK(sh->n_shadow == 0);
+	}
+	CHECK_CONTEXT("alpha after failing shadows: %.3f", md_spec_ctl_alpha(sh));
+	CHECK(md_spec_ctl_alpha(sh) < 0.2);
+	md_spec_seq_free(sh);
 	return failures ? 1 : 0;
 }
