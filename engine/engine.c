@@ -988,7 +988,7 @@ static int spec_setup(struct md_engine *e)
 {
 	struct spec_step *sp = &e->sp;
 	const struct md_engine_config *c = &e->cfg;
-	sp->k = c->spec_k ? c->spec_k : 8;
+	sp->k = c->spec_k ? c->spec_k : 16;
 	if (sp->k > MD_SPEC_MAX_K)
 		sp->k = MD_SPEC_MAX_K;
 	sp->drafter = c->spec == MD_SPEC_DEFAULT ? MD_SPEC_OFF : c->spec;

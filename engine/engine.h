@@ -82,7 +82,7 @@ struct md_engine_config {
 	enum md_spec_drafter spec;  /* requests' default: MD_SPEC_OFF (also for DEFAULT), NGRAM
 				       or DRAFT (needs draft_model_path; else NGRAM's fallback:
 				       off) */
-	uint32_t spec_k;            /* default and largest drafted tokens per step; 0 = 8 */
+	uint32_t spec_k;            /* default and largest drafted tokens per step; 0 = 16 */
 	bool spec_fixed;            /* draft max k every step (no controller): for tests */
 	const char *draft_model_path; /* borrowed, may be NULL: a GGUF with the model's
 					 vocabulary; loading fails when it cannot be used */
