@@ -17,6 +17,9 @@ Workloads (64 tokens at most by default):
   prompt   the same request with the model's own quotation of those verses pasted before it:
            text that repeats the prompt (long, right drafts for n-gram lookup)
   free     "Tell me about <topic>." at temperature 0.8, top_p 0.95, fixed seeds
+  loop     the verses request, greedy, for --loop-tokens (256) tokens: these small models
+           quote a few verses, then fall into a phrase they repeat to the end (text that
+           repeats itself: long, right drafts for n-gram lookup; not among the defaults)
 
 Printed per (workload, streams, configuration): generated tokens/s (median over rounds) and
 their ratio to plain decode of the same engine (median of per-round ratios); the same ratio in
@@ -41,7 +44,8 @@ against streams per configuration, one panel per workload.
 
 usage: bench_spec.py MOED MODEL [--draft FILE] [--streams 1,4,16] [--rounds 2] [--threads 2]
                      [--workloads verses,prompt,free] [--drafters off,ngram,draft,self]
-                     [--llama DIR] [--max-tokens 64] [--svg FILE] [--no-bound]
+                     [--llama DIR] [--max-tokens 64] [--loop-tokens 256] [--svg FILE]
+                     [--no-bound]
 """
 import argparse
 import http.client
@@ -64,7 +68,8 @@ ap.add_argument("--streams", default="1,4,16")
 ap.add_argument("--rounds", type=int, default=2)
 ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--max-tokens", type=int, default=64)
-ap.add_argument("--max-k", type=int, default=8)
+ap.add_argument("--loop-tokens", type=int, default=256, help="max_tokens of the loop workload")
+ap.add_argument("--max-k", type=int, default=16)
 ap.add_argument("--per-stream", type=int, default=1, help="requests per stream and run")
 ap.add_argument("--workloads", default="verses,prompt,free")
 ap.add_argument("--drafters", default=None)
@@ -180,8 +185,8 @@ def tokenize(content):
     return json.loads(d)["tokens"]
 
 
-def moed_complete(ids, drafter, temp, seed):
-    body = {"prompt": ids, "max_tokens": args.max_tokens, "temperature": temp,
+def moed_complete(ids, drafter, temp, seed, n=None):
+    body = {"prompt": ids, "max_tokens": n or args.max_tokens, "temperature": temp,
             "speculative": {"drafter": drafter}}
     if temp > 0:
         body.update(top_p=0.95, seed=seed)
@@ -192,8 +197,8 @@ def moed_complete(ids, drafter, temp, seed):
     return doc["choices"][0]["text"], doc["usage"]["completion_tokens"]
 
 
-def llama_complete(srv, ids, temp, seed):
-    body = {"prompt": ids, "n_predict": args.max_tokens, "temperature": temp, "seed": seed,
+def llama_complete(srv, ids, temp, seed, n=None):
+    body = {"prompt": ids, "n_predict": n or args.max_tokens, "temperature": temp, "seed": seed,
             "cache_prompt": True}
     if temp > 0:
         body.update(top_p=0.95)
@@ -218,7 +223,7 @@ prompt_ids = {}
 
 def job(workload, i):
     ref = REFS[i % len(REFS)]
-    if workload == "verses":
+    if workload in ("verses", "loop"):
         content, temp = "Quote %s:1-8." % ref, 0.0
     elif workload == "prompt":
         content, temp = "%s\n\n%s\n\nQuote %s:1-8." % (ref, quoted[ref], ref), 0.0
@@ -235,6 +240,7 @@ def run(workload, cfg, S, rnd):
     kind, name = cfg
     srv = moed if kind == "moed" else llamas[(S, name)]
     n = S * args.per_stream
+    ntok = args.loop_tokens if workload == "loop" else args.max_tokens
     todo = list(range(n))
     texts, toks = {}, [0]
     lock = threading.Lock()
@@ -248,9 +254,9 @@ def run(workload, cfg, S, rnd):
             ids, temp = job(workload, i + rnd * n)
             seed = 1000 + i + rnd * n
             if kind == "moed":
-                text, ct = moed_complete(ids, name, temp, seed)
+                text, ct = moed_complete(ids, name, temp, seed, ntok)
             else:
-                text, ct = llama_complete(srv, ids, temp, seed)
+                text, ct = llama_complete(srv, ids, temp, seed, ntok)
             with lock:
                 texts[i] = text
                 toks[0] += ct
