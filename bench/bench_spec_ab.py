@@ -37,7 +37,8 @@ ap.add_argument("--streams", type=int, default=4)
 ap.add_argument("--rounds", type=int, default=6)
 ap.add_argument("--tokens", type=int, default=64)
 ap.add_argument("--threads", type=int, default=2)
-ap.add_argument("--configs", default="off,draft", help="two drafters, comma-separated")
+ap.add_argument("--configs", default="off,draft", help="two drafters, comma-separated; "
+                "DRAFTER:K caps the drafts per step at K (the request's speculative.max_k)")
 args = ap.parse_args()
 cfgs = args.configs.split(",")
 if len(cfgs) != 2:
@@ -70,12 +71,17 @@ def cpu():
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run(drafter, rnd):
+def run(cfg, rnd):
+    drafter, _, k = cfg.partition(":")
+    sp = {"drafter": drafter}
+    if k:
+        sp["max_k"] = int(k)
+
     def stream(j):
         for i, p in enumerate(PROMPTS):
             post({"prompt": "%s (%d)" % (p, j), "max_tokens": args.tokens, "temperature": 0.8,
                   "top_p": 0.95, "seed": 100 + i + 7 * rnd + j, "ignore_eos": True,
-                  "speculative": {"drafter": drafter}})
+                  "speculative": sp})
     c0, t0 = cpu(), time.perf_counter()
     th = [threading.Thread(target=stream, args=(j,)) for j in range(args.streams)]
     [t.start() for t in th]
