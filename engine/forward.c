@@ -182,7 +182,9 @@ struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, i
 		free(f);
 		return NULL;
 	}
-	size_t T = (size_t)max_tokens, N = hp->n_embd, QD = (size_t)hp->n_head * hp->head_dim;
+	/* T2: rows for a lone token's router input sent twice (router_logits) */
+	size_t T = (size_t)max_tokens, T2 = T < 2 ? 2 : T, N = hp->n_embd;
+	size_t QD = (size_t)hp->n_head * hp->head_dim;
 	size_t KD = (size_t)hp->n_head_kv * hp->head_dim;
 	size_t E = hp->n_expert ? hp->n_expert : 1, K = hp->n_expert_used ? hp->n_expert_used : 1;
 	size_t F = hp->n_ff_exp;
@@ -195,7 +197,7 @@ struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, i
 		in_max = F;
 	int fail = 0;
 	f->x = xalloc(T * N * sizeof(float), &fail);
-	f->xn = xalloc(T * N * sizeof(float), &fail);
+	f->xn = xalloc(T2 * N * sizeof(float), &fail);
 	f->q = xalloc(T * QD * sizeof(float), &fail);
 	f->k = xalloc(T * KD * sizeof(float), &fail);
 	f->v = xalloc(T * KD * sizeof(float), &fail);
@@ -208,10 +210,10 @@ struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, i
 	f->ye = xalloc(T * K * N * sizeof(float), &fail);
 	if (hp->n_expert) {
 		size_t in_ex = N > F ? N : F;
-		if (md_router_init(&f->router, hp, max_tokens) ||
-		    md_router_init(&f->pre_router, hp, max_tokens))
+		if (md_router_init(&f->router, hp, (int)T2) ||
+		    md_router_init(&f->pre_router, hp, (int)T2))
 			fail = 1;
-		f->pre_x = xalloc(T * N * sizeof(float), &fail);
+		f->pre_x = xalloc(T2 * N * sizeof(float), &fail);
 		f->ex_scratch = xalloc(md_matmul_experts_scratch_bytes((int64_t)in_ex, (int)T, (int)(T * K)), &fail);
 		f->ex_got = xalloc(E * sizeof(struct md_expert_w), &fail);
 		f->ex_w = xalloc(3 * E * sizeof(struct md_mat), &fail);
@@ -224,7 +226,7 @@ struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, i
 		f->ex_ntok = xalloc(E * sizeof(int32_t), &fail);
 		f->allow = xalloc(E, &fail);
 	}
-	f->mm_scratch = xalloc(md_matmul_scratch_floats(f->pool, (int64_t)in_max, max_tokens) * sizeof(float), &fail);
+	f->mm_scratch = xalloc(md_matmul_scratch_floats(f->pool, (int64_t)in_max, (int)T2) * sizeof(float), &fail);
 	f->rope_cs = xalloc((size_t)hp->n_rot * sizeof(float), &fail);
 	md_rope_init(&f->rope[0], hp, false);
 	md_rope_init(&f->rope[1], hp, true);
@@ -681,6 +683,22 @@ static void experts_layout(struct md_forward_ctx *f, const struct md_routing *r)
  * Through the server on moe64-2g at half its file (bench/README.md), both sets together (the
  * earlier one issued right after layer il's plan) read 107 MiB per decoded token against 91
  * for this one alone (76 with no prefetch), and were no faster. */
+/* A router's logits for n tokens (x: n rows, room for 2), each token's in the same bits
+ * whatever shares its step. A float product sums a single token in an order of its own
+ * (engine/kern/kern.h, md_gemm_fn) and any two or more alike, so a token decoding alone would
+ * route, and at a near-tie decode greedily, otherwise than in a step with drafts or other
+ * sequences. A lone token is therefore sent as two copies (a router has n_expert rows: the
+ * second costs next to nothing). tests/server/test_spec_bits.py. */
+static void router_logits(struct md_forward_ctx *f, const struct md_mat *wr, float *x, int n,
+			  float *logits)
+{
+	if (n == 1 && (wr->type == MD_DT_F32 || wr->type == MD_DT_F16 || wr->type == MD_DT_BF16)) {
+		memcpy(x + wr->n_in, x, (size_t)wr->n_in * sizeof(float));
+		n = 2;
+	}
+	md_matmul(f->pool, wr, x, n, logits, f->mm_scratch);
+}
+
 static void prefetch_next(struct md_forward_ctx *f, uint32_t il, int n)
 {
 	const struct md_hparams *hp = &f->m->hp;
@@ -695,7 +713,7 @@ static void prefetch_next(struct md_forward_ctx *f, uint32_t il, int n)
 		md_rmsnorm(f->pre_x + (size_t)t * N, f->x + (size_t)t * N, L->ffn_norm->data, N,
 			hp->rms_eps);
 	struct md_mat wr = md_mat_of(L->gate_inp, 0);
-	md_matmul(f->pool, &wr, f->pre_x, n, f->pre_router.logits, f->mm_scratch);
+	router_logits(f, &wr, f->pre_x, n, f->pre_router.logits);
 	add_bias(f->pre_router.logits, L->gate_inp_b, n, hp->n_expert);
 	const struct md_routing *p = md_router_route_bias(&f->pre_router, n,
 							  L->exp_probs_b ? L->exp_probs_b->data : NULL);
@@ -761,7 +779,7 @@ static int moe(struct md_forward_ctx *f, int n, uint32_t il)
 	/* 1-2. Route and group (router.c); the observer sees the result. A draft pass routes to
 	 * fewer (or only resident) experts and notes the exact pass's likely choice. */
 	struct md_mat wr = md_mat_of(L->gate_inp, 0);
-	md_matmul(f->pool, &wr, f->xn, n, f->router.logits, f->mm_scratch);
+	router_logits(f, &wr, f->xn, n, f->router.logits);
 	add_bias(f->router.logits, L->gate_inp_b, n, hp->n_expert);
 	const struct md_forward_draft *dp = f->draft;
 	if (dp) {
