@@ -94,7 +94,7 @@
 #define MD_SPEC_CTL_DRAFTERS 8 /* drafters (enum md_spec_drafter) with engine-wide acceptance */
 
 struct md_spec_ctl {
-	bool fixed;                       /* always draft the most (tests) */
+	bool fixed;                       /* always draft the most (tests; $MOED_SPEC_FIXED) */
 	bool trace;                       /* $MOED_SPEC_TRACE: each decision on stderr */
 	double w_dense, w_expert;         /* bytes (see DESIGN) */
 	uint32_t n_moe_layers, n_expert, n_used;
