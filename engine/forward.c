@@ -669,6 +669,22 @@ static void experts_layout(struct md_forward_ctx *f, const struct md_routing *r)
 	f->ex_off[r->n_active] = p;
 }
 
+/* A router's logits for n tokens (x: n rows, room for 2), each token's in the same bits
+ * whatever shares its step. A float product sums a single token in an order of its own
+ * (engine/kern/kern.h, md_gemm_fn) and any two or more alike, so a token decoding alone would
+ * route, and at a near-tie decode greedily, otherwise than in a step with drafts or other
+ * sequences (md_matmul_lone_order_differs). A lone token is therefore sent as two copies (a
+ * router has n_expert rows: the second costs next to nothing). tests/server/test_spec_bits.py. */
+static void router_logits(struct md_forward_ctx *f, const struct md_mat *wr, float *x, int n,
+			  float *logits)
+{
+	if (n == 1 && md_matmul_lone_order_differs(wr->type)) {
+		memcpy(x + wr->n_in, x, (size_t)wr->n_in * sizeof(float));
+		n = 2;
+	}
+	md_matmul(f->pool, wr, x, n, logits, f->mm_scratch);
+}
+
 /* Pre-gating, for sources that prefetch: layer il+1's router applied to the residual stream
  * leaving layer il (normed with layer il+1's FFN norm, as if layer il+1's attention changed
  * little) predicts layer il+1's experts; the source may read them while layer il+1's attention
@@ -683,22 +699,6 @@ static void experts_layout(struct md_forward_ctx *f, const struct md_routing *r)
  * Through the server on moe64-2g at half its file (bench/README.md), both sets together (the
  * earlier one issued right after layer il's plan) read 107 MiB per decoded token against 91
  * for this one alone (76 with no prefetch), and were no faster. */
-/* A router's logits for n tokens (x: n rows, room for 2), each token's in the same bits
- * whatever shares its step. A float product sums a single token in an order of its own
- * (engine/kern/kern.h, md_gemm_fn) and any two or more alike, so a token decoding alone would
- * route, and at a near-tie decode greedily, otherwise than in a step with drafts or other
- * sequences. A lone token is therefore sent as two copies (a router has n_expert rows: the
- * second costs next to nothing). tests/server/test_spec_bits.py. */
-static void router_logits(struct md_forward_ctx *f, const struct md_mat *wr, float *x, int n,
-			  float *logits)
-{
-	if (n == 1 && (wr->type == MD_DT_F32 || wr->type == MD_DT_F16 || wr->type == MD_DT_BF16)) {
-		memcpy(x + wr->n_in, x, (size_t)wr->n_in * sizeof(float));
-		n = 2;
-	}
-	md_matmul(f->pool, wr, x, n, logits, f->mm_scratch);
-}
-
 static void prefetch_next(struct md_forward_ctx *f, uint32_t il, int n)
 {
 	const struct md_hparams *hp = &f->m->hp;

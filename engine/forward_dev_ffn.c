@@ -280,8 +280,7 @@ static int moe_experts(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
  * as two copies (rows 0 and 1 of x), so its logits have the bits a batched step gives it. */
 static int router_mm(struct md_fwd_dev *d, const struct md_mat *wr, float *x, int n, float *y)
 {
-	if (n == 1 && d->T >= 2 &&
-	    (wr->type == MD_DT_F32 || wr->type == MD_DT_F16 || wr->type == MD_DT_BF16)) {
+	if (n == 1 && d->T >= 2 && md_matmul_lone_order_differs(wr->type)) {
 		int rc = d->op->copy(d->b, x + wr->n_in, x, (size_t)wr->n_in * sizeof(float));
 		if (rc)
 			return rc;

@@ -377,6 +377,12 @@ void md_matmul_multi(struct md_pool *pool, const struct md_mat *w, int nw, const
 	md_pool_run(pool, kern_worker, &j);
 }
 
+bool md_matmul_lone_order_differs(enum md_dtype t)
+{
+	const struct md_kern *k = md_kern_active();
+	return k && k->gemm[t] && md_kern_act_fmt(t) == MD_ACT_F32;
+}
+
 void md_matmul(struct md_pool *pool, const struct md_mat *w, const float *x, int n_tok, float *y,
 	       float *scratch)
 {
