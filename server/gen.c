@@ -60,6 +60,8 @@ struct choice {
 	size_t hm_k;
 	char *rtext;                    /* owned (rtext_cap): reasoning (whole response) */
 	size_t rtext_len, rtext_cap;
+	int32_t *ids;                   /* owned (ids_cap): every token generated (want_ids) */
+	size_t n_ids, ids_cap;
 };
 
 struct md_gen {
@@ -68,6 +70,8 @@ struct md_gen {
 	struct md_gen *prev, *next;     /* the context's list, once linked */
 	bool linked;
 	bool stream, include_usage, want_lp;
+	bool want_ids;                  /* return_token_ids: prompt and output ids in the reply */
+	int32_t **prompt_ids;           /* owned (n_prompts, prompt_lens each) when want_ids */
 	bool tools_on;                  /* parse tool calls out of the output (server/tools.h) */
 	bool harmony_on;                /* split harmony channels (server/harmony.h): chat only */
 	struct md_oai_ident ident;      /* strings point into id and the context's model */
@@ -259,8 +263,12 @@ static void gen_free(struct md_gen *g)
 		free(ch->ents);
 		free(ch->text);
 		free(ch->rtext);
+		free(ch->ids);
 		cJSON_Delete(ch->lp);
 	}
+	for (size_t i = 0; g->prompt_ids && i < g->n_prompts; i++)
+		free(g->prompt_ids[i]);
+	free(g->prompt_ids);
 	free(g->ch);
 	for (size_t i = 0; i < g->n_stops; i++)
 		free(g->stops[i]);
@@ -632,6 +640,30 @@ static void keep_logprobs(struct choice *ch, const struct md_engine_event *ev)
 	}
 }
 
+/* The token ids of return_token_ids: every token the engine generated for the choice, as
+ * usage counts them (a stop string's tokens too). Returns 0 or -ENOMEM. */
+static int keep_id(struct choice *ch, int32_t token)
+{
+	if (ch->n_ids == ch->ids_cap) {
+		size_t nc = ch->ids_cap ? ch->ids_cap * 2 : 64;
+		int32_t *ni = realloc(ch->ids, nc * sizeof(*ni));
+		if (!ni)
+			return -ENOMEM;
+		ch->ids = ni;
+		ch->ids_cap = nc;
+	}
+	ch->ids[ch->n_ids++] = token;
+	return 0;
+}
+
+static cJSON *id_array(const int32_t *ids, size_t n)
+{
+	cJSON *a = cJSON_CreateArray();
+	for (size_t i = 0; a && i < n; i++)
+		cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+	return a;
+}
+
 static void fail_choice(struct choice *ch, const char *why)
 {
 	struct md_gen *g = ch->g;
@@ -667,6 +699,10 @@ static void on_token(struct choice *ch, const struct md_engine_event *ev)
 		n = (int)sizeof(buf);
 	if (g->want_lp)
 		keep_logprobs(ch, ev);
+	if (g->want_ids && keep_id(ch, ev->token)) {
+		fail_choice(ch, "out of memory");
+		return;
+	}
 	if (stage_text(ch, buf, (size_t)n)) {
 		fail_choice(ch, "out of memory");
 		return;
@@ -769,8 +805,18 @@ static void respond_whole(struct md_gen *g, uint32_t comp, double ttft)
 			}
 			md_oai_choice_set_tool_calls(c0, calls);
 		}
+		if (g->want_ids) { /* vLLM's places: the prompt's on the choice, for completions */
+			size_t pi = i / (g->n_ch / g->n_prompts);
+			if (!g->ident.chat)
+				cJSON_AddItemToObject(c0, "prompt_token_ids",
+						      id_array(g->prompt_ids[pi], g->prompt_lens[pi]));
+			cJSON_AddItemToObject(c0, "token_ids", id_array(ch->ids, ch->n_ids));
+		}
 		cJSON_AddItemToArray(choices, c0);
 	}
+	if (doc && g->want_ids && g->ident.chat) /* and on the response, for chat */
+		cJSON_AddItemToObject(doc, "prompt_token_ids",
+				      id_array(g->prompt_ids[0], g->prompt_lens[0]));
 	if (doc)
 		cJSON_AddItemToObject(doc, "usage", md_oai_usage(g->prompt_tokens, comp, cached_tokens(g)));
 	char *txt = doc ? cJSON_PrintUnformatted(doc) : NULL;
@@ -961,6 +1007,7 @@ static struct md_gen *gen_new(struct md_gen_ctx *x, const struct md_oai_reply *o
 	g->stream = p->stream;
 	g->include_usage = p->include_usage;
 	g->want_lp = p->want_lp;
+	g->want_ids = p->want_ids;
 	md_oai_make_id(g->id, sizeof(g->id), chat ? "chatcmpl-" : "cmpl-");
 	g->ident = (struct md_oai_ident){ .id = g->id, .model = x->model,
 					  .created = (long)time(NULL), .chat = chat };
@@ -1025,6 +1072,16 @@ static int gen_submit(struct md_gen *g, const struct md_req_params *p, int32_t *
 	struct md_gen_ctx *x = g->x;
 	int rc = 0;
 	size_t i;
+	if (g->want_ids) {
+		if (!(g->prompt_ids = calloc(g->n_prompts, sizeof(*g->prompt_ids))))
+			return -ENOMEM;
+		for (size_t pi = 0; pi < g->n_prompts; pi++) {
+			size_t sz = sizeof(int32_t) * (lens[pi] ? lens[pi] : 1);
+			if (!(g->prompt_ids[pi] = malloc(sz)))
+				return -ENOMEM; /* gen_free releases the copies made */
+			memcpy(g->prompt_ids[pi], prompts[pi], sizeof(int32_t) * lens[pi]);
+		}
+	}
 	for (i = 0; i < g->n_ch; i++) {
 		struct choice *ch = &g->ch[i];
 		size_t pi = i / (size_t)p->n;

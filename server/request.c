@@ -551,6 +551,7 @@ static const struct param params[] = {
 	CUSTOM("tool_choice", MD_REQ_CHAT, p_tool_choice),
 	CUSTOM("speculative", GEN_EPS, p_speculative),
 	CUSTOM("reasoning_effort", MD_REQ_CHAT, p_reasoning_effort),
+	BOOL("return_token_ids", GEN_EPS, want_ids),
 	BOOL("add_special", MD_REQ_TOKENIZE, add_special),
 	BOOL("with_pieces", MD_REQ_TOKENIZE, with_pieces),
 };
@@ -607,6 +608,11 @@ int md_req_parse_params(const struct md_oai_reply *o, const struct md_req_limits
 		cJSON *it = cJSON_GetObjectItemCaseSensitive(body, row->name);
 		if (it && parse_row(row, &x, it) < 0)
 			return -1;
+	}
+	if (p->want_ids && p->stream) {
+		bad_request(o, "return_token_ids",
+			    "'return_token_ids' is only supported without 'stream'");
+		return -1;
 	}
 	/* combine the raw values */
 	p->s.top_k = p->_top_k < 0 ? 0 : (int32_t)p->_top_k;

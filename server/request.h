@@ -70,6 +70,8 @@ struct md_req_params {
 	char **stops;                /* owned (n_stops): non-empty stop strings */
 	size_t n_stops;
 	bool want_lp;                /* logprobs asked */
+	bool want_ids;               /* "return_token_ids" (vLLM's extension): the prompt's and
+				      * each choice's token ids in the response (not streamed) */
 	int lp_top;                  /* alternatives per token (0..MD_ENGINE_MAX_TOP) */
 	bool add_special, with_pieces; /* /tokenize */
 	struct md_grammar *grammar;  /* owned reference, or NULL: from response_format (json_object,

@@ -130,6 +130,24 @@ try:
     else:
         check(False, "greedy text long enough for the stop test", ft)
 
+    # return_token_ids (vLLM's extension): the ids behind the text and the prompt
+    st, h, ri = call(srv, "POST", "/v1/completions", dict(req, prompt=["The quick brown fox", "a b"],
+                                                          n=2, return_token_ids=True))
+    check(st == 200 and len(ri["choices"]) == 4, "return_token_ids 200", st, ri)
+    for c in ri["choices"]:
+        tok_ids = c.get("token_ids", [])
+        check(len(tok_ids) == ri["usage"]["completion_tokens"] // 4 or c["finish_reason"] == "stop",
+              "token_ids: one per generated token", c, ri["usage"])
+        back = call(srv, "POST", "/detokenize", {"tokens": tok_ids})[2]["content"]
+        check(back.startswith(c["text"]) and tok_ids, "token_ids decode to the text", c, back)
+        want = ids if c["index"] < 2 else call(srv, "POST", "/tokenize", {"content": "a b"})[2]["tokens"]
+        check(c.get("prompt_token_ids") == want, "prompt_token_ids per choice", c, want)
+    check(ri["choices"][0]["text"] == c1["choices"][0]["text"], "return_token_ids: same text", ri, c1)
+    st, h, doc = call(srv, "POST", "/v1/completions", dict(req, stream=True, return_token_ids=True))
+    check(st == 400 and doc["error"]["param"] == "return_token_ids", "return_token_ids with stream 400",
+          st, doc)
+    check("token_ids" not in c1["choices"][0], "no token_ids unless asked", c1)
+
     # ---- chat ----
     creq = {"model": name, "messages": [{"role": "system", "content": "Be brief."},
                                         {"role": "user", "content": "Say hello"}],
@@ -147,6 +165,15 @@ try:
         return {k: u[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
     check(counts(evs[-1]["usage"]) == counts(ch["usage"]), "streamed usage equals", evs[-1],
           ch["usage"])
+    st, h, ri = call(srv, "POST", "/v1/chat/completions", dict(creq, return_token_ids=True))
+    rendered = call(srv, "POST", "/tokenize", {"messages": creq["messages"]})[2]["tokens"]
+    check(st == 200 and ri.get("prompt_token_ids") == rendered
+          and len(ri["prompt_token_ids"]) == ri["usage"]["prompt_tokens"],
+          "chat return_token_ids: the rendered prompt", ri, rendered)
+    back = call(srv, "POST", "/detokenize", {"tokens": ri["choices"][0]["token_ids"]})[2]["content"]
+    check(len(ri["choices"][0]["token_ids"]) == ri["usage"]["completion_tokens"]
+          and back.startswith(ch["choices"][0]["message"]["content"]),
+          "chat token_ids: the reply's tokens", ri, back)
     # the same prompt again: all of it but the last token comes from the prefix cache (whole
     # blocks shared, the rest copied from the first run's last block), and usage says so
     n_cached = ch["usage"]["prompt_tokens"] - 1
