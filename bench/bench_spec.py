@@ -38,7 +38,19 @@ step's, one expert per token; 0 for n-gram lookup), a: the measured acceptance r
 share of the decoding sequence-steps in which the drafter had a proposal and L its mean length
 (/metrics: proposal steps over sequence steps, proposed tokens over proposal steps; a model
 drafter proposes in every step, the n-gram lookup only where it finds a match: most of its
-steps decode plainly, whatever the controller does). The column "prop" prints f. Greedy
+steps decode plainly, whatever the controller does). The column "prop" prints f.
+
+For the n-gram lookup the bound is no such average: its drafts hold in runs (a loop's
+repeats, all right; elsewhere, mostly wrong), which an i.i.d. acceptance misstates. Its bound
+is an oracle's over the outputs themselves (return_token_ids): at each position the lookup's
+real proposal (engine/spec.c, redone here) and how many of its tokens the output then
+repeats, h; an oracle drafts k <= min(h, K) tokens there and emits k + 1 in a step of cost
+t(S (1 + k)) / S per sequence (a step's other sequences drafting alike), choosing the k of
+every step to spend the least time over the whole output (dynamic programming);
+
+    bound = n t(S) / S  /  the oracle's least time for the n tokens
+
+(median over rounds). No controller that verifies these proposals can beat it. Greedy
 outputs (and seeded n-gram ones) are checked equal to plain decode's. --svg FILE draws tok/s
 against streams per configuration, one panel per workload.
 
@@ -187,14 +199,15 @@ def tokenize(content):
 
 def moed_complete(ids, drafter, temp, seed, n=None):
     body = {"prompt": ids, "max_tokens": n or args.max_tokens, "temperature": temp,
-            "speculative": {"drafter": drafter}}
+            "speculative": {"drafter": drafter}, "return_token_ids": True}
     if temp > 0:
         body.update(top_p=0.95, seed=seed)
     st, d = request(moed.port, "POST", "/v1/completions", body)
     if st != 200:
         raise RuntimeError("moed status %d: %s" % (st, d[:300]))
     doc = json.loads(d)
-    return doc["choices"][0]["text"], doc["usage"]["completion_tokens"]
+    c = doc["choices"][0]
+    return c["text"], doc["usage"]["completion_tokens"], c.get("token_ids", [])
 
 
 def llama_complete(srv, ids, temp, seed, n=None):
@@ -211,7 +224,7 @@ def llama_complete(srv, ids, temp, seed, n=None):
     t = doc.get("timings") or {}
     srv.drafted += t.get("draft_n", 0) or 0
     srv.accepted += t.get("draft_n_accepted", 0) or 0
-    return doc.get("content", ""), doc.get("tokens_predicted", 0)
+    return doc.get("content", ""), doc.get("tokens_predicted", 0), []
 
 
 # Prompts: the "prompt" workload pastes the model's own quotation (plain decode) first.
@@ -236,13 +249,14 @@ def job(workload, i):
 
 def run(workload, cfg, S, rnd):
     """S streams, per_stream requests each, on one configuration: (tok/s, tokens per
-    CPU-second of its server, texts by job index)."""
+    CPU-second of its server, texts by job index, (prompt ids, output ids) by job index:
+    moed's only)."""
     kind, name = cfg
     srv = moed if kind == "moed" else llamas[(S, name)]
     n = S * args.per_stream
     ntok = args.loop_tokens if workload == "loop" else args.max_tokens
     todo = list(range(n))
-    texts, toks = {}, [0]
+    texts, seqs, toks = {}, {}, [0]
     lock = threading.Lock()
 
     def worker():
@@ -254,11 +268,13 @@ def run(workload, cfg, S, rnd):
             ids, temp = job(workload, i + rnd * n)
             seed = 1000 + i + rnd * n
             if kind == "moed":
-                text, ct = moed_complete(ids, name, temp, seed, ntok)
+                text, ct, out = moed_complete(ids, name, temp, seed, ntok)
             else:
-                text, ct = llama_complete(srv, ids, temp, seed, ntok)
+                text, ct, out = llama_complete(srv, ids, temp, seed, ntok)
             with lock:
                 texts[i] = text
+                if out:
+                    seqs[i] = (ids, out)
                 toks[0] += ct
 
     th = [threading.Thread(target=worker) for _ in range(S)]
@@ -268,7 +284,7 @@ def run(workload, cfg, S, rnd):
     [t.join() for t in th]
     dt = time.perf_counter() - t0
     dc = srv.cpu() - c0
-    return toks[0] / dt, toks[0] / dc if dc > 0 else 0.0, texts
+    return toks[0] / dt, toks[0] / dc if dc > 0 else 0.0, texts, seqs
 
 
 # ---- the cost model's bound (moed-bench -v) ----
@@ -343,6 +359,57 @@ def bound(S, drafter, a, f=1.0, L=None):
     return best
 
 
+def ngram_proposal(toks, K, min_n=2, max_n=4):
+    """The n-gram lookup's proposal for the sequence toks (engine/spec.c, md_spec_ngram, with
+    the engine's sizes 2..4): after the newest earlier occurrence of its last n tokens, what
+    followed, continued as a repeat of period D past the end of toks; K tokens, or none."""
+    nt = len(toks)
+    for n in range(max_n, min_n - 1, -1):
+        if nt < n + 1:
+            continue
+        suf = toks[nt - n:]
+        for j in range(nt - n - 1, -1, -1):
+            if toks[j] == suf[0] and toks[j:j + n] == suf:
+                frm = j + n
+                D = nt - frm
+                out = []
+                for k in range(K):
+                    out.append(toks[frm + k] if k < D else out[k - D])
+                return out
+    return []
+
+
+def ngram_oracle(S, seqs):
+    """The n-gram lookup's bound from its real proposals (see the docstring): over each
+    sequence's output, an oracle that knows how many of the proposal at each position hold
+    drafts exactly those (k <= K of them, 0 where none hold), each step emitting k + 1 tokens
+    at t(S (1 + k)) / S (the other sequences of a step drafting alike); plain decode pays
+    t(S) / S per token. Returns plain cost / the oracle's least cost, or None."""
+    K = args.max_k
+    tk = [costs.get(S * (1 + k)) for k in range(K + 1)]
+    if not seqs or tk[0] is None:
+        return None
+    plain = best = 0.0
+    for prompt, out in seqs.values():
+        n = len(out)
+        ctx = list(prompt)
+        held = []
+        for i in range(n):
+            prop = ngram_proposal(ctx, K)
+            a = 0
+            while a < len(prop) and i + a < n and prop[a] == out[i + a]:
+                a += 1
+            held.append(a)
+            ctx.append(out[i])
+        C = [0.0] * (n + 1)
+        for i in range(n - 1, -1, -1):
+            C[i] = min(tk[k] / S + C[min(n, i + k + 1)]
+                       for k in range(min(held[i], K) + 1) if tk[k] is not None)
+        plain += n * tk[0] / S
+        best += C[0]
+    return plain / best if best > 0 else None
+
+
 # ---- the runs ----
 
 print("# model %s%s; %d threads; moed drafters %s%s; %d rounds; max_tokens %d; load %s" %
@@ -381,6 +448,7 @@ for S in streams:
         ratios = {c: [] for c in cfgs}
         cratios = {c: [] for c in cfgs}
         acc = {c: [0.0] * len(MKEYS) for c in cfgs}
+        oracles = []  # the n-gram lookup's oracle bound, per round
         for rnd in range(args.rounds):
             order = cfgs[rnd % len(cfgs):] + cfgs[:rnd % len(cfgs)]
             got = {}
@@ -390,7 +458,7 @@ for S in streams:
                 else:
                     srv = llamas[(S, c[1])]
                     l0 = (srv.drafted, srv.accepted)
-                r, rc, texts = run(workload, c, S, rnd)
+                r, rc, texts, seqs = run(workload, c, S, rnd)
                 if c[0] == "moed":
                     m1 = metrics()
                     for j, k in enumerate(MKEYS):
@@ -399,6 +467,10 @@ for S in streams:
                     acc[c][0] += srv.drafted - l0[0]
                     acc[c][1] += srv.accepted - l0[1]
                 got[c] = (r, rc, texts)
+                if c == ("moed", "ngram") and costs:
+                    orc = ngram_oracle(S, seqs)
+                    if orc:
+                        oracles.append(orc)
                 rates[c].append(r)
             for c in cfgs:
                 base = ("moed", "off") if c[0] == "moed" else ("llama", "none")
@@ -414,7 +486,9 @@ for S in streams:
             a = ac / dr if dr else 0.0
             f = ps / sq if sq else None
             b = (bound(S, c[1], a, f if f is not None else 1.0, pt / ps if ps else None)
-                 if c[0] == "moed" and c[1] != "off" else None)
+                 if c[0] == "moed" and c[1] not in ("off", "ngram") else None)
+            if c == ("moed", "ngram") and oracles:
+                b = statistics.median(oracles)
             med = statistics.median(rates[c])
             results[(workload, S, "%s %s" % c)] = med
             print("%-7s %3d %-18s %8.1f %7.2f %7.2f %7s %8s %8s %5s %7s  %s" % (
