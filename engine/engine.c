@@ -891,13 +891,15 @@ static void spec_propose(struct md_engine *e)
 		ss->n_draft = 0;
 		ss->draft_q = false;
 		ss->n_prop = 0;
+		ss->cls = 0;
 		s->draft = ss->draft;
 		s->n_draft = 0;
 		uint32_t k = spec_room(e, s);
 		if (k == 0)
 			continue;
 		if (ss->drafter == MD_SPEC_NGRAM) {
-			k = md_spec_ngram(s->toks, s->n_toks, 2, 4, k, ss->draft);
+			k = md_spec_ngram(s->toks, s->n_toks, 2, 4, k, ss->draft,
+					  e->ctl.one_class ? NULL : &ss->cls);
 			if (k == 0)
 				continue;
 		}
@@ -940,6 +942,7 @@ static void spec_propose(struct md_engine *e)
 				memcpy(ss->shadow, ss->draft, ss->n_prop * sizeof(int32_t));
 				ss->n_shadow = ss->n_prop;
 				ss->shadow_at = 0;
+				ss->shadow_cls = ss->cls;
 			}
 			ss->n_draft = s->n_draft = e->ck[i];
 		} else if (e->ck[i] > 0 && ss->drafter == MD_SPEC_SELF) {

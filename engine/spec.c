@@ -89,7 +89,7 @@ double md_spec_uniform(uint64_t rng[2])
 /* ---- the n-gram drafter ---- */
 
 uint32_t md_spec_ngram(const int32_t *toks, uint32_t n_toks, uint32_t min_n, uint32_t max_n,
-		       uint32_t max_k, int32_t *out)
+		       uint32_t max_k, int32_t *out, uint32_t *cls)
 {
 	if (min_n < 1)
 		min_n = 1;
@@ -107,6 +107,14 @@ uint32_t md_spec_ngram(const int32_t *toks, uint32_t n_toks, uint32_t min_n, uin
 			uint32_t from = j + n, D = n_toks - from;
 			for (uint32_t k = 0; k < max_k; k++)
 				out[k] = k < D ? toks[from + k] : out[k - D];
+			if (cls) {
+				uint32_t m = n;
+				while (m < MD_SPEC_LONG_MATCH && m < from &&
+				       toks[from - 1 - m] == toks[n_toks - 1 - m])
+					m++;
+				*cls = m >= MD_SPEC_LONG_MATCH ? MD_SPEC_CLS_LONG
+				     : m >= D ? MD_SPEC_CLS_REPEAT : MD_SPEC_CLS_SHORT;
+			}
 			return max_k;
 		}
 	}

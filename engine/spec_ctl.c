@@ -61,6 +61,13 @@
  * from nothing costs each one its probes. */
 #define GLOBAL_DECAY 0.995
 #define PRIOR_TRIALS 3.0
+/* The n-gram drafter's repeat and long classes hold so reliably (0.96 and 0.995 per token
+ * on default-1g's loops) that their engine-wide values are trusted more: a loop's first long
+ * proposal starts near its class's 0.995 (weighted as 16 judgements: 0.94), not at 0.8, and
+ * drafts long at once; a sequence's own judgements (a shadow of 16 tokens is 16) take over
+ * within a few proposals. The short class keeps PRIOR_TRIALS (in the simulation of 16
+ * streams at acceptance 0.6, tests/unit/test_spec_ctl.c, a weight of 12-16 there lost 3-4%). */
+#define PRIOR_TRIALS_NGRAM 16.0
 #define RECENT_STEPS 256 /* a size's time is trusted this many steps after it was measured */
 #define REF_STEPS 32    /* a speculating engine runs a plain step at least this often */
 #define SHAPE_GAIN 0.2  /* running mean of a size's times */
@@ -99,6 +106,9 @@ void md_spec_ctl_init(struct md_spec_ctl *c, const struct md_model *m, bool fixe
 	 * reference in benchmarks: what always speculating gives) */
 	c->fixed = fixed || getenv("MOED_SPEC_FIXED") != NULL;
 	c->trace = getenv("MOED_SPEC_TRACE") != NULL;
+	/* $MOED_SPEC_ONE_CLASS: one acceptance history for every n-gram proposal (the A/B
+	 * reference of the classes) */
+	c->one_class = getenv("MOED_SPEC_ONE_CLASS") != NULL;
 	c->rvar = 0.0625; /* until measured: a quarter of a step */
 	const struct md_hparams *hp = &m->hp;
 	c->w_dense = tensor_bytes(m->output ? m->output : m->tok_embd);
@@ -316,21 +326,36 @@ static bool fresh(const struct md_spec_ctl *c, uint32_t n)
 	return c->nobs[n] >= FRESH_OBS && measured(c, n);
 }
 
-double md_spec_ctl_alpha(const struct md_spec_seq *ss)
+/* The counts behind class cls's estimate: its own, or while it has none, the class below's. */
+static uint32_t counts_of(const struct md_spec_seq *ss, uint32_t cls)
 {
-	return (ss->acc_w + 1) / (ss->acc_n + 2);
+	if (cls >= MD_SPEC_CLASSES)
+		cls = 0;
+	while (cls > 0 && ss->acc_n[cls] <= 0)
+		cls--;
+	return cls;
 }
 
-static void judge(struct md_spec_seq *ss, double ok, double trials, double decay)
+double md_spec_ctl_alpha(const struct md_spec_seq *ss)
 {
-	ss->acc_w = ss->acc_w * decay + ok;
-	ss->acc_n = ss->acc_n * decay + trials;
+	uint32_t c = counts_of(ss, ss->cls);
+	return (ss->acc_w[c] + 1) / (ss->acc_n[c] + 2);
+}
+
+static void judge(struct md_spec_seq *ss, uint32_t cls, double ok, double trials, double decay)
+{
+	if (cls >= MD_SPEC_CLASSES)
+		cls = 0;
+	uint32_t from = counts_of(ss, cls); /* a class's first judgement starts from the borrowed */
+	ss->acc_w[cls] = ss->acc_w[from] * decay + ok;
+	ss->acc_n[cls] = ss->acc_n[from] * decay + trials;
 }
 
 void md_spec_ctl_feedback(struct md_spec_ctl *c, struct md_spec_seq *ss, uint32_t n_draft,
 			  uint32_t n_acc, int32_t first)
 {
 	double ok = 0, trials = 0, decay = DECAY;
+	uint32_t cls = ss->cls;
 	if (n_draft) {
 		/* n_acc successes, then one failure unless every draft held. */
 		ok = n_acc;
@@ -343,6 +368,7 @@ void md_spec_ctl_feedback(struct md_spec_ctl *c, struct md_spec_seq *ss, uint32_
 		 * token counts when it comes. */
 		bool held = first == ss->shadow[ss->shadow_at];
 		decay = ss->shadow_at == 0 ? DECAY : 1;
+		cls = ss->shadow_cls;
 		ok = held;
 		trials = 1;
 		ss->shadow_at += held;
@@ -362,30 +388,39 @@ void md_spec_ctl_feedback(struct md_spec_ctl *c, struct md_spec_seq *ss, uint32_
 	}
 	if (trials == 0)
 		return;
-	judge(ss, ok, trials, decay);
+	if (cls >= MD_SPEC_CLASSES)
+		cls = 0;
+	judge(ss, cls, ok, trials, decay);
 	if (ss->drafter < MD_SPEC_CTL_DRAFTERS) {
-		c->g_acc_w[ss->drafter] = c->g_acc_w[ss->drafter] * GLOBAL_DECAY + ok;
-		c->g_acc_n[ss->drafter] = c->g_acc_n[ss->drafter] * GLOBAL_DECAY + trials;
+		double *gw = &c->g_acc_w[ss->drafter][cls], *gn = &c->g_acc_n[ss->drafter][cls];
+		*gw = *gw * GLOBAL_DECAY + ok;
+		*gn = *gn * GLOBAL_DECAY + trials;
 	}
 }
 
 void md_spec_ctl_prior(const struct md_spec_ctl *c, struct md_spec_seq *ss)
 {
-	if (ss->drafter >= MD_SPEC_CTL_DRAFTERS || c->g_acc_n[ss->drafter] < 1)
+	if (ss->drafter >= MD_SPEC_CTL_DRAFTERS)
 		return;
-	/* Smoothed, and weighted by no more judgements than it rests on: one rejected probe
-	 * does not start every later request at alpha 0.2. */
-	double n = c->g_acc_n[ss->drafter];
-	double a = (c->g_acc_w[ss->drafter] + 1) / (n + 2);
-	double w = n < PRIOR_TRIALS ? n : PRIOR_TRIALS;
-	ss->acc_w = a * w;
-	ss->acc_n = w;
+	for (uint32_t cl = 0; cl < MD_SPEC_CLASSES; cl++) {
+		double n = c->g_acc_n[ss->drafter][cl];
+		if (n < 1)
+			continue;
+		/* Smoothed, and weighted by no more judgements than it rests on: one rejected
+		 * probe does not start every later request at alpha 0.2. */
+		double a = (c->g_acc_w[ss->drafter][cl] + 1) / (n + 2);
+		double cap = ss->drafter == MD_SPEC_NGRAM && cl > MD_SPEC_CLS_SHORT
+			     ? PRIOR_TRIALS_NGRAM : PRIOR_TRIALS;
+		double w = n < cap ? n : cap;
+		ss->acc_w[cl] = a * w;
+		ss->acc_n[cl] = w;
+	}
 }
 
 static double alpha_ucb(const struct md_spec_seq *ss)
 {
 	double m = md_spec_ctl_alpha(ss);
-	double u = m + UCB_SD * sqrt(m * (1 - m) / (ss->acc_n + 3));
+	double u = m + UCB_SD * sqrt(m * (1 - m) / (ss->acc_n[counts_of(ss, ss->cls)] + 3));
 	return u < ALPHA_MAX ? u : ALPHA_MAX;
 }
 

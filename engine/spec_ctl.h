@@ -42,7 +42,14 @@
  *
  * Acceptance model. Each sequence keeps decayed counts of its draft tokens judged and accepted;
  * alpha = (accepted + 1) / (judged + 2) is the chance that a draft token is accepted given the
- * previous one was, so k drafts yield E(k) = alpha + ... + alpha^k extra tokens. Judgements
+ * previous one was, so k drafts yield E(k) = alpha + ... + alpha^k extra tokens. The n-gram
+ * drafter's counts are kept per class of proposal (engine/spec.h, md_spec_ngram: a phrase
+ * seen before, a text that already repeated whole, a long agreement), whose acceptance
+ * differs (0.89, 0.96, 0.995 on default-1g's loops): one history would start a loop at the
+ * acceptance of the phrases before it and take ~20 steps to learn it, a fifth of a 256-token
+ * answer's loop. A class a sequence has not judged yet borrows the counts of the class
+ * below it (acceptance rises with the class), and a new sequence starts each class from the
+ * engine-wide one. Judgements
  * come from verifications and, for the n-gram drafter, for free: a proposal that was not
  * verified (k = 0) is compared, token by token up to its first mismatch, with the tokens the
  * sequence emits in the next steps (the shadow), and fades the history once, as one
@@ -96,6 +103,7 @@
 struct md_spec_ctl {
 	bool fixed;                       /* always draft the most (tests; $MOED_SPEC_FIXED) */
 	bool trace;                       /* $MOED_SPEC_TRACE: each decision on stderr */
+	bool one_class;                   /* $MOED_SPEC_ONE_CLASS: n-gram proposals all class 0 */
 	double w_dense, w_expert;         /* bytes (see DESIGN) */
 	uint32_t n_moe_layers, n_expert, n_used;
 	double t[MD_SPEC_CTL_MAXN + 1];   /* smoothed CPU seconds of a decode-only step of n tokens */
@@ -112,7 +120,8 @@ struct md_spec_ctl {
 					     still spend (PROBE_SHARE of the steps; spec_ctl.c) */
 	bool credit_open;                 /* probe_credit was opened (full, at the first choice
 					     with a plain time: the first probes' catch-up) */
-	double g_acc_w[MD_SPEC_CTL_DRAFTERS], g_acc_n[MD_SPEC_CTL_DRAFTERS]; /* per drafter, decayed */
+	double g_acc_w[MD_SPEC_CTL_DRAFTERS][MD_SPEC_CLASSES]; /* per drafter and class, decayed */
+	double g_acc_n[MD_SPEC_CTL_DRAFTERS][MD_SPEC_CLASSES];
 };
 
 void md_spec_ctl_init(struct md_spec_ctl *c, const struct md_model *m, bool fixed);
@@ -142,15 +151,16 @@ void md_spec_ctl_calibrate(struct md_spec_ctl *c, uint32_t n, double dt);
 double md_spec_ctl_clock(void);
 void md_spec_ctl_use_wall_clock(bool on);
 
-/* The acceptance estimate of a sequence. */
+/* The acceptance estimate of a sequence's proposal of class ss->cls. */
 double md_spec_ctl_alpha(const struct md_spec_seq *ss);
-/* After a step: n_draft drafts were verified and n_acc accepted (n_draft 0: none); first is
- * the first token the step emitted for the sequence (judges the n-gram shadow). Updates the
- * sequence's and its drafter's engine-wide acceptance. */
+/* After a step: n_draft drafts (of class ss->cls) were verified and n_acc accepted (n_draft
+ * 0: none); first is the first token the step emitted for the sequence (judges the n-gram
+ * shadow, of class ss->shadow_cls). Updates the sequence's and its drafter's engine-wide
+ * acceptance of that class. */
 void md_spec_ctl_feedback(struct md_spec_ctl *c, struct md_spec_seq *ss, uint32_t n_draft,
 			  uint32_t n_acc, int32_t first);
-/* A new sequence's acceptance history: its drafter's engine-wide acceptance, weighted as a
- * few judgements (nothing while the drafter has none). */
+/* A new sequence's acceptance history: its drafter's engine-wide acceptance per class,
+ * weighted as a few judgements (nothing for a class the drafter has none of). */
 void md_spec_ctl_prior(const struct md_spec_ctl *c, struct md_spec_seq *ss);
 
 /*

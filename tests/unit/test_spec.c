@@ -234,15 +234,18 @@ static void free_prompts(int32_t **ids, int n)
 static void case_ngram(void)
 {
 	int32_t t[] = { 1, 2, 3, 4, 9, 9, 1, 2, 3 }, out[8];
-	/* "1 2 3" occurred before, followed by 4 9 9 1 ... */
-	CHECK_EQ_U(md_spec_ngram(t, 9, 2, 4, 3, out), 3);
+	uint32_t cls = 99;
+	/* "1 2 3" occurred before, followed by 4 9 9 1 ...: a phrase seen once */
+	CHECK_EQ_U(md_spec_ngram(t, 9, 2, 4, 3, out, &cls), 3);
+	CHECK_EQ_U(cls, MD_SPEC_CLS_SHORT);
 	CHECK_EQ_I(out[0], 4);
 	CHECK_EQ_I(out[1], 9);
 	CHECK_EQ_I(out[2], 9);
 	/* The most recent occurrence wins; past the end of the text the proposal repeats the
 	 * last 3 tokens (the occurrence's distance), as a loop would. */
 	int32_t u[] = { 5, 6, 7, 5, 6, 8, 5, 6 };
-	CHECK_EQ_U(md_spec_ngram(u, 8, 2, 4, 5, out), 5);
+	CHECK_EQ_U(md_spec_ngram(u, 8, 2, 4, 5, out, &cls), 5);
+	CHECK_EQ_U(cls, MD_SPEC_CLS_SHORT); /* "5 6" agrees, "7" against "8" does not */
 	CHECK_EQ_I(out[0], 8);
 	CHECK_EQ_I(out[1], 5);
 	CHECK_EQ_I(out[2], 6);
@@ -250,12 +253,25 @@ static void case_ngram(void)
 	CHECK_EQ_I(out[4], 5);
 	/* No match of length >= 2. */
 	int32_t v[] = { 1, 2, 3, 4, 5 };
-	CHECK_EQ_U(md_spec_ngram(v, 5, 2, 4, 4, out), 0);
+	CHECK_EQ_U(md_spec_ngram(v, 5, 2, 4, 4, out, NULL), 0);
 	/* A run of one token proposes more of it, as many as asked. */
 	int32_t w[] = { 7, 7, 7, 7 };
-	CHECK_EQ_U(md_spec_ngram(w, 4, 2, 4, 4, out), 4);
+	CHECK_EQ_U(md_spec_ngram(w, 4, 2, 4, 4, out, &cls), 4);
 	for (int i = 0; i < 4; i++)
 		CHECK_EQ_I(out[i], 7);
+	CHECK_EQ_U(cls, MD_SPEC_CLS_REPEAT); /* period 1, already repeated */
+	/* A period-5 loop: once its text repeated whole, REPEAT; once the agreement reaches
+	 * MD_SPEC_LONG_MATCH tokens, LONG. */
+	int32_t lp[48];
+	for (int i = 0; i < 48; i++)
+		lp[i] = 100 + (i * 3) % 5 + (i < 3 ? 10 : 0);
+	CHECK_EQ_U(md_spec_ngram(lp, 13, 2, 4, 4, out, &cls), 4);
+	CHECK_EQ_U(cls, MD_SPEC_CLS_REPEAT);
+	CHECK_EQ_I(out[0], lp[13]);
+	CHECK_EQ_U(md_spec_ngram(lp, 48, 2, 4, 4, out, &cls), 4);
+	CHECK_EQ_U(cls, MD_SPEC_CLS_LONG);
+	CHECK_EQ_U(md_spec_ngram(lp, 10, 2, 4, 4, out, &cls), 4);
+	CHECK_EQ_U(cls, MD_SPEC_CLS_SHORT); /* "104 102" seen, the period not yet repeated */
 	CHECK_EQ_I(md_spec_drafter_parse("ngram"), MD_SPEC_NGRAM);
 	CHECK_EQ_I(md_spec_drafter_parse("draft"), MD_SPEC_DRAFT);
 	CHECK_EQ_I(md_spec_drafter_parse("off"), MD_SPEC_OFF);

@@ -268,5 +268,44 @@ int main(void)
 	CHECK_CONTEXT("alpha after failing shadows: %.3f", md_spec_ctl_alpha(sh));
 	CHECK(md_spec_ctl_alpha(sh) < 0.2);
 	md_spec_seq_free(sh);
+	/* Classes (engine/spec.h): short proposals that fail and long ones that hold keep two
+	 * estimates apart; a class not judged yet borrows the class below's; and a new
+	 * sequence starts its long class near the engine-wide value, at once. */
+	struct md_spec_ctl cc;
+	memset(&cc, 0, sizeof(cc));
+	struct md_spec_seq *sc = md_spec_seq_new(MD_SPEC_NGRAM, 16, 2);
+	for (int p = 0; p < 20; p++) {
+		sc->cls = MD_SPEC_CLS_SHORT;
+		md_spec_ctl_feedback(&cc, sc, 4, 0, -1);
+	}
+	sc->cls = MD_SPEC_CLS_REPEAT;
+	double borrowed = md_spec_ctl_alpha(sc);
+	sc->cls = MD_SPEC_CLS_SHORT;
+	CHECK(fabs(borrowed - md_spec_ctl_alpha(sc)) < 1e-12);
+	for (int p = 0; p < 20; p++) {
+		sc->shadow_cls = MD_SPEC_CLS_LONG;
+		for (uint32_t j = 0; j < 16; j++)
+			sc->shadow[j] = 5;
+		sc->n_shadow = 16;
+		sc->shadow_at = 0;
+		for (uint32_t j = 0; j < 16; j++)
+			md_spec_ctl_feedback(&cc, sc, 0, 0, 5);
+	}
+	sc->cls = MD_SPEC_CLS_SHORT;
+	double a_short = md_spec_ctl_alpha(sc);
+	sc->cls = MD_SPEC_CLS_LONG;
+	double a_long = md_spec_ctl_alpha(sc);
+	CHECK_CONTEXT("short %.3f, long %.3f", a_short, a_long);
+	CHECK(a_short < 0.2 && a_long > 0.97);
+	struct md_spec_seq *sn = md_spec_seq_new(MD_SPEC_NGRAM, 16, 3);
+	md_spec_ctl_prior(&cc, sn);
+	sn->cls = MD_SPEC_CLS_LONG;
+	a_long = md_spec_ctl_alpha(sn);
+	sn->cls = MD_SPEC_CLS_SHORT;
+	a_short = md_spec_ctl_alpha(sn);
+	CHECK_CONTEXT("a new sequence: short %.3f, long %.3f", a_short, a_long);
+	CHECK(a_long > 0.9 && a_short < 0.35);
+	md_spec_seq_free(sn);
+	md_spec_seq_free(sc);
 	return failures ? 1 : 0;
 }
