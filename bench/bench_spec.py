@@ -41,16 +41,21 @@ drafter proposes in every step, the n-gram lookup only where it finds a match: m
 steps decode plainly, whatever the controller does). The column "prop" prints f.
 
 For the n-gram lookup the bound is no such average: its drafts hold in runs (a loop's
-repeats, all right; elsewhere, mostly wrong), which an i.i.d. acceptance misstates. Its bound
-is an oracle's over the outputs themselves (return_token_ids): at each position the lookup's
-real proposal (engine/spec.c, redone here) and how many of its tokens the output then
-repeats, h; an oracle drafts k <= min(h, K) tokens there and emits k + 1 in a step of cost
-t(S (1 + k)) / S per sequence (a step's other sequences drafting alike), choosing the k of
-every step to spend the least time over the whole output (dynamic programming);
+repeats, all right; elsewhere, mostly wrong), which an i.i.d. acceptance misstates. Its
+bounds come from the outputs themselves (return_token_ids): at each position the lookup's
+real proposal and its class (engine/spec.c, redone here), and how many of its tokens the
+output then repeats, h. A step that drafts k tokens there emits 1 + min(h, k) and costs
+t(S (1 + k)) / S per sequence (a step's other sequences drafting alike); plain decode costs
+t(S) / S per token. Over the n tokens of every output:
 
-    bound = n t(S) / S  /  the oracle's least time for the n tokens
+    bound  = plain time / the least time of a policy that drafts a fixed k per class
+             (the best k of each class, by coordinate descent): what the acceptance the
+             controller can know (per class) allows
+    oracle = plain time / the least time of an oracle that knows h at every position and
+             drafts exactly what holds, where it pays (dynamic programming): what no
+             controller of these proposals can beat
 
-(median over rounds). No controller that verifies these proposals can beat it. Greedy
+(medians over rounds). Greedy
 outputs (and seeded n-gram ones) are checked equal to plain decode's. --svg FILE draws tok/s
 against streams per configuration, one panel per workload.
 
@@ -359,10 +364,12 @@ def bound(S, drafter, a, f=1.0, L=None):
     return best
 
 
-def ngram_proposal(toks, K, min_n=2, max_n=4):
-    """The n-gram lookup's proposal for the sequence toks (engine/spec.c, md_spec_ngram, with
-    the engine's sizes 2..4): after the newest earlier occurrence of its last n tokens, what
-    followed, continued as a repeat of period D past the end of toks; K tokens, or none."""
+def ngram_proposal(toks, K, min_n=2, max_n=4, long_match=32):
+    """The n-gram lookup's proposal for the sequence toks and its class (engine/spec.c,
+    md_spec_ngram, with the engine's sizes 2..4): after the newest earlier occurrence of its
+    last n tokens, what followed, continued as a repeat of period D past the end of toks (K
+    tokens), and 0 (a phrase seen before), 1 (the last D tokens repeat the D before them) or
+    2 (a 32-token agreement); ([], None) where nothing matches."""
     nt = len(toks)
     for n in range(max_n, min_n - 1, -1):
         if nt < n + 1:
@@ -375,39 +382,59 @@ def ngram_proposal(toks, K, min_n=2, max_n=4):
                 out = []
                 for k in range(K):
                     out.append(toks[frm + k] if k < D else out[k - D])
-                return out
-    return []
+                m = n
+                while m < long_match and m < frm and toks[frm - 1 - m] == toks[nt - 1 - m]:
+                    m += 1
+                return out, (2 if m >= long_match else 1 if m >= D else 0)
+    return [], None
 
 
-def ngram_oracle(S, seqs):
-    """The n-gram lookup's bound from its real proposals (see the docstring): over each
-    sequence's output, an oracle that knows how many of the proposal at each position hold
-    drafts exactly those (k <= K of them, 0 where none hold), each step emitting k + 1 tokens
-    at t(S (1 + k)) / S (the other sequences of a step drafting alike); plain decode pays
-    t(S) / S per token. Returns plain cost / the oracle's least cost, or None."""
+def ngram_bounds(S, seqs):
+    """The n-gram lookup's two bounds from its real proposals (see the docstring): (the best
+    fixed drafts per class, the oracle's), each as plain cost over its least cost, or None."""
     K = args.max_k
     tk = [costs.get(S * (1 + k)) for k in range(K + 1)]
-    if not seqs or tk[0] is None:
+    if not seqs or None in tk:
         return None
-    plain = best = 0.0
+    outs = []  # per sequence: [(tokens of the proposal that hold, class or None)]
+    plain = oracle = 0.0
     for prompt, out in seqs.values():
         n = len(out)
         ctx = list(prompt)
-        held = []
+        pos = []
         for i in range(n):
-            prop = ngram_proposal(ctx, K)
+            prop, cls = ngram_proposal(ctx, K)
             a = 0
             while a < len(prop) and i + a < n and prop[a] == out[i + a]:
                 a += 1
-            held.append(a)
+            pos.append((a, cls))
             ctx.append(out[i])
+        outs.append(pos)
         C = [0.0] * (n + 1)
         for i in range(n - 1, -1, -1):
-            C[i] = min(tk[k] / S + C[min(n, i + k + 1)]
-                       for k in range(min(held[i], K) + 1) if tk[k] is not None)
-        plain += n * tk[0] / S
-        best += C[0]
-    return plain / best if best > 0 else None
+            C[i] = min(tk[k] + C[min(n, i + k + 1)] for k in range(min(pos[i][0], K) + 1))
+        plain += n * tk[0]
+        oracle += C[0]
+
+    def walk(kc):
+        t = 0.0
+        for pos in outs:
+            i = 0
+            while i < len(pos):
+                a, cls = pos[i]
+                k = kc[cls] if cls is not None else 0
+                t += tk[k]
+                i += min(a, k) + 1
+        return t
+    kc = [0, 0, 0]
+    best = walk(kc)
+    for _ in range(3):  # coordinate descent over the classes' k
+        for c in range(3):
+            for k in range(K + 1):
+                t = walk(kc[:c] + [k] + kc[c + 1:])
+                if t < best:
+                    best, kc = t, kc[:c] + [k] + kc[c + 1:]
+    return plain / best, plain / oracle
 
 
 # ---- the runs ----
@@ -422,9 +449,9 @@ if costs:
           ("; draft t(S): " + " ".join("%d:%.1f" % kv for kv in sorted(draft_costs.items()))
            if draft_costs else "") + ("; self pass / step bytes %.2f" % self_ratio
                                        if self_ratio else ""), flush=True)
-print("%-7s %3s %-18s %8s %7s %7s %7s %8s %8s %5s %7s  %s" % (
+print("%-7s %3s %-18s %8s %7s %7s %7s %8s %8s %5s %7s %7s  %s" % (
     "work", "S", "config", "tok/s", "x plain", "x CPU", "accept", "mean len", "experts", "prop",
-    "bound", "per-round tok/s"), flush=True)
+    "bound", "oracle", "per-round tok/s"), flush=True)
 results = {}  # (workload, S, config name) -> median tok/s
 mismatch = 0
 llamas = {}
@@ -468,9 +495,9 @@ for S in streams:
                     acc[c][1] += srv.accepted - l0[1]
                 got[c] = (r, rc, texts)
                 if c == ("moed", "ngram") and costs:
-                    orc = ngram_oracle(S, seqs)
-                    if orc:
-                        oracles.append(orc)
+                    nb = ngram_bounds(S, seqs)
+                    if nb:
+                        oracles.append(nb)
                 rates[c].append(r)
             for c in cfgs:
                 base = ("moed", "off") if c[0] == "moed" else ("llama", "none")
@@ -487,16 +514,19 @@ for S in streams:
             f = ps / sq if sq else None
             b = (bound(S, c[1], a, f if f is not None else 1.0, pt / ps if ps else None)
                  if c[0] == "moed" and c[1] not in ("off", "ngram") else None)
+            orc = None
             if c == ("moed", "ngram") and oracles:
-                b = statistics.median(oracles)
+                b = statistics.median(x[0] for x in oracles)
+                orc = statistics.median(x[1] for x in oracles)
             med = statistics.median(rates[c])
             results[(workload, S, "%s %s" % c)] = med
-            print("%-7s %3d %-18s %8.1f %7.2f %7.2f %7s %8s %8s %5s %7s  %s" % (
+            print("%-7s %3d %-18s %8.1f %7.2f %7.2f %7s %8s %8s %5s %7s %7s  %s" % (
                 workload, S, "%s %s" % c, med, statistics.median(ratios[c]),
                 statistics.median(cratios[c]), "%.2f" % a if dr else "-",
                 "%.2f" % (em / vs) if vs else "-", "%.2f" % (di / lp) if lp else "-",
                 "%.2f" % f if f is not None and c[1] != "off" else "-",
-                "%.2f" % b if b else "-", " ".join("%.1f" % x for x in rates[c])), flush=True)
+                "%.2f" % b if b else "-", "%.2f" % orc if orc else "-",
+                " ".join("%.1f" % x for x in rates[c])), flush=True)
     for t in LLAMA_TYPES if args.llama else []:
         llamas[(S, t)].stop()
 print("# outputs differing from plain decode (greedy, and seeded n-gram): %d; load %s" %
