@@ -342,10 +342,9 @@ double md_spec_ctl_alpha(const struct md_spec_seq *ss)
 	return (ss->acc_w[c] + 1) / (ss->acc_n[c] + 2);
 }
 
+/* cls < MD_SPEC_CLASSES (md_spec_ctl_feedback checks it) */
 static void judge(struct md_spec_seq *ss, uint32_t cls, double ok, double trials, double decay)
 {
-	if (cls >= MD_SPEC_CLASSES)
-		cls = 0;
 	uint32_t from = counts_of(ss, cls); /* a class's first judgement starts from the borrowed */
 	ss->acc_w[cls] = ss->acc_w[from] * decay + ok;
 	ss->acc_n[cls] = ss->acc_n[from] * decay + trials;
