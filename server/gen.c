@@ -640,6 +640,9 @@ static void keep_logprobs(struct choice *ch, const struct md_engine_event *ev)
 	}
 }
 
+/* Token ids go out through cJSON_CreateIntArray, whose int is our int32_t. */
+_Static_assert(sizeof(int) == sizeof(int32_t), "token ids as int");
+
 /* The token ids of return_token_ids: every token the engine generated for the choice, as
  * usage counts them (a stop string's tokens too). Returns 0 or -ENOMEM. */
 static int keep_id(struct choice *ch, int32_t token)
@@ -654,14 +657,6 @@ static int keep_id(struct choice *ch, int32_t token)
 	}
 	ch->ids[ch->n_ids++] = token;
 	return 0;
-}
-
-static cJSON *id_array(const int32_t *ids, size_t n)
-{
-	cJSON *a = cJSON_CreateArray();
-	for (size_t i = 0; a && i < n; i++)
-		cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
-	return a;
 }
 
 static void fail_choice(struct choice *ch, const char *why)
@@ -809,14 +804,14 @@ static void respond_whole(struct md_gen *g, uint32_t comp, double ttft)
 			size_t pi = i / (g->n_ch / g->n_prompts);
 			if (!g->ident.chat)
 				cJSON_AddItemToObject(c0, "prompt_token_ids",
-						      id_array(g->prompt_ids[pi], g->prompt_lens[pi]));
-			cJSON_AddItemToObject(c0, "token_ids", id_array(ch->ids, ch->n_ids));
+						      cJSON_CreateIntArray(g->prompt_ids[pi], (int)g->prompt_lens[pi]));
+			cJSON_AddItemToObject(c0, "token_ids", cJSON_CreateIntArray(ch->ids, (int)ch->n_ids));
 		}
 		cJSON_AddItemToArray(choices, c0);
 	}
 	if (doc && g->want_ids && g->ident.chat) /* and on the response, for chat */
 		cJSON_AddItemToObject(doc, "prompt_token_ids",
-				      id_array(g->prompt_ids[0], g->prompt_lens[0]));
+				      cJSON_CreateIntArray(g->prompt_ids[0], (int)g->prompt_lens[0]));
 	if (doc)
 		cJSON_AddItemToObject(doc, "usage", md_oai_usage(g->prompt_tokens, comp, cached_tokens(g)));
 	char *txt = doc ? cJSON_PrintUnformatted(doc) : NULL;
