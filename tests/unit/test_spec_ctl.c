@@ -136,6 +136,18 @@ static double simulate(cost_fn cost, uint32_t B, double alpha, uint32_t kmax, do
 /* The best any fixed k gives on the curve (every stream drafting k, k draft rounds of round x
  * cost(1) each, and each request's catch-up of prompt rows at row x cost(1) spread over its
  * REQ_STEPS steps): the cost model's bound. */
+/* A 16-token n-gram shadow of class cls that holds token by token, judged to its end. */
+static void hold_shadow(struct md_spec_ctl *c, struct md_spec_seq *ss, uint32_t cls)
+{
+	ss->shadow_cls = cls;
+	for (uint32_t j = 0; j < 16; j++)
+		ss->shadow[j] = 5;
+	ss->n_shadow = 16;
+	ss->shadow_at = 0;
+	for (uint32_t j = 0; j < 16; j++)
+		md_spec_ctl_feedback(c, ss, 0, 0, 5);
+}
+
 static double bound(cost_fn cost, uint32_t B, double alpha, uint32_t kmax, double round,
 		    uint32_t prompt, double row)
 {
@@ -248,12 +260,7 @@ int main(void)
 	 * proposals whose first token fails. */
 	struct md_spec_seq *sh = md_spec_seq_new(MD_SPEC_NGRAM, 16, 1);
 	for (int p = 0; p < 12; p++) {
-		for (uint32_t j = 0; j < 16; j++)
-			sh->shadow[j] = 5;
-		sh->n_shadow = 16;
-		sh->shadow_at = 0;
-		for (uint32_t j = 0; j < 16; j++)
-			md_spec_ctl_feedback(&c, sh, 0, 0, 5);
+		hold_shadow(&c, sh, MD_SPEC_CLS_SHORT);
 		CHECK(sh->n_shadow == 0);
 	}
 	CHECK_CONTEXT("alpha after holding shadows: %.3f", md_spec_ctl_alpha(sh));
@@ -282,15 +289,8 @@ int main(void)
 	double borrowed = md_spec_ctl_alpha(sc);
 	sc->cls = MD_SPEC_CLS_SHORT;
 	CHECK(fabs(borrowed - md_spec_ctl_alpha(sc)) < 1e-12);
-	for (int p = 0; p < 20; p++) {
-		sc->shadow_cls = MD_SPEC_CLS_LONG;
-		for (uint32_t j = 0; j < 16; j++)
-			sc->shadow[j] = 5;
-		sc->n_shadow = 16;
-		sc->shadow_at = 0;
-		for (uint32_t j = 0; j < 16; j++)
-			md_spec_ctl_feedback(&cc, sc, 0, 0, 5);
-	}
+	for (int p = 0; p < 20; p++)
+		hold_shadow(&cc, sc, MD_SPEC_CLS_LONG);
 	sc->cls = MD_SPEC_CLS_SHORT;
 	double a_short = md_spec_ctl_alpha(sc);
 	sc->cls = MD_SPEC_CLS_LONG;
