@@ -1237,6 +1237,8 @@ static bool step(struct md_engine *e)
 		e->step_verifies = p->items[i].n_draft > 0;
 	e->step_predicted = e->step_verifies && md_self_draft_take_prediction(&e->self);
 	double t0 = md_spec_ctl_clock();
+	struct timespec w0;
+	clock_gettime(CLOCK_MONOTONIC, &w0);
 	int rows = md_forward(e->fw, &e->kv, &b, e->logits);
 	e->step_verifies = e->step_predicted = false;
 	if (e->trace)
@@ -1262,8 +1264,20 @@ static bool step(struct md_engine *e)
 		k += p->items[i].n_logits;
 	}
 	/* The controller's cost table: forward plus decisions of decode-only steps. */
-	if (p->n_prompt == 0 && p->n_recompute == 0 && n_bad == 0)
-		md_spec_ctl_observe(&e->ctl, n, md_spec_ctl_clock() - t0);
+	if (p->n_prompt == 0 && p->n_recompute == 0 && n_bad == 0) {
+		double dt = md_spec_ctl_clock() - t0;
+		md_spec_ctl_observe(&e->ctl, n, dt);
+		if (e->ctl.trace) {
+			uint32_t out = 0;
+			for (uint32_t i = 0; i < p->n_items; i++)
+				out += sp->n_out[i];
+			struct timespec w1;
+			clock_gettime(CLOCK_MONOTONIC, &w1);
+			double wall = (w1.tv_sec - w0.tv_sec) + (w1.tv_nsec - w0.tv_nsec) * 1e-9;
+			fprintf(stderr, "spec-step n=%u items=%u out=%u dt=%.2fms wall=%.2fms\n", n,
+				p->n_items, out, dt * 1e3, wall * 1e3);
+		}
+	}
 	md_sched_commit(sc, sp->keep);
 	spec_account(e);
 	k = 0;
