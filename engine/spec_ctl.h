@@ -28,8 +28,8 @@
  * Measuring. The clock is the process's CPU time (md_spec_ctl_clock), not the wall clock:
  * on a machine shared with other processes the wall time of a step varies 2x with what the
  * scheduler does, its CPU time (memory stalls included) with the work. (With the forward pass
- * on a device the work is the device's, so there the clock is the wall clock.) Each size keeps a
- * running mean of its own times; sizes are compared only while each was measured lately
+ * on a device the work is the device's, so there the clock is the wall clock.) Each size keeps
+ * the mean of its last 9 times, an outlier (a preempted step) counted as their median; sizes are compared only while each was measured lately
  * (RECENT_STEPS), and a speculating engine still runs a plain step every REF_STEPS steps, so
  * the two times a decision weighs are never far apart in time. Between measured sizes the
  * time is interpolated linearly in n; beyond the largest it follows the secant over the
@@ -98,6 +98,7 @@
 #include "engine/spec.h"
 
 #define MD_SPEC_CTL_MAXN 1024 /* token counts measured per step */
+#define MD_SPEC_CTL_WINDOW 9  /* step times per size behind its estimate (odd: a median) */
 #define MD_SPEC_CTL_DRAFTERS 8 /* drafters (enum md_spec_drafter) with engine-wide acceptance */
 
 struct md_spec_ctl {
@@ -106,7 +107,11 @@ struct md_spec_ctl {
 	bool one_class;                   /* $MOED_SPEC_ONE_CLASS: n-gram proposals all class 0 */
 	double w_dense, w_expert;         /* bytes (see DESIGN) */
 	uint32_t n_moe_layers, n_expert, n_used;
-	double t[MD_SPEC_CTL_MAXN + 1];   /* smoothed CPU seconds of a decode-only step of n tokens */
+	double t[MD_SPEC_CTL_MAXN + 1];   /* CPU seconds of a decode-only step of n tokens: the
+					     mean of its last MD_SPEC_CTL_WINDOW times, outliers
+					     as their median (spec_ctl.c, window_mean) */
+	float win[MD_SPEC_CTL_MAXN + 1][MD_SPEC_CTL_WINDOW]; /* those times, a ring */
+	uint8_t win_n[MD_SPEC_CTL_MAXN + 1], win_at[MD_SPEC_CTL_MAXN + 1];
 	double rvar;                      /* smoothed squared relative deviation of step times
 					     from their size's mean (the machine's noise) */
 	uint32_t nobs[MD_SPEC_CTL_MAXN + 1];
