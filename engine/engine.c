@@ -1239,6 +1239,7 @@ static bool step(struct md_engine *e)
 	double t0 = md_spec_ctl_clock();
 	struct timespec w0;
 	clock_gettime(CLOCK_MONOTONIC, &w0);
+	uint64_t distinct0 = e->moe_distinct;
 	int rows = md_forward(e->fw, &e->kv, &b, e->logits);
 	e->step_verifies = e->step_predicted = false;
 	if (e->trace)
@@ -1274,8 +1275,9 @@ static bool step(struct md_engine *e)
 			struct timespec w1;
 			clock_gettime(CLOCK_MONOTONIC, &w1);
 			double wall = (w1.tv_sec - w0.tv_sec) + (w1.tv_nsec - w0.tv_nsec) * 1e-9;
-			fprintf(stderr, "spec-step n=%u items=%u out=%u dt=%.2fms wall=%.2fms\n", n,
-				p->n_items, out, dt * 1e3, wall * 1e3);
+			fprintf(stderr, "spec-step n=%u items=%u out=%u dt=%.2fms wall=%.2fms "
+				"experts=%llu\n", n, p->n_items, out, dt * 1e3, wall * 1e3,
+				(unsigned long long)(e->moe_distinct - distinct0));
 		}
 	}
 	md_sched_commit(sc, sp->keep);
