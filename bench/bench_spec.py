@@ -93,6 +93,8 @@ ap.add_argument("--drafters", default=None)
 ap.add_argument("--llama", default=os.environ.get("MOED_LLAMA_CPP"))
 ap.add_argument("--svg")
 ap.add_argument("--no-bound", action="store_true")
+ap.add_argument("--stagger", action="store_true",
+                help="desynchronise the streams: stream j's first request is j/S shorter")
 ap.add_argument("--args", default="", help="more arguments for moed (e.g. '--device cuda'; "
                 "the bound is from CPU step times, so add --no-bound on a device)")
 args = ap.parse_args()
@@ -272,10 +274,11 @@ def run(workload, cfg, S, rnd):
                 i = todo.pop(0)
             ids, temp = job(workload, i + rnd * n)
             seed = 1000 + i + rnd * n
+            nt = ntok - i * ntok // S if args.stagger and i < S else ntok
             if kind == "moed":
-                text, ct, out = moed_complete(ids, name, temp, seed, ntok)
+                text, ct, out = moed_complete(ids, name, temp, seed, nt)
             else:
-                text, ct, out = llama_complete(srv, ids, temp, seed, ntok)
+                text, ct, out = llama_complete(srv, ids, temp, seed, nt)
             with lock:
                 texts[i] = text
                 if out:
@@ -439,11 +442,12 @@ def ngram_bounds(S, seqs):
 
 # ---- the runs ----
 
-print("# model %s%s; %d threads; moed drafters %s%s; %d rounds; max_tokens %d; load %s" %
+print("# model %s%s; %d threads; moed drafters %s%s; %d rounds; max_tokens %d%s; load %s" %
       (os.path.basename(args.model), (" + draft " + os.path.basename(args.draft)) if args.draft
        else "", args.threads, ",".join(drafters),
        ("; llama.cpp " + ",".join(LLAMA_TYPES)) if args.llama else "", args.rounds,
-       args.max_tokens, " ".join("%.1f" % x for x in os.getloadavg())), flush=True)
+       args.max_tokens, "; staggered streams" if args.stagger else "",
+       " ".join("%.1f" % x for x in os.getloadavg())), flush=True)
 if costs:
     print("# step CPU ms t(n): " + " ".join("%d:%.1f" % kv for kv in sorted(costs.items())) +
           ("; draft t(S): " + " ".join("%d:%.1f" % kv for kv in sorted(draft_costs.items()))
