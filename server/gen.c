@@ -62,6 +62,8 @@ struct choice {
 	size_t rtext_len, rtext_cap;
 	int32_t *ids;                   /* owned (ids_cap): every token generated (want_ids) */
 	size_t n_ids, ids_cap;
+	size_t ids_sent;                /* stream: ids already on a chunk */
+	bool head_sent;                 /* stream: the choice's first chunk went out */
 };
 
 struct md_gen {
@@ -84,6 +86,7 @@ struct md_gen {
 	uint32_t *prompt_lens;          /* owned (n_prompts) */
 	size_t n_prompts;
 	bool got_first;
+	bool head_sent;                 /* stream: the first chunk went out */
 	unsigned long long req_id;      /* the HTTP request's id, as in the access log */
 	double t_first, last_write;
 	bool error, dead;
@@ -344,14 +347,38 @@ static bool sse_json(struct md_gen *g, cJSON *doc)
 	return ok;
 }
 
-/* A chunk holding one choice (consumed). */
-static bool sse_choice(struct md_gen *g, cJSON *c0)
+/* return_token_ids on a stream (vLLM's places): each chunk of a choice carries the ids
+ * generated since its last chunk, so that they add up to the whole response's token_ids
+ * (ids whose text a stop string or a partial character holds back go out before their
+ * text); the prompt's ids ride on the first chunk: on the choice for completions, on the
+ * chunk itself for chat. */
+static void chunk_ids(struct md_gen *g, struct choice *ch, cJSON *doc, cJSON *c0)
+{
+	if (!g->want_ids || !ch)
+		return;
+	if (!g->head_sent && g->ident.chat)
+		cJSON_AddItemToObject(doc, "prompt_token_ids",
+				      cJSON_CreateIntArray(g->prompt_ids[0], (int)g->prompt_lens[0]));
+	if (!ch->head_sent && !g->ident.chat) {
+		size_t pi = (size_t)(ch - g->ch) / (g->n_ch / g->n_prompts);
+		cJSON_AddItemToObject(c0, "prompt_token_ids",
+				      cJSON_CreateIntArray(g->prompt_ids[pi], (int)g->prompt_lens[pi]));
+	}
+	cJSON_AddItemToObject(c0, "token_ids", cJSON_CreateIntArray(ch->ids + ch->ids_sent,
+								    (int)(ch->n_ids - ch->ids_sent)));
+	ch->ids_sent = ch->n_ids;
+	ch->head_sent = g->head_sent = true;
+}
+
+/* A chunk holding one choice (consumed), of choice ch. */
+static bool sse_choice(struct md_gen *g, struct choice *ch, cJSON *c0)
 {
 	cJSON *choices, *doc = md_oai_doc_new(&g->ident, false, &choices);
 	if (!doc) {
 		cJSON_Delete(c0);
 		return false;
 	}
+	chunk_ids(g, ch, doc, c0);
 	cJSON_AddItemToArray(choices, c0);
 	if (g->include_usage) /* as OpenAI: null on every chunk before the usage chunk */
 		cJSON_AddNullToObject(doc, "usage");
@@ -391,7 +418,7 @@ static void stage_emit(struct choice *ch, const char *text, size_t n, const stru
 				md_oai_logprobs_add(lp, chat, eng, &ents[i].lp,
 						    ch->text_offset + ents[i].off);
 		}
-		sse_choice(g, md_oai_choice_delta(&g->ident, ch->index, text, n, lp));
+		sse_choice(g, ch, md_oai_choice_delta(&g->ident, ch->index, text, n, lp));
 	} else {
 		if (ch->text_len + n + 1 > ch->text_cap) {
 			size_t nc = ch->text_cap ? ch->text_cap : 256;
@@ -452,14 +479,14 @@ static void tool_emit(void *arg, enum md_tool_ev ev, int index, const char *s, s
 		md_tools_call_id(ch->tp.fmt, c->id, sizeof(c->id));
 		snprintf(c->name, sizeof(c->name), "%.*s", (int)n, s);
 		if (g->stream)
-			sse_choice(g, md_oai_choice_tool_delta(ch->index, index, c->id, c->name, "", 0,
+			sse_choice(g, ch, md_oai_choice_tool_delta(ch->index, index, c->id, c->name, "", 0,
 							       tool_lp(ch)));
 	} else {
 		if (index < 0 || (size_t)index >= ch->n_calls)
 			return;
 		struct tcall *c = &ch->calls[index];
 		if (g->stream) {
-			sse_choice(g, md_oai_choice_tool_delta(ch->index, index, NULL, NULL, s, n,
+			sse_choice(g, ch, md_oai_choice_tool_delta(ch->index, index, NULL, NULL, s, n,
 							       tool_lp(ch)));
 		} else if (n > 0) {
 			if (c->args_len + n + 1 > c->args_cap) {
@@ -509,7 +536,7 @@ static void stage_reasoning(struct choice *ch, const char *s, size_t n)
 {
 	struct md_gen *g = ch->g;
 	if (g->stream) {
-		sse_choice(g, md_oai_choice_reasoning_delta(ch->index, s, n));
+		sse_choice(g, ch, md_oai_choice_reasoning_delta(ch->index, s, n));
 		return;
 	}
 	if (ch->rtext_len + n + 1 > ch->rtext_cap) {
@@ -917,7 +944,7 @@ static void choice_finish(struct choice *ch, const char *reason, bool cancel_eng
 	x->m.finished[f]++;
 	md_hist_observe(&x->m.gen_len, ch->usage_tokens);
 	if (g->stream)
-		sse_choice(g, md_oai_choice_finish(&g->ident, ch->index, reason));
+		sse_choice(g, ch, md_oai_choice_finish(&g->ident, ch->index, reason));
 	if (--g->n_open == 0)
 		gen_complete(g);
 }
@@ -1131,7 +1158,7 @@ static void gen_begin(struct md_gen *g)
 	g->last_write = md_http_now();
 	if (g->ident.chat)
 		for (size_t i = 0; i < g->n_ch && !g->dead; i++)
-			sse_choice(g, md_oai_choice_role((uint32_t)i));
+			sse_choice(g, &g->ch[i], md_oai_choice_role((uint32_t)i));
 	gen_unref(g);
 }
 

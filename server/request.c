@@ -609,11 +609,6 @@ int md_req_parse_params(const struct md_oai_reply *o, const struct md_req_limits
 		if (it && parse_row(row, &x, it) < 0)
 			return -1;
 	}
-	if (p->want_ids && p->stream) {
-		bad_request(o, "return_token_ids",
-			    "'return_token_ids' is only supported without 'stream'");
-		return -1;
-	}
 	/* combine the raw values */
 	p->s.top_k = p->_top_k < 0 ? 0 : (int32_t)p->_top_k;
 	if (p->s.has_seed)

@@ -143,9 +143,18 @@ try:
         want = ids if c["index"] < 2 else call(srv, "POST", "/tokenize", {"content": "a b"})[2]["tokens"]
         check(c.get("prompt_token_ids") == want, "prompt_token_ids per choice", c, want)
     check(ri["choices"][0]["text"] == c1["choices"][0]["text"], "return_token_ids: same text", ri, c1)
-    st, h, doc = call(srv, "POST", "/v1/completions", dict(req, stream=True, return_token_ids=True))
-    check(st == 400 and doc["error"]["param"] == "return_token_ids", "return_token_ids with stream 400",
-          st, doc)
+    # streamed: each choice's chunks add up to the whole response's ids, the prompt's on the
+    # choice's first chunk only
+    st, h, sev = call(srv, "POST", "/v1/completions", dict(req, prompt=["The quick brown fox", "a b"],
+                                                           n=2, return_token_ids=True, stream=True))
+    for c in ri["choices"]:
+        mine = [e["choices"][0] for e in sev if e.get("choices") and e["choices"][0]["index"] == c["index"]]
+        got = [t for x in mine for t in x.get("token_ids", [])]
+        check(st == 200 and got == c["token_ids"], "streamed token_ids add up", c["index"], got, c)
+        heads = [x.get("prompt_token_ids") for x in mine if "prompt_token_ids" in x]
+        check(heads == [c["prompt_token_ids"]] and "prompt_token_ids" in mine[0],
+              "streamed prompt_token_ids once, first", c["index"], heads)
+        check("".join(x["text"] for x in mine) == c["text"], "streamed text with ids", mine, c)
     check("token_ids" not in c1["choices"][0], "no token_ids unless asked", c1)
 
     # ---- chat ----
@@ -174,6 +183,11 @@ try:
     check(len(ri["choices"][0]["token_ids"]) == ri["usage"]["completion_tokens"]
           and back.startswith(ch["choices"][0]["message"]["content"]),
           "chat token_ids: the reply's tokens", ri, back)
+    st, h, sev = call(srv, "POST", "/v1/chat/completions", dict(creq, return_token_ids=True, stream=True))
+    got = [t for e in sev if e.get("choices") for t in e["choices"][0].get("token_ids", [])]
+    check(st == 200 and sev[0].get("prompt_token_ids") == rendered
+          and all("prompt_token_ids" not in e for e in sev[1:]) and got == ri["choices"][0]["token_ids"],
+          "chat streamed ids: the prompt's first, the reply's adding up", sev[:2], got, ri)
     # the same prompt again: all of it but the last token comes from the prefix cache (whole
     # blocks shared, the rest copied from the first run's last block), and usage says so
     n_cached = ch["usage"]["prompt_tokens"] - 1
