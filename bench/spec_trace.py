@@ -1,0 +1,68 @@
+#!/usr/bin/python3
+"""Decode steps of a moed server log written with MOED_SPEC_TRACE=1 (bench_spec.py leaves its
+server's log in /tmp/bench-spec-moed-*.log), summed by kind:
+
+  plain steps of B sequences, by how many steps before the last verifying step was
+  (1-4, 5-16, 17-64, more than 64 or none): median wall ms, mean distinct experts computed,
+  tokens/s over their wall time;
+  verifying steps of B sequences, by drafted tokens: the same, and tokens per step.
+
+What it shows: whether speculation pays per step (a verifying step's tokens/s against plain
+steps'), and what it does to the plain steps around it (desynchronised sequences share fewer
+experts: bench/README.md, "Speculative decoding").
+
+  bench/spec_trace.py /tmp/bench-spec-moed-XXXX.log [--batch 4]
+"""
+
+import argparse
+import re
+import statistics
+
+ap = argparse.ArgumentParser()
+ap.add_argument("log")
+ap.add_argument("--batch", type=int, default=0, help="only steps of this many sequences")
+args = ap.parse_args()
+
+STEP = re.compile(r"spec-step n=(\d+) items=(\d+) out=(\d+) dt=([\d.]+)ms wall=([\d.]+)ms"
+                  r"(?: experts=(\d+))?")
+steps = []
+with open(args.log, errors="replace") as f:
+    for line in f:
+        m = STEP.match(line)
+        if m:
+            steps.append((int(m[1]), int(m[2]), int(m[3]), float(m[5]),
+                          int(m[6]) if m[6] else -1))
+
+
+def since_bucket(d):
+    for hi, name in ((4, "1-4"), (16, "5-16"), (64, "17-64")):
+        if d <= hi:
+            return name
+    return ">64"
+
+
+groups = {}
+last = None
+for i, (n, items, out, wall, experts) in enumerate(steps):
+    verifying = n > items
+    if verifying:
+        last = i
+    if args.batch and items != args.batch:
+        continue
+    if verifying:
+        key = ("verify", items, "drafts %d" % (n - items) if n - items < 10 else "drafts >=10")
+    else:
+        key = ("plain", items, "since " + (since_bucket(i - last) if last is not None else ">64"))
+    groups.setdefault(key, []).append((out, wall, experts))
+
+ORDER = {"since 1-4": 0, "since 5-16": 1, "since 17-64": 2, "since >64": 3}
+print("%-7s %3s %-13s %6s %9s %9s %8s %8s" % ("kind", "B", "group", "steps", "tok/step",
+                                             "wall ms", "experts", "tok/s"))
+for key in sorted(groups, key=lambda k: (k[0], k[1], ORDER.get(k[2], 9), len(k[2]), k[2])):
+    v = groups[key]
+    outs = sum(x[0] for x in v)
+    walls = sum(x[1] for x in v)
+    ex = [x[2] for x in v if x[2] >= 0]
+    print("%-7s %3d %-13s %6d %9.2f %9.2f %8s %8.0f" % (
+        key[0], key[1], key[2], len(v), outs / len(v), statistics.median(x[1] for x in v),
+        "%.2f" % statistics.mean(ex) if ex else "-", 1000 * outs / walls if walls else 0))
