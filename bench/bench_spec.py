@@ -7,7 +7,8 @@ streams, each request choosing its drafter with the "speculative" object, so eve
 runs in the same process; with --llama DIR (llama.cpp's binaries, never part of the project;
 or MOED_LLAMA_CPP) also one llama-server per speculation type (none, ngram-simple, and
 draft-simple with -md DRAFT), started once with -np S and kept for the stream count. The
-configurations alternate within each round (the order rotates round by round), so the
+configurations alternate within each round (the order rotates round by round; the round's
+prompts are put into every server's prefix cache first, so that none prefills in them), so the
 machine's noise hits them alike. Every engine gets the same prompt as token ids (moed's chat
 rendering, /tokenize), at /v1/completions (moed) and /completion (llama-server).
 
@@ -295,6 +296,32 @@ def run(workload, cfg, S, rnd):
     return toks[0] / dt, toks[0] / dc if dc > 0 else 0.0, texts, seqs
 
 
+def warm(workload, S, rnd):
+    """Put the round's prompts into every server's prefix cache (one token each, S at a time):
+    moed's drafters share one server, and the first of them in a round would otherwise
+    prefill what the others find cached (the prompt workload's ~150-token prompts: ratios
+    swung 0.7-1.5x with the order of the configurations); llama-servers alike, so that no
+    engine prefills in the timed runs."""
+    n = S * args.per_stream
+    calls = [lambda ids: moed_complete(ids, "off", 0.0, 0, 1)]
+    for t in (LLAMA_TYPES if args.llama else []):
+        calls.append(lambda ids, srv=llamas[(S, t)]: llama_complete(srv, ids, 0.0, 0, 1))
+    todo = [(i, c) for i in range(n) for c in calls]
+    lock = threading.Lock()
+
+    def worker():
+        while True:
+            with lock:
+                if not todo:
+                    return
+                i, call = todo.pop(0)
+            call(job(workload, i + rnd * n)[0])
+
+    th = [threading.Thread(target=worker) for _ in range(S)]
+    [t.start() for t in th]
+    [t.join() for t in th]
+
+
 # ---- the cost model's bound (moed-bench -v) ----
 
 def step_costs(model, sizes):
@@ -483,6 +510,7 @@ for S in streams:
         for rnd in range(args.rounds):
             order = cfgs[rnd % len(cfgs):] + cfgs[:rnd % len(cfgs)]
             got = {}
+            warm(workload, S, rnd)
             for c in order:
                 if c[0] == "moed":
                     m0 = metrics()
