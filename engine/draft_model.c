@@ -215,9 +215,10 @@ static int run_round(struct md_draft_model *dm, uint32_t n, uint32_t n_seqs)
 		.n_tokens = (int32_t)n, .tokens = dm->tok, .seq = dm->seq, .pos = dm->pos,
 		.want_logits = dm->want,
 	};
-	double t0 = md_spec_ctl_clock();
+	struct md_spec_watch w;
+	md_spec_watch_start(&w, md_forward_pool(dm->fw));
 	int rows = md_forward(dm->fw, &dm->kv, &b, dm->logits);
-	double dt = md_spec_ctl_clock() - t0;
+	double dt = md_spec_watch_read(&w);
 	if (rows >= 0 && n <= 2 * n_seqs) {
 		dm->t_round = dm->rounds ? 0.9 * dm->t_round + 0.1 * dt : dt;
 		dm->rounds++;

@@ -1097,10 +1097,11 @@ static void spec_calibrate(struct md_engine *e)
 			struct md_batch b = { .n_tokens = (int32_t)n, .tokens = tok, .seq = sq,
 					      .pos = pos, .want_logits = want };
 			ok = md_kv_reserve(&e->kv, seq, n) == 0;
-			double t0 = md_spec_ctl_clock();
+			struct md_spec_watch w;
+			md_spec_watch_start(&w, md_forward_pool(e->fw));
 			ok = ok && md_forward(e->fw, &e->kv, &b, e->logits) == (int)n;
 			if (pass)
-				dt[pass - 1][n] = md_spec_ctl_clock() - t0;
+				dt[pass - 1][n] = md_spec_watch_read(&w);
 			md_kv_truncate(&e->kv, seq, 0);
 		}
 		if (ok && pass)
@@ -1236,7 +1237,9 @@ static bool step(struct md_engine *e)
 	for (uint32_t i = 0; i < p->n_items && !e->step_verifies; i++)
 		e->step_verifies = p->items[i].n_draft > 0;
 	e->step_predicted = e->step_verifies && md_self_draft_take_prediction(&e->self);
-	double t0 = md_spec_ctl_clock();
+	struct md_spec_watch watch;
+	md_spec_watch_start(&watch, md_forward_pool(e->fw));
+	double c0 = md_spec_ctl_clock();
 	struct timespec w0;
 	clock_gettime(CLOCK_MONOTONIC, &w0);
 	uint64_t distinct0 = e->moe_distinct;
@@ -1266,7 +1269,7 @@ static bool step(struct md_engine *e)
 	}
 	/* The controller's cost table: forward plus decisions of decode-only steps. */
 	if (p->n_prompt == 0 && p->n_recompute == 0 && n_bad == 0) {
-		double dt = md_spec_ctl_clock() - t0;
+		double dt = md_spec_watch_read(&watch), cpu = md_spec_ctl_clock() - c0;
 		md_spec_ctl_observe(&e->ctl, n, dt);
 		if (e->ctl.trace) {
 			uint32_t out = 0;
@@ -1276,8 +1279,8 @@ static bool step(struct md_engine *e)
 			clock_gettime(CLOCK_MONOTONIC, &w1);
 			double wall = (w1.tv_sec - w0.tv_sec) + (w1.tv_nsec - w0.tv_nsec) * 1e-9;
 			fprintf(stderr, "spec-step n=%u items=%u out=%u dt=%.2fms wall=%.2fms "
-				"experts=%llu\n", n, p->n_items, out, dt * 1e3, wall * 1e3,
-				(unsigned long long)(e->moe_distinct - distinct0));
+				"experts=%llu cpu=%.2fms\n", n, p->n_items, out, dt * 1e3, wall * 1e3,
+				(unsigned long long)(e->moe_distinct - distinct0), cpu * 1e3);
 		}
 	}
 	md_sched_commit(sc, sp->keep);

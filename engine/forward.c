@@ -127,6 +127,11 @@ void md_forward_share_pool(struct md_forward_ctx *f, struct md_forward_ctx *owne
 	f->pool_shared = true;
 }
 
+const struct md_pool *md_forward_pool(const struct md_forward_ctx *f)
+{
+	return f->pool;
+}
+
 void md_forward_free(struct md_forward_ctx *f)
 {
 	if (!f)

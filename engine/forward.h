@@ -39,6 +39,8 @@ void md_forward_free(struct md_forward_ctx *f);
  * freed: two contexts used by one thread in turn (a draft model beside the target) then do not
  * keep two sets of workers spinning against each other. owner must outlive f's use. */
 void md_forward_share_pool(struct md_forward_ctx *f, struct md_forward_ctx *owner);
+/* The thread pool f's batches run on (to time a pass: md_spec_watch). */
+const struct md_pool *md_forward_pool(const struct md_forward_ctx *f);
 
 /* Where routed experts' weights come from (contract in engine/expert_src.h); NULL restores
  * the default, views of the model's tensors. src is borrowed: it must outlive f or be

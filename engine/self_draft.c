@@ -116,11 +116,12 @@ static int run_round(struct md_self_draft *sd, uint32_t n)
 		.n_tokens = (int32_t)n, .tokens = sd->tok, .seq = sd->seq, .pos = sd->pos,
 		.want_logits = sd->want,
 	};
-	double t0 = md_spec_ctl_clock();
+	struct md_spec_watch w;
+	md_spec_watch_start(&w, md_forward_pool(sd->fw));
 	md_forward_set_draft(sd->fw, &sd->mode);
 	int rows = md_forward(sd->fw, sd->kv, &b, sd->logits);
 	md_forward_set_draft(sd->fw, NULL);
-	double dt = md_spec_ctl_clock() - t0;
+	double dt = md_spec_watch_read(&w);
 	sd->t_round = sd->rounds ? 0.9 * sd->t_round + 0.1 * dt : dt;
 	sd->rounds++;
 	return rows < 0 ? rows : (uint32_t)rows == n ? 0 : -EIO;

@@ -1,5 +1,6 @@
 /* The speculation controller (see the DESIGN in spec_ctl.h). */
 #include "engine/spec_ctl.h"
+#include "engine/kern/threadpool.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -83,6 +84,33 @@ double md_spec_ctl_clock(void)
 	struct timespec ts;
 	clock_gettime(wall_clock ? CLOCK_MONOTONIC : CLOCK_PROCESS_CPUTIME_ID, &ts);
 	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int process_cpu = -1; /* $MOED_SPEC_PROCESS_CPU: the process's CPU time (A/B) */
+
+void md_spec_watch_start(struct md_spec_watch *w, const struct md_pool *pool)
+{
+	w->pool = pool;
+	if (process_cpu < 0)
+		process_cpu = getenv("MOED_SPEC_PROCESS_CPU") != NULL;
+	if (wall_clock || process_cpu) {
+		w->n = 0;
+		w->t0[0] = md_spec_ctl_clock();
+		return;
+	}
+	w->n = md_pool_thread_cpu(pool, w->t0, MD_SPEC_WATCH_THREADS);
+}
+
+double md_spec_watch_read(const struct md_spec_watch *w)
+{
+	if (w->n == 0)
+		return md_spec_ctl_clock() - w->t0[0];
+	double now[MD_SPEC_WATCH_THREADS], most = 0;
+	int n = md_pool_thread_cpu(w->pool, now, w->n);
+	for (int i = 0; i < n; i++)
+		if (now[i] - w->t0[i] > most)
+			most = now[i] - w->t0[i];
+	return most;
 }
 
 static double tensor_bytes(const struct md_tensor *t)
@@ -303,8 +331,9 @@ void md_spec_ctl_observe(struct md_spec_ctl *c, uint32_t n, double dt)
 	if (n == 0 || n > MD_SPEC_CTL_MAXN || !(dt > 0))
 		return;
 	/* Each size's time is the mean of its own last MD_SPEC_CTL_WINDOW raw times, those
-	 * beyond 1.5x their median counted as the median (window_mean). The clock is CPU time,
-	 * so other processes sharing the cores do not show in it; frequency and memory
+	 * beyond 1.5x their median counted as the median (window_mean). The clock is a thread's
+	 * CPU time (md_spec_watch), so other processes sharing the cores show in it little;
+	 * frequency and memory
 	 * contention still drift, and a worker preempted mid-step makes the others wait: one
 	 * step at twice the usual time (4 streams of default-1g with the bench's client on the
 	 * same cores: 51 ms among 21-28) moved a running mean of gain 0.2 by a fifth, and while

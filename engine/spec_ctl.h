@@ -25,18 +25,25 @@
  * nearly flat. The controller assumes none of these: it measures the cost of decode-only
  * steps per token count and uses R and straight lines only between and beyond measured sizes.
  *
- * Measuring. The clock is the process's CPU time (md_spec_ctl_clock), not the wall clock:
- * on a machine shared with other processes the wall time of a step varies 2x with what the
- * scheduler does, its CPU time (memory stalls included) with the work. (With the forward pass
- * on a device the work is the device's, so there the clock is the wall clock.) Each size keeps
- * the mean of its last 9 times, an outlier (a preempted step) counted as their median; sizes are compared only while each was measured lately
- * (RECENT_STEPS), and a speculating engine still runs a plain step every REF_STEPS steps, so
- * the two times a decision weighs are never far apart in time. Between measured sizes the
+ * Measuring. A step's cost is its critical path: the CPU seconds of the busiest thread of
+ * the pool over the pass (md_spec_watch), not the wall clock and not the process's CPU time.
+ * On a machine shared with other processes the wall time of a step varies 2x with what the
+ * scheduler does; a thread's CPU clock stops while it is preempted. The process's CPU time
+ * (used before) counts every thread, so it charged a step by how busy it kept the pool, not by
+ * how long it took: at one stream of default-1g a one-token step kept the second thread busy
+ * 28-100 % of the time, a multi-token step all of it, and the CPU-time ratio of 2 tokens to 1
+ * read 2.7 where the wall time's was 1.6-1.9. (With the forward pass on a device the work is
+ * the device's, so there the clock is the wall clock; $MOED_SPEC_PROCESS_CPU brings the
+ * process's CPU time back, for A/B.) Each size keeps the mean of its last 9 times, an outlier
+ * (a preempted step) counted as their median; sizes are compared only while each was
+ * measured lately (RECENT_STEPS), and a speculating engine still runs a plain step every
+ * REF_STEPS steps, so the two times a decision weighs are never far apart in time. Between
+ * measured sizes the
  * time is interpolated linearly in n; beyond the largest it follows the secant over the
  * measured range (linear from zero with one size measured), never less than R's ratio says:
  * the controller does not count on a speedup it has not seen. A draft model adds its rounds'
- * measured CPU time. The engine measures the sizes one sequence needs (1..k+1 tokens) before
- * it serves (md_spec_ctl_calibrate), and a calibrated size not measured lately is estimated
+ * measured critical paths. The engine measures the sizes one sequence needs (1..k+1 tokens)
+ * before it serves (md_spec_ctl_calibrate), and a calibrated size not measured lately is estimated
  * from the calibrated shape scaled by the nearest size measured lately: so a request's first
  * drafts are weighed against known times, not against probes it would pay for.
  *
@@ -97,6 +104,8 @@
 #include "engine/model.h"
 #include "engine/spec.h"
 
+struct md_pool;
+
 #define MD_SPEC_CTL_MAXN 1024 /* token counts measured per step */
 #define MD_SPEC_CTL_WINDOW 9  /* step times per size behind its estimate (odd: a median) */
 #define MD_SPEC_CTL_DRAFTERS 8 /* drafters (enum md_spec_drafter) with engine-wide acceptance */
@@ -149,12 +158,27 @@ void md_spec_ctl_observe(struct md_spec_ctl *c, uint32_t n, double dt);
  * for a size not measured lately itself; only n = 1 is also observed as above (calibration
  * times and serving times are compared only through their ratios). */
 void md_spec_ctl_calibrate(struct md_spec_ctl *c, uint32_t n, double dt);
-/* The clock step costs are measured on: the process's CPU seconds (see DESIGN), or the wall
- * clock after md_spec_ctl_use_wall_clock(true): with the forward pass on a device the host
- * waits for the device, asleep or spinning as the runtime likes, so its CPU time says nothing
- * of the step's cost (the engine turns it on when its forward pass runs on a device). */
+/* The process's CPU seconds, or the wall clock after md_spec_ctl_use_wall_clock(true): with
+ * the forward pass on a device the host waits for the device, asleep or spinning as the
+ * runtime likes, so its CPU time says nothing of the step's cost (the engine turns it on when
+ * its forward pass runs on a device). Passes are timed with md_spec_watch, which follows the
+ * same switch. */
 double md_spec_ctl_clock(void);
 void md_spec_ctl_use_wall_clock(bool on);
+
+/* A pass's cost as the controller counts it: the wall time after md_spec_ctl_use_wall_clock
+ * (true), else the busiest thread of the pool's CPU seconds over the pass (its critical path:
+ * preemption by other processes does not count, and a thread idle for lack of work does not
+ * add to it, as it would to the process's CPU time). Start it and read it on the thread that
+ * runs the pass. */
+#define MD_SPEC_WATCH_THREADS 64
+struct md_spec_watch {
+	const struct md_pool *pool;
+	int n;
+	double t0[MD_SPEC_WATCH_THREADS];
+};
+void md_spec_watch_start(struct md_spec_watch *w, const struct md_pool *pool);
+double md_spec_watch_read(const struct md_spec_watch *w);
 
 /* The acceptance estimate of a sequence's proposal of class ss->cls. */
 double md_spec_ctl_alpha(const struct md_spec_seq *ss);

@@ -43,6 +43,7 @@ static int64_t spin_ns = SPIN_NS;
 struct md_pool {
 	int n;
 	pthread_t *threads; /* owned (n - 1) */
+	clockid_t *clocks;  /* owned (n - 1): the workers' CPU-time clocks */
 	pthread_mutex_t mu;
 	pthread_cond_t cv_work;
 	pthread_cond_t cv_done;
@@ -153,7 +154,10 @@ struct md_pool *md_pool_new(int n_threads)
 	atomic_init(&p->caller_waiting, false);
 	atomic_init(&p->stop, false);
 	p->threads = calloc((size_t)n_threads, sizeof(pthread_t));
-	if (!p->threads) {
+	p->clocks = calloc((size_t)n_threads, sizeof(clockid_t));
+	if (!p->threads || !p->clocks) {
+		free(p->threads);
+		free(p->clocks);
 		free(p);
 		return NULL;
 	}
@@ -172,6 +176,8 @@ struct md_pool *md_pool_new(int n_threads)
 			break;
 		}
 		started++;
+		if (pthread_getcpuclockid(p->threads[i - 1], &p->clocks[i - 1]) != 0)
+			p->clocks[i - 1] = (clockid_t)-1;
 	}
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	if (started != n_threads - 1) {
@@ -196,7 +202,26 @@ void md_pool_free(struct md_pool *p)
 	pthread_cond_destroy(&p->cv_work);
 	pthread_cond_destroy(&p->cv_done);
 	free(p->threads);
+	free(p->clocks);
 	free(p);
+}
+
+static double seconds(clockid_t id)
+{
+	struct timespec ts;
+	if (id == (clockid_t)-1 || clock_gettime(id, &ts) != 0)
+		return 0;
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int md_pool_thread_cpu(const struct md_pool *p, double *out, int max)
+{
+	int n = md_pool_size(p) < max ? md_pool_size(p) : max;
+	if (n > 0)
+		out[0] = seconds(CLOCK_THREAD_CPUTIME_ID);
+	for (int i = 1; i < n; i++)
+		out[i] = seconds(p->clocks[i - 1]);
+	return n;
 }
 
 int md_pool_size(const struct md_pool *p)

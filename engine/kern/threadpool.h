@@ -17,4 +17,11 @@ int md_pool_size(const struct md_pool *p);
  * p may be NULL (runs fn(ctx, 0, 1) inline). */
 void md_pool_run(struct md_pool *p, md_pool_fn fn, void *ctx);
 
+/* The CPU seconds each thread of the pool has run so far, for its first max threads: out[0] the
+ * calling thread's (call it from the thread that runs md_pool_run), out[i] worker i's. Returns
+ * how many were written. A thread's CPU clock stops while it sleeps or is preempted, so the
+ * largest difference over a pass is the pass's critical path: its wall time less what other
+ * processes took from it. */
+int md_pool_thread_cpu(const struct md_pool *p, double *out, int max);
+
 #endif
