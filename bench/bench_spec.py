@@ -32,10 +32,12 @@ a verifying step from /metrics; and the cost-model bound for that acceptance:
     bound = max over k <= L of  (f (1 + a + ... + a^k) + (1 - f)) * t(S)
                                  / (f (t(S + S k) + k r(S)) + (1 - f) t(S))
 
-t(n): the CPU time of a decode step of n tokens (moed-bench -v on the model; n up to S (1 + K)
-with K = --max-k), r(S): one draft round for S sequences (the draft model's t(S) by
-moed-bench -v on it; for self the model's t(S) scaled by the draft pass's bytes over the
-step's, one expert per token; 0 for n-gram lookup), a: the measured acceptance rate, f: the
+t(n): the time of a decode step of n tokens (moed-bench -v on the model, the median wall time:
+it runs before the timed runs, on an otherwise quiet machine, so this is the step's critical
+path, what the controller measures; n = S (1 + k) for k up to K = --max-k, measured for each
+stream count S among its own sizes), r(S): one draft round for S sequences (the draft model's
+t(S) by moed-bench -v on it; for self the model's t(S) scaled by the draft pass's bytes over
+the step's, one expert per token; 0 for n-gram lookup), a: the measured acceptance rate, f: the
 share of the decoding sequence-steps in which the drafter had a proposal and L its mean length
 (/metrics: proposal steps over sequence steps, proposed tokens over proposal steps; a model
 drafter proposes in every step, the n-gram lookup only where it finds a match: most of its
@@ -325,7 +327,10 @@ def warm(workload, S, rnd):
 # ---- the cost model's bound (moed-bench -v) ----
 
 def step_costs(model, sizes):
-    """CPU ms of a decode step of n tokens, for n in sizes (moed-bench -v, -t threads)."""
+    """Wall ms of a decode step of n tokens, for n in sizes (moed-bench -v, -t threads; the
+    process's CPU time, which it prints too, counts a pass by how busy it keeps the pool's
+    threads: 2 tokens against 1 read 2.2x in it and 1.7x in wall time, as the server's steps
+    do)."""
     bench = os.path.join(os.path.dirname(os.path.abspath(args.moed)), "..", "bench", "moed-bench")
     out = subprocess.run([bench, "-m", model, "-t", str(args.threads), "-p", "32", "-n", "3",
                           "-r", "3", "-v", ",".join(str(s) for s in sizes)],
@@ -334,7 +339,7 @@ def step_costs(model, sizes):
     for line in out.splitlines():
         f = [x.strip() for x in line.strip().strip("|").split("|")]
         if len(f) >= 6 and f[0].isdigit():
-            t[int(f[0])] = float(f[4])
+            t[int(f[0])] = float(f[1])
     return t
 
 
@@ -364,7 +369,10 @@ def model_bytes(model):
 costs, draft_costs, self_ratio = {}, {}, 0.0
 if not args.no_bound:
     K = args.max_k
-    costs = step_costs(args.model, sorted({S * (1 + k) for S in streams for k in range(K + 1)}))
+    # per stream count, its own sizes only: measured among sizes up to 272 tokens, the
+    # one-token step read 10.6 ms (CPU) where among 1..17 it reads 8.2, and 2 tokens against
+    # 1 read 1.25x where the server's steps (and moed-bench among 1..17) say 1.7x in wall time
+    costs = {S: step_costs(args.model, [S * (1 + k) for k in range(K + 1)]) for S in streams}
     if args.draft:
         draft_costs = step_costs(args.draft, sorted(set(streams)))
     dense, w_exp, L, n_exp, k_used = model_bytes(args.model)
@@ -375,21 +383,22 @@ if not args.no_bound:
 def bound(S, drafter, a, f=1.0, L=None):
     """The cost model's bound (see the docstring): drafts of k <= L tokens with acceptance a in
     a share f of the steps, plain decode in the others."""
-    if not costs or S not in costs:
+    t = costs.get(S)
+    if not t or S not in t:
         return None
     best = 1.0
     kmax = args.max_k if L is None else max(1, min(args.max_k, int(round(L))))
     for k in range(1, kmax + 1):
         n = S * (1 + k)
-        if n not in costs:
+        if n not in t:
             break
         r = 0.0
         if drafter == "draft":
             r = draft_costs.get(S, 0.0)
         elif drafter == "self":
-            r = costs[S] * self_ratio
+            r = t[S] * self_ratio
         e = sum(a ** j for j in range(k + 1))
-        gain = (f * e + (1 - f)) * costs[S] / (f * (costs[n] + k * r) + (1 - f) * costs[S])
+        gain = (f * e + (1 - f)) * t[S] / (f * (t[n] + k * r) + (1 - f) * t[S])
         best = max(best, gain)
     return best
 
@@ -423,7 +432,7 @@ def ngram_bounds(S, seqs):
     """The n-gram lookup's two bounds from its real proposals (see the docstring): (the best
     fixed drafts per class, the oracle's), each as plain cost over its least cost, or None."""
     K = args.max_k
-    tk = [costs.get(S * (1 + k)) for k in range(K + 1)]
+    tk = [costs.get(S, {}).get(S * (1 + k)) for k in range(K + 1)]
     if not seqs or None in tk:
         return None
     outs = []  # per sequence: [(tokens of the proposal that hold, class or None)]
@@ -476,7 +485,9 @@ print("# model %s%s; %d threads; moed drafters %s%s; %d rounds; max_tokens %d%s;
        args.max_tokens, "; staggered streams" if args.stagger else "",
        " ".join("%.1f" % x for x in os.getloadavg())), flush=True)
 if costs:
-    print("# step CPU ms t(n): " + " ".join("%d:%.1f" % kv for kv in sorted(costs.items())) +
+    print("# step ms t(n), measured per stream count: " +
+          "; ".join(" ".join("%d:%.1f" % kv for kv in sorted(t.items()))
+                    for _, t in sorted(costs.items())) +
           ("; draft t(S): " + " ".join("%d:%.1f" % kv for kv in sorted(draft_costs.items()))
            if draft_costs else "") + ("; self pass / step bytes %.2f" % self_ratio
                                        if self_ratio else ""), flush=True)
