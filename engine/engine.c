@@ -1211,6 +1211,41 @@ static int spec_setup_self(struct md_engine *e)
 	return 0;
 }
 
+/* $MOED_SPEC_TRACE's line per decode step (bench/spec_trace.py reads it): its tokens and
+ * outputs, its cost as the controller counts it, its wall and process CPU time, and the
+ * distinct experts it computed. Read only while tracing. */
+struct step_trace {
+	double cpu0, wall0;
+	uint64_t distinct0;
+};
+
+static double wall_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void step_trace_start(const struct md_engine *e, struct step_trace *t)
+{
+	t->cpu0 = md_spec_ctl_clock();
+	t->wall0 = wall_s();
+	t->distinct0 = e->moe_distinct;
+}
+
+static void step_trace_print(const struct md_engine *e, const struct step_trace *t, uint32_t n,
+			     double dt)
+{
+	const struct md_plan *p = &e->sched.plan;
+	uint32_t out = 0;
+	for (uint32_t i = 0; i < p->n_items; i++)
+		out += e->sp.n_out[i];
+	fprintf(stderr, "spec-step n=%u items=%u out=%u dt=%.2fms wall=%.2fms experts=%llu "
+		"cpu=%.2fms\n", n, p->n_items, out, dt * 1e3, (wall_s() - t->wall0) * 1e3,
+		(unsigned long long)(e->moe_distinct - t->distinct0),
+		(md_spec_ctl_clock() - t->cpu0) * 1e3);
+}
+
 /* One scheduler step. Returns true when it did work. */
 static bool step(struct md_engine *e)
 {
@@ -1239,10 +1274,9 @@ static bool step(struct md_engine *e)
 	e->step_predicted = e->step_verifies && md_self_draft_take_prediction(&e->self);
 	struct md_spec_watch watch;
 	md_spec_watch_start(&watch, md_forward_pool(e->fw));
-	double c0 = md_spec_ctl_clock();
-	struct timespec w0;
-	clock_gettime(CLOCK_MONOTONIC, &w0);
-	uint64_t distinct0 = e->moe_distinct;
+	struct step_trace st = { 0 };
+	if (e->ctl.trace)
+		step_trace_start(e, &st);
 	int rows = md_forward(e->fw, &e->kv, &b, e->logits);
 	e->step_verifies = e->step_predicted = false;
 	if (e->trace)
@@ -1269,19 +1303,10 @@ static bool step(struct md_engine *e)
 	}
 	/* The controller's cost table: forward plus decisions of decode-only steps. */
 	if (p->n_prompt == 0 && p->n_recompute == 0 && n_bad == 0) {
-		double dt = md_spec_watch_read(&watch), cpu = md_spec_ctl_clock() - c0;
+		double dt = md_spec_watch_read(&watch);
 		md_spec_ctl_observe(&e->ctl, n, dt);
-		if (e->ctl.trace) {
-			uint32_t out = 0;
-			for (uint32_t i = 0; i < p->n_items; i++)
-				out += sp->n_out[i];
-			struct timespec w1;
-			clock_gettime(CLOCK_MONOTONIC, &w1);
-			double wall = (w1.tv_sec - w0.tv_sec) + (w1.tv_nsec - w0.tv_nsec) * 1e-9;
-			fprintf(stderr, "spec-step n=%u items=%u out=%u dt=%.2fms wall=%.2fms "
-				"experts=%llu cpu=%.2fms\n", n, p->n_items, out, dt * 1e3, wall * 1e3,
-				(unsigned long long)(e->moe_distinct - distinct0), cpu * 1e3);
-		}
+		if (e->ctl.trace)
+			step_trace_print(e, &st, n, dt);
 	}
 	md_sched_commit(sc, sp->keep);
 	spec_account(e);
