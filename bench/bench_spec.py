@@ -257,6 +257,24 @@ def job(workload, i):
     return prompt_ids[content], temp
 
 
+def in_streams(S, items, fn):
+    """fn(item) for every item, on S threads taking the items in order: S clients."""
+    todo = list(items)
+    lock = threading.Lock()
+
+    def worker():
+        while True:
+            with lock:
+                if not todo:
+                    return
+                item = todo.pop(0)
+            fn(item)
+
+    th = [threading.Thread(target=worker) for _ in range(S)]
+    [t.start() for t in th]
+    [t.join() for t in th]
+
+
 def run(workload, cfg, S, rnd):
     """S streams, per_stream requests each, on one configuration: (tok/s, tokens per
     CPU-second of its server, texts by job index, (prompt ids, output ids) by job index:
@@ -265,34 +283,26 @@ def run(workload, cfg, S, rnd):
     srv = moed if kind == "moed" else llamas[(S, name)]
     n = S * args.per_stream
     ntok = args.loop_tokens if workload == "loop" else args.max_tokens
-    todo = list(range(n))
     texts, seqs, toks = {}, {}, [0]
     lock = threading.Lock()
 
-    def worker():
-        while True:
-            with lock:
-                if not todo:
-                    return
-                i = todo.pop(0)
-            ids, temp = job(workload, i + rnd * n)
-            seed = 1000 + i + rnd * n
-            nt = ntok - i * ntok // S if args.stagger and i < S else ntok
-            if kind == "moed":
-                text, ct, out = moed_complete(ids, name, temp, seed, nt)
-            else:
-                text, ct, out = llama_complete(srv, ids, temp, seed, nt)
-            with lock:
-                texts[i] = text
-                if out:
-                    seqs[i] = (ids, out)
-                toks[0] += ct
+    def one(i):
+        ids, temp = job(workload, i + rnd * n)
+        seed = 1000 + i + rnd * n
+        nt = ntok - i * ntok // S if args.stagger and i < S else ntok
+        if kind == "moed":
+            text, ct, out = moed_complete(ids, name, temp, seed, nt)
+        else:
+            text, ct, out = llama_complete(srv, ids, temp, seed, nt)
+        with lock:
+            texts[i] = text
+            if out:
+                seqs[i] = (ids, out)
+            toks[0] += ct
 
-    th = [threading.Thread(target=worker) for _ in range(S)]
     c0 = srv.cpu()
     t0 = time.perf_counter()
-    [t.start() for t in th]
-    [t.join() for t in th]
+    in_streams(S, range(n), one)
     dt = time.perf_counter() - t0
     dc = srv.cpu() - c0
     return toks[0] / dt, toks[0] / dc if dc > 0 else 0.0, texts, seqs
@@ -308,20 +318,8 @@ def warm(workload, S, rnd):
     calls = [lambda ids: moed_complete(ids, "off", 0.0, 0, 1)]
     for t in (LLAMA_TYPES if args.llama else []):
         calls.append(lambda ids, srv=llamas[(S, t)]: llama_complete(srv, ids, 0.0, 0, 1))
-    todo = [(i, c) for i in range(n) for c in calls]
-    lock = threading.Lock()
-
-    def worker():
-        while True:
-            with lock:
-                if not todo:
-                    return
-                i, call = todo.pop(0)
-            call(job(workload, i + rnd * n)[0])
-
-    th = [threading.Thread(target=worker) for _ in range(S)]
-    [t.start() for t in th]
-    [t.join() for t in th]
+    in_streams(S, [(i, c) for i in range(n) for c in calls],
+               lambda ic: ic[1](job(workload, ic[0] + rnd * n)[0]))
 
 
 # ---- the cost model's bound (moed-bench -v) ----
