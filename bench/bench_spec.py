@@ -405,8 +405,9 @@ def ngram_proposal(toks, K, min_n=2, max_n=4, long_match=32):
     """The n-gram lookup's proposal for the sequence toks and its class (engine/spec.c,
     md_spec_ngram, with the engine's sizes 2..4): after the newest earlier occurrence of its
     last n tokens, what followed, continued as a repeat of period D past the end of toks (K
-    tokens), and 0 (a phrase seen before), 1 (the last D tokens repeat the D before them) or
-    2 (a 32-token agreement); ([], None) where nothing matches."""
+    tokens), and its class: 0, 1, 2 (a phrase seen before, matched on 2, 3 or 4 tokens), 3 (the
+    last D tokens repeat the D before them) or 4 (a 32-token agreement); ([], None) where
+    nothing matches."""
     nt = len(toks)
     for n in range(max_n, min_n - 1, -1):
         if nt < n + 1:
@@ -422,7 +423,7 @@ def ngram_proposal(toks, K, min_n=2, max_n=4, long_match=32):
                 m = n
                 while m < long_match and m < frm and toks[frm - 1 - m] == toks[nt - 1 - m]:
                     m += 1
-                return out, (2 if m >= long_match else 1 if m >= D else 0)
+                return out, (4 if m >= long_match else 3 if m >= D else min(n, 4) - 2)
     return [], None
 
 
@@ -463,10 +464,10 @@ def ngram_bounds(S, seqs):
                 t += tk[k]
                 i += min(a, k) + 1
         return t
-    kc = [0, 0, 0]
+    kc = [0] * 5
     best = walk(kc)
     for _ in range(3):  # coordinate descent over the classes' k
-        for c in range(3):
+        for c in range(5):
             for k in range(K + 1):
                 t = walk(kc[:c] + [k] + kc[c + 1:])
                 if t < best:

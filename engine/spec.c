@@ -113,7 +113,9 @@ uint32_t md_spec_ngram(const int32_t *toks, uint32_t n_toks, uint32_t min_n, uin
 				       toks[from - 1 - m] == toks[n_toks - 1 - m])
 					m++;
 				*cls = m >= MD_SPEC_LONG_MATCH ? MD_SPEC_CLS_LONG
-				     : m >= D ? MD_SPEC_CLS_REPEAT : MD_SPEC_CLS_SHORT;
+				     : m >= D ? MD_SPEC_CLS_REPEAT
+				     : n >= 4 ? MD_SPEC_CLS_SHORT
+				     : n == 3 ? MD_SPEC_CLS_TRIGRAM : MD_SPEC_CLS_BIGRAM;
 			}
 			return max_k;
 		}

@@ -235,9 +235,14 @@ static void case_ngram(void)
 {
 	int32_t t[] = { 1, 2, 3, 4, 9, 9, 1, 2, 3 }, out[8];
 	uint32_t cls = 99;
-	/* "1 2 3" occurred before, followed by 4 9 9 1 ...: a phrase seen once */
+	/* "1 2 3" occurred before, followed by 4 9 9 1 ...: a phrase of 3 tokens seen once */
 	CHECK_EQ_U(md_spec_ngram(t, 9, 2, 4, 3, out, &cls), 3);
+	CHECK_EQ_U(cls, MD_SPEC_CLS_TRIGRAM);
+	/* Matched on 4 tokens: a phrase */
+	int32_t t4[] = { 8, 1, 2, 3, 4, 9, 8, 1, 2, 3 };
+	CHECK_EQ_U(md_spec_ngram(t4, 10, 2, 4, 2, out, &cls), 2);
 	CHECK_EQ_U(cls, MD_SPEC_CLS_SHORT);
+	CHECK_EQ_I(out[0], 4);
 	CHECK_EQ_I(out[0], 4);
 	CHECK_EQ_I(out[1], 9);
 	CHECK_EQ_I(out[2], 9);
@@ -245,7 +250,7 @@ static void case_ngram(void)
 	 * last 3 tokens (the occurrence's distance), as a loop would. */
 	int32_t u[] = { 5, 6, 7, 5, 6, 8, 5, 6 };
 	CHECK_EQ_U(md_spec_ngram(u, 8, 2, 4, 5, out, &cls), 5);
-	CHECK_EQ_U(cls, MD_SPEC_CLS_SHORT); /* "5 6" agrees, "7" against "8" does not */
+	CHECK_EQ_U(cls, MD_SPEC_CLS_BIGRAM); /* "5 6" agrees, "7" against "8" does not */
 	CHECK_EQ_I(out[0], 8);
 	CHECK_EQ_I(out[1], 5);
 	CHECK_EQ_I(out[2], 6);
@@ -271,7 +276,7 @@ static void case_ngram(void)
 	CHECK_EQ_U(md_spec_ngram(lp, 48, 2, 4, 4, out, &cls), 4);
 	CHECK_EQ_U(cls, MD_SPEC_CLS_LONG);
 	CHECK_EQ_U(md_spec_ngram(lp, 10, 2, 4, 4, out, &cls), 4);
-	CHECK_EQ_U(cls, MD_SPEC_CLS_SHORT); /* "104 102" seen, the period not yet repeated */
+	CHECK_EQ_U(cls, MD_SPEC_CLS_BIGRAM); /* "104 102" seen, the period not yet repeated */
 	CHECK_EQ_I(md_spec_drafter_parse("ngram"), MD_SPEC_NGRAM);
 	CHECK_EQ_I(md_spec_drafter_parse("draft"), MD_SPEC_DRAFT);
 	CHECK_EQ_I(md_spec_drafter_parse("off"), MD_SPEC_OFF);

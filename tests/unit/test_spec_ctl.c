@@ -281,6 +281,7 @@ int main(void)
 		hold_shadow(&c, sh, MD_SPEC_CLS_SHORT);
 		CHECK(sh->n_shadow == 0);
 	}
+	sh->cls = MD_SPEC_CLS_SHORT;
 	CHECK_CONTEXT("alpha after holding shadows: %.3f", md_spec_ctl_alpha(sh));
 	CHECK(md_spec_ctl_alpha(sh) > 0.97);
 	for (int p = 0; p < 30; p++) {
