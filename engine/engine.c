@@ -873,6 +873,14 @@ static uint32_t spec_room(const struct md_engine *e, const struct md_seq *s)
 	return k < left ? k : left;
 }
 
+/* The wall clock in seconds (the step trace's). */
+static double wall_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 /* Before the plan: the n-gram proposals, the controller's k for every decoding sequence with
  * a drafter (engine/spec_ctl.h), then the draft model's rounds. */
 static void spec_propose(struct md_engine *e)
@@ -954,7 +962,15 @@ static void spec_propose(struct md_engine *e)
 		}
 	}
 	if (nd > 0) {
+		/* traced: the draft model's rounds and the catch-up rows of the first sequence */
+		double tw0 = e->ctl.trace ? wall_s() : 0;
+		uint32_t seen0 = e->dseq[0]->spec->n_dkv;
 		int rc = md_draft_propose(&e->draft, e->dseq, e->dk, nd);
+		if (e->ctl.trace)
+			fprintf(stderr, "spec-draft seqs=%u k0=%u caught_up=%d wall=%.2fms "
+				"charged_catchup=%.2fms t_round=%.2fms\n", nd, e->dk[0],
+				(int)e->dseq[0]->spec->n_dkv - (int)seen0, (wall_s() - tw0) * 1e3,
+				e->dseq[0]->spec->catchup * 1e3, e->draft.t_round * 1e3);
 		if (rc)
 			md_log(MD_LOG_WARN, "draft model step failed (%d): no drafts this step", rc);
 		for (uint32_t i = 0; i < nd; i++)
@@ -1050,11 +1066,22 @@ static void spec_release(struct md_engine *e)
  * already known instead of probes that cost it the steps it would gain (requests are short:
  * a probe's cold first step of a size cost 2x its later ones). A warm-up step first, then
  * every size 1..k+1 up to CAL_PASSES times (each size's median), on a scratch sequence of a
- * sentence's tokens (the forward's routing observer is detached: the scheduler and metrics
+ * text's tokens (the forward's routing observer is detached: the scheduler and metrics
  * never see these steps). Not with an expert store (the steps would fetch experts no request
- * asked for) nor while tracing routes. */
+ * asked for) nor while tracing routes.
+ *
+ * The steps verify what a served one does: tokens of running text after CAL_CTX tokens of
+ * context, each pass at another place in the text. The first version timed the text's first
+ * tokens at positions 0..n-1, the same ones every pass: on default-1g those routed to fewer
+ * distinct experts than verified text does, and 2 tokens cost 1.30-1.35x one token in it,
+ * where served steps (and moed-bench -v, context 32) cost 1.7-1.8x. Wherever a size had not
+ * been measured lately the controller fell back on that shape, drafted at an acceptance of
+ * 0.5-0.67, and lost: the draft model ran at 0.93-0.96x plain decode on workloads where it
+ * cannot pay (bench/README.md). */
 #define CAL_PASSES 5     /* timed passes over the sizes, after a warm-up step */
 #define CAL_BUDGET_S 2.0 /* CPU seconds: fewer passes where steps are slow */
+#define CAL_CTX 16       /* context before the timed steps */
+#define CAL_SHIFT 5      /* tokens the text moves on between passes */
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -1062,30 +1089,53 @@ static int cmp_double(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
+/* One forward pass of tokens ids[0..n) at positions p0.. of seq; its critical path in *dt
+ * when dt is not NULL. Returns whether it ran. */
+static bool cal_pass(struct md_engine *e, int seq, const int32_t *ids, uint32_t n, uint32_t p0,
+		     double *dt)
+{
+	int32_t sq[MD_SPEC_MAX_K + CAL_CTX + 1], pos[MD_SPEC_MAX_K + CAL_CTX + 1];
+	bool want[MD_SPEC_MAX_K + CAL_CTX + 1];
+	for (uint32_t i = 0; i < n; i++) {
+		sq[i] = seq;
+		pos[i] = (int32_t)(p0 + i);
+		want[i] = dt != NULL || i + 1 == n; /* a verification wants every row's logits */
+	}
+	struct md_batch b = { .n_tokens = (int32_t)n, .tokens = (int32_t *)ids, .seq = sq,
+			      .pos = pos, .want_logits = want };
+	if (md_kv_reserve(&e->kv, seq, p0 + n) != 0)
+		return false;
+	struct md_spec_watch w;
+	md_spec_watch_start(&w, md_forward_pool(e->fw));
+	if (md_forward(e->fw, &e->kv, &b, e->logits) != (dt ? (int)n : 1))
+		return false;
+	if (dt)
+		*dt = md_spec_watch_read(&w);
+	return true;
+}
+
 static void spec_calibrate(struct md_engine *e)
 {
 	const uint32_t n_max = e->sp.k + 1;
 	if (e->cfg.spec_fixed || e->store || e->trace || n_max > e->cfg.step_tokens ||
-	    n_max > e->max_logits)
+	    n_max > e->max_logits || CAL_CTX > e->cfg.step_tokens)
 		return;
 	int seq = md_kv_seq_new(&e->kv);
 	if (seq < 0)
 		return;
-	int32_t tok[MD_SPEC_MAX_K + 1], sq[MD_SPEC_MAX_K + 1], pos[MD_SPEC_MAX_K + 1];
-	bool want[MD_SPEC_MAX_K + 1];
 	/* Text, not ids spread over the vocabulary: on default-1g such ids made a 2-token step
-	 * cost 1.84x a 1-token one, where moed-bench measures 1.42-1.55x (they route to more
-	 * distinct experts than verification steps do, presumably). */
-	static const char text[] = "The river ran past the old mill, and the children of the "
-				   "village went down to the water every morning of the summer.";
+	 * cost 1.84x a 1-token one (they route to more distinct experts than text does). */
+	static const char text[] =
+		"The river ran past the old mill, and the children of the village went down to "
+		"the water every morning of the summer. Their mothers called them home at noon, "
+		"but the boys stayed by the stones until the sun was low and the fish came up to "
+		"feed in the shallows under the bridge.";
+	const uint32_t need = CAL_CTX + n_max + CAL_PASSES * CAL_SHIFT;
+	int32_t tok[MD_SPEC_MAX_K + CAL_CTX + 1 + CAL_PASSES * CAL_SHIFT];
 	int32_t *ids = NULL;
 	int n_ids = md_engine_tokenize(e, text, sizeof(text) - 1, false, false, &ids);
-	for (uint32_t i = 0; i < n_max; i++) {
+	for (uint32_t i = 0; i < need; i++)
 		tok[i] = n_ids > 0 ? ids[i % (uint32_t)n_ids] : (int32_t)((i * 7919u + 101u) % e->n_vocab);
-		sq[i] = seq;
-		pos[i] = (int32_t)i;
-		want[i] = true;
-	}
 	md_forward_set_route_cb(e->fw, NULL, NULL);
 	md_forward_set_pregate_cb(e->fw, NULL, NULL);
 	double t_all = md_spec_ctl_clock();
@@ -1093,16 +1143,17 @@ static void spec_calibrate(struct md_engine *e)
 	uint32_t passes = 0;
 	bool ok = true;
 	for (uint32_t pass = 0; pass <= CAL_PASSES && ok; pass++) {
+		/* pass 0 warms up (the largest size once); pass p times every size at the
+		 * text's place (p - 1) * CAL_SHIFT */
+		const int32_t *at = tok + (pass ? (pass - 1) * CAL_SHIFT : 0);
+		md_kv_truncate(&e->kv, seq, 0);
+		ok = cal_pass(e, seq, at, CAL_CTX - 1, 0, NULL);
 		for (uint32_t n = pass ? 1 : n_max; n <= n_max && ok; n++) {
-			struct md_batch b = { .n_tokens = (int32_t)n, .tokens = tok, .seq = sq,
-					      .pos = pos, .want_logits = want };
-			ok = md_kv_reserve(&e->kv, seq, n) == 0;
-			struct md_spec_watch w;
-			md_spec_watch_start(&w, md_forward_pool(e->fw));
-			ok = ok && md_forward(e->fw, &e->kv, &b, e->logits) == (int)n;
-			if (pass)
-				dt[pass - 1][n] = md_spec_watch_read(&w);
-			md_kv_truncate(&e->kv, seq, 0);
+			/* after a plain step, as in serving: a step after a large one finds less of
+			 * the dense weights in the cache (one token: 4.2-4.5 ms against 3.5 served) */
+			ok = cal_pass(e, seq, at + CAL_CTX - 1, 1, CAL_CTX - 1, NULL) &&
+			     cal_pass(e, seq, at + CAL_CTX, n, CAL_CTX, pass ? &dt[pass - 1][n] : NULL);
+			md_kv_truncate(&e->kv, seq, CAL_CTX - 1);
 		}
 		if (ok && pass)
 			passes = pass;
@@ -1127,8 +1178,9 @@ static void spec_calibrate(struct md_engine *e)
 		md_forward_set_pregate_cb(e->fw, on_pregate, e);
 	if (e->cfg.progress && ok)
 		md_log(MD_LOG_INFO, "speculation: step costs of 1..%u tokens measured in %.0f ms "
-		       "(1: %.2f ms, %u: %.2f ms)", n_max, (md_spec_ctl_clock() - t_all) * 1e3,
-		       md_spec_ctl_cost(&e->ctl, 1) * 1e3, n_max, md_spec_ctl_cost(&e->ctl, n_max) * 1e3);
+		       "(1: %.2f ms, 2: %.2f ms, %u: %.2f ms)", n_max,
+		       (md_spec_ctl_clock() - t_all) * 1e3, md_spec_ctl_cost(&e->ctl, 1) * 1e3,
+		       md_spec_ctl_cost(&e->ctl, 2) * 1e3, n_max, md_spec_ctl_cost(&e->ctl, n_max) * 1e3);
 }
 
 /* The draft model, when configured (after the forward context exists: it shares its pool). */
@@ -1218,13 +1270,6 @@ struct step_trace {
 	double cpu0, wall0;
 	uint64_t distinct0;
 };
-
-static double wall_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void step_trace_start(const struct md_engine *e, struct step_trace *t)
 {
