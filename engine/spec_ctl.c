@@ -38,7 +38,11 @@
  * again from one: a wrong guess costs the length of the last run that held, at most. */
 #define PROBE_GROW 2
 /* What such probes cost is bounded engine-wide: each step earns PROBE_SHARE of its time as
- * credit (up to PROBE_CREDIT_MAX plain steps, which is also what the engine starts with, so
+ * credit, times the share of its sequences whose drafter is probed (a step of plain decode
+ * earns none: a server alternating drafters, as bench_spec.py does, had its draft-model
+ * requests spend the credit the others' steps had filled, 3% of a 64-token round's time at
+ * one stream, and the draft model and self-speculation fell to 0.92-0.96x plain decode
+ * where nothing could pay), up to PROBE_CREDIT_MAX plain steps, which is also what the engine starts with, so
  * that its first probes need not wait for it), and a probe is sent only when the credit covers
  * its estimate: what its drafts add to the step's time, its draft rounds, and the draft's
  * catch-up on the tokens it missed (md_spec_seq.catchup: the prompt at a request's first
@@ -562,8 +566,10 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 				order[a] = order[b];
 				order[b] = t;
 			}
+	uint32_t n_probing = 0; /* sequences whose drafter is probed (no shadow) */
 	for (uint32_t i = 0; i < n; i++) {
 		room[i < 256 ? i : 255] = i < 256 ? k[i] : 0;
+		n_probing += k[i] > 0 && !is_free(ss[i]);
 		k[i] = 0;
 	}
 	/* Nothing measured yet: plain steps first (they measure C(B)). */
@@ -574,7 +580,9 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 		c->probe_credit = PROBE_CREDIT_MAX * plain;
 		c->credit_open = true;
 	}
-	c->probe_credit += PROBE_SHARE * plain;
+	/* Earned by the sequences that may be probed, in proportion to their share of the step:
+	 * a step of plain or n-gram sequences earns nothing for the draft model's probes. */
+	c->probe_credit += PROBE_SHARE * plain * n_probing / (B ? B : 1);
 	if (c->probe_credit > PROBE_CREDIT_MAX * plain)
 		c->probe_credit = PROBE_CREDIT_MAX * plain;
 	/* Grow the plan sequence by sequence while the step's rate rises, every size charged
@@ -666,6 +674,13 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 				 * may change), and not at all where no acceptance could pay. */
 				if (!could_pay(c, ALPHA_MAX, room[i], false, B, tr, plain))
 					continue;
+				/* A new sequence waits that long for its first probe too: a probe
+				 * at a request's first step pays the draft's catch-up on the whole
+				 * prompt (default-1g's draft: 19 rows, 4-7 ms, 1.5 plain steps), and
+				 * one per 64-token request cost the draft model 3-4% of plain decode
+				 * where its engine-wide acceptance (0.45) says it cannot pay. */
+				if (s->drafted == 0 && s->probe_gap == 0)
+					s->probe_wait = PROBE_MAX * PROBE_COSTLY / 2;
 				s->probe_gap = PROBE_MAX * PROBE_COSTLY / 2;
 				if (s->probe_wait > PROBE_MAX * PROBE_COSTLY)
 					s->probe_wait = PROBE_MAX * PROBE_COSTLY;
