@@ -9,6 +9,8 @@ n-gram drafts could be.
 
   bench/bench_spec_pairs.py build/server/moed bench/models/default-1g.gguf \\
       --refs "John 1,Psalms 23,Genesis 1" --tokens 256 --rounds 3 --configs off,ngram
+  bench/bench_spec_pairs.py build/server/moed bench/models/default-1g.gguf \\
+      --draft bench/models/default-1g-draft.gguf --configs off,draft --tokens 64
 
 Printed per reference: the share of the output in its final loop, the second configuration's
 tok/s over the first's per round and their median; then the median over every pair, and the
@@ -36,6 +38,7 @@ ap.add_argument("--tokens", type=int, default=256)
 ap.add_argument("--rounds", type=int, default=3)
 ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--configs", default="off,ngram", help="two drafters, comma-separated")
+ap.add_argument("--draft", help="a draft model (--draft-model), for the drafter draft")
 args = ap.parse_args()
 cfgs = args.configs.split(",")
 if len(cfgs) != 2:
@@ -48,7 +51,8 @@ port = s.getsockname()[1]
 s.close()
 log = tempfile.TemporaryFile("w+")
 srv = subprocess.Popen([args.moed, "-m", args.model, "--port", str(port), "--threads",
-                        str(args.threads), "--ctx-size", str(max(1024, 2 * args.tokens))],
+                        str(args.threads), "--ctx-size", str(max(1024, 2 * args.tokens))] +
+                       (["--draft-model", args.draft] if args.draft else []),
                        stdout=log, stderr=subprocess.STDOUT)
 
 
