@@ -1075,9 +1075,9 @@ static void spec_release(struct md_engine *e)
  * tokens at positions 0..n-1, the same ones every pass: on default-1g those routed to fewer
  * distinct experts than verified text does, and 2 tokens cost 1.30-1.35x one token in it,
  * where served steps (and moed-bench -v, context 32) cost 1.7-1.8x. Wherever a size had not
- * been measured lately the controller fell back on that shape, drafted at an acceptance of
- * 0.5-0.67, and lost: the draft model ran at 0.93-0.96x plain decode on workloads where it
- * cannot pay (bench/README.md). */
+ * been measured lately the controller fell back on that shape and drafted at an acceptance
+ * of 0.5-0.67, which loses (traced with the draft model, which runs at 0.92-0.98x plain
+ * decode where it cannot pay; bench/README.md). */
 #define CAL_PASSES 5     /* timed passes over the sizes, after a warm-up step */
 #define CAL_BUDGET_S 2.0 /* CPU seconds: fewer passes where steps are slow */
 #define CAL_CTX 16       /* context before the timed steps */

@@ -39,11 +39,10 @@
 #define PROBE_GROW 2
 /* What such probes cost is bounded engine-wide: each step earns PROBE_SHARE of its time as
  * credit, times the share of its sequences whose drafter is probed (a step of plain decode
- * earns none: a server alternating drafters, as bench_spec.py does, had its draft-model
- * requests spend the credit the others' steps had filled, 3% of a 64-token round's time at
- * one stream, and the draft model and self-speculation fell to 0.92-0.96x plain decode
- * where nothing could pay), up to PROBE_CREDIT_MAX plain steps, which is also what the engine starts with, so
- * that its first probes need not wait for it), and a probe is sent only when the credit covers
+ * earns none: in a server alternating drafters, as bench_spec.py runs it, the draft model's
+ * requests spent the credit the others' steps had filled, more than PROBE_SHARE of their
+ * own time), up to PROBE_CREDIT_MAX plain steps, which is also what the engine starts with,
+ * so that its first probes need not wait for it), and a probe is sent only when the credit covers
  * its estimate: what its drafts add to the step's time, its draft rounds, and the draft's
  * catch-up on the tokens it missed (md_spec_seq.catchup: the prompt at a request's first
  * probe, the plain steps' tokens since; a plain step's share per sequence when not known).
