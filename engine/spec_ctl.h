@@ -88,9 +88,12 @@
  * size, or twice the drafts of its last probe when every one of those held (PROBE_GROW in
  * spec_ctl.c), after probe_gap steps (doubling while probes do not lead to speculation), while it
  * could pay with an optimistic acceptance (its estimate plus 1.5 standard deviations), else
- * only at the longest gap, and never where no acceptance could pay; and only while an
- * engine-wide credit of 2% of the steps' time covers it (its accepted drafts refunded), so
- * probing a drafter that never pays costs at most that. While speculating, every
+ * only at the longest gap (a new sequence's first probe too), and never where no acceptance
+ * could pay; only where its cost (the draft's catch-up included) could be saved over the
+ * tokens the request may still generate, were the drafter as good as that optimistic
+ * acceptance; and only while an engine-wide credit of 2% of the time of the steps of such
+ * sequences covers it (its accepted drafts refunded), so probing a drafter that never pays
+ * costs at most that. While speculating, every
  * 8th step of a sequence adds one draft when the next size is not measured well (and every
  * 32nd anyway), which is how k grows where verification is cheap, and sequences left out of
  * a speculating step are probed now and then. tests/unit/test_spec_ctl.c runs it on simulated
