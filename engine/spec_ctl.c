@@ -668,10 +668,14 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 			 * drafting could pay with a good acceptance at all; the gap doubles while
 			 * probes do not lead to speculation. */
 			const double tr = t_round_of[drafter_of(s)];
-			if (!could_pay(c, alpha_ucb(s), room[i], false, B, tr, plain)) {
+			/* the acceptance the probe hopes for: what this sequence has shown, at
+			 * its upper estimate, or for the rare re-check the most any drafter gets */
+			double hope = alpha_ucb(s);
+			if (!could_pay(c, hope, room[i], false, B, tr, plain)) {
 				/* Not by what this sequence has shown: only the rare re-check (its text
 				 * may change), and not at all where no acceptance could pay. */
-				if (!could_pay(c, ALPHA_MAX, room[i], false, B, tr, plain))
+				hope = ALPHA_MAX;
+				if (!could_pay(c, hope, room[i], false, B, tr, plain))
 					continue;
 				/* A new sequence waits that long for its first probe too: a probe
 				 * at a request's first step pays the draft's catch-up on the whole
@@ -720,14 +724,14 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 				/* A probe dearer than the most credit can hold (a long prompt to
 				 * catch up on) goes only with the credit full, and leaves it in debt. */
 				/* Nor a probe that could not pay for itself even if the drafter
-				 * turned out as good as hoped (alpha_ucb): over the tokens the request
+				 * turned out as good as hoped (hope): over the tokens the request
 				 * may still generate, each a sequence's share of a plain step made
 				 * cheaper by the best gain that acceptance allows. A catch-up grows
 				 * while the draft waits and the horizon shrinks: at 3 streams of
 				 * default-1g, probes 40-60 tokens into 64-token requests caught up on
 				 * 100 rows (28-37 ms) to save at most ~15 ms. */
 				uint32_t top;
-				double g = best_rate(c, alpha_ucb(s), room[i], B, tr, &top) * plain / B - 1;
+				double g = best_rate(c, hope, room[i], B, tr, &top) * plain / B - 1;
 				double h = s->horizon ? s->horizon : CATCHUP_STEPS;
 				if (!(g > 0) || est > h * plain / B * g / (1 + g)) {
 					s->probe_wait = s->probe_gap;
