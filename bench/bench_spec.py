@@ -57,6 +57,13 @@ t(S) / S per token. Over the n tokens of every output:
     oracle = plain time / the least time of an oracle that knows h at every position and
              drafts exactly what holds, where it pays (dynamic programming): what no
              controller of these proposals can beat
+    alone  = the bound again, with each sequence drafting alone in its step, the others
+             plain: k drafts cost the step's growth t(S + k) - t(S) (t linear in n between
+             the measured sizes), where "bound" charges t(S (1 + k)) / S. A step's time
+             grows less per token the more tokens it has (they share experts), so drafts
+             that come together cost each sequence less than drafts that come alone; with
+             staggered streams the lookup's proposals come at each sequence's own times.
+             At S = 1 the two are the same.
 
 (medians over rounds). Greedy
 outputs (and seeded n-gram ones) are checked equal to plain decode's. --svg FILE draws tok/s
@@ -434,6 +441,17 @@ def ngram_bounds(S, seqs):
     tk = [costs.get(S, {}).get(S * (1 + k)) for k in range(K + 1)]
     if not seqs or None in tk:
         return None
+    # alone: one sequence drafting in a step of S (the others plain), charged the step's
+    # growth t(S + k) - t(S) for its k drafts, t between measured sizes linear in n
+    ts = costs[S]
+    sizes = sorted(ts)
+
+    def t_at(n):
+        for a, b in zip(sizes, sizes[1:]):
+            if a <= n <= b:
+                return ts[a] + (ts[b] - ts[a]) * (n - a) / (b - a)
+        return ts[sizes[-1]]
+    tk_alone = [tk[0] + S * (t_at(S + k) - tk[0]) for k in range(K + 1)]
     outs = []  # per sequence: [(tokens of the proposal that hold, class or None)]
     plain = oracle = 0.0
     for prompt, out in seqs.values():
@@ -454,7 +472,7 @@ def ngram_bounds(S, seqs):
         plain += n * tk[0]
         oracle += C[0]
 
-    def walk(kc):
+    def walk(kc, tk):
         t = 0.0
         for pos in outs:
             i = 0
@@ -464,15 +482,18 @@ def ngram_bounds(S, seqs):
                 t += tk[k]
                 i += min(a, k) + 1
         return t
-    kc = [0] * 5
-    best = walk(kc)
-    for _ in range(3):  # coordinate descent over the classes' k
-        for c in range(5):
-            for k in range(K + 1):
-                t = walk(kc[:c] + [k] + kc[c + 1:])
-                if t < best:
-                    best, kc = t, kc[:c] + [k] + kc[c + 1:]
-    return plain / best, plain / oracle
+
+    def fixed(tk):
+        kc = [0] * 5
+        best = walk(kc, tk)
+        for _ in range(3):  # coordinate descent over the classes' k
+            for c in range(5):
+                for k in range(K + 1):
+                    t = walk(kc[:c] + [k] + kc[c + 1:], tk)
+                    if t < best:
+                        best, kc = t, kc[:c] + [k] + kc[c + 1:]
+        return best
+    return plain / fixed(tk), plain / oracle, plain / fixed(tk_alone)
 
 
 # ---- the runs ----
@@ -490,9 +511,9 @@ if costs:
           ("; draft t(S): " + " ".join("%d:%.1f" % kv for kv in sorted(draft_costs.items()))
            if draft_costs else "") + ("; self pass / step bytes %.2f" % self_ratio
                                        if self_ratio else ""), flush=True)
-print("%-7s %3s %-18s %8s %7s %7s %7s %8s %8s %5s %7s %7s  %s" % (
+print("%-7s %3s %-18s %8s %7s %7s %7s %8s %8s %5s %7s %7s %7s  %s" % (
     "work", "S", "config", "tok/s", "x plain", "x CPU", "accept", "mean len", "experts", "prop",
-    "bound", "oracle", "per-round tok/s"), flush=True)
+    "bound", "oracle", "alone", "per-round tok/s"), flush=True)
 results = {}  # (workload, S, config name) -> median tok/s
 mismatch = 0
 llamas = {}
@@ -556,18 +577,20 @@ for S in streams:
             f = ps / sq if sq else None
             b = (bound(S, c[1], a, f if f is not None else 1.0, pt / ps if ps else None)
                  if c[0] == "moed" and c[1] not in ("off", "ngram") else None)
-            orc = None
+            orc = alone = None
             if c == ("moed", "ngram") and oracles:
                 b = statistics.median(x[0] for x in oracles)
                 orc = statistics.median(x[1] for x in oracles)
+                alone = statistics.median(x[2] for x in oracles)
             med = statistics.median(rates[c])
             results[(workload, S, "%s %s" % c)] = med
-            print("%-7s %3d %-18s %8.1f %7.2f %7.2f %7s %8s %8s %5s %7s %7s  %s" % (
+            print("%-7s %3d %-18s %8.1f %7.2f %7.2f %7s %8s %8s %5s %7s %7s %7s  %s" % (
                 workload, S, "%s %s" % c, med, statistics.median(ratios[c]),
                 statistics.median(cratios[c]), "%.2f" % a if dr else "-",
                 "%.2f" % (em / vs) if vs else "-", "%.2f" % (di / lp) if lp else "-",
                 "%.2f" % f if f is not None and c[1] != "off" else "-",
                 "%.2f" % b if b else "-", "%.2f" % orc if orc else "-",
+                "%.2f" % alone if alone else "-",
                 " ".join("%.1f" % x for x in rates[c])), flush=True)
     for t in LLAMA_TYPES if args.llama else []:
         llamas[(S, t)].stop()
