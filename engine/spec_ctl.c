@@ -455,6 +455,9 @@ void md_spec_ctl_feedback(struct md_spec_ctl *c, struct md_spec_seq *ss, uint32_
 	if (cls >= MD_SPEC_CLASSES)
 		cls = 0;
 	judge(ss, cls, ok, trials, decay);
+	if (c->trace)
+		fprintf(stderr, "spec-judge cls=%u ok=%.0f trials=%.0f verify=%d\n", cls, ok, trials,
+			n_draft > 0);
 	if (ss->drafter < MD_SPEC_CTL_DRAFTERS) {
 		double *gw = &c->g_acc_w[ss->drafter][cls], *gn = &c->g_acc_n[ss->drafter][cls];
 		*gw = *gw * GLOBAL_DECAY + ok;
@@ -778,9 +781,10 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 	c->spec_steps += spec;
 	if (c->trace) {
 		fprintf(stderr, "spec-ctl B=%u plain=%.2fms spec=%d extra=%u gain=%.2f cost_hi=%.2fms "
-			"rvar=%.3f k0=%u alpha0=%.2f room0=%u hi+1=%.2fms hi+4=%.2fms\n", B,
+			"rvar=%.3f k0=%u cls0=%u alpha0=%.2f room0=%u hi+1=%.2fms hi+4=%.2fms\n", B,
 			plain * 1e3, spec, extra, gain, md_spec_ctl_cost_hi(c, B + extra) * 1e3, c->rvar,
-			m ? k[order[0]] : 0, m ? md_spec_ctl_alpha(ss[order[0]]) : 0,
+			m ? k[order[0]] : 0, m ? ss[order[0]]->cls : 0,
+			m ? md_spec_ctl_alpha(ss[order[0]]) : 0,
 			m ? room[order[0]] : 0, md_spec_ctl_cost_hi(c, B + 1) * 1e3,
 			md_spec_ctl_cost_hi(c, B + 4) * 1e3);
 		if (c->chosen_steps % 100 == 0)

@@ -116,7 +116,8 @@ struct md_pool;
 
 struct md_spec_ctl {
 	bool fixed;                       /* always draft the most (tests; $MOED_SPEC_FIXED) */
-	bool trace;                       /* $MOED_SPEC_TRACE: each decision on stderr */
+	bool trace;                       /* $MOED_SPEC_TRACE: each decision (spec-ctl) and each
+					     judgement of acceptance (spec-judge) on stderr */
 	bool one_class;                   /* $MOED_SPEC_ONE_CLASS: n-gram proposals all class 0 */
 	double w_dense, w_expert;         /* bytes (see DESIGN) */
 	uint32_t n_moe_layers, n_expert, n_used;
