@@ -16,6 +16,7 @@
 
 #include <math.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/kern/cpu.h"
@@ -127,6 +128,26 @@ static int64_t count_items(const struct md_mat *w, int nw, int64_t ir, int64_t *
 	return n;
 }
 
+/* Whether a single pass over the rows (decode) fetches each row PF_BYTES ahead in software
+ * ($MOED_ROW_PREFETCH=1; off by default). It was added where the hardware prefetchers
+ * stopped at 4 KiB pages, a row or two here. On this project's Zen 5, with the model's
+ * mapping backed by huge pages, the burst of prefetches per row costs more than it hides:
+ * default-1g (q8_0) decodes 285-296 tok/s without it against 258-265 with it, in alternating
+ * pairs of moed-bench tg64 (bench/README.md, "Dot kernels per weight type"). Read once;
+ * the pool's threads race only to store the same value. */
+static atomic_int row_prefetch = -1;
+
+static bool row_prefetch_on(void)
+{
+	int v = atomic_load_explicit(&row_prefetch, memory_order_relaxed);
+	if (v < 0) {
+		const char *s = getenv("MOED_ROW_PREFETCH");
+		v = s && *s && strcmp(s, "0") != 0;
+		atomic_store_explicit(&row_prefetch, v, memory_order_relaxed);
+	}
+	return v;
+}
+
 /* Rows r0 .. r0+nr-1 of w for n_tok activation rows at act (stride as), into y (n_tok rows of
  * w->n_out floats). The first n_lanes * MD_KERN_LANES tokens (at most n_tok) may come packed
  * in lanes (kern.h) at lanes, groups lstride bytes apart: those go through the type's lanes
@@ -139,6 +160,7 @@ static void kern_rows(const struct md_kern *k, const struct md_mat *w, int64_t r
 	const md_gemm_fn gemm = k->gemm[w->type];
 	const uint8_t *wd = (const uint8_t *)w->data;
 	const int64_t pf = (int64_t)((PF_BYTES + w->nb1 - 1) / w->nb1);
+	const bool pf_on = row_prefetch_on();
 	if (gemm && n_tok > k->gemm_nt) {
 		/* Several token tiles: the kernel walks them over this L2-sized chunk. */
 		gemm(w->n_in, wd + (size_t)r0 * w->nb1, w->nb1, (int)nr, act, as, n_tok, y + r0,
@@ -179,10 +201,9 @@ static void kern_rows(const struct md_kern *k, const struct md_mat *w, int64_t r
 		const uint8_t *a = act + (size_t)t0 * as;
 		float *yt = y + (size_t)t0 * w->n_out;
 		for (int64_t r = r0; r < r0 + nr; r++) {
-			if (nt == n_tok && r + pf < w->n_out) {
+			if (pf_on && nt == n_tok && r + pf < w->n_out) {
 				/* One pass over the rows (decode): fetch a row PF_BYTES ahead now so
-				 * its DRAM latency overlaps this row's math (the hardware prefetchers
-				 * stop at 4 KiB pages, a row or two here). */
+				 * its DRAM latency overlaps this row's math (row_prefetch_on). */
 				const uint8_t *p = wd + (size_t)(r + pf) * w->nb1;
 				for (size_t o = 0; o < w->nb1; o += 64)
 					__builtin_prefetch(p + o, 0, 1);
