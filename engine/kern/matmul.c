@@ -132,8 +132,8 @@ static int64_t count_items(const struct md_mat *w, int nw, int64_t ir, int64_t *
  * ($MOED_ROW_PREFETCH=1; off by default). It was added where the hardware prefetchers
  * stopped at 4 KiB pages, a row or two here. On this project's Zen 5, with the model's
  * mapping backed by huge pages, the burst of prefetches per row costs more than it hides:
- * default-1g (q8_0) decodes 285-296 tok/s without it against 258-265 with it, in alternating
- * pairs of moed-bench tg64 (bench/README.md, "Dot kernels per weight type"). Read once;
+ * default-1g (q8_0) decodes 1.06-1.18x faster without it (moed-bench tg64, three alternating
+ * pairs; 1.02-1.09x at 4 sequences: bench/README.md, "Dot kernels per weight type"). Read once;
  * the pool's threads race only to store the same value. */
 static atomic_int row_prefetch = -1;
 
