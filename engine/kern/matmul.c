@@ -15,6 +15,7 @@
 #include "engine/kern/matmul.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,19 +134,21 @@ static int64_t count_items(const struct md_mat *w, int nw, int64_t ir, int64_t *
  * stopped at 4 KiB pages, a row or two here. On this project's Zen 5, with the model's
  * mapping backed by huge pages, the burst of prefetches per row costs more than it hides:
  * default-1g (q8_0) decodes 1.06-1.18x faster without it (moed-bench tg64, three alternating
- * pairs; 1.02-1.09x at 4 sequences: bench/README.md, "Dot kernels per weight type"). Read once;
- * the pool's threads race only to store the same value. */
-static atomic_int row_prefetch = -1;
+ * pairs; 1.02-1.09x at 4 sequences: bench/README.md, "Dot kernels per weight type"). Read once
+ * per process, as cpu.c reads MOED_KERNELS. */
+static bool row_prefetch;
+static pthread_once_t row_prefetch_once = PTHREAD_ONCE_INIT;
+
+static void row_prefetch_read(void)
+{
+	const char *s = getenv("MOED_ROW_PREFETCH");
+	row_prefetch = s && *s && strcmp(s, "0") != 0;
+}
 
 static bool row_prefetch_on(void)
 {
-	int v = atomic_load_explicit(&row_prefetch, memory_order_relaxed);
-	if (v < 0) {
-		const char *s = getenv("MOED_ROW_PREFETCH");
-		v = s && *s && strcmp(s, "0") != 0;
-		atomic_store_explicit(&row_prefetch, v, memory_order_relaxed);
-	}
-	return v;
+	pthread_once(&row_prefetch_once, row_prefetch_read);
+	return row_prefetch;
 }
 
 /* Rows r0 .. r0+nr-1 of w for n_tok activation rows at act (stride as), into y (n_tok rows of
