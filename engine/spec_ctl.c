@@ -724,9 +724,7 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 					if (kk == 1 || est <= c->probe_credit)
 						break;
 				}
-				/* A probe dearer than the most credit can hold (a long prompt to
-				 * catch up on) goes only with the credit full, and leaves it in debt. */
-				/* Nor a probe that could not pay for itself even if the drafter
+				/* No probe that could not pay for itself even if the drafter
 				 * turned out as good as hoped (hope): over the tokens the request
 				 * may still generate, each a sequence's share of a plain step made
 				 * cheaper by the best gain that acceptance allows. A catch-up grows
@@ -740,6 +738,8 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 					s->probe_wait = s->probe_gap;
 					continue;
 				}
+				/* A probe dearer than the most credit can hold (a long prompt to
+				 * catch up on) goes only with the credit full, and leaves it in debt. */
 				double cap = PROBE_CREDIT_MAX * plain;
 				if (est > c->probe_credit && !(est > cap && c->probe_credit >= cap))
 					continue; /* the next step, with more credit */
@@ -753,9 +753,9 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 				s->probe_wait = s->probe_gap;
 				if (c->trace)
 					fprintf(stderr, "spec-probe drafter=%u B=%u k=%u alpha=%.2f "
-						"ucb=%.2f est=%.2fms credit=%.2fms catchup=%.2fms "
+						"hope=%.2f est=%.2fms credit=%.2fms catchup=%.2fms "
 						"next_gap=%u\n", drafter_of(s), B, kk,
-						md_spec_ctl_alpha(s), alpha_ucb(s), est * 1e3,
+						md_spec_ctl_alpha(s), hope, est * 1e3,
 						c->probe_credit * 1e3, s->catchup * 1e3, s->probe_gap);
 			}
 			continue;
