@@ -1591,20 +1591,43 @@ INLINE void gemm_pass(int64_t n, const uint8_t *w, size_t wst, int nr, const uin
  * row's first lines are in flight before it starts; prefetches past the end are harmless. */
 #define DOT1_PF_BYTES 4096
 
-/* One token (decode): every weight row streams from memory once, and one fma chain per row
- * would leave the loop waiting on FMA latency. Four chains take the vector chunks round-robin
- * and are summed (c0 + c1) + (c2 + c3), then the tail element by element. This order is
- * decode's own (kern.h: nt == 1; the integer kernels keep one order for every nt). Each
- * 64-byte line is prefetched DOT1_PF_BYTES ahead as the loop goes, a steady trickle that
- * keeps more lines in flight than the hardware prefetchers do (they restart at every 4 KiB
- * page): measured on f16 decode of the bench model, 2 threads, 28-30 tok/s against 22-24
- * without it, and ahead of one burst of prefetches per row (25-27). Into L2 (T1), not L1:
- * 32.6-33.8 tok/s against 30.7-31.5 with T0 in alternating runs (the load itself brings the
- * line to L1). */
+/*
+ * One token (decode): every weight row streams from memory once. Each 64-byte line is
+ * prefetched DOT1_PF_BYTES ahead as the loop goes, a steady trickle that keeps more lines in
+ * flight than the hardware prefetchers do (they restart at every 4 KiB page): measured on f16
+ * decode of the bench model, 2 threads, 28-30 tok/s against 22-24 without it, and ahead of one
+ * burst of prefetches per row (25-27). Into L2 (T1), not L1: 32.6-33.8 tok/s against 30.7-31.5
+ * with T0 in alternating runs (the load itself brings the line to L1).
+ *
+ * AVX-512: one fma chain over the chunks in order, its lanes summed, then the tail element by
+ * element: tile_float's order, so decode gives a token the bits it gets in any batch (kern.h,
+ * nt1_own_order false). One chain of 16-float FMAs keeps ahead of a core's share of memory
+ * bandwidth here: f16 default-1g, 2 threads, tg64 0.97-1.10x of the four chains below
+ * (bench/README.md, "Float weights: decode's bits are the batch's").
+ *
+ * AVX2: four chains take the chunks round-robin and are summed (c0 + c1) + (c2 + c3), then
+ * the tail: an order of decode's own (nt1_own_order). One chain of 8-float FMAs waits on
+ * their latency: 0.59x of four on the same f16 decode; two chains in every product, tiles
+ * included, cost 7-10% of decode and 11-21% of prefill.
+ */
 INLINE float dot1_float(int64_t n, const uint8_t *w, const float *x, const int type)
 {
-	VF c0 = vzero(), c1 = vzero(), c2 = vzero(), c3 = vzero();
 	const int esz = type == MD_DT_F32 ? 4 : 2;
+#ifdef KERN_AVX512
+	const int step = 64 / (VW * esz) > 1 ? 64 / (VW * esz) : 1; /* chunks per cache line */
+	VF acc = vzero();
+	int64_t i = 0;
+	for (; i + step * VW <= n; i += step * VW) {
+		for (int o = 0; o < step * VW * esz; o += 64)
+			_mm_prefetch((const char *)w + i * esz + DOT1_PF_BYTES + o, _MM_HINT_T1);
+		for (int u = 0; u < step; u++)
+			acc = vfma(ld_w(w, i + u * VW, type), vld(x + i + u * VW), acc);
+	}
+	for (; i + VW <= n; i += VW)
+		acc = vfma(ld_w(w, i, type), vld(x + i), acc);
+	float s = vhsum(acc);
+#else
+	VF c0 = vzero(), c1 = vzero(), c2 = vzero(), c3 = vzero();
 	int64_t i = 0;
 	for (; i + 4 * VW <= n; i += 4 * VW) {
 		const char *pf = (const char *)w + i * esz + DOT1_PF_BYTES;
@@ -1618,6 +1641,7 @@ INLINE float dot1_float(int64_t n, const uint8_t *w, const float *x, const int t
 	for (; i + VW <= n; i += VW)
 		c0 = vfma(ld_w(w, i, type), vld(x + i), c0);
 	float s = vhsum(vadd(vadd(c0, c1), vadd(c2, c3)));
+#endif
 	for (; i < n; i++)
 		s = fmaf(ld_w1(w, i, type), x[i], s);
 	return s;
@@ -1939,6 +1963,9 @@ static const struct md_kern table = {
 		[MD_DT_BF16] = gemm_bf16,
 	},
 	.gemm_nt = GT,
+#ifndef KERN_AVX512
+	.nt1_own_order = true, /* dot1_float */
+#endif
 #ifndef KERN_AVX512
 	.lanes = { [MD_DT_Q8_0] = lanes_q8_0 },
 	.lanes_min = 7,

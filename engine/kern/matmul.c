@@ -170,15 +170,22 @@ static void kern_rows(const struct md_kern *k, const struct md_mat *w, int64_t r
 		     (size_t)w->n_out);
 		return;
 	}
+	if (gemm && n_tok == 1) {
+		/* Decode: one call for the chunk, whose rows the kernel walks one by one,
+		 * prefetching its own stream (kern_avx2.c dot1_float). With a call per row the
+		 * default model (rows of 192 elements) decoded 1.2-1.4x slower (bench/README.md,
+		 * "Float weights: decode's bits are the batch's"). */
+		gemm(w->n_in, wd + (size_t)r0 * w->nb1, w->nb1, (int)nr, act, as, 1, y + r0,
+		     (size_t)w->n_out);
+		return;
+	}
 	if (gemm) {
-		/* One pass over the rows (decode, small expert groups), row by row. A single
-		 * token's dot prefetches its own stream (kern_avx2.c dot1_float); for a few
-		 * tokens each row is fetched PF_BYTES ahead here (the hardware prefetchers stop at
-		 * 4 KiB pages, a row or two). Interleaving rows (4 per gemm call) was measured
-		 * slower on decode (21.5 vs 24.8 tok/s): the L2 streamer follows one sequential
-		 * stream better. */
+		/* One pass over the rows (small expert groups), row by row, each row fetched
+		 * PF_BYTES ahead here (the hardware prefetchers stop at 4 KiB pages, a row or
+		 * two). Interleaving rows (4 per gemm call) was measured slower on decode (21.5
+		 * vs 24.8 tok/s): the L2 streamer follows one sequential stream better. */
 		for (int64_t r = r0; r < r0 + nr; r++) {
-			if (n_tok > 1 && r + pf < w->n_out) {
+			if (r + pf < w->n_out) {
 				const uint8_t *p = wd + (size_t)(r + pf) * w->nb1;
 				for (size_t o = 0; o < w->nb1; o += 64)
 					__builtin_prefetch(p + o, 0, 1);

@@ -1,9 +1,12 @@
-"""Greedy decode gives the same bits whatever shares its step: the default model quantized to
-q8_0 (its routers stay f16, as our quantizer and llama.cpp's leave them) answers with the same
-tokens and the same logprobs, to the last printed digit, when each request decodes alone, when
-four decode together, and when every step verifies up to 16 n-gram drafts (MOED_SPEC_FIXED:
-the drafts of every proposal are verified). A product whose sums depend on how many tokens
-share it would move logprobs by 1e-6 to 1e-2 here, and at a near-tie change the text.
+"""Greedy decode gives the same bits whatever shares its step: the default model as shipped
+(f16), in bf16, and quantized to q8_0 (its routers stay f16, as our quantizer and llama.cpp's
+leave them) answers with the same tokens and the same logprobs, to the last printed digit,
+when each request decodes alone, when four decode together, and when every step verifies up to
+16 n-gram drafts (MOED_SPEC_FIXED: the drafts of every proposal are verified). A product whose
+sums depend on how many tokens share it would move logprobs by 1e-6 to 1e-2 here, and at a
+near-tie change the text. Float weights run on the AVX-512 kernels where the CPU has them, else
+on the scalar ones: AVX2's decode sums float rows in an order of its own (engine/kern/kern.h,
+nt1_own_order).
 
 usage: test_spec_bits.py MOED MODEL MOED_GGUF
 """
@@ -23,9 +26,17 @@ REFS = ["Genesis 1", "John 1", "Psalms 23", "Exodus 20", "Matthew 5", "Isaiah 40
         "Daniel 3"]
 
 tmp = tempfile.mkdtemp(prefix="moed-spec-bits-")
-q8 = os.path.join(tmp, "default-q8.gguf")
-subprocess.run([moed_gguf, "quantize", model, q8, "q8_0"], check=True, stdout=subprocess.DEVNULL,
-               stderr=subprocess.DEVNULL)
+with open("/proc/cpuinfo") as f:
+    flags = set(next((ln for ln in f if ln.startswith("flags")), "").split())
+avx512 = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "fma", "f16c"} <= flags
+float_env = {} if avx512 else {"MOED_KERNELS": "scalar"}
+print("float weights on the %s kernels" % ("AVX-512" if avx512 else "scalar"))
+files = [("f16", model, float_env)]
+for mix in ("bf16", "q8_0"):
+    path = os.path.join(tmp, "default-%s.gguf" % mix)
+    subprocess.run([moed_gguf, "quantize", model, path, mix], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    files.append((mix, path, float_env if mix == "bf16" else {}))
 
 
 def complete(srv, ids, drafter):
@@ -37,32 +48,39 @@ def complete(srv, ids, drafter):
     return lp["tokens"], lp["token_logprobs"]
 
 
-srv = Server(moed, q8, args=["--max-seqs", "4", "--spec-k", "16", "--ctx-size", "512"],
-             env={"MOED_SPEC_FIXED": "1"})
+def same_bits(mix, path, env):
+    srv = Server(moed, path, args=["--max-seqs", "4", "--spec-k", "16", "--ctx-size", "512"],
+                 env=dict(env, MOED_SPEC_FIXED="1"))
+    try:
+        prompts = []
+        for r in REFS:
+            st, _, doc = call(srv, "POST", "/tokenize",
+                              {"messages": [{"role": "user", "content": "Quote %s:1-8." % r}]})
+            check(st == 200, "tokenize", st)
+            prompts.append(doc["tokens"])
+        alone = [complete(srv, p, "off") for p in prompts]
+        with ThreadPoolExecutor(4) as pool:
+            together = list(pool.map(lambda p: complete(srv, p, "off"), prompts))
+        drafted = [complete(srv, p, "ngram") for p in prompts]
+        body = curl(srv, "GET", "/metrics")[2].decode()
+        m = re.search(r"^moed:spec_draft_tokens_total(\{[^}]*\})? (\S+)$", body, re.M)
+        n_drafted = float(m.group(2)) if m else 0
+        check(n_drafted > 500, "%s: many drafts were verified" % mix, n_drafted)
+        for r, a, t, d in zip(REFS, alone, together, drafted):
+            check(t[0] == a[0], "%s %s: the same tokens decoding beside three others" % (mix, r))
+            check(t[1] == a[1], "%s %s: the same logprobs decoding beside three others" % (mix, r),
+                  max((abs(x - y) for x, y in zip(a[1], t[1])), default=0))
+            check(d[0] == a[0], "%s %s: the same tokens with every step verifying drafts" % (mix, r))
+            check(d[1] == a[1], "%s %s: the same logprobs with every step verifying drafts" % (mix, r),
+                  max((abs(x - y) for x, y in zip(a[1], d[1])), default=0))
+    finally:
+        srv.stop()
+
+
 try:
-    prompts = []
-    for r in REFS:
-        st, _, doc = call(srv, "POST", "/tokenize",
-                          {"messages": [{"role": "user", "content": "Quote %s:1-8." % r}]})
-        check(st == 200, "tokenize", st)
-        prompts.append(doc["tokens"])
-    alone = [complete(srv, p, "off") for p in prompts]
-    with ThreadPoolExecutor(4) as pool:
-        together = list(pool.map(lambda p: complete(srv, p, "off"), prompts))
-    drafted = [complete(srv, p, "ngram") for p in prompts]
-    body = curl(srv, "GET", "/metrics")[2].decode()
-    m = re.search(r"^moed:spec_draft_tokens_total(\{[^}]*\})? (\S+)$", body, re.M)
-    n_drafted = float(m.group(2)) if m else 0
-    check(n_drafted > 500, "many drafts were verified", n_drafted)
-    for r, a, t, d in zip(REFS, alone, together, drafted):
-        check(t[0] == a[0], "%s: the same tokens decoding beside three others" % r)
-        check(t[1] == a[1], "%s: the same logprobs decoding beside three others" % r,
-              max((abs(x - y) for x, y in zip(a[1], t[1])), default=0))
-        check(d[0] == a[0], "%s: the same tokens with every step verifying drafts" % r)
-        check(d[1] == a[1], "%s: the same logprobs with every step verifying drafts" % r,
-              max((abs(x - y) for x, y in zip(a[1], d[1])), default=0))
+    for mix, path, env in files:
+        same_bits(mix, path, env)
 finally:
-    srv.stop()
     for f in os.listdir(tmp):
         os.unlink(os.path.join(tmp, f))
     os.rmdir(tmp)
