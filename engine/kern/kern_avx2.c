@@ -1602,8 +1602,8 @@ INLINE void gemm_pass(int64_t n, const uint8_t *w, size_t wst, int nr, const uin
  * AVX-512: one fma chain over the chunks in order, its lanes summed, then the tail element by
  * element: tile_float's order, so decode gives a token the bits it gets in any batch (kern.h,
  * nt1_own_order false). One chain of 16-float FMAs keeps ahead of a core's share of memory
- * bandwidth here: f16 default-1g, 2 threads, tg64 0.97-1.10x of the four chains below
- * (bench/README.md, "Float weights: decode's bits are the batch's").
+ * bandwidth here: f16 default-1g, 2 threads, tg64 0.97-1.10x of the four chains below with a
+ * call per row (bench/README.md, "Float weights: decode's bits are the batch's").
  *
  * AVX2: four chains take the chunks round-robin and are summed (c0 + c1) + (c2 + c3), then
  * the tail: an order of decode's own (nt1_own_order). One chain of 8-float FMAs waits on
@@ -1965,8 +1965,6 @@ static const struct md_kern table = {
 	.gemm_nt = GT,
 #ifndef KERN_AVX512
 	.nt1_own_order = true, /* dot1_float */
-#endif
-#ifndef KERN_AVX512
 	.lanes = { [MD_DT_Q8_0] = lanes_q8_0 },
 	.lanes_min = 7,
 	.pack_q8b_lanes = pack_q8b_lanes,

@@ -183,7 +183,8 @@ static void kern_rows(const struct md_kern *k, const struct md_mat *w, int64_t r
 		/* One pass over the rows (small expert groups), row by row, each row fetched
 		 * PF_BYTES ahead here (the hardware prefetchers stop at 4 KiB pages, a row or
 		 * two). Interleaving rows (4 per gemm call) was measured slower on decode (21.5
-		 * vs 24.8 tok/s): the L2 streamer follows one sequential stream better. */
+		 * vs 24.8 tok/s, and again on 2026-12-06): the L2 streamer follows one sequential
+		 * stream better. */
 		for (int64_t r = r0; r < r0 + nr; r++) {
 			if (r + pf < w->n_out) {
 				const uint8_t *p = wd + (size_t)(r + pf) * w->nb1;
