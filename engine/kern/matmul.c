@@ -163,19 +163,13 @@ static void kern_rows(const struct md_kern *k, const struct md_mat *w, int64_t r
 	const md_gemm_fn gemm = k->gemm[w->type];
 	const uint8_t *wd = (const uint8_t *)w->data;
 	const int64_t pf = (int64_t)((PF_BYTES + w->nb1 - 1) / w->nb1);
-	const bool pf_on = row_prefetch_on();
-	if (gemm && n_tok > k->gemm_nt) {
-		/* Several token tiles: the kernel walks them over this L2-sized chunk. */
+	if (gemm && (n_tok > k->gemm_nt || n_tok == 1)) {
+		/* Several token tiles: the kernel walks them over this L2-sized chunk. Decode:
+		 * it walks the rows one by one, prefetching its own stream (kern_avx2.c
+		 * dot1_float); with a call per row the default model (rows of 192 elements)
+		 * decoded 1.2-1.4x slower (bench/README.md, "Float weights: decode's bits are the
+		 * batch's"). */
 		gemm(w->n_in, wd + (size_t)r0 * w->nb1, w->nb1, (int)nr, act, as, n_tok, y + r0,
-		     (size_t)w->n_out);
-		return;
-	}
-	if (gemm && n_tok == 1) {
-		/* Decode: one call for the chunk, whose rows the kernel walks one by one,
-		 * prefetching its own stream (kern_avx2.c dot1_float). With a call per row the
-		 * default model (rows of 192 elements) decoded 1.2-1.4x slower (bench/README.md,
-		 * "Float weights: decode's bits are the batch's"). */
-		gemm(w->n_in, wd + (size_t)r0 * w->nb1, w->nb1, (int)nr, act, as, 1, y + r0,
 		     (size_t)w->n_out);
 		return;
 	}
@@ -196,6 +190,7 @@ static void kern_rows(const struct md_kern *k, const struct md_mat *w, int64_t r
 		}
 		return;
 	}
+	const bool pf_on = row_prefetch_on();
 	int t_lanes = 0;
 	if (lanes && k->lanes[w->type]) {
 		for (int g = 0; g < n_lanes; g++) {
