@@ -101,6 +101,9 @@ ap.add_argument("--per-stream", type=int, default=1, help="requests per stream a
 ap.add_argument("--workloads", default="verses,prompt,free")
 ap.add_argument("--drafters", default=None)
 ap.add_argument("--llama", default=os.environ.get("MOED_LLAMA_CPP"))
+ap.add_argument("--llama-types", default=None,
+                help="llama.cpp speculation types to run (default: none,ngram-simple and, with "
+                "--draft, draft-simple)")
 ap.add_argument("--svg")
 ap.add_argument("--no-bound", action="store_true")
 ap.add_argument("--stagger", action="store_true",
@@ -118,7 +121,8 @@ REFS = ["Genesis 1", "John 1", "Psalms 23", "Exodus 20", "Matthew 5", "Romans 8"
 TOPICS = ["the sea", "a king and his sons", "the harvest", "a long journey", "the temple",
           "wisdom", "the desert", "a shepherd", "the river", "the night sky", "a city wall",
           "bread and wine", "the mountains", "a storm", "the morning", "a great feast"]
-LLAMA_TYPES = ["none", "ngram-simple"] + (["draft-simple"] if args.draft else [])
+LLAMA_TYPES = (args.llama_types.split(",") if args.llama_types else
+               ["none", "ngram-simple"] + (["draft-simple"] if args.draft else []))
 
 
 def free_port():
