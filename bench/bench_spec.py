@@ -108,6 +108,10 @@ ap.add_argument("--svg")
 ap.add_argument("--no-bound", action="store_true")
 ap.add_argument("--stagger", action="store_true",
                 help="desynchronise the streams: stream j's first request is j/S shorter")
+ap.add_argument("--start-gap", type=float, default=0.0, metavar="MS",
+                help="stream j's first request starts j*MS milliseconds after the round's start "
+                "(0: all at once; then streams quoting verses decode the same positions in "
+                "lockstep, and share experts a step that breaks the lockstep does not)")
 ap.add_argument("--args", default="", help="more arguments for moed (e.g. '--device cuda'; "
                 "the bound is from CPU step times, so add --no-bound on a device)")
 args = ap.parse_args()
@@ -299,6 +303,8 @@ def run(workload, cfg, S, rnd):
 
     def one(i):
         ids, temp = job(workload, i + rnd * n)
+        if i < S and args.start_gap > 0:
+            time.sleep(i * args.start_gap / 1000.0)
         seed = 1000 + i + rnd * n
         nt = ntok - i * ntok // S if args.stagger and i < S else ntok
         if kind == "moed":
