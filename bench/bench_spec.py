@@ -71,8 +71,9 @@ against streams per configuration, one panel per workload.
 
 usage: bench_spec.py MOED MODEL [--draft FILE] [--streams 1,4,16] [--rounds 2] [--threads 2]
                      [--workloads verses,prompt,free] [--drafters off,ngram,draft,self]
-                     [--llama DIR] [--max-tokens 64] [--loop-tokens 256] [--svg FILE]
-                     [--no-bound]
+                     [--llama DIR] [--llama-types none,ngram-simple,draft-simple]
+                     [--max-tokens 64] [--loop-tokens 256] [--svg FILE] [--no-bound]
+                     [--stagger] [--start-gap MS]
 """
 import argparse
 import http.client
