@@ -68,8 +68,8 @@ def stream_text(srv, body, spec):
 
 
 draft = os.path.splitext(model)[0] + "-draft.gguf"  # the default model's, beside it
-srv = Server(moed, model, args=["--max-seqs", "4", "--spec", "ngram", "--spec-k", "8",
-                                "--draft-model", draft])
+spec_args = ["--max-seqs", "4", "--spec", "ngram", "--spec-k", "8", "--draft-model", draft]
+srv = Server(moed, model, args=spec_args)
 try:
     # 1. Greedy identity over 52 prompts, 4 at a time (mixed batches): off vs each drafter.
     ps = prompts()
@@ -149,8 +149,7 @@ try:
     # On a server of its own that drafts max_k every step ($MOED_SPEC_FIXED): the controller
     # may find that speculation does not pay on this machine (it did under ASan in CI, where
     # no draft was verified), and then nothing here would test a masked verification.
-    gsrv = Server(moed, model, args=["--max-seqs", "4", "--spec", "ngram", "--spec-k", "8",
-                                     "--draft-model", draft], env={"MOED_SPEC_FIXED": "1"})
+    gsrv = Server(moed, model, args=spec_args, env={"MOED_SPEC_FIXED": "1"})
     try:
         acc0 = metric(gsrv, "moed:spec_accepted_tokens_total")
         for j, c in enumerate(gcases):
