@@ -108,7 +108,8 @@ ap.add_argument("--llama-types", default=None,
 ap.add_argument("--svg")
 ap.add_argument("--no-bound", action="store_true")
 ap.add_argument("--stagger", action="store_true",
-                help="desynchronise the streams: stream j's first request is j/S shorter")
+                help="stream j's first request is j/S shorter: the streams end apart (they "
+                "still start together: --start-gap)")
 ap.add_argument("--start-gap", type=float, default=0.0, metavar="MS",
                 help="stream j's first request starts j*MS milliseconds after the round's start "
                 "(0: all at once; then streams quoting verses decode the same positions in "

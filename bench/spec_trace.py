@@ -7,11 +7,16 @@ server's log in /tmp/bench-spec-moed-*.log), summed by kind:
   tokens/s over their wall time;
   verifying steps of B sequences, by drafted tokens: the same, and tokens per step.
 
+With --phases the plain steps are grouped instead by whether the controller was asked about
+them (a spec-ctl line before the step: a request with a drafter was decoding) or not (plain
+decode's own runs, drafter off). With bench_spec.py --drafters off,X that splits the steps of
+the two configurations (bench/README.md, "2026-12-07: streams that start apart").
+
 What it shows: whether speculation pays per step (a verifying step's tokens/s against plain
 steps'), and what it does to the plain steps around it (desynchronised sequences share fewer
 experts: bench/README.md, "Speculative decoding").
 
-  bench/spec_trace.py /tmp/bench-spec-moed-XXXX.log [--batch 4]
+  bench/spec_trace.py /tmp/bench-spec-moed-XXXX.log [--batch 4] [--phases]
 """
 
 import argparse
@@ -21,17 +26,24 @@ import statistics
 ap = argparse.ArgumentParser()
 ap.add_argument("log")
 ap.add_argument("--batch", type=int, default=0, help="only steps of this many sequences")
+ap.add_argument("--phases", action="store_true",
+                help="plain steps by whether the controller was asked about them")
 args = ap.parse_args()
 
 STEP = re.compile(r"spec-step n=(\d+) items=(\d+) out=(\d+) dt=([\d.]+)ms wall=([\d.]+)ms"
                   r"(?: experts=(\d+))?")
 steps = []
+asked = False  # a spec-ctl line since the last step: the controller chose for the next one
 with open(args.log, errors="replace") as f:
     for line in f:
+        if line.startswith("spec-ctl "):
+            asked = True
+            continue
         m = STEP.match(line)
         if m:
             steps.append((int(m[1]), int(m[2]), int(m[3]), float(m[5]),
-                          int(m[6]) if m[6] else -1))
+                          int(m[6]) if m[6] else -1, asked))
+            asked = False
 
 
 def since_bucket(d):
@@ -43,7 +55,7 @@ def since_bucket(d):
 
 groups = {}
 last = None
-for i, (n, items, out, wall, experts) in enumerate(steps):
+for i, (n, items, out, wall, experts, ctl) in enumerate(steps):
     verifying = n > items
     if verifying:
         last = i
@@ -51,6 +63,8 @@ for i, (n, items, out, wall, experts) in enumerate(steps):
         continue
     if verifying:
         key = ("verify", items, "drafts %d" % (n - items) if n - items < 10 else "drafts >=10")
+    elif args.phases:
+        key = ("plain", items, "asked" if ctl else "not asked")
     else:
         key = ("plain", items, "since " + (since_bucket(i - last) if last is not None else ">64"))
     groups.setdefault(key, []).append((out, wall, experts))
