@@ -16,7 +16,13 @@ What it shows: whether speculation pays per step (a verifying step's tokens/s ag
 steps'), and what it does to the plain steps around it (desynchronised sequences share fewer
 experts: bench/README.md, "Speculative decoding").
 
-  bench/spec_trace.py /tmp/bench-spec-moed-XXXX.log [--batch 4] [--phases]
+With --balance it adds what speculation bought and what it paid over the whole log: the
+verifying steps' wall time against the same tokens at plain decode's cost (each emitted token
+at the median wall per token of plain steps of the same B), and the wall time of the drafters'
+own passes (the draft model's rounds with its catch-up, spec-draft lines; self-speculation's
+passes, spec-self lines), which the step lines do not include.
+
+  bench/spec_trace.py /tmp/bench-spec-moed-XXXX.log [--batch 4] [--phases] [--balance]
 """
 
 import argparse
@@ -28,16 +34,24 @@ ap.add_argument("log")
 ap.add_argument("--batch", type=int, default=0, help="only steps of this many sequences")
 ap.add_argument("--phases", action="store_true",
                 help="plain steps by whether the controller was asked about them")
+ap.add_argument("--balance", action="store_true",
+                help="verifying steps against plain decode's cost, and the drafters' own passes")
 args = ap.parse_args()
 
 STEP = re.compile(r"spec-step n=(\d+) items=(\d+) out=(\d+) dt=([\d.]+)ms wall=([\d.]+)ms"
                   r"(?: experts=(\d+))?")
+DRAFTER = re.compile(r"spec-(draft|self) seqs=\d+ k0=\d+ .*?wall=([\d.]+)ms")
 steps = []
+drafter_ms = {"draft": [], "self": []}
 asked = False  # a spec-ctl line since the last step: the controller chose for the next one
 with open(args.log, errors="replace") as f:
     for line in f:
         if line.startswith("spec-ctl "):
             asked = True
+            continue
+        m = DRAFTER.match(line)
+        if m:
+            drafter_ms[m[1]].append(float(m[2]))
             continue
         m = STEP.match(line)
         if m:
@@ -80,3 +94,30 @@ for key in sorted(groups, key=lambda k: (k[0], k[1], ORDER.get(k[2], 9), len(k[2
     print("%-7s %3d %-13s %6d %9.2f %9.2f %8s %8.0f" % (
         key[0], key[1], key[2], len(v), outs / len(v), statistics.median(x[1] for x in v),
         "%.2f" % statistics.mean(ex) if ex else "-", 1000 * outs / walls if walls else 0))
+
+if args.balance:
+    per_tok = {}  # B -> median wall ms per token of plain steps of B sequences
+    for n, items, out, wall, experts, ctl in steps:
+        if n == items:
+            per_tok.setdefault(items, []).append(wall / items)
+    per_tok = {b: statistics.median(v) for b, v in per_tok.items()}
+    vt = vout = veq = 0.0
+    missing = 0
+    for n, items, out, wall, experts, ctl in steps:
+        if n > items and (not args.batch or items == args.batch):
+            vt += wall
+            vout += out
+            if items in per_tok:
+                veq += out * per_tok[items]
+            else:
+                missing += 1
+                veq += wall
+    print("verifying steps: %.0f ms wall for %d tokens; the same tokens at plain decode's cost "
+          "%.0f ms: saved %.0f ms%s" % (vt, vout, veq, veq - vt,
+                                      " (%d steps of a B without plain steps counted level)"
+                                      % missing if missing else ""))
+    for d in ("draft", "self"):
+        if drafter_ms[d]:
+            print("%s passes: %d, %.0f ms wall" % ("draft model" if d == "draft" else
+                                                  "self-draft", len(drafter_ms[d]),
+                                                  sum(drafter_ms[d])))

@@ -977,7 +977,12 @@ static void spec_propose(struct md_engine *e)
 			e->dseq[i]->n_draft = e->dseq[i]->spec->n_draft;
 	}
 	if (ns > 0) {
+		/* traced: the self-draft passes, as the draft model's rounds above */
+		double tw0 = e->ctl.trace ? wall_s() : 0;
 		int rc = md_self_draft_propose(&e->self, e->sseq, e->sk, ns);
+		if (e->ctl.trace)
+			fprintf(stderr, "spec-self seqs=%u k0=%u wall=%.2fms t_round=%.2fms\n", ns,
+				e->sk[0], (wall_s() - tw0) * 1e3, e->self.t_round * 1e3);
 		if (rc)
 			md_log(MD_LOG_WARN, "self-speculation draft failed (%d): no drafts this step", rc);
 		for (uint32_t i = 0; i < ns; i++)
