@@ -200,12 +200,12 @@ static int pick(struct md_draft_model *dm, struct md_seq *s, uint32_t r, const f
  * row of each wanted token goes to dm->logits in batch order. Returns the rows or a negative
  * code.
  *
- * The controller charges t_round per drafted position, so only rounds of about one row per
- * sequence are timed: a round 0 that also catches a sequence up on what the draft missed
+ * The controller charges each drafted position a round of as many rows as sequences draft
+ * it, so only rounds of about one row per sequence are timed: a round 0 that also catches a sequence up on what the draft missed
  * (the whole prompt at a request's first draft, every plain step's token after a pause) is a
  * prefill, and timed as a round it once stood at 43 ms against 0.6 for a real round
  * (default-1g's draft), which priced the draft model out for good: the controller then never
- * probed it again, whatever its acceptance. Until a round is timed t_round stays 0, which
+ * probed it again, whatever its acceptance. Until a round is timed the rounds read 0, which
  * the controller reads as unknown (free), so the next drafts measure it. A catch-up round's
  * time per row is kept apart (t_row): what the controller charges a sequence for the rows its
  * draft has missed (md_spec_seq.catchup). */
@@ -220,8 +220,7 @@ static int run_round(struct md_draft_model *dm, uint32_t n, uint32_t n_seqs)
 	int rows = md_forward(dm->fw, &dm->kv, &b, dm->logits);
 	double dt = md_spec_watch_read(&w);
 	if (rows >= 0 && n <= 2 * n_seqs) {
-		dm->t_round = dm->rounds ? 0.9 * dm->t_round + 0.1 * dt : dt;
-		dm->rounds++;
+		md_spec_rounds_observe(&dm->rounds, n_seqs, dt);
 	} else if (rows >= 0) {
 		dm->t_row = dm->t_row > 0 ? 0.8 * dm->t_row + 0.2 * dt / n : dt / n;
 	}

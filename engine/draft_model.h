@@ -41,6 +41,7 @@
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "engine/sched.h"
+#include "engine/spec_ctl.h"
 
 #define MD_DRAFT_CATCHUP 96
 #define MD_DRAFT_WINDOW 64
@@ -59,9 +60,8 @@ struct md_draft_model {
 	struct md_seq **row_seq;     /* owned (max_seqs): the sequence of each logits row */
 	uint32_t max_seqs;
 	struct md_sampler sm;        /* owned: transform and filter scratch (its RNG unused) */
-	double t_round;              /* seconds per round, smoothed (the controller reads it; 0:
-				      * none timed yet) */
-	uint64_t rounds;             /* rounds timed (of about one row per sequence) */
+	struct md_spec_rounds rounds; /* times of its rounds (of about one row per sequence) by
+				      * the sequences drafting in them (the controller reads it) */
 	double t_row;                /* seconds per row of a round that catches sequences up (a
 				      * prefill: the prompt at a request's first draft, the tokens
 				      * of plain steps after a pause), smoothed; 0: none timed

@@ -883,6 +883,22 @@ static double wall_s(void)
 
 /* Before the plan: the n-gram proposals, the controller's k for every decoding sequence with
  * a drafter (engine/spec_ctl.h), then the draft model's rounds. */
+/* Traced: what the controller charged the rounds of a drafter's pass drafting k[i] for n
+ * sequences (round j has a row for each sequence drafting j or more). */
+static double rounds_charged(const struct md_engine *e, const struct md_spec_rounds *r,
+			     const uint32_t *k, uint32_t n)
+{
+	double t = 0;
+	for (uint32_t j = 1;; j++) {
+		uint32_t rows = 0;
+		for (uint32_t i = 0; i < n; i++)
+			rows += k[i] >= j;
+		if (rows == 0)
+			return t;
+		t += md_spec_ctl_round_cost(&e->ctl, r, rows);
+	}
+}
+
 static void spec_propose(struct md_engine *e)
 {
 	struct md_sched *sc = &e->sched;
@@ -919,7 +935,7 @@ static void spec_propose(struct md_engine *e)
 			/* the rows the draft model has not seen, at a catch-up row's cost (a
 			 * round's until one is timed) */
 			uint32_t seen = ss->dkv_seq >= 0 ? ss->n_dkv : 0;
-			double t_row = e->draft.t_row > 0 ? e->draft.t_row : e->draft.t_round;
+			double t_row = e->draft.t_row > 0 ? e->draft.t_row : md_spec_rounds_one(&e->draft.rounds);
 			ss->catchup = s->n_toks > seen ? (s->n_toks - seen) * t_row : 0;
 		}
 		ss->horizon = s->req->max_tokens > s->n_gen ? s->req->max_tokens - s->n_gen : 1;
@@ -929,10 +945,10 @@ static void spec_propose(struct md_engine *e)
 	}
 	if (nc == 0)
 		return;
-	double t_round[MD_SPEC_CTL_DRAFTERS] = { 0 };
-	t_round[MD_SPEC_DRAFT] = e->draft_ready ? e->draft.t_round : 0;
-	t_round[MD_SPEC_SELF] = e->self.ready ? e->self.t_round : 0;
-	md_spec_ctl_choose(&e->ctl, e->css, e->ck, t_round, nc, B);
+	const struct md_spec_rounds *rounds[MD_SPEC_CTL_DRAFTERS] = { NULL };
+	rounds[MD_SPEC_DRAFT] = e->draft_ready ? &e->draft.rounds : NULL;
+	rounds[MD_SPEC_SELF] = e->self.ready ? &e->self.rounds : NULL;
+	md_spec_ctl_choose(&e->ctl, e->css, e->ck, rounds, nc, B);
 	/* Drafts beyond the spare logits rows would crowd other sequences out of the step. */
 	uint32_t spare = e->max_logits - e->cfg.max_seqs;
 	for (uint32_t i = 0; i < nc; i++) {
@@ -968,9 +984,11 @@ static void spec_propose(struct md_engine *e)
 		int rc = md_draft_propose(&e->draft, e->dseq, e->dk, nd);
 		if (e->ctl.trace)
 			fprintf(stderr, "spec-draft seqs=%u k0=%u caught_up=%d wall=%.2fms "
-				"charged_catchup=%.2fms t_round=%.2fms\n", nd, e->dk[0],
+				"charged_catchup=%.2fms t_round=%.2fms charged=%.2fms\n", nd, e->dk[0],
 				(int)e->dseq[0]->spec->n_dkv - (int)seen0, (wall_s() - tw0) * 1e3,
-				e->dseq[0]->spec->catchup * 1e3, e->draft.t_round * 1e3);
+				e->dseq[0]->spec->catchup * 1e3,
+				md_spec_rounds_one(&e->draft.rounds) * 1e3,
+				rounds_charged(e, &e->draft.rounds, e->dk, nd) * 1e3);
 		if (rc)
 			md_log(MD_LOG_WARN, "draft model step failed (%d): no drafts this step", rc);
 		for (uint32_t i = 0; i < nd; i++)
@@ -981,8 +999,10 @@ static void spec_propose(struct md_engine *e)
 		double tw0 = e->ctl.trace ? wall_s() : 0;
 		int rc = md_self_draft_propose(&e->self, e->sseq, e->sk, ns);
 		if (e->ctl.trace)
-			fprintf(stderr, "spec-self seqs=%u k0=%u wall=%.2fms t_round=%.2fms\n", ns,
-				e->sk[0], (wall_s() - tw0) * 1e3, e->self.t_round * 1e3);
+			fprintf(stderr, "spec-self seqs=%u k0=%u wall=%.2fms t_round=%.2fms "
+				"charged=%.2fms\n", ns, e->sk[0], (wall_s() - tw0) * 1e3,
+				md_spec_rounds_one(&e->self.rounds) * 1e3,
+				rounds_charged(e, &e->self.rounds, e->sk, ns) * 1e3);
 		if (rc)
 			md_log(MD_LOG_WARN, "self-speculation draft failed (%d): no drafts this step", rc);
 		for (uint32_t i = 0; i < ns; i++)

@@ -122,8 +122,7 @@ static int run_round(struct md_self_draft *sd, uint32_t n)
 	int rows = md_forward(sd->fw, sd->kv, &b, sd->logits);
 	md_forward_set_draft(sd->fw, NULL);
 	double dt = md_spec_watch_read(&w);
-	sd->t_round = sd->rounds ? 0.9 * sd->t_round + 0.1 * dt : dt;
-	sd->rounds++;
+	md_spec_rounds_observe(&sd->rounds, n, dt);
 	return rows < 0 ? rows : (uint32_t)rows == n ? 0 : -EIO;
 }
 

@@ -46,6 +46,7 @@
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "engine/sched.h"
+#include "engine/spec_ctl.h"
 
 struct md_self_draft {
 	bool ready;
@@ -62,8 +63,7 @@ struct md_self_draft {
 	bool *want;                  /* owned (max_seqs) */
 	struct md_seq **row_seq;     /* owned (max_seqs) */
 	struct md_sampler sm;        /* owned: transform and filter scratch (its RNG unused) */
-	double t_round;              /* CPU seconds per round, smoothed (the controller reads it) */
-	uint64_t rounds;
+	struct md_spec_rounds rounds; /* its rounds' times by rows (the controller reads it) */
 	uint64_t prefetched;         /* experts handed to the source's prefetch */
 	bool predicted;              /* predict holds the last propose's prediction, not taken */
 };

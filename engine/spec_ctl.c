@@ -513,6 +513,68 @@ static unsigned drafter_of(const struct md_spec_seq *ss)
 	return (unsigned)ss->drafter < MD_SPEC_CTL_DRAFTERS ? (unsigned)ss->drafter : 0;
 }
 
+void md_spec_rounds_observe(struct md_spec_rounds *r, uint32_t rows, double dt)
+{
+	if (rows == 0 || rows > MD_SPEC_ROUND_ROWS || !(dt > 0))
+		return;
+	r->t[rows] = r->t[rows] > 0 ? (float)(0.8 * r->t[rows] + 0.2 * dt) : (float)dt;
+	r->n++;
+}
+
+double md_spec_rounds_one(const struct md_spec_rounds *r)
+{
+	if (!r || r->n == 0)
+		return 0;
+	for (uint32_t i = 1; i <= MD_SPEC_ROUND_ROWS; i++)
+		if (r->t[i] > 0)
+			return r->t[i];
+	return 0;
+}
+
+/* What a drafter's round of rows rows costs: as timed; between two timed row counts, linearly;
+ * beyond those timed, the nearest timed one scaled as the target's step of that many tokens
+ * is (a draft round is a forward pass of one row per sequence, and self-speculation's is the
+ * target's own with fewer experts): above the largest timed by the step costs the controller
+ * predicts (shape_cost, never below the timed one), below the smallest by the steps' measured
+ * or calibrated shape, else by the byte model (never above the timed one: a round of fewer
+ * rows is not charged a larger one's time, which would keep the drafter from a lone
+ * sequence's drafts and so from ever timing one). 0 where the drafter has timed no round:
+ * free, so the first drafts time it. */
+double md_spec_ctl_round_cost(const struct md_spec_ctl *c, const struct md_spec_rounds *r,
+			      uint32_t rows)
+{
+	if (!r || r->n == 0 || rows == 0)
+		return 0;
+	if (rows > MD_SPEC_ROUND_ROWS)
+		rows = MD_SPEC_ROUND_ROWS;
+	if (r->t[rows] > 0)
+		return r->t[rows];
+	uint32_t lo = 0, hi = 0;
+	for (uint32_t i = rows - 1; i >= 1 && !lo; i--)
+		if (r->t[i] > 0)
+			lo = i;
+	for (uint32_t i = rows + 1; i <= MD_SPEC_ROUND_ROWS && !hi; i++)
+		if (r->t[i] > 0)
+			hi = i;
+	if (lo && hi)
+		return r->t[lo] + (double)(rows - lo) / (double)(hi - lo) * (r->t[hi] - r->t[lo]);
+	if (lo) {
+		double a = shape_cost(c, rows), b = shape_cost(c, lo);
+		double g = a > 0 && b > 0 ? a / b : (double)rows / (double)lo;
+		return r->t[lo] * (g > 1 ? g : 1);
+	}
+	if (!hi)
+		return 0;
+	double g;
+	if (measured(c, rows) && measured(c, hi))
+		g = c->t[rows] / c->t[hi];
+	else if (hi <= MD_SPEC_CTL_MAXN && c->cal[rows] > 0 && c->cal[hi] > 0)
+		g = c->cal[rows] / c->cal[hi];
+	else
+		g = md_spec_ctl_bytes(c, rows) / md_spec_ctl_bytes(c, hi);
+	return r->t[hi] * (g < 1 ? g : 1);
+}
+
 /* The best rate (tokens per second of a step of B sequences) that drafting k = 1..room for one
  * sequence with acceptance a could reach, every unmeasured size as cheap as the byte model
  * allows (cost_opt), drafts at t_round seconds a round; the k that reaches it in *k (1 when
@@ -552,7 +614,7 @@ static bool could_pay(const struct md_spec_ctl *c, double a, uint32_t room, bool
 }
 
 void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, uint32_t *k,
-			const double *t_round_of, uint32_t n, uint32_t B)
+			const struct md_spec_rounds *const *rounds_of, uint32_t n, uint32_t B)
 {
 	c->chosen_steps++;
 	if (c->fixed)
@@ -590,20 +652,38 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 	/* Grow the plan sequence by sequence while the step's rate rises, every size charged
 	 * its upper estimate; then keep it only if it beats plain decode by the margin. */
 	double gain = 0;
-	/* Draft rounds: each drafter with rounds runs max(its k) of them, batched over its
-	 * sequences; their cost adds to the step's. */
-	uint32_t extra = 0, rounds[MD_SPEC_CTL_DRAFTERS] = { 0 };
-	double t_rounds = 0; /* sum over drafters of rounds x seconds per round */
+	/* Draft rounds: each drafter runs max(its k) of them, batched over its sequences,
+	 * round j with a row for each sequence drafting j or more (rows[d][j - 1]). A round
+	 * of r rows costs rc[d][r] (0 for an untimed drafter). While the plan grows, each
+	 * drafted position is charged a row's share of a round with every sequence of its
+	 * drafter that may draft (share[d]): a round costs less per row the more rows it has,
+	 * and charged at the margin the first sequence would pay for the whole round and none
+	 * would join. The plan is then judged at what its rounds cost (t_exact). */
+	uint32_t extra = 0, rows[MD_SPEC_CTL_DRAFTERS][MD_SPEC_MAX_K] = { { 0 } };
+	double t_rounds = 0; /* the rounds' cost while growing, summed over the drafters */
+	double (*rc)[MD_SPEC_ROUND_ROWS + 1] = c->round_cost;
+	double share[MD_SPEC_CTL_DRAFTERS] = { 0 };
+	uint32_t cands[MD_SPEC_CTL_DRAFTERS] = { 0 };
+	for (uint32_t i = 0; i < m; i++)
+		if (!is_free(ss[i]) && room[i] > 0)
+			cands[drafter_of(ss[i])]++;
+	for (unsigned d = 0; d < MD_SPEC_CTL_DRAFTERS; d++) {
+		if (!cands[d])
+			continue;
+		for (uint32_t r = 0; r <= cands[d]; r++)
+			rc[d][r] = md_spec_ctl_round_cost(c, rounds_of ? rounds_of[d] : NULL, r);
+		share[d] = rc[d][cands[d]] / cands[d];
+	}
+	double cu_plan = 0; /* the catch-up shares of the sequences in the plan */
 	for (uint32_t oi = 0; oi < m; oi++) {
 		uint32_t i = order[oi];
 		double a = md_spec_ctl_alpha(ss[i]);
 		const unsigned dr = drafter_of(ss[i]);
-		const double tr = is_free(ss[i]) ? 0 : t_round_of[dr];
+		const double tr = is_free(ss[i]) ? 0 : share[dr];
 		double best_rate = (B + gain) / (md_spec_ctl_cost_hi(c, B + extra) + t_rounds);
 		uint32_t best = 0;
 		for (uint32_t kk = 1; kk <= room[i]; kk++) {
-			double more = (kk > rounds[dr] ? (kk - rounds[dr]) * tr : 0) +
-				      catchup_share(ss[i]);
+			double more = kk * tr + catchup_share(ss[i]);
 			double cost = md_spec_ctl_cost_hi(c, B + extra + kk) + t_rounds + more;
 			double rate = (B + gain + expect(a, kk)) / cost;
 			if (cost > 0 && rate > best_rate) {
@@ -614,14 +694,18 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 		k[i] = best;
 		gain += expect(a, best);
 		extra += best;
-		if (best > rounds[dr]) {
-			t_rounds += (best - rounds[dr]) * tr;
-			rounds[dr] = best;
+		if (best > 0) {
+			t_rounds += best * tr + catchup_share(ss[i]);
+			cu_plan += catchup_share(ss[i]);
+			for (uint32_t j = 0; j < best && j < MD_SPEC_MAX_K; j++)
+				rows[dr][j]++;
 		}
-		if (best > 0)
-			t_rounds += catchup_share(ss[i]);
 	}
-	bool spec = extra > 0 && (B + gain) / (md_spec_ctl_cost_hi(c, B + extra) + t_rounds) >
+	double t_exact = cu_plan;
+	for (unsigned d = 0; d < MD_SPEC_CTL_DRAFTERS; d++)
+		for (uint32_t j = 0; cands[d] && j < MD_SPEC_MAX_K && rows[d][j]; j++)
+			t_exact += rc[d][rows[d][j]];
+	bool spec = extra > 0 && (B + gain) / (md_spec_ctl_cost_hi(c, B + extra) + t_exact) >
 				 MARGIN * B / plain;
 	/* Keep plain decode's time current: the reference every decision compares with. */
 	if (spec && c->chosen_steps - c->last_obs[B < MD_SPEC_CTL_MAXN ? B : MD_SPEC_CTL_MAXN] > REF_STEPS)
@@ -670,7 +754,7 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 			/* No shadow: a probe (one draft) re-measures alpha, now and then, while
 			 * drafting could pay with a good acceptance at all; the gap doubles while
 			 * probes do not lead to speculation. */
-			const double tr = t_round_of[drafter_of(s)];
+			const double tr = md_spec_ctl_round_cost(c, rounds_of ? rounds_of[drafter_of(s)] : NULL, 1);
 			/* the acceptance the probe hopes for: what this sequence has shown, at
 			 * its upper estimate, or for the rare re-check the most any drafter gets */
 			double hope = alpha_ucb(s);

@@ -42,7 +42,7 @@
  * time is interpolated linearly in n; beyond the largest it follows the secant over the
  * measured range (linear from zero with one size measured), never less than R's ratio says:
  * the controller does not count on a speedup it has not seen. A draft model adds its rounds'
- * measured critical paths. The engine measures the sizes one sequence needs (1..k+1 tokens)
+ * measured critical paths, each by the rows it runs (md_spec_rounds). The engine measures the sizes one sequence needs (1..k+1 tokens)
  * before it serves (md_spec_ctl_calibrate), and a calibrated size not measured lately is estimated
  * from the calibrated shape scaled by the nearest size measured lately: so a request's first
  * drafts are weighed against known times, not against probes it would pay for.
@@ -68,8 +68,10 @@
  *
  * Choice. One step emits B tokens for its B decoding sequences in time C(B). Sequences are
  * taken best alpha first; each gets the k (0..its room) that most raises the step's tokens per
- * second (B + sum E_i(k_i)) / (C(B + sum k_i) + D(max k_i)), D the draft model's rounds, every
- * step size charged one standard error above its mean time (the machine's relative noise over
+ * second (B + sum E_i(k_i)) / (C(B + sum k_i) + D), D the drafters' rounds (round j of a
+ * drafter has a row for each of its sequences drafting j or more; while the plan grows each
+ * drafted position is charged a row's share of a round of all the drafter's candidates, and
+ * the finished plan its rounds' own costs), every step size charged one standard error above its mean time (the machine's relative noise over
  * the samples behind it: picking the best of several noisy estimates would otherwise favour
  * the one measured too fast). A draft model that has not seen a sequence's latest tokens
  * must first catch up on them (its prefill: the whole prompt at a request's first draft);
@@ -114,6 +116,27 @@ struct md_pool;
 #define MD_SPEC_CTL_WINDOW 9  /* step times per size behind its estimate (odd: a median) */
 #define MD_SPEC_CTL_DRAFTERS 8 /* drafters (enum md_spec_drafter) with engine-wide acceptance */
 
+/* A drafter's round time by the rows it runs (one per drafting sequence). A round of the
+ * draft model or of self-speculation is a forward pass of one row per sequence, and costs
+ * more the more sequences draft together, as the target's steps do. The controller once kept
+ * one smoothed time per round, whatever its rows, and charged every round that: at 16 streams
+ * of default-1g in Q4_K_M on AVX2 (loop workload, bench_spec.py with MOED_SPEC_TRACE) the
+ * self-draft passes took 617 ms of wall time where about 265 ms had been charged; charged by
+ * rows they took 339 ms against 330 charged. Each drafter times its rounds into one of these
+ * (md_spec_rounds_observe); the controller charges a plan's rounds by their rows
+ * (md_spec_ctl_round_cost). Engine thread only. */
+#define MD_SPEC_ROUND_ROWS 256
+struct md_spec_rounds {
+	float t[MD_SPEC_ROUND_ROWS + 1]; /* seconds of a round of n rows, smoothed; 0: none timed */
+	uint64_t n;                      /* rounds timed */
+};
+
+/* A round of rows rows took dt seconds (md_spec_watch). Rows beyond MD_SPEC_ROUND_ROWS are
+ * not kept. */
+void md_spec_rounds_observe(struct md_spec_rounds *r, uint32_t rows, double dt);
+/* The time of a round of one row: measured, or the fewest rows measured (0: none timed). */
+double md_spec_rounds_one(const struct md_spec_rounds *r);
+
 struct md_spec_ctl {
 	bool fixed;                       /* always draft the most (tests; $MOED_SPEC_FIXED) */
 	bool trace;                       /* $MOED_SPEC_TRACE: each decision (spec-ctl) and each
@@ -141,6 +164,8 @@ struct md_spec_ctl {
 					     with a plain time: the first probes' catch-up) */
 	double g_acc_w[MD_SPEC_CTL_DRAFTERS][MD_SPEC_CLASSES]; /* per drafter and class, decayed */
 	double g_acc_n[MD_SPEC_CTL_DRAFTERS][MD_SPEC_CLASSES];
+	double round_cost[MD_SPEC_CTL_DRAFTERS][MD_SPEC_ROUND_ROWS + 1]; /* md_spec_ctl_choose's
+					     scratch: each drafter's rounds by their rows */
 };
 
 void md_spec_ctl_init(struct md_spec_ctl *c, const struct md_model *m, bool fixed);
@@ -197,15 +222,22 @@ void md_spec_ctl_feedback(struct md_spec_ctl *c, struct md_spec_seq *ss, uint32_
  * weighted as a few judgements (nothing for a class the drafter has none of). */
 void md_spec_ctl_prior(const struct md_spec_ctl *c, struct md_spec_seq *ss);
 
+/* What the controller charges a round of rows rows of the drafter whose rounds are r: as
+ * timed; between two timed row counts, linearly; beyond them, the nearest timed one scaled as
+ * the target's step of that many tokens is; 0 where r has none timed (or r is NULL). */
+double md_spec_ctl_round_cost(const struct md_spec_ctl *c, const struct md_spec_rounds *r,
+			      uint32_t rows);
+
 /*
  * Choose k for the n sequences with drafters in a step of B decoding sequences: on entry
  * k[i] is the most sequence i may draft (its room, and for the n-gram drafter the proposal's
  * length), on return what it drafts. The n-gram drafter's proposals cost nothing; any other
- * drafter d runs rounds of t_round[d] seconds each (0 if unknown), one per drafted position,
- * batched over its sequences (t_round has MD_SPEC_CTL_DRAFTERS entries, by enum
- * md_spec_drafter).
+ * drafter d runs rounds, one per drafted position, batched over its sequences: round j has a
+ * row for each sequence drafting j or more, and costs what rounds[d] says a round of that
+ * many rows costs (rounds has MD_SPEC_CTL_DRAFTERS entries, by enum md_spec_drafter; NULL or
+ * nothing timed: free, so that the first drafts time it).
  */
 void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, uint32_t *k,
-			const double *t_round, uint32_t n, uint32_t B);
+			const struct md_spec_rounds *const *rounds, uint32_t n, uint32_t B);
 
 #endif
