@@ -291,6 +291,22 @@ int main(void)
 	CHECK(fabs(md_spec_ctl_cost(&c2, 3) - 0.7 * 1.8e-3) < 0.02 * 1.8e-3);
 	/* a size never calibrated nor measured: the byte model's floor, not the shape */
 	CHECK(md_spec_ctl_cost(&c, 6) > md_spec_ctl_cost(&c, 1));
+	/* A drafter's rounds are charged by their rows: as timed; linearly between timed row
+	 * counts; beyond the largest as the target's step grows (here its calibrated shape:
+	 * 2.1 / 1.5 from 2 to 4 tokens); below the smallest by the steps' shape too; nothing
+	 * timed: free (the first drafts time it). */
+	struct md_spec_rounds rr;
+	memset(&rr, 0, sizeof(rr));
+	CHECK(md_spec_ctl_round_cost(&c2, &rr, 1) == 0);
+	md_spec_rounds_observe(&rr, 2, 1e-3);
+	CHECK(fabs(md_spec_ctl_round_cost(&c2, &rr, 2) - 1e-3) < 1e-9);
+	CHECK_CONTEXT("a round of 1 row from one of 2: %.4f ms", md_spec_ctl_round_cost(&c2, &rr, 1) * 1e3);
+	CHECK(fabs(md_spec_ctl_round_cost(&c2, &rr, 1) - 1e-3 / 1.5) < 1e-6);
+	CHECK_CONTEXT("a round of 4 rows from one of 2: %.4f ms", md_spec_ctl_round_cost(&c2, &rr, 4) * 1e3);
+	CHECK(fabs(md_spec_ctl_round_cost(&c2, &rr, 4) - 1e-3 * 2.1 / 1.5) < 1e-6);
+	md_spec_rounds_observe(&rr, 6, 3e-3);
+	CHECK(fabs(md_spec_ctl_round_cost(&c2, &rr, 4) - 2e-3) < 1e-9);
+	CHECK(fabs(md_spec_rounds_one(&rr) - 1e-3) < 1e-9);
 	/* The shadow: an n-gram sequence that is not verifying learns a high acceptance from
 	 * proposals that keep holding (a loop: judged up to 16 tokens each; one token per
 	 * step, it would stay below ~0.88, where long drafts never pay) and a low one from
