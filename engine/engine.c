@@ -883,22 +883,6 @@ static double wall_s(void)
 
 /* Before the plan: the n-gram proposals, the controller's k for every decoding sequence with
  * a drafter (engine/spec_ctl.h), then the draft model's rounds. */
-/* Traced: what the controller charged the rounds of a drafter's pass drafting k[i] for n
- * sequences (round j has a row for each sequence drafting j or more). */
-static double rounds_charged(const struct md_engine *e, const struct md_spec_rounds *r,
-			     const uint32_t *k, uint32_t n)
-{
-	double t = 0;
-	for (uint32_t j = 1;; j++) {
-		uint32_t rows = 0;
-		for (uint32_t i = 0; i < n; i++)
-			rows += k[i] >= j;
-		if (rows == 0)
-			return t;
-		t += md_spec_ctl_round_cost(&e->ctl, r, rows);
-	}
-}
-
 static void spec_propose(struct md_engine *e)
 {
 	struct md_sched *sc = &e->sched;
@@ -988,7 +972,7 @@ static void spec_propose(struct md_engine *e)
 				(int)e->dseq[0]->spec->n_dkv - (int)seen0, (wall_s() - tw0) * 1e3,
 				e->dseq[0]->spec->catchup * 1e3,
 				md_spec_rounds_one(&e->draft.rounds) * 1e3,
-				rounds_charged(e, &e->draft.rounds, e->dk, nd) * 1e3);
+				md_spec_ctl_pass_cost(&e->ctl, &e->draft.rounds, e->dk, nd) * 1e3);
 		if (rc)
 			md_log(MD_LOG_WARN, "draft model step failed (%d): no drafts this step", rc);
 		for (uint32_t i = 0; i < nd; i++)
@@ -1002,7 +986,7 @@ static void spec_propose(struct md_engine *e)
 			fprintf(stderr, "spec-self seqs=%u k0=%u wall=%.2fms t_round=%.2fms "
 				"charged=%.2fms\n", ns, e->sk[0], (wall_s() - tw0) * 1e3,
 				md_spec_rounds_one(&e->self.rounds) * 1e3,
-				rounds_charged(e, &e->self.rounds, e->sk, ns) * 1e3);
+				md_spec_ctl_pass_cost(&e->ctl, &e->self.rounds, e->sk, ns) * 1e3);
 		if (rc)
 			md_log(MD_LOG_WARN, "self-speculation draft failed (%d): no drafts this step", rc);
 		for (uint32_t i = 0; i < ns; i++)

@@ -568,11 +568,25 @@ double md_spec_ctl_round_cost(const struct md_spec_ctl *c, const struct md_spec_
 	double g;
 	if (measured(c, rows) && measured(c, hi))
 		g = c->t[rows] / c->t[hi];
-	else if (hi <= MD_SPEC_CTL_MAXN && c->cal[rows] > 0 && c->cal[hi] > 0)
+	else if (c->cal[rows] > 0 && c->cal[hi] > 0)
 		g = c->cal[rows] / c->cal[hi];
 	else
 		g = md_spec_ctl_bytes(c, rows) / md_spec_ctl_bytes(c, hi);
 	return r->t[hi] * (g < 1 ? g : 1);
+}
+
+double md_spec_ctl_pass_cost(const struct md_spec_ctl *c, const struct md_spec_rounds *r,
+			     const uint32_t *k, uint32_t n)
+{
+	double t = 0;
+	for (uint32_t j = 1;; j++) {
+		uint32_t rows = 0;
+		for (uint32_t i = 0; i < n; i++)
+			rows += k[i] >= j;
+		if (rows == 0)
+			return t;
+		t += md_spec_ctl_round_cost(c, r, rows);
+	}
 }
 
 /* The best rate (tokens per second of a step of B sequences) that drafting k = 1..room for one

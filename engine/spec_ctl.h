@@ -227,6 +227,10 @@ void md_spec_ctl_prior(const struct md_spec_ctl *c, struct md_spec_seq *ss);
  * the target's step of that many tokens is; 0 where r has none timed (or r is NULL). */
 double md_spec_ctl_round_cost(const struct md_spec_ctl *c, const struct md_spec_rounds *r,
 			      uint32_t rows);
+/* What the controller charges a drafter's pass drafting k[i] positions for each of n
+ * sequences: its rounds, round j with a row for each sequence drafting j or more. */
+double md_spec_ctl_pass_cost(const struct md_spec_ctl *c, const struct md_spec_rounds *r,
+			     const uint32_t *k, uint32_t n);
 
 /*
  * Choose k for the n sequences with drafters in a step of B decoding sequences: on entry
