@@ -122,8 +122,32 @@ void md_draft_release(struct md_draft_model *dm)
 	memset(dm, 0, sizeof(*dm));
 }
 
-/* Bring the draft KV of s in line with its tokens: keep the prefix the draft saw that toks
- * still has, and claim a slot the first time. Returns false when s cannot draft now. */
+/* The prefix of s's tokens the draft KV keeps: what the draft saw that toks still has (the
+ * drafts it was fed that the step accepted), all but the last token (whose logits round 0
+ * wants); or, when more than MD_DRAFT_CATCHUP tokens would be missing, only the recent window
+ * (DESIGN), *restart set. */
+static uint32_t keep_of(const struct md_spec_seq *ss, const struct md_seq *s, bool *restart)
+{
+	uint32_t keep = ss->dkv_seq >= 0 ? ss->n_dkv : 0;
+	uint32_t fed = ss->dkv_seq >= 0 ? ss->n_dfed : 0;
+	for (uint32_t j = 0; j < fed && keep < s->n_toks && s->toks[keep] == ss->draft[j]; j++)
+		keep++;
+	if (keep > s->n_toks - 1)
+		keep = s->n_toks - 1;
+	*restart = s->n_toks - keep > MD_DRAFT_CATCHUP;
+	if (*restart)
+		keep = s->n_toks > MD_DRAFT_WINDOW ? s->n_toks - MD_DRAFT_WINDOW : 0;
+	return keep;
+}
+
+uint32_t md_draft_catchup_rows(const struct md_seq *s)
+{
+	bool restart;
+	return s->n_toks - keep_of(s->spec, s, &restart);
+}
+
+/* Bring the draft KV of s in line with its tokens (keep_of), claiming a slot the first time.
+ * Returns false when s cannot draft now. */
 static bool sync_seq(struct md_draft_model *dm, struct md_seq *s)
 {
 	struct md_spec_seq *ss = s->spec;
@@ -136,15 +160,10 @@ static bool sync_seq(struct md_draft_model *dm, struct md_seq *s)
 		ss->dkv_base = ss->n_dkv = 0;
 		ss->n_dfed = 0;
 	}
-	uint32_t keep = ss->n_dkv;
-	for (uint32_t j = 0; j < ss->n_dfed && keep < s->n_toks && s->toks[keep] == ss->draft[j]; j++)
-		keep++;
-	if (keep > s->n_toks - 1)
-		keep = s->n_toks - 1;
-	if (s->n_toks - keep > MD_DRAFT_CATCHUP) {
-		/* Restart on the recent window (DESIGN). */
-		keep = ss->dkv_base = s->n_toks > MD_DRAFT_WINDOW ? s->n_toks - MD_DRAFT_WINDOW : 0;
-	}
+	bool restart;
+	uint32_t keep = keep_of(ss, s, &restart);
+	if (restart)
+		ss->dkv_base = keep;
 	md_kv_truncate(&dm->kv, ss->dkv_seq, keep - ss->dkv_base);
 	ss->n_dkv = keep;
 	ss->n_dfed = 0;
@@ -196,20 +215,20 @@ static int pick(struct md_draft_model *dm, struct md_seq *s, uint32_t r, const f
 	return md_draft_pick(&dm->sm, dm->n_vocab, s, r, row);
 }
 
-/* One batched forward of the planned rows (n, drafting for n_seqs sequences); the logits
+/* One batched forward of the planned rows (n tokens); the logits
  * row of each wanted token goes to dm->logits in batch order. Returns the rows or a negative
  * code.
  *
- * The controller charges each drafted position a round of as many rows as sequences draft
- * it, so only rounds of about one row per sequence are timed: a round 0 that also catches a sequence up on what the draft missed
- * (the whole prompt at a request's first draft, every plain step's token after a pause) is a
- * prefill, and timed as a round it once stood at 43 ms against 0.6 for a real round
- * (default-1g's draft), which priced the draft model out for good: the controller then never
- * probed it again, whatever its acceptance. Until a round is timed the rounds read 0, which
- * the controller reads as unknown (free), so the next drafts measure it. A catch-up round's
- * time per row is kept apart (t_row): what the controller charges a sequence for the rows its
- * draft has missed (md_spec_seq.catchup). */
-static int run_round(struct md_draft_model *dm, uint32_t n, uint32_t n_seqs)
+ * Every round is timed by its rows, the tokens it feeds (md_spec_rounds): a drafting round
+ * has one per sequence, a round 0 that also catches sequences up on what the draft missed
+ * (the window of the prompt at a request's first draft, the tokens of plain steps after a
+ * pause) more, and is a small prefill. The controller charges a plan's rounds by their rows
+ * and a sequence's catch-up as the rows it adds to round 0 (md_draft_catchup_rows). Catch-up
+ * rounds were once timed apart as seconds per row, smoothed over rounds of every size; a
+ * round's fixed cost (the weights read once) then made a 2-row catch-up's rate stand for a
+ * prompt's, and at 16 streams of default-1g (Q4_K_M, AVX2) a 108-row catch-up that took
+ * 24 ms was charged 94. */
+static int run_round(struct md_draft_model *dm, uint32_t n)
 {
 	struct md_batch b = {
 		.n_tokens = (int32_t)n, .tokens = dm->tok, .seq = dm->seq, .pos = dm->pos,
@@ -219,11 +238,8 @@ static int run_round(struct md_draft_model *dm, uint32_t n, uint32_t n_seqs)
 	md_spec_watch_start(&w, md_forward_pool(dm->fw));
 	int rows = md_forward(dm->fw, &dm->kv, &b, dm->logits);
 	double dt = md_spec_watch_read(&w);
-	if (rows >= 0 && n <= 2 * n_seqs) {
-		md_spec_rounds_observe(&dm->rounds, n_seqs, dt);
-	} else if (rows >= 0) {
-		dm->t_row = dm->t_row > 0 ? 0.8 * dm->t_row + 0.2 * dt / n : dt / n;
-	}
+	if (rows >= 0)
+		md_spec_rounds_observe(&dm->rounds, n, dt);
 	return rows;
 }
 
@@ -271,7 +287,7 @@ int md_draft_propose(struct md_draft_model *dm, struct md_seq **seqs, uint32_t *
 	}
 	if (nt == 0)
 		return 0;
-	int rows = run_round(dm, nt, nr);
+	int rows = run_round(dm, nt);
 	int rc = rows < 0 ? rows : (uint32_t)rows == nr ? 0 : -EIO;
 	for (uint32_t i = 0; i < n && !rc; i++) /* md_forward committed the new lengths */
 		if (seqs[i]->spec->dkv_seq >= 0)
@@ -291,7 +307,7 @@ int md_draft_propose(struct md_draft_model *dm, struct md_seq **seqs, uint32_t *
 				s->n_toks + r - 1 - s->spec->dkv_base, true);
 			dm->row_seq[m++] = s;
 		}
-		rows = run_round(dm, nt, m);
+		rows = run_round(dm, nt);
 		rc = rows < 0 ? rows : (uint32_t)rows == m ? 0 : -EIO;
 		for (uint32_t i = 0; i < m && !rc; i++)
 			rc = pick(dm, dm->row_seq[i], r, dm->logits + (size_t)i * dm->n_vocab);

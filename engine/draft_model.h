@@ -60,12 +60,9 @@ struct md_draft_model {
 	struct md_seq **row_seq;     /* owned (max_seqs): the sequence of each logits row */
 	uint32_t max_seqs;
 	struct md_sampler sm;        /* owned: transform and filter scratch (its RNG unused) */
-	struct md_spec_rounds rounds; /* times of its rounds (of about one row per sequence) by
-				      * the sequences drafting in them (the controller reads it) */
-	double t_row;                /* seconds per row of a round that catches sequences up (a
-				      * prefill: the prompt at a request's first draft, the tokens
-				      * of plain steps after a pause), smoothed; 0: none timed
-				      * yet. The controller charges a sequence's catch-up by it */
+	struct md_spec_rounds rounds; /* times of its rounds by the tokens they feed (one per
+				      * drafting sequence, more in a round 0 that catches
+				      * sequences up); the controller reads it */
 };
 
 /*
@@ -91,6 +88,9 @@ void md_draft_release(struct md_draft_model *dm);
  * forward pass (then no sequence has drafts).
  */
 int md_draft_propose(struct md_draft_model *dm, struct md_seq **seqs, uint32_t *k, uint32_t n);
+/* The tokens md_draft_propose's round 0 would feed for s now (its catch-up, the last token
+ * included: 1 when the draft has seen everything before it). s must have a drafter state. */
+uint32_t md_draft_catchup_rows(const struct md_seq *s);
 
 /*
  * The draft at position r (0-based after toks[n_toks)) of s from a drafter's logits row

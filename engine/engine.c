@@ -916,11 +916,11 @@ static void spec_propose(struct md_engine *e)
 		ss->n_prop = k;
 		ss->catchup = 0;
 		if (ss->drafter == MD_SPEC_DRAFT && e->draft_ready) {
-			/* the rows the draft model has not seen, at a catch-up row's cost (a
-			 * round's until one is timed) */
-			uint32_t seen = ss->dkv_seq >= 0 ? ss->n_dkv : 0;
-			double t_row = e->draft.t_row > 0 ? e->draft.t_row : md_spec_rounds_one(&e->draft.rounds);
-			ss->catchup = s->n_toks > seen ? (s->n_toks - seen) * t_row : 0;
+			/* what the rows the draft model has not seen add to its round 0 */
+			uint32_t rows = md_draft_catchup_rows(s);
+			double more = md_spec_ctl_round_cost(&e->ctl, &e->draft.rounds, rows) -
+				      md_spec_ctl_round_cost(&e->ctl, &e->draft.rounds, 1);
+			ss->catchup = rows > 1 && more > 0 ? more : 0;
 		}
 		ss->horizon = s->req->max_tokens > s->n_gen ? s->req->max_tokens - s->n_gen : 1;
 		e->cseq[nc] = s;

@@ -124,7 +124,9 @@ struct md_pool;
  * self-draft passes took 617 ms of wall time where about 265 ms had been charged; charged by
  * rows they took 339 ms against 330 charged. Each drafter times its rounds into one of these
  * (md_spec_rounds_observe); the controller charges a plan's rounds by their rows
- * (md_spec_ctl_round_cost). Engine thread only. */
+ * (md_spec_ctl_round_cost). A row is a token the round feeds: one per drafting sequence, and
+ * in the draft model's round 0 also the tokens it catches up on (md_draft_catchup_rows),
+ * which a sequence's catch-up is charged as. Engine thread only. */
 #define MD_SPEC_ROUND_ROWS 256
 struct md_spec_rounds {
 	float t[MD_SPEC_ROUND_ROWS + 1]; /* seconds of a round of n rows, smoothed; 0: none timed */
