@@ -284,6 +284,35 @@ static double cost_opt(const struct md_spec_ctl *c, uint32_t n)
 	return (est > 0 && est < opt ? est : opt);
 }
 
+/* The least a plan is charged per token it adds to a step: FLOOR_SHARE of the slope of the
+ * measured curve over its upper half (the largest size measured lately, and the one measured
+ * lately nearest half of it, at least FLOOR_SPAN below), 0 without two such sizes. Step times
+ * only grow with their tokens, and on a curve that flattens (bound by memory traffic: the
+ * experts' union saturates) the upper half's slope is the smallest, so a real step's added
+ * tokens cost at least that. Sizes measured at different times are not: at 16 streams of
+ * default-1g in Q4_K_M on the Zen 3 (bench/README.md) plain decode's 11 tokens stood at 29.8 ms
+ * from a slow stretch while 12 tokens, measured since, read 25.4-27.1, and the plan drafted a
+ * token for 11 sequences in turn, each step "gaining" by a larger step costing less. */
+#define FLOOR_SHARE 0.8
+#define FLOOR_SPAN 4
+static double tok_floor(const struct md_spec_ctl *c)
+{
+	uint32_t top = 0, mid = 0;
+	for (uint32_t i = c->max_n; i >= 1 && !top; i--)
+		if (measured(c, i))
+			top = i;
+	if (top <= FLOOR_SPAN)
+		return 0;
+	for (uint32_t i = 1; i + FLOOR_SPAN <= top; i++)
+		if (measured(c, i) && (!mid || (i > top / 2 ? i - top / 2 : top / 2 - i) <
+					      (mid > top / 2 ? mid - top / 2 : top / 2 - mid)))
+			mid = i;
+	if (!mid)
+		return 0;
+	double slope = (c->t[top] - c->t[mid]) / (double)(top - mid);
+	return slope > 0 ? FLOOR_SHARE * slope : 0;
+}
+
 double md_spec_ctl_cost(const struct md_spec_ctl *c, uint32_t n)
 {
 	return shape_cost(c, n);
@@ -619,6 +648,15 @@ static double catchup_share(const struct md_spec_seq *s)
 	return s->catchup / (h < CATCHUP_STEPS ? h : CATCHUP_STEPS);
 }
 
+/* What the plan charges a step of B + x tokens: its upper estimate, and for x > 0 no less than
+ * plain decode's B tokens (plain, their measured time) plus per_tok per added token (tok_floor). */
+static double step_hi(const struct md_spec_ctl *c, uint32_t B, uint32_t x, double plain,
+		      double per_tok)
+{
+	double t = md_spec_ctl_cost_hi(c, B + x);
+	return x > 0 && t < plain + x * per_tok ? plain + x * per_tok : t;
+}
+
 /* Whether drafting for a sequence with acceptance a could beat plain decode at all. */
 static bool could_pay(const struct md_spec_ctl *c, double a, uint32_t room, bool free_draft,
 		      uint32_t B, double t_round, double plain)
@@ -688,17 +726,18 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 			rc[d][r] = md_spec_ctl_round_cost(c, rounds_of ? rounds_of[d] : NULL, r);
 		share[d] = rc[d][cands[d]] / cands[d];
 	}
+	const double per_tok = tok_floor(c);
 	double cu_plan = 0; /* the catch-up shares of the sequences in the plan */
 	for (uint32_t oi = 0; oi < m; oi++) {
 		uint32_t i = order[oi];
 		double a = md_spec_ctl_alpha(ss[i]);
 		const unsigned dr = drafter_of(ss[i]);
 		const double tr = is_free(ss[i]) ? 0 : share[dr];
-		double best_rate = (B + gain) / (md_spec_ctl_cost_hi(c, B + extra) + t_rounds);
+		double best_rate = (B + gain) / (step_hi(c, B, extra, plain, per_tok) + t_rounds);
 		uint32_t best = 0;
 		for (uint32_t kk = 1; kk <= room[i]; kk++) {
 			double more = kk * tr + catchup_share(ss[i]);
-			double cost = md_spec_ctl_cost_hi(c, B + extra + kk) + t_rounds + more;
+			double cost = step_hi(c, B, extra + kk, plain, per_tok) + t_rounds + more;
 			double rate = (B + gain + expect(a, kk)) / cost;
 			if (cost > 0 && rate > best_rate) {
 				best_rate = rate;
@@ -719,7 +758,7 @@ void md_spec_ctl_choose(struct md_spec_ctl *c, struct md_spec_seq *const *ss, ui
 	for (unsigned d = 0; d < MD_SPEC_CTL_DRAFTERS; d++)
 		for (uint32_t j = 0; cands[d] && j < MD_SPEC_MAX_K && rows[d][j]; j++)
 			t_exact += rc[d][rows[d][j]];
-	bool spec = extra > 0 && (B + gain) / (md_spec_ctl_cost_hi(c, B + extra) + t_exact) >
+	bool spec = extra > 0 && (B + gain) / (step_hi(c, B, extra, plain, per_tok) + t_exact) >
 				 MARGIN * B / plain;
 	/* Keep plain decode's time current: the reference every decision compares with. */
 	if (spec && c->chosen_steps - c->last_obs[B < MD_SPEC_CTL_MAXN ? B : MD_SPEC_CTL_MAXN] > REF_STEPS)

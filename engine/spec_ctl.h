@@ -73,7 +73,11 @@
  * drafted position is charged a row's share of a round of all the drafter's candidates, and
  * the finished plan its rounds' own costs), every step size charged one standard error above its mean time (the machine's relative noise over
  * the samples behind it: picking the best of several noisy estimates would otherwise favour
- * the one measured too fast). A draft model that has not seen a sequence's latest tokens
+ * the one measured too fast), and never less than plain decode's time plus 0.8 of the measured
+ * curve's per-token slope over its upper half for each token the plan adds (step times only
+ * grow with their tokens, and that slope is a curve's flattest where it flattens; sizes
+ * measured in different stretches of load otherwise show a larger step cheaper than plain
+ * decode's, spec_ctl.c tok_floor). A draft model that has not seen a sequence's latest tokens
  * must first catch up on them (its prefill: the whole prompt at a request's first draft);
  * a plan pays that once, spread over the tokens the request may still generate, and a probe
  * pays it whole (md_spec_seq.catchup, horizon). The plan is kept only when it beats plain
