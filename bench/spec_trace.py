@@ -41,17 +41,21 @@ args = ap.parse_args()
 STEP = re.compile(r"spec-step n=(\d+) items=(\d+) out=(\d+) dt=([\d.]+)ms wall=([\d.]+)ms"
                   r"(?: experts=(\d+))?")
 DRAFTER = re.compile(r"spec-(draft|self) seqs=\d+ k0=\d+ .*?wall=([\d.]+)ms")
+CTL_B = re.compile(r"spec-ctl B=(\d+) ")
 steps = []
-drafter_ms = {"draft": [], "self": []}
+drafter_ms = {"draft": [], "self": []}  # (B of the step it drafts for, wall ms)
 asked = False  # a spec-ctl line since the last step: the controller chose for the next one
+ctl_b = 0      # B of the last spec-ctl line: the step the next drafter pass drafts for
 with open(args.log, errors="replace") as f:
     for line in f:
         if line.startswith("spec-ctl "):
             asked = True
+            m = CTL_B.match(line)
+            ctl_b = int(m[1]) if m else ctl_b
             continue
         m = DRAFTER.match(line)
         if m:
-            drafter_ms[m[1]].append(float(m[2]))
+            drafter_ms[m[1]].append((ctl_b, float(m[2])))
             continue
         m = STEP.match(line)
         if m:
@@ -101,17 +105,28 @@ if args.balance:
         if n == items:
             per_tok.setdefault(items, []).append(wall / items)
     per_tok = {b: statistics.median(v) for b, v in per_tok.items()}
-    vt = vout = veq = 0.0
+    B_GROUPS = ((1, 1), (2, 4), (5, 8), (9, 12), (13, 16), (17, 1 << 30))
+
+    def b_group(b):
+        for lo, hi in B_GROUPS:
+            if lo <= b <= hi:
+                return (lo, hi)
+
+    saved = {}    # B group -> [verifying ms, tokens, at plain cost ms]
     missing = 0
     for n, items, out, wall, experts, ctl in steps:
         if n > items and (not args.batch or items == args.batch):
-            vt += wall
-            vout += out
+            g = saved.setdefault(b_group(items), [0.0, 0, 0.0])
+            g[0] += wall
+            g[1] += out
             if items in per_tok:
-                veq += out * per_tok[items]
+                g[2] += out * per_tok[items]
             else:
                 missing += 1
-                veq += wall
+                g[2] += wall
+    vt = sum(g[0] for g in saved.values())
+    vout = sum(g[1] for g in saved.values())
+    veq = sum(g[2] for g in saved.values())
     print("verifying steps: %.0f ms wall for %d tokens; the same tokens at plain decode's cost "
           "%.0f ms: saved %.0f ms%s" % (vt, vout, veq, veq - vt,
                                       " (%d steps of a B without plain steps counted level)"
@@ -120,4 +135,18 @@ if args.balance:
         if drafter_ms[d]:
             print("%s passes: %d, %.0f ms wall" % ("draft model" if d == "draft" else
                                                   "self-draft", len(drafter_ms[d]),
-                                                  sum(drafter_ms[d])))
+                                                  sum(x[1] for x in drafter_ms[d])))
+    # By the step's sequences: where speculation gained and where its drafts cost more
+    print("%-8s %12s %10s %14s %14s %10s" % ("B", "verify ms", "saved ms", "draft-model ms",
+                                            "self-draft ms", "net ms"))
+    for lo, hi in B_GROUPS:
+        if args.batch and not lo <= args.batch <= hi:
+            continue
+        g = saved.get((lo, hi), [0.0, 0, 0.0])
+        dm = sum(x[1] for x in drafter_ms["draft"] if lo <= x[0] <= hi)
+        sd = sum(x[1] for x in drafter_ms["self"] if lo <= x[0] <= hi)
+        if g[0] == 0 and dm == 0 and sd == 0:
+            continue
+        name = str(lo) if lo == hi else "%d-%d" % (lo, hi) if hi < (1 << 30) else ">%d" % (lo - 1)
+        print("%-8s %12.0f %10.0f %14.0f %14.0f %10.0f" % (name, g[0], g[2] - g[0], dm, sd,
+                                                           g[2] - g[0] - dm - sd))
