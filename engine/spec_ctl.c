@@ -257,9 +257,15 @@ static bool fresh(const struct md_spec_ctl *c, uint32_t n);
 /* The cheapest a step of n tokens may plausibly turn out: a size measured often and lately
  * as measured; any other (a few noisy samples say little) no dearer than the curve of the
  * well-measured sizes continued at half its slope (it may flatten: bound by memory
- * traffic), nor than the byte model from the largest such size below. Probes walk the sizes
- * up while this says they could pay, and stop one size past where the measured curve says
- * not. */
+ * traffic), nor than the byte model from the largest such size below; with one size measured
+ * well there is no slope to continue, and the byte model alone says it (a step of as many
+ * tokens as every stream's drafts could cost what its bytes do). Probes walk the sizes up
+ * while this says they could pay, and stop one size past where the measured curve says not.
+ * (With one size the curve was once continued at half a step's time per token, as if
+ * compute-bound: with B streams all decoding, plain decode's B is the one size measured, and
+ * a draft model's probes then never ran where drafts were cheap and right: a simulated 16
+ * streams of a memory-bound model, drafts right 90% of the time, stayed at 1.00x plain decode
+ * against 2.88x with the byte model, tests/unit/test_spec_ctl.c.) */
 static double cost_opt(const struct md_spec_ctl *c, uint32_t n)
 {
 	if (n > MD_SPEC_CTL_MAXN)
@@ -276,9 +282,11 @@ static double cost_opt(const struct md_spec_ctl *c, uint32_t n)
 		}
 	if (!f)
 		return est;
-	double slope = f0 < f ? (c->t[f] - c->t[f0]) / (double)(f - f0) : c->t[f] / f;
-	double opt = c->t[f] + 0.5 * (slope > 0 ? slope : 0) * (double)(n - f);
 	double by_bytes = c->t[f] * md_spec_ctl_bytes(c, n) / md_spec_ctl_bytes(c, f);
+	if (f0 == f)
+		return est > 0 && est < by_bytes ? est : by_bytes;
+	double slope = (c->t[f] - c->t[f0]) / (double)(f - f0);
+	double opt = c->t[f] + 0.5 * (slope > 0 ? slope : 0) * (double)(n - f);
 	if (opt < by_bytes)
 		opt = by_bytes;
 	return (est > 0 && est < opt ? est : opt);

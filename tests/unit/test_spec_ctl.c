@@ -212,6 +212,8 @@ int main(void)
 		  false, 0.1, 0, 0, 0 },
 		{ "draft model, memory-bound, 4 streams", memory_bound, 4, 0.9, 0.2, 1.5, 10,
 		  false, 0.1, 0, 0, 0 },
+		{ "draft model, memory-bound, 16 streams", memory_bound, 16, 0.9, 0.2, 0.97, 10,
+		  false, 0.1, 0, 0, 0 },
 		{ "draft model, memory-bound, alpha 0.98", memory_bound, 1, 0.98, 0.2, 1.0, 10,
 		  false, 0.1, 0, 0, 0 },
 		/* default-1g's draft on this CPU: a prompt of ~100 rows to catch up on costs ~4
