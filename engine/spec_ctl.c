@@ -311,10 +311,13 @@ static double tok_floor(const struct md_spec_ctl *c)
 			top = i;
 	if (top <= FLOOR_SPAN)
 		return 0;
-	for (uint32_t i = 1; i + FLOOR_SPAN <= top; i++)
-		if (measured(c, i) && (!mid || (i > top / 2 ? i - top / 2 : top / 2 - i) <
-					      (mid > top / 2 ? mid - top / 2 : top / 2 - mid)))
-			mid = i;
+	/* outward from half of it, the smaller size first */
+	const uint32_t h = top / 2;
+	for (uint32_t d = 0; d <= h && !mid; d++)
+		if (d < h && h - d + FLOOR_SPAN <= top && measured(c, h - d))
+			mid = h - d;
+		else if (h + d + FLOOR_SPAN <= top && measured(c, h + d))
+			mid = h + d;
 	if (!mid)
 		return 0;
 	double slope = (c->t[top] - c->t[mid]) / (double)(top - mid);
