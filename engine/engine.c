@@ -917,10 +917,8 @@ static void spec_propose(struct md_engine *e)
 		ss->catchup = 0;
 		if (ss->drafter == MD_SPEC_DRAFT && e->draft_ready) {
 			/* what the rows the draft model has not seen add to its round 0 */
-			uint32_t rows = md_draft_catchup_rows(s);
-			double more = md_spec_ctl_round_cost(&e->ctl, &e->draft.rounds, rows) -
-				      md_spec_ctl_round_cost(&e->ctl, &e->draft.rounds, 1);
-			ss->catchup = rows > 1 && more > 0 ? more : 0;
+			ss->catchup = md_spec_ctl_catchup_cost(&e->ctl, &e->draft.rounds,
+							       md_draft_catchup_rows(s));
 		}
 		ss->horizon = s->req->max_tokens > s->n_gen ? s->req->max_tokens - s->n_gen : 1;
 		e->cseq[nc] = s;

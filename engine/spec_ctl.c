@@ -629,6 +629,15 @@ double md_spec_ctl_pass_cost(const struct md_spec_ctl *c, const struct md_spec_r
 	}
 }
 
+double md_spec_ctl_catchup_cost(const struct md_spec_ctl *c, const struct md_spec_rounds *r,
+				uint32_t rows)
+{
+	if (rows <= 1)
+		return 0;
+	double more = md_spec_ctl_round_cost(c, r, rows) - md_spec_ctl_round_cost(c, r, 1);
+	return more > 0 ? more : 0;
+}
+
 /* The best rate (tokens per second of a step of B sequences) that drafting k = 1..room for one
  * sequence with acceptance a could reach, every unmeasured size as cheap as the byte model
  * allows (cost_opt), drafts at t_round seconds a round; the k that reaches it in *k (1 when

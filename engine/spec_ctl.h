@@ -233,6 +233,11 @@ void md_spec_ctl_prior(const struct md_spec_ctl *c, struct md_spec_seq *ss);
  * the target's step of that many tokens is; 0 where r has none timed (or r is NULL). */
 double md_spec_ctl_round_cost(const struct md_spec_ctl *c, const struct md_spec_rounds *r,
 			      uint32_t rows);
+/* What the controller charges a sequence's catch-up of rows tokens (the last one included) in
+ * the round 0 of a drafter whose rounds are r: what those rows add to a round of one, 0 for
+ * one row or while nothing is timed. */
+double md_spec_ctl_catchup_cost(const struct md_spec_ctl *c, const struct md_spec_rounds *r,
+				uint32_t rows);
 /* What the controller charges a drafter's pass drafting k[i] positions for each of n
  * sequences: its rounds, round j with a row for each sequence drafting j or more. */
 double md_spec_ctl_pass_cost(const struct md_spec_ctl *c, const struct md_spec_rounds *r,
