@@ -187,8 +187,7 @@ struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, i
 		free(f);
 		return NULL;
 	}
-	/* T2: rows for a lone token's router input sent twice (router_logits) */
-	size_t T = (size_t)max_tokens, T2 = T < 2 ? 2 : T, N = hp->n_embd;
+	size_t T = (size_t)max_tokens, N = hp->n_embd;
 	size_t QD = (size_t)hp->n_head * hp->head_dim;
 	size_t KD = (size_t)hp->n_head_kv * hp->head_dim;
 	size_t E = hp->n_expert ? hp->n_expert : 1, K = hp->n_expert_used ? hp->n_expert_used : 1;
@@ -202,7 +201,7 @@ struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, i
 		in_max = F;
 	int fail = 0;
 	f->x = xalloc(T * N * sizeof(float), &fail);
-	f->xn = xalloc(T2 * N * sizeof(float), &fail);
+	f->xn = xalloc(T * N * sizeof(float), &fail);
 	f->q = xalloc(T * QD * sizeof(float), &fail);
 	f->k = xalloc(T * KD * sizeof(float), &fail);
 	f->v = xalloc(T * KD * sizeof(float), &fail);
@@ -215,10 +214,10 @@ struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, i
 	f->ye = xalloc(T * K * N * sizeof(float), &fail);
 	if (hp->n_expert) {
 		size_t in_ex = N > F ? N : F;
-		if (md_router_init(&f->router, hp, (int)T2) ||
-		    md_router_init(&f->pre_router, hp, (int)T2))
+		if (md_router_init(&f->router, hp, (int)T) ||
+		    md_router_init(&f->pre_router, hp, (int)T))
 			fail = 1;
-		f->pre_x = xalloc(T2 * N * sizeof(float), &fail);
+		f->pre_x = xalloc(T * N * sizeof(float), &fail);
 		f->ex_scratch = xalloc(md_matmul_experts_scratch_bytes((int64_t)in_ex, (int)T, (int)(T * K)), &fail);
 		f->ex_got = xalloc(E * sizeof(struct md_expert_w), &fail);
 		f->ex_w = xalloc(3 * E * sizeof(struct md_mat), &fail);
@@ -231,7 +230,7 @@ struct md_forward_ctx *md_forward_new(const struct md_model *m, int n_threads, i
 		f->ex_ntok = xalloc(E * sizeof(int32_t), &fail);
 		f->allow = xalloc(E, &fail);
 	}
-	f->mm_scratch = xalloc(md_matmul_scratch_floats(f->pool, (int64_t)in_max, (int)T2) * sizeof(float), &fail);
+	f->mm_scratch = xalloc(md_matmul_scratch_floats(f->pool, (int64_t)in_max, (int)T) * sizeof(float), &fail);
 	f->rope_cs = xalloc((size_t)hp->n_rot * sizeof(float), &fail);
 	md_rope_init(&f->rope[0], hp, false);
 	md_rope_init(&f->rope[1], hp, true);
@@ -674,21 +673,6 @@ static void experts_layout(struct md_forward_ctx *f, const struct md_routing *r)
 	f->ex_off[r->n_active] = p;
 }
 
-/* A router's logits for n tokens (x: n rows, room for 2), each token's in the same bits
- * whatever shares its step. A float product sums a single token in an order of its own
- * (engine/kern/kern.h, md_gemm_fn) and any two or more alike, so a token decoding alone would
- * route, and at a near-tie decode greedily, otherwise than in a step with drafts or other
- * sequences (md_matmul_lone_order_differs). A lone token is therefore sent as two copies (a
- * router has n_expert rows: the second costs next to nothing). tests/server/test_spec_bits.py. */
-static void router_logits(struct md_forward_ctx *f, const struct md_mat *wr, float *x, int n,
-			  float *logits)
-{
-	if (n == 1 && md_matmul_lone_order_differs(wr->type)) {
-		memcpy(x + wr->n_in, x, (size_t)wr->n_in * sizeof(float));
-		n = 2;
-	}
-	md_matmul(f->pool, wr, x, n, logits, f->mm_scratch);
-}
 
 /* Pre-gating, for sources that prefetch: layer il+1's router applied to the residual stream
  * leaving layer il (normed with layer il+1's FFN norm, as if layer il+1's attention changed
@@ -718,7 +702,7 @@ static void prefetch_next(struct md_forward_ctx *f, uint32_t il, int n)
 		md_rmsnorm(f->pre_x + (size_t)t * N, f->x + (size_t)t * N, L->ffn_norm->data, N,
 			hp->rms_eps);
 	struct md_mat wr = md_mat_of(L->gate_inp, 0);
-	router_logits(f, &wr, f->pre_x, n, f->pre_router.logits);
+	md_matmul(f->pool, &wr, f->pre_x, n, f->pre_router.logits, f->mm_scratch);
 	add_bias(f->pre_router.logits, L->gate_inp_b, n, hp->n_expert);
 	const struct md_routing *p = md_router_route_bias(&f->pre_router, n,
 							  L->exp_probs_b ? L->exp_probs_b->data : NULL);
@@ -784,7 +768,7 @@ static int moe(struct md_forward_ctx *f, int n, uint32_t il)
 	/* 1-2. Route and group (router.c); the observer sees the result. A draft pass routes to
 	 * fewer (or only resident) experts and notes the exact pass's likely choice. */
 	struct md_mat wr = md_mat_of(L->gate_inp, 0);
-	router_logits(f, &wr, f->xn, n, f->router.logits);
+	md_matmul(f->pool, &wr, f->xn, n, f->router.logits, f->mm_scratch);
 	add_bias(f->router.logits, L->gate_inp_b, n, hp->n_expert);
 	const struct md_forward_draft *dp = f->draft;
 	if (dp) {

@@ -276,19 +276,6 @@ static int moe_experts(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
 	return 0;
 }
 
-/* The router's product, as forward.c's router_logits: a lone token's float router input runs
- * as two copies (rows 0 and 1 of x), so its logits have the bits a batched step gives it. */
-static int router_mm(struct md_fwd_dev *d, const struct md_mat *wr, float *x, int n, float *y)
-{
-	if (n == 1 && d->T >= 2 && md_matmul_lone_order_differs(wr->type)) {
-		int rc = d->op->copy(d->b, x + wr->n_in, x, (size_t)wr->n_in * sizeof(float));
-		if (rc)
-			return rc;
-		n = 2;
-	}
-	return d->op->mm(d->b, wr, x, n, y);
-}
-
 /* Pre-gating (engine/forward.c prefetch_next): layer il+1's router on the residual leaving
  * layer il, for a source that prefetches or an observer. */
 static int prefetch_next(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
@@ -305,7 +292,7 @@ static int prefetch_next(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
 	int rc = d->op->rmsnorm(d->b, d->tmp, d->x, dptr(d, L->ffn_norm), n, (int)hp->n_embd, (int)hp->n_embd,
 				hp->rms_eps);
 	if (!rc)
-		rc = router_mm(d, &wr, d->tmp, n, d->rl);
+		rc = d->op->mm(d->b, &wr, d->tmp, n, d->rl);
 	if (!rc)
 		rc = md_fwd_dev__download(d, d->pre_router.logits, d->rl, (size_t)n * hp->n_expert * sizeof(float));
 	if (rc)
@@ -342,7 +329,7 @@ static int moe_host(struct md_fwd_dev *d, const struct md_fwd_dev_pass *p,
 
 	/* 1-2. Route on the host. */
 	struct md_mat wr = dmat(d, L->gate_inp, 0);
-	int rc = router_mm(d, &wr, d->xn, n, d->rl);
+	int rc = d->op->mm(d->b, &wr, d->xn, n, d->rl);
 	if (!rc)
 		rc = md_fwd_dev__download(d, d->router.logits, d->rl, (size_t)n * E * sizeof(float));
 	if (rc)
@@ -423,7 +410,7 @@ static int moe_fast(struct md_fwd_dev *d, int n, uint32_t il, bool into_x)
 	const int N = (int)hp->n_embd, E = (int)hp->n_expert, K = (int)hp->n_expert_used;
 	const int NK = n * K, G = NK < E ? NK : E;
 	struct md_mat wr = dmat(d, L->gate_inp, 0);
-	int rc = router_mm(d, &wr, d->xn, n, d->rl);
+	int rc = d->op->mm(d->b, &wr, d->xn, n, d->rl);
 	if (!rc && L->gate_inp_b)
 		rc = op->add_rows(B, d->rl, dptr(d, L->gate_inp_b), NULL, n, E);
 	int32_t *ids = d->rec_ids + (size_t)il * n * K;

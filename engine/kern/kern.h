@@ -71,8 +71,7 @@ enum md_act_fmt {
  * y[t * y_stride] for t < nt. n is a multiple of the weight block size. Every token's sum is
  * formed in the same order whatever nt is, nt == 1 included, so a token's result does not
  * depend on its group (batch invariance: speculation's verification and steps that requests
- * share give each token the bits it gets alone), except float weights with nt == 1 in a
- * table with nt1_own_order (md_gemm_fn).
+ * share give each token the bits it gets alone).
  */
 typedef void (*md_dot_fn)(int64_t n, const void *w, const void *a, size_t a_stride, int nt,
 			  float *y, size_t y_stride);
@@ -82,9 +81,7 @@ typedef void (*md_dot_fn)(int64_t n, const void *w, const void *a, size_t a_stri
  * laid out as for md_dot_fn): writes y[t * y_stride + r] for r < nr, t < nt. Register-tiled:
  * each weight chunk is converted once for several tokens and each activation chunk is loaded
  * once for several rows. An output has the same bits however rows and tokens are grouped,
- * and as the table's dot gives that token alone: nt == 1 (decode) included, unless the table
- * sets nt1_own_order, where decode sums in an order of its own, tuned for one streaming row
- * (AVX2), and may differ from the batched result in the last bits (float32 summation order).
+ * and as the table's dot gives that token alone, nt == 1 (decode) included.
  */
 typedef void (*md_gemm_fn)(int64_t n, const void *w, size_t w_stride, int nr, const void *a,
 			   size_t a_stride, int nt, float *y, size_t y_stride);
@@ -94,7 +91,6 @@ struct md_kern {
 	md_dot_fn dot[MD_DT_COUNT]; /* NULL where the type has no kernel */
 	md_gemm_fn gemm[MD_DT_COUNT]; /* NULL where the type has none: callers use dot */
 	int gemm_nt; /* tokens per gemm register tile: up to this many, weights pass once */
-	bool nt1_own_order; /* gemm and dot with nt == 1 sum in an order of their own (above) */
 	md_lanes_fn lanes[MD_DT_COUNT]; /* NULL where the type has none */
 	int lanes_min;                  /* >= MD_KERN_LANES_MIN */
 	void (*pack_q8b_lanes)(const void *a, size_t a_stride, int nt, int64_t n, void *dst);

@@ -1591,68 +1591,90 @@ INLINE void gemm_pass(int64_t n, const uint8_t *w, size_t wst, int nr, const uin
  * row's first lines are in flight before it starts; prefetches past the end are harmless. */
 #define DOT1_PF_BYTES 4096
 
+/* Rows decode (one token) sums side by side on AVX2, a chain each (dec_rows; gemm_float
+ * covers the rest of a call's rows, 1 to DEC_R - 1, case by case). */
+#define DEC_R 8
+_Static_assert(DEC_R == 8, "gemm_float's cases cover DEC_R - 1 rows");
+
 /*
- * One token (decode): every weight row streams from memory once. Each 64-byte line is
- * prefetched DOT1_PF_BYTES ahead as the loop goes, a steady trickle that keeps more lines in
- * flight than the hardware prefetchers do (they restart at every 4 KiB page): measured on f16
- * decode of the bench model, 2 threads, 28-30 tok/s against 22-24 without it, and ahead of one
- * burst of prefetches per row (25-27). Into L2 (T1), not L1: 32.6-33.8 tok/s against 30.7-31.5
- * with T0 in alternating runs (the load itself brings the line to L1).
+ * One token (decode), R <= DEC_R rows at w (wst apart) into y[0 .. R-1]: every weight row
+ * streams from memory once, each summed in tile_float's order (one fma chain over the full
+ * vectors, its lanes summed, then the tail element by element), so decode gives a token the
+ * bits it gets in any batch (kern.h). Each 64-byte line is prefetched ahead as the loop
+ * goes, a steady trickle that keeps more lines in flight than the hardware prefetchers do
+ * (they restart at every 4 KiB page): measured on f16 decode of the bench model, 2 threads,
+ * 28-30 tok/s against 22-24 without it, and ahead of one burst of prefetches per row (25-27).
+ * Into L2 (T1), not L1: 32.6-33.8 tok/s against 30.7-31.5 with T0 in alternating runs (the
+ * load itself brings the line to L1).
  *
- * AVX-512: one fma chain over the chunks in order, its lanes summed, then the tail element by
- * element: tile_float's order, so decode gives a token the bits it gets in any batch (kern.h,
- * nt1_own_order false). One chain of 16-float FMAs keeps ahead of a core's share of memory
- * bandwidth here: f16 default-1g, 2 threads, tg64 0.97-1.10x of the four chains below with a
- * call per row (bench/README.md, "Float weights: decode's bits are the batch's").
- *
- * AVX2: four chains take the chunks round-robin and are summed (c0 + c1) + (c2 + c3), then
- * the tail: an order of decode's own (nt1_own_order). One chain of 8-float FMAs waits on
- * their latency: 0.59x of four on the same f16 decode; two chains in every product, tiles
- * included, cost 7-10% of decode and 11-21% of prefill.
+ * AVX-512 sums one row at a time (R == 1), prefetching DOT1_PF_BYTES ahead in its stream:
+ * one chain of 16-float FMAs keeps ahead of a core's share of memory bandwidth here: f16
+ * default-1g, 2 threads, tg64 0.97-1.10x of four chains with a call per row
+ * (bench/README.md, "Float weights: decode's bits are the batch's"). AVX2's 8-float chain
+ * waits on FMA latency alone (0.59x of four chains on the same decode), so it runs DEC_R rows
+ * side by side, a chain each, and prefetches each line in the row DEC_R ahead, which the next
+ * call reads: on the Zen 3, f16 default-1g tg64 1.08-1.19x of the four chains per row, where
+ * prefetching 4 KiB ahead in each row's own stream (mostly rows this call already reads) gave
+ * 0.94-0.95x (bench/README.md, "2026-12-07: AVX2 too").
  */
-INLINE float dot1_float(int64_t n, const uint8_t *w, const float *x, const int type)
+INLINE void dec_rows(int64_t n, const uint8_t *w, size_t wst, const float *x, float *y,
+		     const int R, const int type)
 {
 	const int esz = type == MD_DT_F32 ? 4 : 2;
-#ifdef KERN_AVX512
 	const int step = 64 / (VW * esz) > 1 ? 64 / (VW * esz) : 1; /* chunks per cache line */
-	VF acc = vzero();
+	/* One row: DOT1_PF_BYTES ahead in its stream. Several: the same line of the rows R
+	 * ahead, which the next call reads (a matrix's rows are contiguous). */
+	const size_t pf_off = R == 1 ? DOT1_PF_BYTES : (size_t)R * wst;
+	VF acc[DEC_R];
+	for (int r = 0; r < R; r++)
+		acc[r] = vzero();
 	int64_t i = 0;
 	for (; i + step * VW <= n; i += step * VW) {
-		for (int o = 0; o < step * VW * esz; o += 64)
-			_mm_prefetch((const char *)w + i * esz + DOT1_PF_BYTES + o, _MM_HINT_T1);
-		for (int u = 0; u < step; u++)
-			acc = vfma(ld_w(w, i + u * VW, type), vld(x + i + u * VW), acc);
+		for (int r = 0; r < R; r++)
+			for (int o = 0; o < step * VW * esz; o += 64)
+				_mm_prefetch((const char *)w + (size_t)r * wst + i * esz + pf_off + o,
+					     _MM_HINT_T1);
+		for (int u = 0; u < step; u++) {
+			const VF xv = vld(x + i + u * VW);
+			for (int r = 0; r < R; r++)
+				acc[r] = vfma(ld_w(w + (size_t)r * wst, i + u * VW, type), xv, acc[r]);
+		}
 	}
-	for (; i + VW <= n; i += VW)
-		acc = vfma(ld_w(w, i, type), vld(x + i), acc);
-	float s = vhsum(acc);
-#else
-	VF c0 = vzero(), c1 = vzero(), c2 = vzero(), c3 = vzero();
-	int64_t i = 0;
-	for (; i + 4 * VW <= n; i += 4 * VW) {
-		const char *pf = (const char *)w + i * esz + DOT1_PF_BYTES;
-		for (int o = 0; o < 4 * VW * esz; o += 64)
-			_mm_prefetch(pf + o, _MM_HINT_T1);
-		c0 = vfma(ld_w(w, i, type), vld(x + i), c0);
-		c1 = vfma(ld_w(w, i + VW, type), vld(x + i + VW), c1);
-		c2 = vfma(ld_w(w, i + 2 * VW, type), vld(x + i + 2 * VW), c2);
-		c3 = vfma(ld_w(w, i + 3 * VW, type), vld(x + i + 3 * VW), c3);
+	for (; i + VW <= n; i += VW) {
+		const VF xv = vld(x + i);
+		for (int r = 0; r < R; r++)
+			acc[r] = vfma(ld_w(w + (size_t)r * wst, i, type), xv, acc[r]);
 	}
-	for (; i + VW <= n; i += VW)
-		c0 = vfma(ld_w(w, i, type), vld(x + i), c0);
-	float s = vhsum(vadd(vadd(c0, c1), vadd(c2, c3)));
-#endif
-	for (; i < n; i++)
-		s = fmaf(ld_w1(w, i, type), x[i], s);
-	return s;
+	for (int r = 0; r < R; r++) {
+		float s = vhsum(acc[r]);
+		for (int64_t j = i; j < n; j++)
+			s = fmaf(ld_w1(w + (size_t)r * wst, j, type), x[j], s);
+		y[r] = s;
+	}
 }
 
 INLINE void gemm_float(int64_t n, const uint8_t *w, size_t wst, int nr, const uint8_t *a,
 		       size_t as, int nt, float *y, size_t ys, const int type)
 {
 	if (nt == 1) {
+		const float *x = (const float *)a;
+#ifdef KERN_AVX512
 		for (int r = 0; r < nr; r++)
-			y[r] = dot1_float(n, w + (size_t)r * wst, (const float *)a, type);
+			dec_rows(n, w + (size_t)r * wst, wst, x, y + r, 1, type);
+#else
+		int r = 0;
+		for (; r + DEC_R <= nr; r += DEC_R)
+			dec_rows(n, w + (size_t)r * wst, wst, x, y + r, DEC_R, type);
+		switch (nr - r) { /* constant R for each: the chains stay in registers */
+		case 1: dec_rows(n, w + (size_t)r * wst, wst, x, y + r, 1, type); break;
+		case 2: dec_rows(n, w + (size_t)r * wst, wst, x, y + r, 2, type); break;
+		case 3: dec_rows(n, w + (size_t)r * wst, wst, x, y + r, 3, type); break;
+		case 4: dec_rows(n, w + (size_t)r * wst, wst, x, y + r, 4, type); break;
+		case 5: dec_rows(n, w + (size_t)r * wst, wst, x, y + r, 5, type); break;
+		case 6: dec_rows(n, w + (size_t)r * wst, wst, x, y + r, 6, type); break;
+		case 7: dec_rows(n, w + (size_t)r * wst, wst, x, y + r, 7, type); break;
+		}
+#endif
 		return;
 	}
 #if PC_FLOATS > 0
@@ -1964,7 +1986,6 @@ static const struct md_kern table = {
 	},
 	.gemm_nt = GT,
 #ifndef KERN_AVX512
-	.nt1_own_order = true, /* dot1_float */
 	.lanes = { [MD_DT_Q8_0] = lanes_q8_0 },
 	.lanes_min = 7,
 	.pack_q8b_lanes = pack_q8b_lanes,

@@ -165,10 +165,9 @@ static void kern_rows(const struct md_kern *k, const struct md_mat *w, int64_t r
 	const int64_t pf = (int64_t)((PF_BYTES + w->nb1 - 1) / w->nb1);
 	if (gemm && (n_tok > k->gemm_nt || n_tok == 1)) {
 		/* Several token tiles: the kernel walks them over this L2-sized chunk. Decode:
-		 * it walks the rows one by one, prefetching its own stream (kern_avx2.c
-		 * dot1_float); with a call per row the default model (rows of 192 elements)
-		 * decoded 1.2-1.4x slower (bench/README.md, "Float weights: decode's bits are the
-		 * batch's"). */
+		 * it walks the rows, prefetching their streams itself (kern_avx2.c dec_rows);
+		 * with a call per row the default model (rows of 192 elements) decoded 1.2-1.4x
+		 * slower (bench/README.md, "Float weights: decode's bits are the batch's"). */
 		gemm(w->n_in, wd + (size_t)r0 * w->nb1, w->nb1, (int)nr, act, as, n_tok, y + r0,
 		     (size_t)w->n_out);
 		return;
@@ -402,12 +401,6 @@ void md_matmul_multi(struct md_pool *pool, const struct md_mat *w, int nw, const
 		}
 	}
 	md_pool_run(pool, kern_worker, &j);
-}
-
-bool md_matmul_lone_order_differs(enum md_dtype t)
-{
-	const struct md_kern *k = md_kern_active();
-	return k && k->gemm[t] && md_kern_act_fmt(t) == MD_ACT_F32;
 }
 
 void md_matmul(struct md_pool *pool, const struct md_mat *w, const float *x, int n_tok, float *y,

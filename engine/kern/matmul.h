@@ -34,11 +34,6 @@ void md_matmul(struct md_pool *pool, const struct md_mat *w, const float *x, int
 void md_matmul_multi(struct md_pool *pool, const struct md_mat *w, int nw, const float *x,
 		     int n_tok, float *const *ys, float *scratch);
 
-/* Whether md_matmul sums a lone token's products for weights of type t in another order than
- * two or more tokens' (the float kernels, kern.h md_gemm_fn), so that its result differs from
- * the batched one in the last bits. A caller that needs a token's result independent of what
- * shares its step sends a lone token as two copies. */
-bool md_matmul_lone_order_differs(enum md_dtype t);
 
 /*
  * Expert-grouped products of a MoE layer in one pass over the pool (kernel path only: check

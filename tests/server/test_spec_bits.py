@@ -4,9 +4,7 @@ leave them) answers with the same tokens and the same logprobs, to the last prin
 when each request decodes alone, when four decode together, and when every step verifies up to
 16 n-gram drafts (MOED_SPEC_FIXED: the drafts of every proposal are verified). A product whose
 sums depend on how many tokens share it would move logprobs by 1e-6 to 1e-2 here, and at a
-near-tie change the text. Float weights run on the AVX-512 kernels where the CPU has them, else
-on the scalar ones: AVX2's decode sums float rows in an order of its own (engine/kern/kern.h,
-nt1_own_order).
+near-tie change the text. Every file runs on the kernels the CPU picks (engine/kern/cpu.h).
 
 usage: test_spec_bits.py MOED MODEL MOED_GGUF
 """
@@ -26,17 +24,12 @@ REFS = ["Genesis 1", "John 1", "Psalms 23", "Exodus 20", "Matthew 5", "Isaiah 40
         "Daniel 3"]
 
 tmp = tempfile.mkdtemp(prefix="moed-spec-bits-")
-with open("/proc/cpuinfo") as f:
-    flags = set(next((ln for ln in f if ln.startswith("flags")), "").split())
-avx512 = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "fma", "f16c"} <= flags
-float_env = {} if avx512 else {"MOED_KERNELS": "scalar"}
-print("float weights on the %s kernels" % ("AVX-512" if avx512 else "scalar"))
-files = [("f16", model, float_env)]
+files = [("f16", model)]
 for mix in ("bf16", "q8_0"):
     path = os.path.join(tmp, "default-%s.gguf" % mix)
     subprocess.run([moed_gguf, "quantize", model, path, mix], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    files.append((mix, path, float_env if mix == "bf16" else {}))
+    files.append((mix, path))
 
 
 def complete(srv, ids, drafter):
@@ -48,9 +41,9 @@ def complete(srv, ids, drafter):
     return lp["tokens"], lp["token_logprobs"]
 
 
-def same_bits(mix, path, env):
+def same_bits(mix, path):
     srv = Server(moed, path, args=["--max-seqs", "4", "--spec-k", "16", "--ctx-size", "512"],
-                 env=dict(env, MOED_SPEC_FIXED="1"))
+                 env={"MOED_SPEC_FIXED": "1"})
     try:
         prompts = []
         for r in REFS:
@@ -78,8 +71,8 @@ def same_bits(mix, path, env):
 
 
 try:
-    for mix, path, env in files:
-        same_bits(mix, path, env)
+    for mix, path in files:
+        same_bits(mix, path)
 finally:
     for f in os.listdir(tmp):
         os.unlink(os.path.join(tmp, f))

@@ -157,16 +157,14 @@ static void test_type(const struct md_kern *k, enum md_dtype t, int64_t n, float
 			}
 			/* A tile equals its single-token calls exactly, and a 2-token call on the
 			 * same row twice (stride 0): kernels form a token's sum in one order whatever
-			 * nt is, nt == 1 included, except float weights in a table whose decode has
-			 * an order of its own (kern.h nt1_own_order). */
-			const bool own = md_kern_act_fmt(t) == MD_ACT_F32 && k->nt1_own_order;
+			 * nt is, nt == 1 included. */
 			for (int i = 0; i < cnt; i++) {
 				float one[2];
-				k->dot[t](n, wr, aq + i * stride, 0, own && cnt == 1 ? 1 : 2, one, 1);
+				k->dot[t](n, wr, aq + i * stride, 0, 2, one, 1);
 				CHECK_MSG(one[0] == y[2 * i], "%s %s nt %d: tile %g != pair %g", k->name, tn, cnt,
 				      y[2 * i], one[0]);
-				if (own)
-					continue;
+				CHECK_MSG(one[1] == y[2 * i], "%s %s nt %d: tile %g != pair's second %g", k->name,
+				      tn, cnt, y[2 * i], one[1]);
 				k->dot[t](n, wr, aq + i * stride, 0, 1, one, 1);
 				CHECK_MSG(one[0] == y[2 * i], "%s %s nt %d: tile %g != nt 1 %g", k->name, tn,
 				      cnt, y[2 * i], one[0]);
@@ -226,8 +224,7 @@ static void test_helpers(const struct md_kern *k)
  * Register-tiled gemm (float weights) over many shapes, edges included (rows and tokens not
  * multiples of the tile, n not a multiple of the vector width, bands of converted rows): every
  * output must equal the same table's dot call for that token alone bit for bit (kern.h: any
- * grouping of tokens and rows gives the same bits, nt == 1 included unless the table sets
- * nt1_own_order: then a 2-token call on the same row twice), and the scalar kernel within
+ * grouping of tokens and rows gives the same bits, nt == 1 included), and the scalar kernel within
  * float32 accumulation-order error:
  * |gemm - scalar| <= 1e-6 * sum_i |w_i x_i| + 1e-30.
  */
@@ -274,8 +271,7 @@ static void test_gemm(const struct md_kern *k)
 							const uint8_t *wr = w + rb * r;
 							const float *xt = x + n * tok;
 							float one[2], sc;
-							k->dot[t](n, wr, xt, 0,
-								  nt > 1 && k->nt1_own_order ? 2 : 1, one, 1);
+							k->dot[t](n, wr, xt, 0, 1, one, 1);
 							md_kern_scalar.dot[t](n, wr, xt, sizeof(float) * n, 1, &sc, 1);
 							md_dequant_row(t, wr, wd, n);
 							double mag = 0;
