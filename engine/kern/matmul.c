@@ -129,26 +129,31 @@ static int64_t count_items(const struct md_mat *w, int nw, int64_t ir, int64_t *
 	return n;
 }
 
-/* Whether a single pass over the rows (decode) fetches each row PF_BYTES ahead in software
- * ($MOED_ROW_PREFETCH=1; off by default). It was added where the hardware prefetchers
- * stopped at 4 KiB pages, a row or two here. On this project's Zen 5, with the model's
- * mapping backed by huge pages, the burst of prefetches per row costs more than it hides:
- * default-1g (q8_0) decodes 1.06-1.18x faster without it (moed-bench tg64, three alternating
- * pairs; 1.02-1.09x at 4 sequences: bench/README.md, "Dot kernels per weight type"). Read once
- * per process, as cpu.c reads MOED_KERNELS. */
-static bool row_prefetch;
+/* Whether a single pass over the rows (decode) fetches each row PF_BYTES ahead in software:
+ * $MOED_ROW_PREFETCH=1 or 0 where set, else on with the AVX2 kernels and off with the
+ * others. It was added where the hardware prefetchers stopped at 4 KiB pages, a row or two
+ * here. On this project's Zen 5 (AVX-512 kernels), with the model's mapping backed by huge
+ * pages, the burst of prefetches per row costs more than it hides: default-1g (q8_0) decodes
+ * 1.06-1.18x faster without it (moed-bench tg64, three alternating pairs; 1.02-1.09x at 4
+ * sequences: bench/README.md, "Dot kernels per weight type"). On the Zen 3 (AVX2 kernels, no
+ * huge pages behind the mapping) it pays: default-1g in q8_0 and q4_K_M decode 1.08x and 1.15x
+ * faster with it (bench/README.md, "Row prefetch by kernel table"). The kernel table stands
+ * for the machine here, on two machines' evidence. The variable is read once per process, as
+ * cpu.c reads MOED_KERNELS. */
+static int row_prefetch_env = -1; /* -1: unset */
 static pthread_once_t row_prefetch_once = PTHREAD_ONCE_INIT;
 
 static void row_prefetch_read(void)
 {
 	const char *s = getenv("MOED_ROW_PREFETCH");
-	row_prefetch = s && *s && strcmp(s, "0") != 0;
+	if (s && *s)
+		row_prefetch_env = strcmp(s, "0") != 0;
 }
 
-static bool row_prefetch_on(void)
+static bool row_prefetch_on(const struct md_kern *k)
 {
 	pthread_once(&row_prefetch_once, row_prefetch_read);
-	return row_prefetch;
+	return row_prefetch_env >= 0 ? row_prefetch_env == 1 : strcmp(k->name, "avx2") == 0;
 }
 
 /* Rows r0 .. r0+nr-1 of w for n_tok activation rows at act (stride as), into y (n_tok rows of
@@ -189,7 +194,7 @@ static void kern_rows(const struct md_kern *k, const struct md_mat *w, int64_t r
 		}
 		return;
 	}
-	const bool pf_on = row_prefetch_on();
+	const bool pf_on = row_prefetch_on(k);
 	int t_lanes = 0;
 	if (lanes && k->lanes[w->type]) {
 		for (int g = 0; g < n_lanes; g++) {
