@@ -91,6 +91,9 @@ struct md_kern {
 	md_dot_fn dot[MD_DT_COUNT]; /* NULL where the type has no kernel */
 	md_gemm_fn gemm[MD_DT_COUNT]; /* NULL where the type has none: callers use dot */
 	int gemm_nt; /* tokens per gemm register tile: up to this many, weights pass once */
+	/* The type's dot prefetches its own row stream with one token (decode): with one token
+	 * the caller leaves prefetching to it (matmul.c row_prefetch_on). */
+	bool own_pf[MD_DT_COUNT];
 	md_lanes_fn lanes[MD_DT_COUNT]; /* NULL where the type has none */
 	int lanes_min;                  /* >= MD_KERN_LANES_MIN */
 	void (*pack_q8b_lanes)(const void *a, size_t a_stride, int nt, int64_t n, void *dst);

@@ -24,6 +24,26 @@
 #endif
 
 #define INLINE static inline __attribute__((always_inline))
+
+/*
+ * Decode's own prefetch (AVX2, one token): a kernel streaming a weight row alone fetches the
+ * bytes it will read QPF_BYTES ahead, a line at a time as its loop goes (QPF), and tells
+ * matmul.c not to prefetch whole rows ahead for it (the table's own_pf). A steady trickle
+ * keeps lines in flight past the 4 KiB pages where the hardware prefetchers stop; a burst of
+ * a row's lines per row (matmul.c row_prefetch_on) did less on the Zen 3: default-1g in q8_0,
+ * tg64 medians of 6 alternating rounds, 180 tok/s against 147 with the burst, 150 with
+ * neither, 161 with both (bench/README.md, "Decode prefetches its own rows").
+ */
+#define QPF_BYTES 4096
+#ifdef KERN_AVX512
+#define QPF(p, bytes) ((void)(p), (void)(bytes))
+#else
+#define QPF(p, bytes)                                                                          \
+	do {                                                                                   \
+		for (int o_ = 0; o_ < (bytes); o_ += 64)                                       \
+			_mm_prefetch((const char *)(p) + QPF_BYTES + o_, _MM_HINT_T1);         \
+	} while (0)
+#endif
 /* Token loops over accumulator arrays unrolled in full, so the accumulators stay in registers
  * (left as a loop, GCC kept 8 zmm accumulators on the stack and zeroed them with stores). */
 #define KT_UNROLL _Pragma("GCC unroll 8")
@@ -123,6 +143,8 @@ INLINE void tile_q8_0(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 	const int64_t nb = n / 32, nb8 = nb & ~(int64_t)7;
 	for (int64_t b = 0; b < nb8; b += 8) {
 		const uint8_t *wb = w + 34 * b;
+		if (nt == 1)
+			QPF(wb, 8 * 34);
 		const __m256 dw = q8_0_scales8(wb);
 		for (int t = 0; t < nt; t++) {
 			const struct md_q8b *ab = (const struct md_q8b *)(a + (size_t)t * as) + b;
@@ -931,6 +953,8 @@ INLINE void tile_qk45(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 	const size_t bs = five ? 176 : 144;
 	const int64_t nb = n / 256;
 	for (int64_t b = 0; b < nb; b++, w += bs) {
+		if (nt == 1)
+			QPF(w, (int)bs);
 		const __m256i scb = _mm256_broadcastsi128_si256(k_scales_v(w + 4));
 		const float dw = ld_f16(w), dmin = ld_f16(w + 2);
 		const uint8_t *qs = w + (five ? 48 : 16);
@@ -1260,6 +1284,7 @@ INLINE void tile_q6_K(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 		 * arithmetic as the tile below (integer sums, then one fma per block). */
 		const __m256i m30 = _mm256_set1_epi8(0x30);
 		for (int64_t b = 0; b < nb; b++, w += 210) {
+			QPF(w, 210);
 			const uint8_t *ql = w, *qh = w + 128;
 			const int8_t *scp = (const int8_t *)(w + 192);
 			const struct md_q8k *ab = (const struct md_q8k *)a + b;
@@ -1986,6 +2011,8 @@ static const struct md_kern table = {
 	},
 	.gemm_nt = GT,
 #ifndef KERN_AVX512
+	.own_pf = { [MD_DT_Q8_0] = true, [MD_DT_Q4_K] = true, [MD_DT_Q5_K] = true,
+		    [MD_DT_Q6_K] = true }, /* QPF */
 	.lanes = { [MD_DT_Q8_0] = lanes_q8_0 },
 	.lanes_min = 7,
 	.pack_q8b_lanes = pack_q8b_lanes,

@@ -194,7 +194,7 @@ static void kern_rows(const struct md_kern *k, const struct md_mat *w, int64_t r
 		}
 		return;
 	}
-	const bool pf_on = row_prefetch_on(k);
+	const bool pf_on = !(n_tok == 1 && k->own_pf[w->type]) && row_prefetch_on(k);
 	int t_lanes = 0;
 	if (lanes && k->lanes[w->type]) {
 		for (int g = 0; g < n_lanes; g++) {
