@@ -94,6 +94,9 @@ struct md_kern {
 	/* The type's dot prefetches its own row stream with one token (decode): with one token
 	 * the caller leaves prefetching to it (matmul.c row_prefetch_on). */
 	bool own_pf[MD_DT_COUNT];
+	/* matmul.c fetches a decode row's lines a row ahead unless $MOED_ROW_PREFETCH says
+	 * otherwise: on where measured to pay with these kernels (matmul.c row_prefetch_on). */
+	bool row_pf;
 	md_lanes_fn lanes[MD_DT_COUNT]; /* NULL where the type has none */
 	int lanes_min;                  /* >= MD_KERN_LANES_MIN */
 	void (*pack_q8b_lanes)(const void *a, size_t a_stride, int nt, int64_t n, void *dst);

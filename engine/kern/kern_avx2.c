@@ -2013,6 +2013,7 @@ static const struct md_kern table = {
 #ifndef KERN_AVX512
 	.own_pf = { [MD_DT_Q8_0] = true, [MD_DT_Q4_K] = true, [MD_DT_Q5_K] = true,
 		    [MD_DT_Q6_K] = true }, /* QPF */
+	.row_pf = true,
 	.lanes = { [MD_DT_Q8_0] = lanes_q8_0 },
 	.lanes_min = 7,
 	.pack_q8b_lanes = pack_q8b_lanes,

@@ -130,8 +130,8 @@ static int64_t count_items(const struct md_mat *w, int nw, int64_t ir, int64_t *
 }
 
 /* Whether a single pass over the rows (decode) fetches each row PF_BYTES ahead in software:
- * $MOED_ROW_PREFETCH=1 or 0 where set, else on with the AVX2 kernels and off with the
- * others. It was added where the hardware prefetchers stopped at 4 KiB pages, a row or two
+ * $MOED_ROW_PREFETCH=1 or 0 where set, else the kernel table's row_pf (on with the AVX2
+ * kernels, off with the others). It was added where the hardware prefetchers stopped at 4 KiB pages, a row or two
  * here. On this project's Zen 5 (AVX-512 kernels), with the model's mapping backed by huge
  * pages, the burst of prefetches per row costs more than it hides: default-1g (q8_0) decodes
  * 1.06-1.18x faster without it (moed-bench tg64, three alternating pairs; 1.02-1.09x at 4
@@ -153,7 +153,7 @@ static void row_prefetch_read(void)
 static bool row_prefetch_on(const struct md_kern *k)
 {
 	pthread_once(&row_prefetch_once, row_prefetch_read);
-	return row_prefetch_env >= 0 ? row_prefetch_env == 1 : strcmp(k->name, "avx2") == 0;
+	return row_prefetch_env >= 0 ? row_prefetch_env == 1 : k->row_pf;
 }
 
 /* Rows r0 .. r0+nr-1 of w for n_tok activation rows at act (stride as), into y (n_tok rows of
