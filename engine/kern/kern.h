@@ -47,8 +47,8 @@ static inline const float *md_q8b_scales(const void *row, int64_t n)
  * Every output has the same bits as the table's dot gives that token, so a product may mix
  * both freely. A group pays from lanes_min tokens on (fewer: use dot). The packed layout is
  * the table's own (only its pack_q8b_lanes writes it, only its lanes kernels read it), in at
- * most md_kern_lanes_size(n) bytes. AVX2's, per 32-element block: float d[8]; int8
- * q[8][8][4] (q[j][t] = elements 4j..4j+3 of token t); tokens past nt are zero. AVX-512's:
+ * most md_kern_lanes_size(n) bytes. AVX2's: per token, each run of 8 blocks transposed so
+ * that one register holds the same 4 elements of 8 blocks (kern_avx2.c, lanes_q8_0). AVX-512's:
  * one row per token, its bytes offset and interleaved by block pairs (kern_avx2.c,
  * pack_s8_lanes).
  */

@@ -91,12 +91,12 @@ INLINE __m256i dot_us8_scaled(__m256i u, __m256i s, __m256i sc16)
  * q8_0 on AVX2, in one arithmetic for every token count (kern.h: a tile equals its single
  * token calls): per block b the integer dot P_b (exact in int32), then lane b mod 8 of a
  * float accumulator gets fma(dw_b * da_b, P_b); the result is the sum of the 8 lanes in
- * hsum8's order. Measured here (one core, weights in L2, 1536-element rows) against the
- * per-token tile that converts and scales every 4-element partial sum: 3.1 against 4.1 ns per
- * block for one token, and with 8 tokens in lanes (below) 2.5 against 3.2 ns per block and
- * token. The integer multiplies (maddubs, madd) bound both: this core retires about one
- * 256-bit multiply per cycle, so a token costs ~3 ns per 32 weights however the weights
- * arrive, which is what makes steps of several tokens compute-bound here.
+ * hsum8's order. Measured on the Zen 5 (one core, weights in L2, 1536-element rows) against
+ * the per-token tile that converts and scales every 4-element partial sum: 3.1 against 4.1 ns
+ * per block for one token. On the Zen 3 the integer multiplies (maddubs, madd) issue two per
+ * cycle, but vphaddd takes 2.5 cycles, so red8_i32 sums with unpacks; even so the per-token
+ * sum of each block's lanes costs a tile ~3 cycles per block and token, which is why groups
+ * of two and more tokens go through lanes_q8_0 (below), which needs no such sum.
  */
 
 /* P of one block: 8 int32 lanes, lane i = dot of elements 4i .. 4i+3. */
@@ -110,8 +110,12 @@ INLINE __m256i q8_0_part(const uint8_t *wb, const int8_t *qs)
 INLINE __m256i red8_i32(__m256i p0, __m256i p1, __m256i p2, __m256i p3, __m256i p4, __m256i p5,
 			__m256i p6, __m256i p7)
 {
-	const __m256i s03 = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
-	const __m256i s47 = _mm256_hadd_epi32(_mm256_hadd_epi32(p4, p5), _mm256_hadd_epi32(p6, p7));
+	const __m256i s01 = _mm256_add_epi32(_mm256_unpacklo_epi32(p0, p1), _mm256_unpackhi_epi32(p0, p1));
+	const __m256i s23 = _mm256_add_epi32(_mm256_unpacklo_epi32(p2, p3), _mm256_unpackhi_epi32(p2, p3));
+	const __m256i s45 = _mm256_add_epi32(_mm256_unpacklo_epi32(p4, p5), _mm256_unpackhi_epi32(p4, p5));
+	const __m256i s67 = _mm256_add_epi32(_mm256_unpacklo_epi32(p6, p7), _mm256_unpackhi_epi32(p6, p7));
+	const __m256i s03 = _mm256_add_epi32(_mm256_unpacklo_epi64(s01, s23), _mm256_unpackhi_epi64(s01, s23));
+	const __m256i s47 = _mm256_add_epi32(_mm256_unpacklo_epi64(s45, s67), _mm256_unpackhi_epi64(s45, s67));
 	return _mm256_add_epi32(_mm256_permute2x128_si256(s03, s47, 0x20),
 				_mm256_permute2x128_si256(s03, s47, 0x31));
 }
@@ -177,77 +181,155 @@ INLINE void tile_q8_0(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 	}
 }
 
-/* Up to 8 md_q8b rows into the lanes layout (kern.h), 8 x 8 int32 transposed per block. */
+/*
+ * Tokens in lanes on AVX2 (kern.h): blocks in lanes, not tokens. tile_q8_0's cost past the
+ * integer multiplies is red8_i32, the per-token sum of each block's 8 int32 lanes. Here the
+ * group's weights are transposed instead, once for all its tokens: 8 blocks are loaded and
+ * turned (tr8_i32) so that register j holds elements 4j .. 4j+3 of each of the 8 blocks, lane
+ * i for block i. Each token's activation row was turned the same way by pack_q8b_lanes, so
+ * the sum over j of maddubs/madd products leaves block i's integer dot P_i in lane i, and
+ * the float step is tile_q8_0's: lane b mod 8 gets fma(dw_b * da_b, P_b), summed in hsum8's
+ * order. The same bits as dot_q8_0, for any nt. Measured on the Zen 3 (one core, weights in
+ * L2, 2048-element rows; cycles at 3.2 GHz per block and token, the tile's in brackets): 2
+ * tokens 3.0 (3.5), 3 tokens 2.6 (3.1), 4 tokens 2.3 (3.1), 8 tokens 2.0 (3.1; the old
+ * tokens-in-lanes kernel 2.4). So groups of two and more tokens take this kernel (lanes_min).
+ *
+ * Layout (md_kern_lanes_size(n) bytes): for each whole run of 8 blocks, for each of 8
+ * token slots, 288 bytes: the 8 block scales (float), then 8 x 32 bytes, register j's
+ * bytes; then, for each of the n / 32 % 8 blocks left, 288 bytes: the 8 tokens' scales,
+ * then their 32 bytes as quantized. Slots past nt are zero.
+ */
+#define L8_TOK 288                /* bytes of one token's run of 8 blocks */
+#define L8_RUN (8 * L8_TOK)        /* bytes of one run of 8 blocks, all slots */
+
+/* 8 x 8 transpose of int32: r[j] lane i <- r[i] lane j. */
+INLINE void tr8_i32(__m256i *r)
+{
+	const __m256i t0 = _mm256_unpacklo_epi32(r[0], r[1]), t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+	const __m256i t2 = _mm256_unpacklo_epi32(r[2], r[3]), t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+	const __m256i t4 = _mm256_unpacklo_epi32(r[4], r[5]), t5 = _mm256_unpackhi_epi32(r[4], r[5]);
+	const __m256i t6 = _mm256_unpacklo_epi32(r[6], r[7]), t7 = _mm256_unpackhi_epi32(r[6], r[7]);
+	const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+	const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+	const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
+	const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+	r[0] = _mm256_permute2x128_si256(u0, u4, 0x20);
+	r[1] = _mm256_permute2x128_si256(u1, u5, 0x20);
+	r[2] = _mm256_permute2x128_si256(u2, u6, 0x20);
+	r[3] = _mm256_permute2x128_si256(u3, u7, 0x20);
+	r[4] = _mm256_permute2x128_si256(u0, u4, 0x31);
+	r[5] = _mm256_permute2x128_si256(u1, u5, 0x31);
+	r[6] = _mm256_permute2x128_si256(u2, u6, 0x31);
+	r[7] = _mm256_permute2x128_si256(u3, u7, 0x31);
+}
+
 static void pack_q8b_lanes(const void *av, size_t as, int nt, int64_t n, void *dst)
 {
 	const uint8_t *a = av;
 	uint8_t *o = dst;
-	const int64_t nb = n / 32;
-	for (int64_t b = 0; b < nb; b++, o += MD_KERN_LANES * (4 + 32)) {
-		__m256i r[8];
-		float d[8];
-		for (int t = 0; t < 8; t++) {
-			if (t < nt) {
-				const uint8_t *row = a + (size_t)t * as;
-				r[t] = ld256(((const struct md_q8b *)row)[b].qs);
-				d[t] = md_q8b_scales(row, n)[b];
-			} else {
-				r[t] = _mm256_setzero_si256();
-				d[t] = 0;
+	const int64_t nb = n / 32, nb8 = nb & ~(int64_t)7;
+	for (int64_t b = 0; b < nb8; b += 8) {
+		for (int t = 0; t < 8; t++, o += L8_TOK) {
+			if (t >= nt) {
+				memset(o, 0, L8_TOK);
+				continue;
 			}
+			const uint8_t *row = a + (size_t)t * as;
+			const struct md_q8b *ab = (const struct md_q8b *)row + b;
+			memcpy(o, md_q8b_scales(row, n) + b, 8 * sizeof(float));
+			__m256i r[8];
+			for (int i = 0; i < 8; i++)
+				r[i] = ld256(ab[i].qs);
+			tr8_i32(r);
+			for (int j = 0; j < 8; j++)
+				_mm256_storeu_si256((__m256i *)(o + 32 + 32 * j), r[j]);
+		}
+	}
+	for (int64_t b = nb8; b < nb; b++, o += L8_TOK) {
+		float d[8] = { 0 };
+		memset(o + 32, 0, 256);
+		for (int t = 0; t < nt; t++) {
+			const uint8_t *row = a + (size_t)t * as;
+			d[t] = md_q8b_scales(row, n)[b];
+			memcpy(o + 32 + 32 * t, ((const struct md_q8b *)row)[b].qs, 32);
 		}
 		memcpy(o, d, sizeof(d));
-		/* 8 x 8 transpose of int32: out[j] = (r[0][j], ..., r[7][j]). */
-		const __m256i t0 = _mm256_unpacklo_epi32(r[0], r[1]), t1 = _mm256_unpackhi_epi32(r[0], r[1]);
-		const __m256i t2 = _mm256_unpacklo_epi32(r[2], r[3]), t3 = _mm256_unpackhi_epi32(r[2], r[3]);
-		const __m256i t4 = _mm256_unpacklo_epi32(r[4], r[5]), t5 = _mm256_unpackhi_epi32(r[4], r[5]);
-		const __m256i t6 = _mm256_unpacklo_epi32(r[6], r[7]), t7 = _mm256_unpackhi_epi32(r[6], r[7]);
-		const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
-		const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
-		const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
-		const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
-		__m256i *q = (__m256i *)(o + 32);
-		_mm256_storeu_si256(q + 0, _mm256_permute2x128_si256(u0, u4, 0x20));
-		_mm256_storeu_si256(q + 1, _mm256_permute2x128_si256(u1, u5, 0x20));
-		_mm256_storeu_si256(q + 2, _mm256_permute2x128_si256(u2, u6, 0x20));
-		_mm256_storeu_si256(q + 3, _mm256_permute2x128_si256(u3, u7, 0x20));
-		_mm256_storeu_si256(q + 4, _mm256_permute2x128_si256(u0, u4, 0x31));
-		_mm256_storeu_si256(q + 5, _mm256_permute2x128_si256(u1, u5, 0x31));
-		_mm256_storeu_si256(q + 6, _mm256_permute2x128_si256(u2, u6, 0x31));
-		_mm256_storeu_si256(q + 7, _mm256_permute2x128_si256(u3, u7, 0x31));
 	}
 }
 
-/* q8_0 rows against a packed group: accumulator j holds lane b mod 8 = j of every token. */
+INLINE void lanes_q8_0_k(int64_t n, const uint8_t *w, const uint8_t *p, float *y, size_t ys,
+			 const int nt)
+{
+	const __m256i ones = _mm256_set1_epi16(1);
+	const int64_t nb = n / 32, nb8 = nb & ~(int64_t)7;
+	__m256 acc[8];
+	KT_UNROLL
+	for (int t = 0; t < nt; t++)
+		acc[t] = _mm256_setzero_ps();
+	for (int64_t b = 0; b < nb8; b += 8, p += L8_RUN) {
+		const uint8_t *wb = w + 34 * b;
+		__m256i r[8];
+		for (int i = 0; i < 8; i++)
+			r[i] = ld256(wb + 2 + 34 * i);
+		tr8_i32(r);
+		const __m256 dw = q8_0_scales8(wb);
+		__m256i pt[8];
+		KT_UNROLL
+		for (int t = 0; t < nt; t++)
+			pt[t] = _mm256_setzero_si256();
+		for (int j = 0; j < 8; j++) {
+			const __m256i u = _mm256_sign_epi8(r[j], r[j]);
+			KT_UNROLL
+			for (int t = 0; t < nt; t++) {
+				const __m256i x = ld256(p + (size_t)t * L8_TOK + 32 + 32 * j);
+				pt[t] = _mm256_add_epi32(pt[t], _mm256_madd_epi16(
+					_mm256_maddubs_epi16(u, _mm256_sign_epi8(x, r[j])), ones));
+			}
+		}
+		KT_UNROLL
+		for (int t = 0; t < nt; t++) {
+			const __m256 s = _mm256_mul_ps(dw, _mm256_loadu_ps((const float *)(p + (size_t)t * L8_TOK)));
+			acc[t] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(pt[t]), acc[t]);
+		}
+	}
+	for (int t = 0; t < nt; t++) {
+		if (nb8 == nb) {
+			y[(size_t)t * ys] = hsum8(acc[t]);
+			continue;
+		}
+		/* The last nb % 8 blocks, lane by lane, as tile_q8_0 does them. */
+		float l[8];
+		_mm256_storeu_ps(l, acc[t]);
+		const uint8_t *q = p;
+		for (int64_t b = nb8; b < nb; b++, q += L8_TOK) {
+			const __m256i pb = q8_0_part(w + 34 * b, (const int8_t *)(q + 32 + 32 * t));
+			__m128i h = _mm_add_epi32(_mm256_castsi256_si128(pb), _mm256_extracti128_si256(pb, 1));
+			h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+			h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+			float da;
+			memcpy(&da, q + sizeof(float) * (size_t)t, sizeof(float));
+			l[b & 7] = fmaf(ld_f16(w + 34 * b) * da, (float)_mm_cvtsi128_si32(h), l[b & 7]);
+		}
+		y[(size_t)t * ys] = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+	}
+}
+
+/* q8_0 rows against a packed group of nt tokens (the layout above). */
 static void lanes_q8_0(int64_t n, const void *wv, size_t wst, int nr, const void *pv, int nt,
 		       float *y, size_t ys)
 {
-	const int64_t nb = n / 32;
 	for (int r = 0; r < nr; r++) {
-		const uint8_t *w = (const uint8_t *)wv + (size_t)r * wst, *p = pv;
-		__m256 acc[8];
-		for (int j = 0; j < 8; j++)
-			acc[j] = _mm256_setzero_ps();
-		for (int64_t b = 0; b < nb; b++, w += 34, p += MD_KERN_LANES * (4 + 32)) {
-			const uint8_t *x = p + 32;
-			__m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-			for (int j = 0; j < 8; j += 2) {
-				int32_t v0, v1;
-				memcpy(&v0, w + 2 + 4 * j, 4);
-				memcpy(&v1, w + 6 + 4 * j, 4);
-				const __m256i w0 = _mm256_set1_epi32(v0), w1 = _mm256_set1_epi32(v1);
-				s0 = _mm256_add_epi32(s0, dot_us8(_mm256_sign_epi8(w0, w0),
-								  _mm256_sign_epi8(ld256(x + 32 * j), w0)));
-				s1 = _mm256_add_epi32(s1, dot_us8(_mm256_sign_epi8(w1, w1),
-								  _mm256_sign_epi8(ld256(x + 32 * j + 32), w1)));
-			}
-			const __m256 s = _mm256_mul_ps(_mm256_set1_ps(ld_f16(w)), _mm256_loadu_ps((const float *)p));
-			acc[b & 7] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), acc[b & 7]);
+		const uint8_t *w = (const uint8_t *)wv + (size_t)r * wst;
+		switch (nt) {
+		case 1: lanes_q8_0_k(n, w, pv, y + r, ys, 1); break;
+		case 2: lanes_q8_0_k(n, w, pv, y + r, ys, 2); break;
+		case 3: lanes_q8_0_k(n, w, pv, y + r, ys, 3); break;
+		case 4: lanes_q8_0_k(n, w, pv, y + r, ys, 4); break;
+		case 5: lanes_q8_0_k(n, w, pv, y + r, ys, 5); break;
+		case 6: lanes_q8_0_k(n, w, pv, y + r, ys, 6); break;
+		case 7: lanes_q8_0_k(n, w, pv, y + r, ys, 7); break;
+		default: lanes_q8_0_k(n, w, pv, y + r, ys, 8); break;
 		}
-		float o[8];
-		_mm256_storeu_ps(o, hsum8_lanes(acc));
-		for (int t = 0; t < nt; t++)
-			y[(size_t)t * ys + r] = o[t];
 	}
 }
 #else
@@ -2015,7 +2097,7 @@ static const struct md_kern table = {
 		    [MD_DT_Q6_K] = true }, /* QPF */
 	.row_pf = true,
 	.lanes = { [MD_DT_Q8_0] = lanes_q8_0 },
-	.lanes_min = 7,
+	.lanes_min = 2,
 	.pack_q8b_lanes = pack_q8b_lanes,
 #else
 	.lanes = {
