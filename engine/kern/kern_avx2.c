@@ -268,6 +268,7 @@ INLINE void lanes_q8_0_k(int64_t n, const uint8_t *w, const uint8_t *p, float *y
 		acc[t] = _mm256_setzero_ps();
 	for (int64_t b = 0; b < nb8; b += 8, p += L8_RUN) {
 		const uint8_t *wb = w + 34 * b;
+		QPF(wb, 8 * 34);
 		__m256i r[8];
 		for (int i = 0; i < 8; i++)
 			r[i] = ld256(wb + 2 + 34 * i);
