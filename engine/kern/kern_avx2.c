@@ -1105,8 +1105,8 @@ INLINE void tile_qk45_tok(int64_t n, const uint8_t *w, const uint8_t *a, size_t 
 	const size_t bs = five ? 176 : 144;
 	const int64_t nb = n / 256;
 	for (int64_t b = 0; b < nb; b++, w += bs) {
-		uint8_t sc[8], m[8];
-		k_scales(w + 4, sc, m);
+		QPF(w, (int)bs);
+		const __m256i scb = _mm256_broadcastsi128_si256(k_scales_v(w + 4));
 		const float dw = ld_f16(w), dmin = ld_f16(w + 2);
 		const uint8_t *qs = w + (five ? 48 : 16);
 		__m256i hb = five ? ld256(w + 16) : _mm256_setzero_si256();
@@ -1126,14 +1126,14 @@ INLINE void tile_qk45_tok(int64_t n, const uint8_t *w, const uint8_t *a, size_t 
 				hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(hb, one), 4));
 				hb = _mm256_srli_epi16(hb, 1);
 			}
-			const __m256i sl = _mm256_set1_epi16(sc[2 * p]);
-			const __m256i sh = _mm256_set1_epi16(sc[2 * p + 1]);
+			const __m256i sl = _mm256_shuffle_epi8(scb, ld256(spread_one[2 * p]));
+			const __m256i sh = _mm256_shuffle_epi8(scb, ld256(spread_one[2 * p + 1]));
 			for (int t = 0; t < nt; t++)
 				is[t] = _mm256_add_epi32(is[t], _mm256_add_epi32(
 					dot_us8_scaled(lo, ld256(ab[t]->qs + 64 * p), sl),
 					dot_us8_scaled(hi, ld256(ab[t]->qs + 64 * p + 32), sh)));
 		}
-		const __m256i mp = mins_pairs(m);
+		const __m256i mp = _mm256_shuffle_epi8(scb, ld256(spread_mins));
 		for (int t = 0; t < nt; t++) {
 			const __m256i mv = _mm256_madd_epi16(ld256(ab[t]->bsums), mp);
 			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab[t]->d), _mm256_cvtepi32_ps(is[t]),
@@ -1500,6 +1500,7 @@ INLINE void tile_q6_K_tok(int64_t n, const uint8_t *w, const uint8_t *a, size_t 
 	const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
 	const int64_t nb = n / 256;
 	for (int64_t b = 0; b < nb; b++, w += 210) {
+		QPF(w, 210);
 		const uint8_t *ql = w, *qh = w + 128;
 		const struct md_q8k *ab[MD_KERN_NT];
 		__m256i is[MD_KERN_NT];
