@@ -120,6 +120,23 @@ INLINE __m256i red8_i32(__m256i p0, __m256i p1, __m256i p2, __m256i p3, __m256i 
 				_mm256_permute2x128_si256(s03, s47, 0x31));
 }
 
+/* One block of a row's last nb % 8, in the 8-block loop's arithmetic for lane b mod 8:
+ * *l += (dw_b * da) * P_b, P_b exact. */
+INLINE void q8_0_tail_block(const uint8_t *wb, const int8_t *qs, float da, float *l)
+{
+	const __m256i p = q8_0_part(wb, qs);
+	__m128i h = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+	h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+	h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+	*l = fmaf(ld_f16(wb) * da, (float)_mm_cvtsi128_si32(h), *l);
+}
+
+/* hsum8's order over 8 floats in memory. */
+INLINE float sum8_lanes(const float *l)
+{
+	return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+
 /* The f16 scales of 8 consecutive q8_0 blocks (34 bytes apart) as floats. */
 INLINE __m256 q8_0_scales8(const uint8_t *wb)
 {
@@ -170,14 +187,9 @@ INLINE void tile_q8_0(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 		_mm256_storeu_ps(l, acc[t]);
 		const struct md_q8b *ab = (const struct md_q8b *)(a + (size_t)t * as);
 		const float *da = md_q8b_scales(a + (size_t)t * as, n);
-		for (int64_t b = nb8; b < nb; b++) {
-			const __m256i p = q8_0_part(w + 34 * b, ab[b].qs);
-			__m128i h = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
-			h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
-			h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
-			l[b & 7] = fmaf(ld_f16(w + 34 * b) * da[b], (float)_mm_cvtsi128_si32(h), l[b & 7]);
-		}
-		y[(size_t)t * ys] = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+		for (int64_t b = nb8; b < nb; b++)
+			q8_0_tail_block(w + 34 * b, ab[b].qs, da[b], &l[b & 7]);
+		y[(size_t)t * ys] = sum8_lanes(l);
 	}
 }
 
@@ -197,7 +209,7 @@ INLINE void tile_q8_0(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
  * Layout (md_kern_lanes_size(n) bytes): for each whole run of 8 blocks, for each of 8
  * token slots, 288 bytes: the 8 block scales (float), then 8 x 32 bytes, register j's
  * bytes; then, for each of the n / 32 % 8 blocks left, 288 bytes: the 8 tokens' scales,
- * then their 32 bytes as quantized. Slots past nt are zero.
+ * then their 32 bytes as quantized. Slots past nt are not written (nor read).
  */
 #define L8_TOK 288                /* bytes of one token's run of 8 blocks */
 #define L8_RUN (8 * L8_TOK)        /* bytes of one run of 8 blocks, all slots */
@@ -229,31 +241,26 @@ static void pack_q8b_lanes(const void *av, size_t as, int nt, int64_t n, void *d
 	uint8_t *o = dst;
 	const int64_t nb = n / 32, nb8 = nb & ~(int64_t)7;
 	for (int64_t b = 0; b < nb8; b += 8) {
-		for (int t = 0; t < 8; t++, o += L8_TOK) {
-			if (t >= nt) {
-				memset(o, 0, L8_TOK);
-				continue;
-			}
+		for (int t = 0; t < nt; t++) {
+			uint8_t *ot = o + (size_t)t * L8_TOK;
 			const uint8_t *row = a + (size_t)t * as;
 			const struct md_q8b *ab = (const struct md_q8b *)row + b;
-			memcpy(o, md_q8b_scales(row, n) + b, 8 * sizeof(float));
+			memcpy(ot, md_q8b_scales(row, n) + b, 8 * sizeof(float));
 			__m256i r[8];
 			for (int i = 0; i < 8; i++)
 				r[i] = ld256(ab[i].qs);
 			tr8_i32(r);
 			for (int j = 0; j < 8; j++)
-				_mm256_storeu_si256((__m256i *)(o + 32 + 32 * j), r[j]);
+				_mm256_storeu_si256((__m256i *)(ot + 32 + 32 * j), r[j]);
 		}
+		o += L8_RUN;
 	}
 	for (int64_t b = nb8; b < nb; b++, o += L8_TOK) {
-		float d[8] = { 0 };
-		memset(o + 32, 0, 256);
 		for (int t = 0; t < nt; t++) {
 			const uint8_t *row = a + (size_t)t * as;
-			d[t] = md_q8b_scales(row, n)[b];
+			memcpy(o + sizeof(float) * (size_t)t, md_q8b_scales(row, n) + b, sizeof(float));
 			memcpy(o + 32 + 32 * t, ((const struct md_q8b *)row)[b].qs, 32);
 		}
-		memcpy(o, d, sizeof(d));
 	}
 }
 
@@ -303,15 +310,11 @@ INLINE void lanes_q8_0_k(int64_t n, const uint8_t *w, const uint8_t *p, float *y
 		_mm256_storeu_ps(l, acc[t]);
 		const uint8_t *q = p;
 		for (int64_t b = nb8; b < nb; b++, q += L8_TOK) {
-			const __m256i pb = q8_0_part(w + 34 * b, (const int8_t *)(q + 32 + 32 * t));
-			__m128i h = _mm_add_epi32(_mm256_castsi256_si128(pb), _mm256_extracti128_si256(pb, 1));
-			h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
-			h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
 			float da;
 			memcpy(&da, q + sizeof(float) * (size_t)t, sizeof(float));
-			l[b & 7] = fmaf(ld_f16(w + 34 * b) * da, (float)_mm_cvtsi128_si32(h), l[b & 7]);
+			q8_0_tail_block(w + 34 * b, (const int8_t *)(q + 32 + 32 * t), da, &l[b & 7]);
 		}
-		y[(size_t)t * ys] = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+		y[(size_t)t * ys] = sum8_lanes(l);
 	}
 }
 
