@@ -49,8 +49,7 @@ static inline const float *md_q8b_scales(const void *row, int64_t n)
  * the table's own (only its pack_q8b_lanes writes it, only its lanes kernels read it), in at
  * most md_kern_lanes_size(n) bytes. AVX2's: per token, each run of 8 blocks transposed so
  * that one register holds the same 4 elements of 8 blocks (kern_avx2.c, lanes_q8_0). AVX-512's:
- * one row per token, its bytes offset and interleaved by block pairs (kern_avx2.c,
- * pack_s8_lanes).
+ * the same with runs of 16 blocks, bytes offset by 128 (kern_avx2.c, lanes_s8_k).
  */
 #define MD_KERN_LANES 8
 #define MD_KERN_LANES_MIN 2 /* no table packs groups of fewer tokens (scratch sizing) */

@@ -105,6 +105,7 @@ INLINE __m256i q8_0_part(const uint8_t *wb, const int8_t *qs)
 	const __m256i q = ld256(wb + 2);
 	return dot_us8(_mm256_sign_epi8(q, q), _mm256_sign_epi8(ld256(qs), q));
 }
+#endif
 
 /* Lane j of the result: the sum of the 8 lanes of pj (exact int32). */
 INLINE __m256i red8_i32(__m256i p0, __m256i p1, __m256i p2, __m256i p3, __m256i p4, __m256i p5,
@@ -120,16 +121,23 @@ INLINE __m256i red8_i32(__m256i p0, __m256i p1, __m256i p2, __m256i p3, __m256i 
 				_mm256_permute2x128_si256(s03, s47, 0x31));
 }
 
+/* The sum of p's 8 int32 lanes. */
+INLINE int32_t hsum8_i32(__m256i p)
+{
+	__m128i h = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+	h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+	h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+	return _mm_cvtsi128_si32(h);
+}
+
+#ifndef KERN_AVX512
 /* One block of a row's last nb % 8, in the 8-block loop's arithmetic for lane b mod 8:
  * *l += (dw_b * da) * P_b, P_b exact. */
 INLINE void q8_0_tail_block(const uint8_t *wb, const int8_t *qs, float da, float *l)
 {
-	const __m256i p = q8_0_part(wb, qs);
-	__m128i h = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
-	h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
-	h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
-	*l = fmaf(ld_f16(wb) * da, (float)_mm_cvtsi128_si32(h), *l);
+	*l = fmaf(ld_f16(wb) * da, (float)hsum8_i32(q8_0_part(wb, qs)), *l);
 }
+#endif
 
 /* hsum8's order over 8 floats in memory. */
 INLINE float sum8_lanes(const float *l)
@@ -137,24 +145,17 @@ INLINE float sum8_lanes(const float *l)
 	return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
 }
 
-/* The f16 scales of 8 consecutive q8_0 blocks (34 bytes apart) as floats. */
-INLINE __m256 q8_0_scales8(const uint8_t *wb)
+/* The f16 scales of 8 consecutive blocks (bs bytes apart, the scale first) as floats. */
+INLINE __m256 scales8(const uint8_t *wb, const int bs)
 {
 	uint16_t h[8];
 	for (int i = 0; i < 8; i++)
-		memcpy(&h[i], wb + 34 * i, 2);
+		memcpy(&h[i], wb + bs * i, 2);
 	return _mm256_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3],
 					      (short)h[4], (short)h[5], (short)h[6], (short)h[7]));
 }
 
-/* hsum8's order over 8 vectors, lane by lane: ((v0+v4)+(v2+v6))+((v1+v5)+(v3+v7)). */
-INLINE __m256 hsum8_lanes(const __m256 *v)
-{
-	const __m256 x0 = _mm256_add_ps(v[0], v[4]), x1 = _mm256_add_ps(v[1], v[5]);
-	const __m256 x2 = _mm256_add_ps(v[2], v[6]), x3 = _mm256_add_ps(v[3], v[7]);
-	return _mm256_add_ps(_mm256_add_ps(x0, x2), _mm256_add_ps(x1, x3));
-}
-
+#ifndef KERN_AVX512
 INLINE void tile_q8_0(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y, size_t ys,
 		      const int nt)
 {
@@ -166,7 +167,7 @@ INLINE void tile_q8_0(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 		const uint8_t *wb = w + 34 * b;
 		if (nt == 1)
 			QPF(wb, 8 * 34);
-		const __m256 dw = q8_0_scales8(wb);
+		const __m256 dw = scales8(wb, 34);
 		for (int t = 0; t < nt; t++) {
 			const struct md_q8b *ab = (const struct md_q8b *)(a + (size_t)t * as) + b;
 			const __m256i p = red8_i32(q8_0_part(wb, ab[0].qs), q8_0_part(wb + 34, ab[1].qs),
@@ -192,6 +193,7 @@ INLINE void tile_q8_0(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 		y[(size_t)t * ys] = sum8_lanes(l);
 	}
 }
+#endif
 
 /*
  * Tokens in lanes on AVX2 (kern.h): blocks in lanes, not tokens. tile_q8_0's cost past the
@@ -213,6 +215,7 @@ INLINE void tile_q8_0(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
  */
 #define L8_TOK 288                /* bytes of one token's run of 8 blocks */
 #define L8_RUN (8 * L8_TOK)        /* bytes of one run of 8 blocks, all slots */
+#define L16_TOK (2 * L8_TOK)       /* AVX-512: one token's run of 16 blocks (below) */
 
 /* 8 x 8 transpose of int32: r[j] lane i <- r[i] lane j. */
 INLINE void tr8_i32(__m256i *r)
@@ -235,25 +238,42 @@ INLINE void tr8_i32(__m256i *r)
 	r[7] = _mm256_permute2x128_si256(u3, u7, 0x31);
 }
 
+/* AVX-512 (tile_s8, lanes_s8 below) packs runs of 16 blocks while a row has them, each
+ * token's slot 576 bytes: the 16 scales, then register j's 64 bytes, elements 4j .. 4j+3 of
+ * blocks 0-7 and then of blocks 8-15; a run of 8 as above for the next 8 blocks left; its
+ * transposed bytes unsigned, x ^ 0x80 = x + 128, for vpdpbusd. The blocks left after the
+ * runs stay as quantized, as on AVX2. */
+#ifdef KERN_AVX512
+#define LANES_RUN16 1
+#define LANES_X(v) _mm256_xor_si256((v), _mm256_set1_epi8((char)0x80))
+#else
+#define LANES_RUN16 0
+#define LANES_X(v) (v)
+#endif
+
 static void pack_q8b_lanes(const void *av, size_t as, int nt, int64_t n, void *dst)
 {
 	const uint8_t *a = av;
 	uint8_t *o = dst;
-	const int64_t nb = n / 32, nb8 = nb & ~(int64_t)7;
-	for (int64_t b = 0; b < nb8; b += 8) {
+	const int64_t nb = n / 32, nb16 = LANES_RUN16 ? nb & ~(int64_t)15 : 0, nb8 = nb & ~(int64_t)7;
+	for (int64_t b = 0; b < nb8;) {
+		const int rb = b < nb16 ? 16 : 8; /* blocks in this run */
 		for (int t = 0; t < nt; t++) {
-			uint8_t *ot = o + (size_t)t * L8_TOK;
+			uint8_t *ot = o + (size_t)t * (rb == 16 ? L16_TOK : L8_TOK);
 			const uint8_t *row = a + (size_t)t * as;
 			const struct md_q8b *ab = (const struct md_q8b *)row + b;
-			memcpy(ot, md_q8b_scales(row, n) + b, 8 * sizeof(float));
-			__m256i r[8];
-			for (int i = 0; i < 8; i++)
-				r[i] = ld256(ab[i].qs);
-			tr8_i32(r);
-			for (int j = 0; j < 8; j++)
-				_mm256_storeu_si256((__m256i *)(ot + 32 + 32 * j), r[j]);
+			memcpy(ot, md_q8b_scales(row, n) + b, (size_t)rb * sizeof(float));
+			for (int h = 0; h < rb / 8; h++) {
+				__m256i r[8];
+				for (int i = 0; i < 8; i++)
+					r[i] = ld256(ab[8 * h + i].qs);
+				tr8_i32(r);
+				for (int j = 0; j < 8; j++)
+					_mm256_storeu_si256((__m256i *)(ot + 4 * rb * (j + 1) + 32 * h), LANES_X(r[j]));
+			}
 		}
-		o += L8_RUN;
+		o += rb == 16 ? 8 * L16_TOK : L8_RUN;
+		b += rb;
 	}
 	for (int64_t b = nb8; b < nb; b++, o += L8_TOK) {
 		for (int t = 0; t < nt; t++) {
@@ -264,6 +284,7 @@ static void pack_q8b_lanes(const void *av, size_t as, int nt, int64_t n, void *d
 	}
 }
 
+#ifndef KERN_AVX512
 INLINE void lanes_q8_0_k(int64_t n, const uint8_t *w, const uint8_t *p, float *y, size_t ys,
 			 const int nt)
 {
@@ -280,7 +301,7 @@ INLINE void lanes_q8_0_k(int64_t n, const uint8_t *w, const uint8_t *p, float *y
 		for (int i = 0; i < 8; i++)
 			r[i] = ld256(wb + 2 + 34 * i);
 		tr8_i32(r);
-		const __m256 dw = q8_0_scales8(wb);
+		const __m256 dw = scales8(wb, 34);
 		__m256i pt[8];
 		KT_UNROLL
 		for (int t = 0; t < nt; t++)
@@ -337,48 +358,14 @@ static void lanes_q8_0(int64_t n, const void *wv, size_t wst, int nr, const void
 	}
 }
 #else
-/*
- * q8_0 on AVX-512: blocks b and b+1 side by side in one 512-bit register (b in the low half,
- * b+1 in the high half), so the low half accumulates the even blocks and the high half the
- * odd ones: per block b the integer dot P_b (8 int32 lanes, vpdpbusd), then
- * fma(dw_b * da_b, P_b) into its half, and the result is hsum8(low + high). A single 256-bit
- * block at the end of an odd count goes to the low half. With the two accumulators in an
- * array indexed by b & 1 (as before) they lived on the stack and every block waited for a
- * store to forward: 104-128 against 150-192 tok/s for llama.cpp on one Zen 5 core
- * (default-1g, tg64); the arithmetic is unchanged, lane for lane.
- */
-
-/* Blocks b, b+1 of signed weights (q, two blocks per register) against activation blocks
- * ab[0], ab[1]: int32 lanes. The activation bytes come unsigned (x ^ 0x80 = x + 128) into vpdpbusd against the signed
- * weights, which adds 128 * sum(w) per lane; the sum starts at minus that (wneg, once per
- * block pair for every token: neg_w128), so the integer dot is exactly sum(x * w) without
- * the sign trick's two operations per token. */
-INLINE __m512i neg_w128(__m512i q)
-{
-	return _mm512_sub_epi32(_mm512_setzero_si512(),
-				_mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), q));
-}
-
-/* The same for a single block (an odd last one). */
-INLINE __m256i neg_w128_256(__m256i q)
+/* The signed-byte types on AVX-512 (q8_0, q4_0, q5_0; tile_s8 below): signed weights against
+ * unsigned activations (x ^ 0x80 = x + 128) in vpdpbusd, which adds 128 * sum(w) per int32
+ * lane; the sum starts at minus that (neg_w128, once per block for every token), so the
+ * integer dot is exactly sum(x * w) without the sign trick's two operations per token. */
+INLINE __m256i neg_w128(__m256i q)
 {
 	return _mm256_sub_epi32(_mm256_setzero_si256(),
 				_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), q));
-}
-
-INLINE __m512i q8_0_part2(__m512i q, __m512i wneg, const struct md_q8b *ab)
-{
-	const __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(ld256(ab[0].qs)), ld256(ab[1].qs), 1);
-	return _mm512_dpbusd_epi32(wneg, _mm512_xor_si512(x, _mm512_set1_epi8((char)0x80)), q);
-}
-
-/* [dw0 * da0 x 8 | dw1 * da1 x 8] from the pair's weight scales (dw01: dw0, dw1 in lanes 0, 1)
- * and the activation row's block scales (md_q8b_scales, da[0], da[1] contiguous). */
-INLINE __m512 pair_scales(__m128 dw01, const float *da)
-{
-	const __m128 s = _mm_mul_ps(dw01, _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)da)));
-	return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-				     _mm512_castps128_ps512(s));
 }
 
 INLINE __m512 set2_ps(float lo, float hi)
@@ -464,13 +451,21 @@ INLINE void tile_q451(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
 }
 
 #ifdef KERN_AVX512
-/* q8_0, q4_0 and q5_0 on AVX-512 (the design above tile_q8_0's helpers): each block's weights
- * as 32 signed bytes (q8_0 as stored; q4_0 / q5_0 decoded to u - 8 / u - 16), two blocks per
- * register, against unsigned activations starting from -128 sum(w). For q4_0 / q5_0 the
- * offset is thus in every lane (the 256-bit tiles took it off lane 0 alone), so their rows
- * round differently from before at the level of float noise; per token this saves the
- * offset's scalar path and takes two blocks per vpdpbusd (deepseek2's attn_k_b and attn_q_b,
- * which llama-quantize writes as q5_0, were 21% of its prefill). */
+/*
+ * q8_0, q4_0 and q5_0 on AVX-512: AVX2's blocks in lanes (tile_q8_0 and lanes_q8_0 above),
+ * each block's weights as 32 signed bytes (s8_weights: q8_0 as stored, q4_0 / q5_0 decoded
+ * to u - 8 / u - 16) against unsigned activations in vpdpbusd (neg_w128). Per block b the
+ * integer dot P_b, exact in int32; lane b mod 8 of a float accumulator gets
+ * fma(dw_b * da_b, P_b); the result is the sum of the 8 lanes in hsum8's order. The tile sums
+ * each block's 8 int32 lanes per token (red8_i32); groups of 2 and more tokens go through
+ * lanes_s8 (packed by pack_q8b_lanes), whose transposed weights leave P_b in lane b with no
+ * per-token sum: the same bits for any token count.
+ *
+ * Before, the pair kernels (two blocks per 512-bit register, a float fma per 4-element
+ * partial sum) spent 4 floating-point operations per block pair and token; in lanes_s8_k a
+ * token costs 8 vpdpbusd and 4 float operations per 16 blocks. Measured on the Zen 5:
+ * bench/README.md, "AVX-512: blocks in lanes for the signed-byte types".
+ */
 INLINE __m256i s8_weights(const uint8_t *wb, const int type)
 {
 	if (type == MD_DT_Q8_0)
@@ -486,158 +481,205 @@ INLINE __m256i s8_weights(const uint8_t *wb, const int type)
 	return _mm256_sub_epi8(q, _mm256_set1_epi8(five ? 16 : 8));
 }
 
+/* P of one block (8 int32 lanes) of signed weights q, wn = neg_w128(q), against an
+ * activation block's bytes qs. */
+INLINE __m256i s8_part(__m256i q, __m256i wn, const int8_t *qs)
+{
+	return _mm256_dpbusd_epi32(wn, _mm256_xor_si256(ld256(qs), _mm256_set1_epi8((char)0x80)), q);
+}
+
+/* One block of a row's last nb % 8 at wb: *l += (dw_b * da) * P_b. */
+INLINE void s8_tail_block(const uint8_t *wb, const int8_t *qs, float da, float *l, const int type)
+{
+	const __m256i q = s8_weights(wb, type);
+	*l = fmaf(ld_f16(wb) * da, (float)hsum8_i32(s8_part(q, neg_w128(q), qs)), *l);
+}
+
+INLINE int s8_block_bytes(const int type)
+{
+	return type == MD_DT_Q8_0 ? 34 : type == MD_DT_Q5_0 ? 22 : 18;
+}
+
+/* One run of 8 blocks at block b for nt tokens: acc[t] lane i += (dw * da) * P of block b + i. */
+INLINE void s8_run8(const uint8_t *wb, const uint8_t *a, size_t as, int64_t b, const float *const *da,
+		    __m256 *acc, const int nt, const int type)
+{
+	const int bs = s8_block_bytes(type);
+	__m256i q[8], wn[8];
+	for (int i = 0; i < 8; i++) {
+		q[i] = s8_weights(wb + bs * i, type);
+		wn[i] = neg_w128(q[i]);
+	}
+	const __m256 dw = scales8(wb, bs);
+	KT_UNROLL
+	for (int t = 0; t < nt; t++) {
+		const struct md_q8b *ab = (const struct md_q8b *)(a + (size_t)t * as) + b;
+		const __m256i p = red8_i32(s8_part(q[0], wn[0], ab[0].qs), s8_part(q[1], wn[1], ab[1].qs),
+					   s8_part(q[2], wn[2], ab[2].qs), s8_part(q[3], wn[3], ab[3].qs),
+					   s8_part(q[4], wn[4], ab[4].qs), s8_part(q[5], wn[5], ab[5].qs),
+					   s8_part(q[6], wn[6], ab[6].qs), s8_part(q[7], wn[7], ab[7].qs));
+		acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_loadu_ps(da[t] + b)),
+					 _mm256_cvtepi32_ps(p), acc[t]);
+	}
+}
+
+/* The sum of 16 lanes as hsum8(lanes 0-7 + lanes 8-15). */
+INLINE float sum16_lanes(const float *l)
+{
+	float v[8];
+	for (int i = 0; i < 8; i++)
+		v[i] = l[i] + l[8 + i];
+	return sum8_lanes(v);
+}
+
+/* The tile: blocks b with b mod 16 < 8 in lo, the others in hi (lane b mod 16 of the lanes
+ * kernel's 16); blocks past the runs of 8 lane by lane. */
 INLINE void tile_s8(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y, size_t ys,
 		    const int nt, const int type)
 {
-	const int bs = type == MD_DT_Q8_0 ? 34 : type == MD_DT_Q5_0 ? 22 : 18;
-	__m512 acc[MD_KERN_NT];
+	const int bs = s8_block_bytes(type);
+	__m256 lo[MD_KERN_NT], hi[MD_KERN_NT];
 	const float *da[MD_KERN_NT];
 	KT_UNROLL
 	for (int t = 0; t < nt; t++) {
-		acc[t] = _mm512_setzero_ps();
+		lo[t] = hi[t] = _mm256_setzero_ps();
 		da[t] = md_q8b_scales(a + (size_t)t * as, n);
 	}
-	const int64_t nb = n / 32;
+	const int64_t nb = n / 32, nb8 = nb & ~(int64_t)7;
 	int64_t b = 0;
-	for (; b + 2 <= nb; b += 2, w += 2 * bs) {
-		const __m128 dw01 = _mm_setr_ps(ld_f16(w), ld_f16(w + bs), 0, 0);
-		const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(s8_weights(w, type)),
-						     s8_weights(w + bs, type), 1);
-		const __m512i wneg = neg_w128(q);
-		KT_UNROLL
-		for (int t = 0; t < nt; t++) {
-			const struct md_q8b *ab = (const struct md_q8b *)(a + (size_t)t * as) + b;
-			const __m512i p = q8_0_part2(q, wneg, ab);
-			acc[t] = _mm512_fmadd_ps(pair_scales(dw01, da[t] + b), _mm512_cvtepi32_ps(p), acc[t]);
-		}
+	for (; b + 16 <= nb8; b += 16) {
+		s8_run8(w + (size_t)bs * b, a, as, b, da, lo, nt, type);
+		s8_run8(w + (size_t)bs * (b + 8), a, as, b + 8, da, hi, nt, type);
 	}
-	/* An odd last block: the same integer dot in 256 bits, into the even half. */
-	__m256i q = _mm256_setzero_si256(), wneg = q;
-	if (b < nb) {
-		q = s8_weights(w, type);
-		wneg = neg_w128_256(q);
-	}
-	KT_UNROLL
+	if (b < nb8)
+		s8_run8(w + (size_t)bs * b, a, as, b, da, lo, nt, type);
 	for (int t = 0; t < nt; t++) {
-		__m256 lo = _mm512_castps512_ps256(acc[t]);
-		const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1));
-		if (b < nb) {
-			const struct md_q8b *ab = (const struct md_q8b *)(a + (size_t)t * as) + b;
-			const __m256i p = _mm256_dpbusd_epi32(wneg, _mm256_xor_si256(ld256(ab->qs),
-								    _mm256_set1_epi8((char)0x80)), q);
-			lo = _mm256_fmadd_ps(_mm256_set1_ps(ld_f16(w) * ab->d), _mm256_cvtepi32_ps(p), lo);
+		if (nb8 == nb) {
+			y[(size_t)t * ys] = hsum8(_mm256_add_ps(lo[t], hi[t]));
+			continue;
 		}
-		y[(size_t)t * ys] = hsum8(_mm256_add_ps(lo, hi));
+		float l[16];
+		_mm256_storeu_ps(l, lo[t]);
+		_mm256_storeu_ps(l + 8, hi[t]);
+		const struct md_q8b *ab = (const struct md_q8b *)(a + (size_t)t * as);
+		for (int64_t bb = nb8; bb < nb; bb++)
+			s8_tail_block(w + (size_t)bs * bb, ab[bb].qs, da[t][bb], &l[bb & 15], type);
+		y[(size_t)t * ys] = sum16_lanes(l);
 	}
 }
 
-/*
- * Tokens in lanes on AVX-512 (kern.h's lanes hook, with this table's own packed layout):
- * tile_s8's arithmetic, bit for bit, with the per-token work cut to a load, a vpdpbusd, a
- * scale and an fma per block pair. tile_s8 spends most of a multi-token product on each
- * token's activations: two 32-byte loads, an insert and an xor to form the pair's unsigned
- * bytes, and a cross-lane permute to spread the pair's two scales over the halves. Packed
- * once per product instead, a token's pair is one 64-byte load of bytes already offset by
- * 128, with the two blocks' 4-byte groups interleaved (block b's group i in lane 2i, block
- * b+1's in lane 2i+1); the weights of a row are interleaved the same way once for all the
- * tokens, so the pair's scales [s_b, s_b+1] repeat in lane pairs, which one broadcast of two
- * floats gives. Every lane accumulates the same products in the same order as tile_s8's
- * (lane 2i is its low-half lane i, lane 2i+1 its high-half lane i); the end takes the lanes
- * apart again and finishes as tile_s8 does, an odd last block included.
- *
- * Packed layout, per token (tok_bytes apart): n/64 pairs of 64 bytes as above; 32 bytes of
- * the odd last block (offset by 128, not interleaved) when n/32 is odd; the n/32 float
- * activation scales.
- */
-/* Dword i of the low half to lane 2i, of the high half to lane 2i + 1. */
-INLINE __m512i pair_ilv(void)
+/* Rows against a packed group of nt tokens (pack_q8b_lanes' layout): each run of 16 blocks
+ * decoded and transposed once for all the tokens (register j: elements 4j .. 4j+3 of the 16
+ * blocks, lane i for block i), its -128 sum(w) per block lane too; a token's products then
+ * leave P_b in lane b mod 16, summed over j in two chains (j < 4, j >= 4: exact, and half the
+ * dependent vpdpbusd for few tokens). A run of 8 left goes to the low lanes. */
+INLINE void lanes_s8_k(int64_t n, const uint8_t *w, const uint8_t *p, float *y, size_t ys,
+		       const int nt, const int type)
 {
-	return _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
-}
-
-static size_t s8l_tok_bytes(int64_t n)
-{
-	const size_t nb = (size_t)(n / 32);
-	return (nb / 2 * 64 + 32 + nb * sizeof(float) + 63) & ~(size_t)63;
-}
-
-static void pack_s8_lanes(const void *av, size_t as, int nt, int64_t n, void *dst)
-{
-	const int64_t nb = n / 32;
-	const size_t tb = s8l_tok_bytes(n);
-	const __m512i ilv = pair_ilv();
-	const __m512i off = _mm512_set1_epi8((char)0x80);
-	for (int t = 0; t < nt; t++) {
-		const uint8_t *row = (const uint8_t *)av + (size_t)t * as;
-		const struct md_q8b *ab = (const struct md_q8b *)row;
-		uint8_t *o = (uint8_t *)dst + (size_t)t * tb;
-		int64_t b = 0;
-		for (; b + 2 <= nb; b += 2, o += 64) {
-			const __m512i x = _mm512_inserti64x4(_mm512_castsi256_si512(ld256(ab[b].qs)),
-							     ld256(ab[b + 1].qs), 1);
-			_mm512_storeu_si512(o, _mm512_permutexvar_epi32(ilv, _mm512_xor_si512(x, off)));
-		}
-		if (b < nb)
-			_mm256_storeu_si256((__m256i *)o, _mm256_xor_si256(ld256(ab[b].qs),
-									   _mm512_castsi512_si256(off)));
-		memcpy((uint8_t *)dst + (size_t)t * tb + (size_t)(nb / 2) * 64 + 32, md_q8b_scales(row, n),
-		       (size_t)nb * sizeof(float));
-	}
-}
-
-/* One row at w (the lanes kernels below walk their rows with it). Tried and dropped: two rows per pass, each activation load serving both (with
- * 8 tokens a row's packed activations are 8.6x its weight bytes, re-read from L2 for every
- * row): +5-10% at 8 tokens (bench_kernels -l), but two interleaved weight streams lose the
- * L2 streamer where the product is bound by memory, 9 against 22-25 GB/s at 2 tokens. */
-INLINE void lanes_s8_row(int64_t n, const uint8_t *w, const uint8_t *p, float *y, size_t ys,
-			 const int nt, const int type)
-{
-	const int bs = type == MD_DT_Q8_0 ? 34 : type == MD_DT_Q5_0 ? 22 : 18;
-	const int64_t nb = n / 32, np = nb / 2;
-	const size_t tb = s8l_tok_bytes(n);
-	const __m512i ilv = pair_ilv();
-	const __m512i dlv = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-	const float *da[MD_KERN_LANES];
+	const int bs = s8_block_bytes(type);
+	const int64_t nb = n / 32, nb16 = nb & ~(int64_t)15, nb8 = nb & ~(int64_t)7;
+	const __m512i x80 = _mm512_set1_epi8((char)0x80);
 	__m512 acc[MD_KERN_LANES];
 	KT_UNROLL
-	for (int t = 0; t < nt; t++) {
-		da[t] = (const float *)(p + (size_t)t * tb + (size_t)np * 64 + 32);
+	for (int t = 0; t < nt; t++)
 		acc[t] = _mm512_setzero_ps();
-	}
-	const uint8_t *wb = w;
-	for (int64_t q = 0; q < np; q++, wb += 2 * bs) {
-		const __m512i qv = _mm512_permutexvar_epi32(
-			ilv, _mm512_inserti64x4(_mm512_castsi256_si512(s8_weights(wb, type)),
-						s8_weights(wb + bs, type), 1));
-		const __m512i wneg = neg_w128(qv);
-		const __m512 dw = _mm512_castpd_ps(_mm512_broadcastsd_pd(
-			_mm_castps_pd(_mm_setr_ps(ld_f16(wb), ld_f16(wb + bs), 0, 0))));
+	for (int64_t b = 0; b < nb16; b += 16, p += 8 * L16_TOK) {
+		const uint8_t *wb = w + (size_t)bs * b;
+		/* The weights QPF_BYTES ahead, as AVX2's decode tiles fetch theirs (QPF): from
+		 * memory the products of few tokens waited on each run's loads (bench/README.md,
+		 * "AVX-512: blocks in lanes for the signed-byte types"). */
+		for (int o = 0; o < 16 * bs; o += 64)
+			_mm_prefetch((const char *)wb + QPF_BYTES + o, _MM_HINT_T0);
+		__m256i ra[8], rb[8];
+		for (int i = 0; i < 8; i++) {
+			ra[i] = s8_weights(wb + bs * i, type);
+			rb[i] = s8_weights(wb + bs * (8 + i), type);
+		}
+		tr8_i32(ra);
+		tr8_i32(rb);
+		__m512i r[8];
+		__m512i wn = _mm512_setzero_si512();
+		for (int j = 0; j < 8; j++) {
+			r[j] = _mm512_inserti64x4(_mm512_castsi256_si512(ra[j]), rb[j], 1);
+			wn = _mm512_dpbusd_epi32(wn, x80, r[j]);
+		}
+		wn = _mm512_sub_epi32(_mm512_setzero_si512(), wn);
+		const __m512 dw = _mm512_castpd_ps(_mm512_insertf64x4(
+			_mm512_castpd256_pd512(_mm256_castps_pd(scales8(wb, bs))),
+			_mm256_castps_pd(scales8(wb + 8 * bs, bs)), 1));
+		__m512i p0[MD_KERN_LANES], p1[MD_KERN_LANES];
 		KT_UNROLL
 		for (int t = 0; t < nt; t++) {
-			const __m512i x = _mm512_loadu_si512(p + (size_t)t * tb + (size_t)q * 64);
-			double d2;
-			memcpy(&d2, da[t] + 2 * q, sizeof(d2));
-			acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_castpd_ps(_mm512_set1_pd(d2))),
-						 _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(wneg, x, qv)), acc[t]);
+			p0[t] = wn;
+			p1[t] = _mm512_setzero_si512();
+		}
+		if (nt <= 4) {
+			for (int j = 0; j < 4; j++) {
+				KT_UNROLL
+				for (int t = 0; t < nt; t++) {
+					const uint8_t *pt = p + (size_t)t * L16_TOK + 64;
+					p0[t] = _mm512_dpbusd_epi32(p0[t], _mm512_loadu_si512(pt + 64 * j), r[j]);
+					p1[t] = _mm512_dpbusd_epi32(p1[t], _mm512_loadu_si512(pt + 64 * (j + 4)),
+								    r[j + 4]);
+				}
+			}
+		} else { /* enough chains in the tokens; two per token would not fit the registers */
+			for (int j = 0; j < 8; j++) {
+				KT_UNROLL
+				for (int t = 0; t < nt; t++)
+					p0[t] = _mm512_dpbusd_epi32(p0[t], _mm512_loadu_si512(p + (size_t)t * L16_TOK + 64 + 64 * j),
+								    r[j]);
+			}
+		}
+		KT_UNROLL
+		for (int t = 0; t < nt; t++) {
+			const __m512 sc = _mm512_mul_ps(dw, _mm512_loadu_ps(p + (size_t)t * L16_TOK));
+			acc[t] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_add_epi32(p0[t], p1[t])), acc[t]);
 		}
 	}
-	__m256i qt = _mm256_setzero_si256(), wnt = qt;
-	if (2 * np < nb) {
-		qt = s8_weights(wb, type);
-		wnt = neg_w128_256(qt);
+	if (nb8 > nb16) {
+		const uint8_t *wb = w + (size_t)bs * nb16;
+		__m256i r[8];
+		for (int i = 0; i < 8; i++)
+			r[i] = s8_weights(wb + bs * i, type);
+		tr8_i32(r);
+		__m256i wn = _mm256_setzero_si256();
+		for (int j = 0; j < 8; j++)
+			wn = _mm256_dpbusd_epi32(wn, _mm512_castsi512_si256(x80), r[j]);
+		wn = _mm256_sub_epi32(_mm256_setzero_si256(), wn);
+		const __m256 dw = scales8(wb, bs);
+		KT_UNROLL
+		for (int t = 0; t < nt; t++) {
+			const uint8_t *pt = p + (size_t)t * L8_TOK + 32;
+			__m256i s0 = wn, s1 = _mm256_setzero_si256();
+			for (int j = 0; j < 4; j++) {
+				s0 = _mm256_dpbusd_epi32(s0, ld256(pt + 32 * j), r[j]);
+				s1 = _mm256_dpbusd_epi32(s1, ld256(pt + 32 * (j + 4)), r[j + 4]);
+			}
+			const __m256 sc = _mm256_mul_ps(dw, _mm256_loadu_ps((const float *)(p + (size_t)t * L8_TOK)));
+			acc[t] = _mm512_mask3_fmadd_ps(_mm512_castps256_ps512(sc),
+						       _mm512_castps256_ps512(_mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1))),
+						       acc[t], 0x00ff);
+		}
+		p += L8_RUN;
 	}
-	KT_UNROLL
 	for (int t = 0; t < nt; t++) {
-		const __m512 a = _mm512_permutexvar_ps(dlv, acc[t]);
-		__m256 lo = _mm512_castps512_ps256(a);
-		const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
-		if (2 * np < nb) {
-			const __m256i x = ld256(p + (size_t)t * tb + (size_t)np * 64);
-			const __m256i pr = _mm256_dpbusd_epi32(wnt, x, qt);
-			lo = _mm256_fmadd_ps(_mm256_set1_ps(ld_f16(wb) * da[t][nb - 1]),
-					     _mm256_cvtepi32_ps(pr), lo);
+		const __m256 lo = _mm512_castps512_ps256(acc[t]);
+		const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1));
+		if (nb8 == nb) {
+			y[(size_t)t * ys] = hsum8(_mm256_add_ps(lo, hi));
+			continue;
 		}
-		y[(size_t)t * ys] = hsum8(_mm256_add_ps(lo, hi));
+		float l[16];
+		_mm256_storeu_ps(l, lo);
+		_mm256_storeu_ps(l + 8, hi);
+		const uint8_t *q = p;
+		for (int64_t b = nb8; b < nb; b++, q += L8_TOK) {
+			float da;
+			memcpy(&da, q + sizeof(float) * (size_t)t, sizeof(float));
+			s8_tail_block(w + (size_t)bs * b, (const int8_t *)(q + 32 + 32 * t), da, &l[b & 15], type);
+		}
+		y[(size_t)t * ys] = sum16_lanes(l);
 	}
 }
 
@@ -648,14 +690,14 @@ INLINE void lanes_s8_row(int64_t n, const uint8_t *w, const uint8_t *p, float *y
 		for (int r = 0; r < nr; r++) {                                                     \
 			const uint8_t *w = (const uint8_t *)wv + (size_t)r * wst;                  \
 			switch (nt) {                                                              \
-			case 1: lanes_s8_row(n, w, p, y + r, ys, 1, type); break;                  \
-			case 2: lanes_s8_row(n, w, p, y + r, ys, 2, type); break;                  \
-			case 3: lanes_s8_row(n, w, p, y + r, ys, 3, type); break;                  \
-			case 4: lanes_s8_row(n, w, p, y + r, ys, 4, type); break;                  \
-			case 5: lanes_s8_row(n, w, p, y + r, ys, 5, type); break;                  \
-			case 6: lanes_s8_row(n, w, p, y + r, ys, 6, type); break;                  \
-			case 7: lanes_s8_row(n, w, p, y + r, ys, 7, type); break;                  \
-			default: lanes_s8_row(n, w, p, y + r, ys, 8, type); break;                 \
+			case 1: lanes_s8_k(n, w, p, y + r, ys, 1, type); break;                    \
+			case 2: lanes_s8_k(n, w, p, y + r, ys, 2, type); break;                    \
+			case 3: lanes_s8_k(n, w, p, y + r, ys, 3, type); break;                    \
+			case 4: lanes_s8_k(n, w, p, y + r, ys, 4, type); break;                    \
+			case 5: lanes_s8_k(n, w, p, y + r, ys, 5, type); break;                    \
+			case 6: lanes_s8_k(n, w, p, y + r, ys, 6, type); break;                    \
+			case 7: lanes_s8_k(n, w, p, y + r, ys, 7, type); break;                    \
+			default: lanes_s8_k(n, w, p, y + r, ys, 8, type); break;                   \
 			}                                                                          \
 		}                                                                                  \
 	}
@@ -2111,7 +2153,7 @@ static const struct md_kern table = {
 		[MD_DT_Q5_0] = lanes_q5_0_512,
 	},
 	.lanes_min = 2,
-	.pack_q8b_lanes = pack_s8_lanes,
+	.pack_q8b_lanes = pack_q8b_lanes,
 #endif
 	.quant_q8b = quant_q8b,
 	.quant_q8k = quant_q8k,

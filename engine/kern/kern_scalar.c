@@ -47,8 +47,8 @@ size_t md_kern_act_row_size(enum md_act_fmt f, int64_t n)
 
 size_t md_kern_lanes_size(int64_t n)
 {
-	/* The larger of the two layouts: AVX2's (kern.h), and AVX-512's per-token rows of the
-	 * same bytes and scales, each with up to 95 more (kern_avx2.c s8l_tok_bytes). */
+	/* AVX2's and AVX-512's layout (kern.h): per block and token slot 32 bytes and a scale,
+	 * whether the block is in a run of 8 or 16 or left over; the rest is slack. */
 	return (size_t)(n / 32) * (MD_KERN_LANES * sizeof(float) + MD_KERN_LANES * 32) +
 	       MD_KERN_LANES * 96;
 }

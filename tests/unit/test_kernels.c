@@ -303,7 +303,7 @@ static void test_gemm(const struct md_kern *k)
  */
 static void test_lanes(const struct md_kern *k)
 {
-	static const int64_t ns[] = { 32, 224, 256, 800 };
+	static const int64_t ns[] = { 32, 224, 256, 800, 1088 };
 	const int max_nr = 5, nt_max = MD_KERN_LANES;
 	if (!k->pack_q8b_lanes)
 		return;
