@@ -44,7 +44,7 @@ void md_spec_seq_free(struct md_spec_seq *ss)
 	if (!ss)
 		return;
 	if (ss->q) {
-		for (uint32_t i = 0; i < MD_SPEC_MAX_K; i++)
+		for (uint32_t i = 0; i < ss->max_k; i++)
 			md_sampler_dist_release(&ss->q[i]);
 		free(ss->q);
 	}
@@ -57,10 +57,12 @@ int md_spec_seq_alloc_q(struct md_spec_seq *ss, uint32_t n_vocab)
 {
 	if (ss->q)
 		return 0;
-	ss->q = calloc(MD_SPEC_MAX_K, sizeof(*ss->q));
+	/* One per position the sequence may draft (its max_k, not MD_SPEC_MAX_K): each holds
+	 * two arrays of the vocabulary's size. */
+	ss->q = calloc(ss->max_k, sizeof(*ss->q));
 	if (!ss->q)
 		return -ENOMEM;
-	for (uint32_t i = 0; i < MD_SPEC_MAX_K; i++)
+	for (uint32_t i = 0; i < ss->max_k; i++)
 		if (md_sampler_dist_init(&ss->q[i], n_vocab)) {
 			while (i-- > 0)
 				md_sampler_dist_release(&ss->q[i]);

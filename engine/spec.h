@@ -47,7 +47,7 @@
 #include "engine/sampler.h"
 
 /* The most tokens drafted for one sequence in one step. */
-#define MD_SPEC_MAX_K 16
+#define MD_SPEC_MAX_K 32
 /* Classes of n-gram proposals by their evidence (md_spec_ngram), acceptance rising with the
  * class. */
 enum md_spec_cls {
@@ -87,7 +87,7 @@ struct md_spec_seq {
 	int32_t draft[MD_SPEC_MAX_K];  /* this step's proposal (n_draft), handed to the scheduler */
 	uint32_t n_draft;
 	bool draft_q;                  /* drafts were sampled from q[0..n_draft) (else point mass) */
-	struct md_sampler_dist *q;     /* owned (MD_SPEC_MAX_K), allocated on first use: the draft
+	struct md_sampler_dist *q;     /* owned (max_k), allocated on first use: the draft
 					  model's distribution at each drafted position */
 	uint64_t rng[2];               /* the draft model's own RNG for sampling drafts */
 

@@ -196,7 +196,7 @@ try:
 
     # 4. The request object: errors are 400 naming it; the server keeps serving.
     for bad, param in [({"drafter": "eagle"}, "speculative.drafter"), ("ngram", "speculative"),
-                       ({"max_k": 17}, "speculative.max_k"), ({"max_k": -1}, "speculative.max_k"),
+                       ({"max_k": 33}, "speculative.max_k"), ({"max_k": -1}, "speculative.max_k"),
                        ({"k": 3}, "speculative")]:
         st, _, doc = call(srv, "POST", "/v1/chat/completions", dict(verse, speculative=bad))
         check(st == 400 and doc["error"]["param"] == param, "bad speculative %r: 400" % (bad,),
