@@ -455,11 +455,11 @@ INLINE void tile_q451(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, 
  * q8_0, q4_0 and q5_0 on AVX-512: AVX2's blocks in lanes (tile_q8_0 and lanes_q8_0 above),
  * each block's weights as 32 signed bytes (s8_weights: q8_0 as stored, q4_0 / q5_0 decoded
  * to u - 8 / u - 16) against unsigned activations in vpdpbusd (neg_w128). Per block b the
- * integer dot P_b, exact in int32; lane b mod 8 of a float accumulator gets
- * fma(dw_b * da_b, P_b); the result is the sum of the 8 lanes in hsum8's order. The tile sums
- * each block's 8 int32 lanes per token (red8_i32); groups of 2 and more tokens go through
- * lanes_s8 (packed by pack_q8b_lanes), whose transposed weights leave P_b in lane b with no
- * per-token sum: the same bits for any token count.
+ * integer dot P_b, exact in int32; lane b mod 16 of a float accumulator gets
+ * fma(dw_b * da_b, P_b), in block order; the result is hsum8(lanes 0-7 + lanes 8-15). The
+ * tile sums each block's 8 int32 lanes per token (red8_i32); groups of 2 and more tokens go
+ * through lanes_s8_k (packed by pack_q8b_lanes), whose transposed weights leave P_b in its
+ * lane with no per-token sum: the same bits for any token count.
  *
  * Before, the pair kernels (two blocks per 512-bit register, a float fma per 4-element
  * partial sum) spent 4 floating-point operations per block pair and token; in lanes_s8_k a
@@ -488,17 +488,73 @@ INLINE __m256i s8_part(__m256i q, __m256i wn, const int8_t *qs)
 	return _mm256_dpbusd_epi32(wn, _mm256_xor_si256(ld256(qs), _mm256_set1_epi8((char)0x80)), q);
 }
 
-/* One block of a row's last nb % 8 at wb: *l += (dw_b * da) * P_b. */
-INLINE void s8_tail_block(const uint8_t *wb, const int8_t *qs, float da, float *l, const int type)
-{
-	const __m256i q = s8_weights(wb, type);
-	*l = fmaf(ld_f16(wb) * da, (float)hsum8_i32(s8_part(q, neg_w128(q), qs)), *l);
-}
-
 INLINE int s8_block_bytes(const int type)
 {
 	return type == MD_DT_Q8_0 ? 34 : type == MD_DT_Q5_0 ? 22 : 18;
 }
+
+/* A row's last r = nb % 8 blocks (1..7; r a constant where inlined, so the loops over blocks
+ * unroll and the registers hold them) at wb, decoded once for nt tokens: lane i < r of
+ * acc[t] += (dw_i * da) * P_i, lanes past r untouched. Token t's bytes of block i are at
+ * qs + t * qts + i * qbs, its scale at da + t * dts + i * dbs (bytes). */
+INLINE void s8_tail(const uint8_t *wb, const int r, const int type, const int nt, const uint8_t *qs,
+		    size_t qts, size_t qbs, const uint8_t *da, size_t dts, size_t dbs, __m256 *acc)
+{
+	const int bs = s8_block_bytes(type);
+	const __mmask8 m = (__mmask8)((1u << r) - 1);
+	__m256i q[8], wn[8];
+	for (int i = 0; i < r; i++) {
+		q[i] = s8_weights(wb + bs * i, type);
+		wn[i] = neg_w128(q[i]);
+	}
+	/* (Scales gathered in registers: 8 scalar stores read back as one vector stalled
+	 * store forwarding, 3x the time of a 4-block row.) */
+	uint16_t h[8];
+	for (int i = 0; i < 8; i++) {
+		h[i] = 0;
+		if (i < r)
+			memcpy(&h[i], wb + bs * i, 2);
+	}
+	const __m256 dw = _mm256_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3],
+							 (short)h[4], (short)h[5], (short)h[6], (short)h[7]));
+	KT_UNROLL
+	for (int t = 0; t < nt; t++) {
+		__m256i pp[8];
+		for (int i = 0; i < 8; i++)
+			pp[i] = i < r ? s8_part(q[i], wn[i], (const int8_t *)(qs + qts * t + qbs * i))
+				      : _mm256_setzero_si256();
+		const uint8_t *dt = da + dts * t;
+		__m256 e;
+		if (dbs == sizeof(float)) {
+			e = _mm256_maskz_loadu_ps(m, dt);
+		} else {
+			float f[8];
+			for (int i = 0; i < 8; i++) {
+				f[i] = 0;
+				if (i < r)
+					memcpy(&f[i], dt + dbs * i, sizeof(float));
+			}
+			e = _mm256_setr_ps(f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]);
+		}
+		const __m256i p = red8_i32(pp[0], pp[1], pp[2], pp[3], pp[4], pp[5], pp[6], pp[7]);
+		acc[t] = _mm256_mask3_fmadd_ps(_mm256_mul_ps(dw, e), _mm256_cvtepi32_ps(p), acc[t], m);
+	}
+}
+
+/* s8_tail with r a constant. */
+#define S8_TAIL(r, ...)                                                                            \
+	do {                                                                                       \
+		switch (r) {                                                                       \
+		case 1: s8_tail(w_, 1, __VA_ARGS__); break;                                        \
+		case 2: s8_tail(w_, 2, __VA_ARGS__); break;                                        \
+		case 3: s8_tail(w_, 3, __VA_ARGS__); break;                                        \
+		case 4: s8_tail(w_, 4, __VA_ARGS__); break;                                        \
+		case 5: s8_tail(w_, 5, __VA_ARGS__); break;                                        \
+		case 6: s8_tail(w_, 6, __VA_ARGS__); break;                                        \
+		case 7: s8_tail(w_, 7, __VA_ARGS__); break;                                        \
+		default: break;                                                                    \
+		}                                                                                  \
+	} while (0)
 
 /* One run of 8 blocks at block b for nt tokens: acc[t] lane i += (dw * da) * P of block b + i. */
 INLINE void s8_run8(const uint8_t *wb, const uint8_t *a, size_t as, int64_t b, const float *const *da,
@@ -523,17 +579,8 @@ INLINE void s8_run8(const uint8_t *wb, const uint8_t *a, size_t as, int64_t b, c
 	}
 }
 
-/* The sum of 16 lanes as hsum8(lanes 0-7 + lanes 8-15). */
-INLINE float sum16_lanes(const float *l)
-{
-	float v[8];
-	for (int i = 0; i < 8; i++)
-		v[i] = l[i] + l[8 + i];
-	return sum8_lanes(v);
-}
-
 /* The tile: blocks b with b mod 16 < 8 in lo, the others in hi (lane b mod 16 of the lanes
- * kernel's 16); blocks past the runs of 8 lane by lane. */
+ * kernel's 16), the blocks past the runs of 8 too (s8_tail). */
 INLINE void tile_s8(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y, size_t ys,
 		    const int nt, const int type)
 {
@@ -553,19 +600,15 @@ INLINE void tile_s8(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, fl
 	}
 	if (b < nb8)
 		s8_run8(w + (size_t)bs * b, a, as, b, da, lo, nt, type);
-	for (int t = 0; t < nt; t++) {
-		if (nb8 == nb) {
-			y[(size_t)t * ys] = hsum8(_mm256_add_ps(lo[t], hi[t]));
-			continue;
-		}
-		float l[16];
-		_mm256_storeu_ps(l, lo[t]);
-		_mm256_storeu_ps(l + 8, hi[t]);
-		const struct md_q8b *ab = (const struct md_q8b *)(a + (size_t)t * as);
-		for (int64_t bb = nb8; bb < nb; bb++)
-			s8_tail_block(w + (size_t)bs * bb, ab[bb].qs, da[t][bb], &l[bb & 15], type);
-		y[(size_t)t * ys] = sum16_lanes(l);
+	if (nb8 < nb) {
+		const uint8_t *w_ = w + (size_t)bs * nb8;
+		const uint8_t *qs = (const uint8_t *)((const struct md_q8b *)a + nb8)->qs;
+		const uint8_t *d0 = (const uint8_t *)(da[0] + nb8);
+		S8_TAIL((int)(nb - nb8), type, nt, qs, as, sizeof(struct md_q8b), d0, as, sizeof(float),
+			(nb8 & 8) ? hi : lo);
 	}
+	for (int t = 0; t < nt; t++)
+		y[(size_t)t * ys] = hsum8(_mm256_add_ps(lo[t], hi[t]));
 }
 
 /* Rows against a packed group of nt tokens (pack_q8b_lanes' layout): each run of 16 blocks
@@ -663,24 +706,20 @@ INLINE void lanes_s8_k(int64_t n, const uint8_t *w, const uint8_t *p, float *y, 
 		}
 		p += L8_RUN;
 	}
+	__m256 lo[MD_KERN_LANES], hi[MD_KERN_LANES];
+	KT_UNROLL
 	for (int t = 0; t < nt; t++) {
-		const __m256 lo = _mm512_castps512_ps256(acc[t]);
-		const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1));
-		if (nb8 == nb) {
-			y[(size_t)t * ys] = hsum8(_mm256_add_ps(lo, hi));
-			continue;
-		}
-		float l[16];
-		_mm256_storeu_ps(l, lo);
-		_mm256_storeu_ps(l + 8, hi);
-		const uint8_t *q = p;
-		for (int64_t b = nb8; b < nb; b++, q += L8_TOK) {
-			float da;
-			memcpy(&da, q + sizeof(float) * (size_t)t, sizeof(float));
-			s8_tail_block(w + (size_t)bs * b, (const int8_t *)(q + 32 + 32 * t), da, &l[b & 15], type);
-		}
-		y[(size_t)t * ys] = sum16_lanes(l);
+		lo[t] = _mm512_castps512_ps256(acc[t]);
+		hi[t] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1));
 	}
+	if (nb8 < nb) {
+		/* The packed blocks left: 288 bytes each, the 8 tokens' scales, then their bytes. */
+		const uint8_t *w_ = w + (size_t)bs * nb8;
+		S8_TAIL((int)(nb - nb8), type, nt, p + 32, 32, L8_TOK, p, sizeof(float), L8_TOK,
+			(nb8 & 8) ? hi : lo);
+	}
+	for (int t = 0; t < nt; t++)
+		y[(size_t)t * ys] = hsum8(_mm256_add_ps(lo[t], hi[t]));
 }
 
 #define LANES_S8(name, type)                                                                       \
