@@ -493,51 +493,35 @@ INLINE int s8_block_bytes(const int type)
 	return type == MD_DT_Q8_0 ? 34 : type == MD_DT_Q5_0 ? 22 : 18;
 }
 
-/* A row's last r = nb % 8 blocks (1..7; r a constant where inlined, so the loops over blocks
- * unroll and the registers hold them) at wb, decoded once for nt tokens: lane i < r of
- * acc[t] += (dw_i * da) * P_i, lanes past r untouched. Token t's bytes of block i are at
+/* A row's last r = nb % 8 blocks (1..7; r a constant where inlined, so the loop over blocks
+ * unrolls and the registers hold them) at wb, decoded once for nt tokens, into a third
+ * accumulator of each token: at[t] = sum over i of fma(dw_i * da_i, the 8 int32 partial sums
+ * of block i), in block order; the row's result is hsum8((lo + hi) + at). No lane sum per
+ * block: rows of fewer than 8 blocks are all tail, and there a per-block sum (a masked run
+ * through red8_i32) made one token 1.6-2.5x slower than the pair kernels before (bench/README.md,
+ * "AVX-512: blocks in lanes for the signed-byte types"). Token t's bytes of block i are at
  * qs + t * qts + i * qbs, its scale at da + t * dts + i * dbs (bytes). */
 INLINE void s8_tail(const uint8_t *wb, const int r, const int type, const int nt, const uint8_t *qs,
-		    size_t qts, size_t qbs, const uint8_t *da, size_t dts, size_t dbs, __m256 *acc)
+		    size_t qts, size_t qbs, const uint8_t *da, size_t dts, size_t dbs, __m256 *at)
 {
 	const int bs = s8_block_bytes(type);
-	const __mmask8 m = (__mmask8)((1u << r) - 1);
 	__m256i q[8], wn[8];
+	float dw[8];
 	for (int i = 0; i < r; i++) {
 		q[i] = s8_weights(wb + bs * i, type);
 		wn[i] = neg_w128(q[i]);
+		dw[i] = ld_f16(wb + bs * i);
 	}
-	/* (Scales gathered in registers: 8 scalar stores read back as one vector stalled
-	 * store forwarding, 3x the time of a 4-block row.) */
-	uint16_t h[8];
-	for (int i = 0; i < 8; i++) {
-		h[i] = 0;
-		if (i < r)
-			memcpy(&h[i], wb + bs * i, 2);
-	}
-	const __m256 dw = _mm256_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3],
-							 (short)h[4], (short)h[5], (short)h[6], (short)h[7]));
 	KT_UNROLL
 	for (int t = 0; t < nt; t++) {
-		__m256i pp[8];
-		for (int i = 0; i < 8; i++)
-			pp[i] = i < r ? s8_part(q[i], wn[i], (const int8_t *)(qs + qts * t + qbs * i))
-				      : _mm256_setzero_si256();
-		const uint8_t *dt = da + dts * t;
-		__m256 e;
-		if (dbs == sizeof(float)) {
-			e = _mm256_maskz_loadu_ps(m, dt);
-		} else {
-			float f[8];
-			for (int i = 0; i < 8; i++) {
-				f[i] = 0;
-				if (i < r)
-					memcpy(&f[i], dt + dbs * i, sizeof(float));
-			}
-			e = _mm256_setr_ps(f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]);
+		__m256 x = _mm256_setzero_ps();
+		for (int i = 0; i < r; i++) {
+			float e;
+			memcpy(&e, da + dts * t + dbs * i, sizeof(float));
+			const __m256i p = s8_part(q[i], wn[i], (const int8_t *)(qs + qts * t + qbs * i));
+			x = _mm256_fmadd_ps(_mm256_set1_ps(dw[i] * e), _mm256_cvtepi32_ps(p), x);
 		}
-		const __m256i p = red8_i32(pp[0], pp[1], pp[2], pp[3], pp[4], pp[5], pp[6], pp[7]);
-		acc[t] = _mm256_mask3_fmadd_ps(_mm256_mul_ps(dw, e), _mm256_cvtepi32_ps(p), acc[t], m);
+		at[t] = x;
 	}
 }
 
@@ -580,7 +564,7 @@ INLINE void s8_run8(const uint8_t *wb, const uint8_t *a, size_t as, int64_t b, c
 }
 
 /* The tile: blocks b with b mod 16 < 8 in lo, the others in hi (lane b mod 16 of the lanes
- * kernel's 16), the blocks past the runs of 8 too (s8_tail). */
+ * kernel's 16); the blocks past the runs of 8 as s8_tail says. */
 INLINE void tile_s8(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, float *y, size_t ys,
 		    const int nt, const int type)
 {
@@ -600,15 +584,18 @@ INLINE void tile_s8(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, fl
 	}
 	if (b < nb8)
 		s8_run8(w + (size_t)bs * b, a, as, b, da, lo, nt, type);
+	__m256 at[MD_KERN_NT];
+	KT_UNROLL
+	for (int t = 0; t < nt; t++)
+		at[t] = _mm256_setzero_ps();
 	if (nb8 < nb) {
 		const uint8_t *w_ = w + (size_t)bs * nb8;
 		const uint8_t *qs = (const uint8_t *)((const struct md_q8b *)a + nb8)->qs;
 		const uint8_t *d0 = (const uint8_t *)(da[0] + nb8);
-		S8_TAIL((int)(nb - nb8), type, nt, qs, as, sizeof(struct md_q8b), d0, as, sizeof(float),
-			(nb8 & 8) ? hi : lo);
+		S8_TAIL((int)(nb - nb8), type, nt, qs, as, sizeof(struct md_q8b), d0, as, sizeof(float), at);
 	}
 	for (int t = 0; t < nt; t++)
-		y[(size_t)t * ys] = hsum8(_mm256_add_ps(lo[t], hi[t]));
+		y[(size_t)t * ys] = hsum8(_mm256_add_ps(_mm256_add_ps(lo[t], hi[t]), at[t]));
 }
 
 /* Rows against a packed group of nt tokens (pack_q8b_lanes' layout): each run of 16 blocks
@@ -706,20 +693,20 @@ INLINE void lanes_s8_k(int64_t n, const uint8_t *w, const uint8_t *p, float *y, 
 		}
 		p += L8_RUN;
 	}
-	__m256 lo[MD_KERN_LANES], hi[MD_KERN_LANES];
+	__m256 at[MD_KERN_LANES];
 	KT_UNROLL
-	for (int t = 0; t < nt; t++) {
-		lo[t] = _mm512_castps512_ps256(acc[t]);
-		hi[t] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1));
-	}
+	for (int t = 0; t < nt; t++)
+		at[t] = _mm256_setzero_ps();
 	if (nb8 < nb) {
 		/* The packed blocks left: 288 bytes each, the 8 tokens' scales, then their bytes. */
 		const uint8_t *w_ = w + (size_t)bs * nb8;
-		S8_TAIL((int)(nb - nb8), type, nt, p + 32, 32, L8_TOK, p, sizeof(float), L8_TOK,
-			(nb8 & 8) ? hi : lo);
+		S8_TAIL((int)(nb - nb8), type, nt, p + 32, 32, L8_TOK, p, sizeof(float), L8_TOK, at);
 	}
-	for (int t = 0; t < nt; t++)
-		y[(size_t)t * ys] = hsum8(_mm256_add_ps(lo[t], hi[t]));
+	for (int t = 0; t < nt; t++) {
+		const __m256 lo = _mm512_castps512_ps256(acc[t]);
+		const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1));
+		y[(size_t)t * ys] = hsum8(_mm256_add_ps(_mm256_add_ps(lo, hi), at[t]));
+	}
 }
 
 #define LANES_S8(name, type)                                                                       \
