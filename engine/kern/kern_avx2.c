@@ -121,21 +121,16 @@ INLINE __m256i red8_i32(__m256i p0, __m256i p1, __m256i p2, __m256i p3, __m256i 
 				_mm256_permute2x128_si256(s03, s47, 0x31));
 }
 
-/* The sum of p's 8 int32 lanes. */
-INLINE int32_t hsum8_i32(__m256i p)
-{
-	__m128i h = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
-	h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
-	h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
-	return _mm_cvtsi128_si32(h);
-}
-
 #ifndef KERN_AVX512
 /* One block of a row's last nb % 8, in the 8-block loop's arithmetic for lane b mod 8:
  * *l += (dw_b * da) * P_b, P_b exact. */
 INLINE void q8_0_tail_block(const uint8_t *wb, const int8_t *qs, float da, float *l)
 {
-	*l = fmaf(ld_f16(wb) * da, (float)hsum8_i32(q8_0_part(wb, qs)), *l);
+	const __m256i p = q8_0_part(wb, qs);
+	__m128i h = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+	h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+	h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+	*l = fmaf(ld_f16(wb) * da, (float)_mm_cvtsi128_si32(h), *l);
 }
 #endif
 
@@ -493,16 +488,16 @@ INLINE int s8_block_bytes(const int type)
 	return type == MD_DT_Q8_0 ? 34 : type == MD_DT_Q5_0 ? 22 : 18;
 }
 
-/* A row's last r = nb % 8 blocks (1..7; r a constant where inlined, so the loop over blocks
- * unrolls and the registers hold them) at wb, decoded once for nt tokens, into a third
+/* A row's last r = nb % 8 blocks (0..7; r a constant here, s8_tail below picks it, so the
+ * loop over blocks unrolls and the registers hold them) at wb, decoded once for nt tokens, into a third
  * accumulator of each token: at[t] = sum over i of fma(dw_i * da_i, the 8 int32 partial sums
  * of block i), in block order; the row's result is hsum8((lo + hi) + at). No lane sum per
  * block: rows of fewer than 8 blocks are all tail, and there a per-block sum (a masked run
  * through red8_i32) made one token 1.6-2.5x slower than the pair kernels before (bench/README.md,
  * "AVX-512: blocks in lanes for the signed-byte types"). Token t's bytes of block i are at
  * qs + t * qts + i * qbs, its scale at da + t * dts + i * dbs (bytes). */
-INLINE void s8_tail(const uint8_t *wb, const int r, const int type, const int nt, const uint8_t *qs,
-		    size_t qts, size_t qbs, const uint8_t *da, size_t dts, size_t dbs, __m256 *at)
+INLINE void s8_tail_k(const uint8_t *wb, const int r, const int type, const int nt, const uint8_t *qs,
+		      size_t qts, size_t qbs, const uint8_t *da, size_t dts, size_t dbs, __m256 *at)
 {
 	const int bs = s8_block_bytes(type);
 	__m256i q[8], wn[8];
@@ -525,20 +520,21 @@ INLINE void s8_tail(const uint8_t *wb, const int r, const int type, const int nt
 	}
 }
 
-/* s8_tail with r a constant. */
-#define S8_TAIL(r, ...)                                                                            \
-	do {                                                                                       \
-		switch (r) {                                                                       \
-		case 1: s8_tail(w_, 1, __VA_ARGS__); break;                                        \
-		case 2: s8_tail(w_, 2, __VA_ARGS__); break;                                        \
-		case 3: s8_tail(w_, 3, __VA_ARGS__); break;                                        \
-		case 4: s8_tail(w_, 4, __VA_ARGS__); break;                                        \
-		case 5: s8_tail(w_, 5, __VA_ARGS__); break;                                        \
-		case 6: s8_tail(w_, 6, __VA_ARGS__); break;                                        \
-		case 7: s8_tail(w_, 7, __VA_ARGS__); break;                                        \
-		default: break;                                                                    \
-		}                                                                                  \
-	} while (0)
+/* s8_tail_k for r = nb % 8 blocks left at wb (at[t] = 0 where r = 0). */
+INLINE void s8_tail(const uint8_t *wb, const int r, const int type, const int nt, const uint8_t *qs,
+		    size_t qts, size_t qbs, const uint8_t *da, size_t dts, size_t dbs, __m256 *at)
+{
+	switch (r) {
+	case 1: s8_tail_k(wb, 1, type, nt, qs, qts, qbs, da, dts, dbs, at); break;
+	case 2: s8_tail_k(wb, 2, type, nt, qs, qts, qbs, da, dts, dbs, at); break;
+	case 3: s8_tail_k(wb, 3, type, nt, qs, qts, qbs, da, dts, dbs, at); break;
+	case 4: s8_tail_k(wb, 4, type, nt, qs, qts, qbs, da, dts, dbs, at); break;
+	case 5: s8_tail_k(wb, 5, type, nt, qs, qts, qbs, da, dts, dbs, at); break;
+	case 6: s8_tail_k(wb, 6, type, nt, qs, qts, qbs, da, dts, dbs, at); break;
+	case 7: s8_tail_k(wb, 7, type, nt, qs, qts, qbs, da, dts, dbs, at); break;
+	default: s8_tail_k(wb, 0, type, nt, qs, qts, qbs, da, dts, dbs, at); break;
+	}
+}
 
 /* One run of 8 blocks at block b for nt tokens: acc[t] lane i += (dw * da) * P of block b + i. */
 INLINE void s8_run8(const uint8_t *wb, const uint8_t *a, size_t as, int64_t b, const float *const *da,
@@ -585,15 +581,9 @@ INLINE void tile_s8(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, fl
 	if (b < nb8)
 		s8_run8(w + (size_t)bs * b, a, as, b, da, lo, nt, type);
 	__m256 at[MD_KERN_NT];
-	KT_UNROLL
-	for (int t = 0; t < nt; t++)
-		at[t] = _mm256_setzero_ps();
-	if (nb8 < nb) {
-		const uint8_t *w_ = w + (size_t)bs * nb8;
-		const uint8_t *qs = (const uint8_t *)((const struct md_q8b *)a + nb8)->qs;
-		const uint8_t *d0 = (const uint8_t *)(da[0] + nb8);
-		S8_TAIL((int)(nb - nb8), type, nt, qs, as, sizeof(struct md_q8b), d0, as, sizeof(float), at);
-	}
+	s8_tail(w + (size_t)bs * nb8, (int)(nb - nb8), type, nt,
+		(const uint8_t *)((const struct md_q8b *)a + nb8)->qs, as, sizeof(struct md_q8b),
+		(const uint8_t *)(da[0] + nb8), as, sizeof(float), at);
 	for (int t = 0; t < nt; t++)
 		y[(size_t)t * ys] = hsum8(_mm256_add_ps(_mm256_add_ps(lo[t], hi[t]), at[t]));
 }
@@ -693,15 +683,10 @@ INLINE void lanes_s8_k(int64_t n, const uint8_t *w, const uint8_t *p, float *y, 
 		}
 		p += L8_RUN;
 	}
+	/* The packed blocks left: 288 bytes each, the 8 tokens' scales, then their bytes. */
 	__m256 at[MD_KERN_LANES];
-	KT_UNROLL
-	for (int t = 0; t < nt; t++)
-		at[t] = _mm256_setzero_ps();
-	if (nb8 < nb) {
-		/* The packed blocks left: 288 bytes each, the 8 tokens' scales, then their bytes. */
-		const uint8_t *w_ = w + (size_t)bs * nb8;
-		S8_TAIL((int)(nb - nb8), type, nt, p + 32, 32, L8_TOK, p, sizeof(float), L8_TOK, at);
-	}
+	s8_tail(w + (size_t)bs * nb8, (int)(nb - nb8), type, nt, p + 32, 32, L8_TOK, p, sizeof(float),
+		L8_TOK, at);
 	for (int t = 0; t < nt; t++) {
 		const __m256 lo = _mm512_castps512_ps256(acc[t]);
 		const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1));
