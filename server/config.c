@@ -177,7 +177,7 @@ static const struct opt options[] = {
 	{ "speculative", "spec", 0, OPT_STRING, OFF(spec), "ngram", 0, 0, v_spec, false,
 	  "speculative decoding by default: off, ngram (prompt lookup), draft (draft-model) or "
 	  "self (the model with fewer experts); requests choose with \"speculative\"" },
-	{ "speculative", "spec-k", 0, OPT_INT, OFF(spec_k), "16", 1, 32, NULL, false,
+	{ "speculative", "spec-k", 0, OPT_INT, OFF(spec_k), "32", 1, 32, NULL, false,
 	  "most drafted tokens per sequence and step (the controller picks 0..spec-k)" },
 	{ "speculative", "draft-model", 0, OPT_STRING, OFF(draft_model), "", 0, 0, NULL, false,
 	  "draft GGUF with the model's vocabulary (empty: the draft beside the default model "
