@@ -41,7 +41,10 @@ the step's, one expert per token; 0 for n-gram lookup), a: the measured acceptan
 share of the decoding sequence-steps in which the drafter had a proposal and L its mean length
 (/metrics: proposal steps over sequence steps, proposed tokens over proposal steps; a model
 drafter proposes in every step, the n-gram lookup only where it finds a match: most of its
-steps decode plainly, whatever the controller does). The column "prop" prints f.
+steps decode plainly, whatever the controller does). The column "prop" prints f. For a model
+drafter a is taken as (accepted + 1) / (drafted + 2), 0 with no drafts (the column "accept"
+prints the plain rate): where the controller verified only a probe or two, the plain rate of a handful of
+tokens would make the bound whatever those few happened to be.
 
 For the n-gram lookup the bound is no such average: its drafts hold in runs (a loop's
 repeats, all right; elsewhere, mostly wrong), which an i.i.d. acceptance misstates. Its
@@ -587,7 +590,11 @@ for S in streams:
             dr, ac, vs, em, lp, di, sq, ps, pt = acc[c]
             a = ac / dr if dr else 0.0
             f = ps / sq if sq else None
-            b = (bound(S, c[1], a, f if f is not None else 1.0, pt / ps if ps else None)
+            # the bound's acceptance: (accepted + 1) / (drafted + 2), as the controller's alpha,
+            # so that one probe of one token that held does not read as a drafter that always
+            # holds (with hundreds of drafts it is the measured rate)
+            ab = (ac + 1) / (dr + 2) if dr else 0.0
+            b = (bound(S, c[1], ab, f if f is not None else 1.0, pt / ps if ps else None)
                  if c[0] == "moed" and c[1] not in ("off", "ngram") else None)
             orc = alone = None
             if c == ("moed", "ngram") and oracles:
