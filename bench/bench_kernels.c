@@ -20,6 +20,10 @@
  * -l runs the batch through the type's lanes kernel (kern.h: tokens packed once per product)
  * where the table has one, as products do from the table's lanes_min tokens on; else dot.
  *
+ * -n N_IN is the row length: a multiple of 256, or of 32 for the 32-element types only (short
+ * rows such as deepseek2's attn_k_b of 128, which are all tail in the lanes kernels); the q4_K
+ * baseline is then left out.
+ *
  * usage: bench_kernels [-c] [-l] [-k scalar|avx2|avx512] [-n N_IN] [-m MIB] [-r REPS] [-t TOKENS]
  *                      [TYPE...]
  */
@@ -206,11 +210,17 @@ int main(int argc, char **argv)
 			bts[nb++].t = t;
 		}
 	}
-	if (n <= 0 || n % 256 || mib <= 0 || reps < 1 || reps > MAX_REPS || many < 2 || many > 8) {
-		fprintf(stderr, "bench_kernels: -n must be a positive multiple of 256, -r 1..%d, "
+	if (n <= 0 || n % 32 || mib <= 0 || reps < 1 || reps > MAX_REPS || many < 2 || many > 8) {
+		fprintf(stderr, "bench_kernels: -n must be a positive multiple of 32, -r 1..%d, "
 			"-t 2..8\n", MAX_REPS);
 		return 2;
 	}
+	for (int i = 0; i < nb; i++)
+		if (n % md_dtype_info(bts[i].t)->blck) {
+			fprintf(stderr, "bench_kernels: -n %lld is not a whole number of %s blocks\n",
+				(long long)n, md_dtype_info(bts[i].t)->name);
+			return 2;
+		}
 	if (nb == 0) {
 		for (size_t i = 0; i < sizeof(defaults) / sizeof(defaults[0]); i++)
 			bts[nb++].t = defaults[i];
@@ -223,7 +233,7 @@ int main(int argc, char **argv)
 	}
 	if (!has_q8)
 		bts[nb++].t = MD_DT_Q8_0;
-	if (!has_q4k)
+	if (!has_q4k && n % 256 == 0) /* else no q4_K row of that length */
 		bts[nb++].t = MD_DT_Q4_K;
 
 	const struct md_kern *k = kname ? md_kern_by_name(kname) : md_kern_active();
@@ -277,10 +287,13 @@ int main(int argc, char **argv)
 			struct bt *b = &bts[i];
 			double m = median(b->gbs[nt], reps, &lo, &hi);
 			double bpw = 8.0 * (double)b->row_bytes / (double)n;
+			char vs_q4k[48] = "-";
+			if (base[1][nt][0] > 0)
+				snprintf(vs_q4k, sizeof(vs_q4k), "%.2fx (%.2fx)", m / base[1][nt][0],
+					 hi / base[1][nt][1]);
 			printf("| %s | %.2f | %d | %.2f | %.2f | %.2f..%.2f | %.2f | %.2fx (%.2fx) | "
-			       "%.2fx (%.2fx) |\n", b->name, bpw, nt ? many : 1, m, hi, lo, hi,
-			       m * 8.0 / bpw, m / base[0][nt][0], hi / base[0][nt][1],
-			       m / base[1][nt][0], hi / base[1][nt][1]);
+			       "%s |\n", b->name, bpw, nt ? many : 1, m, hi, lo, hi, m * 8.0 / bpw,
+			       m / base[0][nt][0], hi / base[0][nt][1], vs_q4k);
 		}
 	}
 	for (int i = 0; i < nb; i++) {

@@ -489,7 +489,8 @@ INLINE int s8_block_bytes(const int type)
 }
 
 /* A row's last r = nb % 8 blocks (0..7; r a constant here, s8_tail below picks it, so the
- * loop over blocks unrolls and the registers hold them) at wb, decoded once for nt tokens, into a third
+ * loop over blocks unrolls and the registers hold them) at wb, decoded once for nt tokens
+ * (two tokens to a 512-bit register, an odd last one in 256 bits), into a third
  * accumulator of each token: at[t] = sum over i of fma(dw_i * da_i, the 8 int32 partial sums
  * of block i), in block order; the row's result is hsum8((lo + hi) + at). No lane sum per
  * block: rows of fewer than 8 blocks are all tail, and there a per-block sum (a masked run
@@ -507,8 +508,40 @@ INLINE void s8_tail_k(const uint8_t *wb, const int r, const int type, const int 
 		wn[i] = neg_w128(q[i]);
 		dw[i] = ld_f16(wb + bs * i);
 	}
+	int t0 = 0;
+	/* Two tokens per 512-bit register (the low half token t, the high t + 1), each lane
+	 * through the same operations as the loop below, so the same bits. One token per
+	 * register, rows of 4 and 6 blocks ran 1.15-1.5x slower at 8 tokens than the pair
+	 * kernels before the lanes kernels; two to a register, 1.1-1.4x faster than one, and
+	 * level with or faster than those (bench/README.md, "Short rows"). */
+	__m512i q2[8], wn2[8];
+	for (int i = 0; i < r; i++) {
+		q2[i] = _mm512_broadcast_i64x4(q[i]);
+		wn2[i] = _mm512_broadcast_i64x4(wn[i]);
+	}
 	KT_UNROLL
-	for (int t = 0; t < nt; t++) {
+	for (; t0 + 2 <= nt; t0 += 2) {
+		__m512 x = _mm512_setzero_ps();
+		for (int i = 0; i < r; i++) {
+			float e0, e1;
+			memcpy(&e0, da + dts * t0 + dbs * i, sizeof(float));
+			memcpy(&e1, da + dts * (t0 + 1) + dbs * i, sizeof(float));
+			const uint8_t *a0 = qs + qts * t0 + qbs * i;
+			const __m512i av = qts == 32 ? _mm512_loadu_si512(a0)
+					   : _mm512_inserti64x4(_mm512_castsi256_si512(ld256(a0)),
+								ld256(a0 + qts), 1);
+			const __m512i pv = _mm512_dpbusd_epi32(
+				wn2[i], _mm512_xor_si512(av, _mm512_set1_epi8((char)0x80)), q2[i]);
+			const __m512 e = _mm512_mask_broadcastss_ps(_mm512_set1_ps(e0), 0xff00,
+								    _mm_set_ss(e1));
+			x = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(dw[i]), e),
+					    _mm512_cvtepi32_ps(pv), x);
+		}
+		at[t0] = _mm512_castps512_ps256(x);
+		at[t0 + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1));
+	}
+	KT_UNROLL
+	for (int t = t0; t < nt; t++) {
 		__m256 x = _mm256_setzero_ps();
 		for (int i = 0; i < r; i++) {
 			float e;
