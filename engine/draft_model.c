@@ -194,8 +194,9 @@ int md_draft_pick(struct md_sampler *sm, uint32_t n_vocab, struct md_seq *s, uin
 	bool greedy = p->temperature <= 1e-6f;
 	struct md_sampler_dist *q = &sm->dist;
 	if (!greedy) {
-		if (md_spec_seq_alloc_q(ss, n_vocab))
-			return -ENOMEM;
+		int rc = md_spec_seq_alloc_q(ss, r, n_vocab);
+		if (rc)
+			return rc;
 		q = &ss->q[r];
 	}
 	int rc = md_sampler_transform(sm, p, &ctx, row, q->w);

@@ -87,8 +87,9 @@ struct md_spec_seq {
 	int32_t draft[MD_SPEC_MAX_K];  /* this step's proposal (n_draft), handed to the scheduler */
 	uint32_t n_draft;
 	bool draft_q;                  /* drafts were sampled from q[0..n_draft) (else point mass) */
-	struct md_sampler_dist *q;     /* owned (max_k), allocated on first use: the draft
-					  model's distribution at each drafted position */
+	struct md_sampler_dist *q;     /* owned (max_k), each allocated on its first use
+					  (md_spec_seq_alloc_q): the draft model's distribution at
+					  each drafted position */
 	uint64_t rng[2];               /* the draft model's own RNG for sampling drafts */
 
 	/* controller (engine/spec_ctl.c) */
@@ -134,8 +135,9 @@ struct md_spec_seq *md_spec_seq_new(enum md_spec_drafter drafter, uint32_t max_k
 /* Frees the state and its distributions, and the draft model's KV slot when it holds one
  * (the draft KV cache must still exist). NULL is ignored. */
 void md_spec_seq_free(struct md_spec_seq *ss);
-/* The q distributions, allocated once for n_vocab tokens. Returns 0 or -ENOMEM. */
-int md_spec_seq_alloc_q(struct md_spec_seq *ss, uint32_t n_vocab);
+/* Draft position r's q distribution (r < max_k), allocated for n_vocab tokens on its first
+ * use: a sequence holds only the positions it has drafted. Returns 0, -EINVAL or -ENOMEM. */
+int md_spec_seq_alloc_q(struct md_spec_seq *ss, uint32_t r, uint32_t n_vocab);
 
 /* Uniform double in [0, 1) from a draft RNG (xoroshiro128+). */
 double md_spec_uniform(uint64_t rng[2]);
