@@ -43,8 +43,8 @@ share of the decoding sequence-steps in which the drafter had a proposal and L i
 drafter proposes in every step, the n-gram lookup only where it finds a match: most of its
 steps decode plainly, whatever the controller does). The column "prop" prints f. For a model
 drafter a is taken as (accepted + 1) / (drafted + 2), 0 with no drafts (the column "accept"
-prints the plain rate): where the controller verified only a probe or two, the plain rate of a handful of
-tokens would make the bound whatever those few happened to be.
+prints the plain rate): where the controller verified only a probe or two, the plain rate of
+a handful of tokens would make the bound whatever those few happened to be.
 
 For the n-gram lookup the bound is no such average: its drafts hold in runs (a loop's
 repeats, all right; elsewhere, mostly wrong), which an i.i.d. acceptance misstates. Its
