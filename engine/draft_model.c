@@ -193,13 +193,14 @@ int md_draft_pick(struct md_sampler *sm, uint32_t n_vocab, struct md_seq *s, uin
 	};
 	bool greedy = p->temperature <= 1e-6f;
 	struct md_sampler_dist *q = &sm->dist;
+	int rc = 0;
 	if (!greedy) {
-		int rc = md_spec_seq_alloc_q(ss, r, n_vocab);
+		rc = md_spec_seq_alloc_q(ss, r, n_vocab);
 		if (rc)
 			return rc;
 		q = &ss->q[r];
 	}
-	int rc = md_sampler_transform(sm, p, &ctx, row, q->w);
+	rc = md_sampler_transform(sm, p, &ctx, row, q->w);
 	if (!rc)
 		rc = md_sampler_dist_build(q, p, q->w);
 	if (rc)

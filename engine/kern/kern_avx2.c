@@ -68,6 +68,14 @@ INLINE float hsum8(__m256 v)
 	return _mm_cvtss_f32(x);
 }
 
+#ifdef KERN_AVX512
+/* The high 8 floats of v (AVX-512F alone: the 32x8 extract is AVX512DQ). */
+INLINE __m256 hi256_ps(__m512 v)
+{
+	return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+}
+#endif
+
 /* Sum of u8 x s8 products in 8 int32 lanes (lane i covers bytes 4i .. 4i+3). */
 INLINE __m256i dot_us8(__m256i u, __m256i s)
 {
@@ -538,7 +546,7 @@ INLINE void s8_tail_k(const uint8_t *wb, const int r, const int type, const int 
 					    _mm512_cvtepi32_ps(pv), x);
 		}
 		at[t0] = _mm512_castps512_ps256(x);
-		at[t0 + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1));
+		at[t0 + 1] = hi256_ps(x);
 	}
 	KT_UNROLL
 	for (int t = t0; t < nt; t++) {
@@ -722,7 +730,7 @@ INLINE void lanes_s8_k(int64_t n, const uint8_t *w, const uint8_t *p, float *y, 
 		L8_TOK, at);
 	for (int t = 0; t < nt; t++) {
 		const __m256 lo = _mm512_castps512_ps256(acc[t]);
-		const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1));
+		const __m256 hi = hi256_ps(acc[t]);
 		y[(size_t)t * ys] = hsum8(_mm256_add_ps(_mm256_add_ps(lo, hi), at[t]));
 	}
 }
@@ -837,7 +845,7 @@ INLINE void tile_nl(int64_t n, const uint8_t *w, const uint8_t *a, size_t as, fl
 	__m256 lo[MD_KERN_NT], hi[MD_KERN_NT];
 	for (int t = 0; t < nt; t++) {
 		lo[t] = _mm512_castps512_ps256(acc[t]);
-		hi[t] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1));
+		hi[t] = hi256_ps(acc[t]);
 	}
 	if (b < nb)
 		blk_nl(w, a, as, b, nt, lo, _mm256_broadcastsi128_si256(l), mxfp4);
