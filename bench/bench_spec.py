@@ -6,7 +6,8 @@ Starts moed on MODEL (with --draft-model when given) and drives it over HTTP wit
 streams, each request choosing its drafter with the "speculative" object, so every drafter
 runs in the same process; with --llama DIR (llama.cpp's binaries, never part of the project;
 or MOED_LLAMA_CPP) also one llama-server per speculation type (none, ngram-simple, and
-draft-simple with -md DRAFT), started once with -np S and kept for the stream count. The
+draft-simple with -md DRAFT, each at llama.cpp's own settings unless a type says TYPE:N, its
+--spec-draft-n-max), started once with -np S and kept for the stream count. The
 configurations alternate within each round (the order rotates round by round; the round's
 prompts are put into every server's prefix cache first, so that none prefills in them), so the
 machine's noise hits them alike. Every engine gets the same prompt as token ids (moed's chat
@@ -106,8 +107,10 @@ ap.add_argument("--workloads", default="verses,prompt,free")
 ap.add_argument("--drafters", default=None)
 ap.add_argument("--llama", default=os.environ.get("MOED_LLAMA_CPP"))
 ap.add_argument("--llama-types", default=None,
-                help="llama.cpp speculation types to run (default: none,ngram-simple and, with "
-                "--draft, draft-simple)")
+                help="llama.cpp speculation types to run, each TYPE or TYPE:N (N: its "
+                "--spec-draft-n-max, the draft model's tokens per step; without it llama.cpp's "
+                "own default, 3 in the build measured; ngram-simple drafts its m-gram, 48, "
+                "whatever N) (default: none,ngram-simple and, with --draft, draft-simple)")
 ap.add_argument("--svg")
 ap.add_argument("--no-bound", action="store_true")
 ap.add_argument("--stagger", action="store_true",
@@ -538,10 +541,12 @@ for S in streams:
             cmd = [os.path.join(args.llama, "llama-server"), "-m", args.model, "--host",
                    "127.0.0.1", "-t", str(args.threads), "-np", str(S), "-c", str(1024 * S),
                    "--log-disable", "--spec-type", t]
-            if t == "draft-simple":
-                cmd += ["-md", args.draft, "--spec-draft-n-max", str(args.max_k)]
-            elif t == "ngram-simple":
-                cmd += ["--spec-draft-n-max", str(args.max_k)]
+            kind, _, nmax = t.partition(":")
+            cmd[-1] = kind
+            if kind == "draft-simple":
+                cmd += ["-md", args.draft]
+            if nmax:
+                cmd += ["--spec-draft-n-max", nmax]
             srv = Srv(cmd, "llama-" + t)
             srv.drafted = srv.accepted = 0
             servers.append(srv)
