@@ -69,7 +69,8 @@ t(S) / S per token. Over the n tokens of every output:
              staggered streams the lookup's proposals come at each sequence's own times.
              At S = 1 the two are the same.
 
-(medians over rounds). Greedy
+(medians over rounds; a "#   ... by round" line under the n-gram row pairs each round's ratio
+with that round's bound, since each round is another prompt). Greedy
 outputs (and seeded n-gram ones) are checked equal to plain decode's. --svg FILE draws tok/s
 against streams per configuration, one panel per workload.
 
@@ -558,6 +559,7 @@ for S in streams:
         cratios = {c: [] for c in cfgs}
         acc = {c: [0.0] * len(MKEYS) for c in cfgs}
         oracles = []  # the n-gram lookup's oracle bound, per round
+        round_bound = []  # its bound in each round (None: not computed)
         for rnd in range(args.rounds):
             order = cfgs[rnd % len(cfgs):] + cfgs[:rnd % len(cfgs)]
             got = {}
@@ -581,6 +583,7 @@ for S in streams:
                     nb = ngram_bounds(S, seqs)
                     if nb:
                         oracles.append(nb)
+                    round_bound.append(nb[0] if nb else None)
                 rates[c].append(r)
             for c in cfgs:
                 base = ("moed", "off") if c[0] == "moed" else ("llama", "none")
@@ -616,6 +619,11 @@ for S in streams:
                 "%.2f" % b if b else "-", "%.2f" % orc if orc else "-",
                 "%.2f" % alone if alone else "-",
                 " ".join("%.1f" % x for x in rates[c])), flush=True)
+            if c == ("moed", "ngram") and any(round_bound) and len(ratios[c]) == len(round_bound):
+                # each round is another prompt: its speedup against its own bound
+                print("#   %s %d ngram by round, x plain / bound: %s" % (
+                    workload, S, " ".join("%.2f/%.2f" % (x, b) if b else "%.2f/-" % x
+                                          for x, b in zip(ratios[c], round_bound))), flush=True)
     for t in LLAMA_TYPES if args.llama else []:
         llamas[(S, t)].stop()
 print("# outputs differing from plain decode (greedy, and seeded n-gram): %d; load %s" %
