@@ -539,11 +539,10 @@ llamas = {}
 for S in streams:
     if args.llama:
         for t in LLAMA_TYPES:
+            kind, _, nmax = t.partition(":")
             cmd = [os.path.join(args.llama, "llama-server"), "-m", args.model, "--host",
                    "127.0.0.1", "-t", str(args.threads), "-np", str(S), "-c", str(1024 * S),
-                   "--log-disable", "--spec-type", t]
-            kind, _, nmax = t.partition(":")
-            cmd[-1] = kind
+                   "--log-disable", "--spec-type", kind]
             if kind == "draft-simple":
                 cmd += ["-md", args.draft]
             if nmax:

@@ -491,6 +491,13 @@ INLINE __m256i s8_part(__m256i q, __m256i wn, const int8_t *qs)
 	return _mm256_dpbusd_epi32(wn, _mm256_xor_si256(ld256(qs), _mm256_set1_epi8((char)0x80)), q);
 }
 
+/* s8_part for two tokens in one register: q2, wn2 the block's q and wn in both halves, av
+ * token t's activations in the low half and t + 1's in the high. */
+INLINE __m512i s8_part2(__m512i q2, __m512i wn2, __m512i av)
+{
+	return _mm512_dpbusd_epi32(wn2, _mm512_xor_si512(av, _mm512_set1_epi8((char)0x80)), q2);
+}
+
 INLINE int s8_block_bytes(const int type)
 {
 	return type == MD_DT_Q8_0 ? 34 : type == MD_DT_Q5_0 ? 22 : 18;
@@ -538,8 +545,7 @@ INLINE void s8_tail_k(const uint8_t *wb, const int r, const int type, const int 
 			const __m512i av = qts == 32 ? _mm512_loadu_si512(a0)
 					   : _mm512_inserti64x4(_mm512_castsi256_si512(ld256(a0)),
 								ld256(a0 + qts), 1);
-			const __m512i pv = _mm512_dpbusd_epi32(
-				wn2[i], _mm512_xor_si512(av, _mm512_set1_epi8((char)0x80)), q2[i]);
+			const __m512i pv = s8_part2(q2[i], wn2[i], av);
 			const __m512 e = _mm512_mask_broadcastss_ps(_mm512_set1_ps(e0), 0xff00,
 								    _mm_set_ss(e1));
 			x = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(dw[i]), e),
